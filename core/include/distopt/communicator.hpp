@@ -1,0 +1,78 @@
+// C++ owner of one communicator instance created through a plugin's vtable.
+// Torch-free: tensors are DLTensors, so the CLI's `bench comm` needs no libtorch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "distopt/communicator.h"
+#include "distopt/registry.hpp"
+
+namespace distopt {
+
+class Store;
+class Options;
+
+/// An in-flight operation. Move-only; the destructor frees the request
+/// (the operation's result is then discarded).
+class CommRequest {
+ public:
+  CommRequest() = default;
+  CommRequest(const dopt_communicator_v1* vt, dopt_request* req, std::string what);
+  CommRequest(CommRequest&&) noexcept;
+  CommRequest& operator=(CommRequest&&) noexcept;
+  ~CommRequest();
+  /// Block until done; throws CommError (naming the operation and the
+  /// plugin's detail, e.g. the dead peer) on failure or timeout.
+  /// timeout_ms < 0: the communicator's own timeout.
+  void wait(int64_t timeout_ms = -1);
+  /// Non-blocking; true when complete (throws like wait on failure).
+  bool test();
+
+ private:
+  const dopt_communicator_v1* vt_ = nullptr;
+  dopt_request* req_ = nullptr;
+  std::string what_;
+};
+
+/// One rank's endpoint of a communicator. Not copyable. Methods may be called
+/// from several threads, but collectives must be issued in the same order on
+/// every rank.
+class Communicator {
+ public:
+  /// Collective: create the instance (connects to peers through the store).
+  /// Throws ComponentError / CommError with the plugin's detail.
+  Communicator(const ComponentInfo& info, const dopt_create_args& args);
+  /// Wrap an instance made by split (takes ownership).
+  Communicator(const ComponentInfo& info, dopt_comm* comm);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  const std::string& name() const { return info_.name; }
+  dopt_comm_ref ref() const { return {vt_, comm_}; }
+
+  CommRequest allreduce(const DLTensor& send, DLTensor& recv, dopt_reduce_op op);
+  CommRequest reduce_scatter(const DLTensor& send, DLTensor& recv, dopt_reduce_op op);
+  CommRequest allgather(const DLTensor& send, DLTensor& recv);
+  CommRequest broadcast(DLTensor& buf, int root);
+  CommRequest send(const DLTensor& buf, int peer, int tag);
+  CommRequest recv(DLTensor& buf, int peer, int tag);
+  CommRequest barrier();
+  /// Collective; nullptr for color < 0.
+  std::unique_ptr<Communicator> split(int color, int key);
+
+ private:
+  ComponentInfo info_;  // keeps the plugin library loaded
+  const dopt_communicator_v1* vt_ = nullptr;
+  dopt_comm* comm_ = nullptr;
+};
+
+/// A DLTensor over raw host memory: 1-D, contiguous, `count` elements.
+/// `shape_storage` must outlive the returned tensor.
+DLTensor make_dltensor(void* data, int64_t count, DLDataType dtype, int64_t* shape_storage);
+
+}  // namespace distopt

@@ -1,0 +1,76 @@
+// The job's YAML configuration (DESIGN.md "Configuration").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "distopt/options.hpp"
+
+namespace distopt {
+
+class PluginRegistry;
+
+/// A `{name: ..., options: {...}}` section. `options` is kept as YAML until
+/// validated against the selected component's schema.
+struct ComponentConfig {
+  std::string name;
+  YAML::Node options;  ///< map, or null when absent
+  YAML::Mark mark;     ///< where the section starts (for error messages)
+};
+
+/// `train:` section (used by `distopt train`).
+struct TrainConfig {
+  std::string model = "mlp";              ///< mlp | cnn
+  std::string dataset = "fashion-mnist";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int64_t epochs = 2;
+  int64_t batch_size = 256;               ///< per rank
+  int64_t seed = 0;
+  int64_t threads = 0;                    ///< intra-op threads per rank; 0 = cores / local ranks
+  int64_t log_every = 20;                 ///< steps between progress lines
+  int64_t max_steps = 0;                  ///< stop after this many steps per epoch (0 = all)
+};
+
+struct JobConfig {
+  std::string path;                       ///< file it came from ("<string>" if none)
+  std::vector<std::string> plugin_paths;  ///< plugins.paths, resolved against the file's directory
+  int64_t world_size = 1;                 ///< world.size
+  std::string rendezvous = "tcp://127.0.0.1:29500";  ///< world.rendezvous
+  double timeout_s = 60;                  ///< world.timeout_s: rendezvous and default op timeout
+  ComponentConfig communicator{"tcp", {}, {}};
+  ComponentConfig reducer{"mean", {}, {}};
+  ComponentConfig algorithm{"allreduce", {}, {}};
+  std::string optimizer_name = "sgd";     ///< optimizer.name
+  YAML::Node optimizer_options;           ///< the other keys of `optimizer:`
+  YAML::Mark optimizer_mark;
+  TrainConfig train;
+  YAML::Node root;
+};
+
+/// Parse a job file. Throws ConfigError naming file:line:column for a YAML
+/// syntax error, an unknown key (listing the valid keys of that section), a
+/// wrong type, or a missing required key. Plugin options are not checked here.
+JobConfig load_job_config(const std::string& path);
+/// Same, from text; `name` is used in messages in place of the file name.
+JobConfig parse_job_config(const std::string& yaml_text, const std::string& name = "<string>");
+
+/// Options every reducer accepts in addition to its own schema (core bucketing):
+/// bucket_cap_mb (double, 25), align_bytes (int, 8), overlap (bool, true).
+const std::vector<OptionSpec>& bucket_option_specs();
+
+/// Options of the inner optimizer (`optimizer:` minus `name`) for each
+/// supported name; throws ConfigError for an unknown optimizer name.
+const std::vector<OptionSpec>& optimizer_option_specs(const std::string& name);
+
+/// The fully validated instance options of a job against the registry.
+struct ValidatedJob {
+  Options communicator, reducer, algorithm, optimizer;
+};
+/// Check that each selected component exists (PluginError/ConfigError naming
+/// the file, line, the name, and what is available) and validate its options.
+ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry);
+
+}  // namespace distopt

@@ -1,0 +1,26 @@
+// Which rank this process is: read from the launcher's environment.
+#pragma once
+
+#include <string>
+
+namespace distopt {
+
+struct ProcessInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string rendezvous;  ///< from DISTOPT_RENDEZVOUS or MASTER_ADDR/PORT ("" if unset)
+  std::string token;       ///< DISTOPT_JOB_TOKEN ("" if unset)
+  std::string source;      ///< "distopt", "torchrun", "slurm", "openmpi" or "default"
+};
+
+/// Read, in this order of precedence: DISTOPT_RANK/WORLD_SIZE/LOCAL_RANK/
+/// LOCAL_WORLD_SIZE (set by `distopt launch`), torchrun's RANK/WORLD_SIZE/
+/// LOCAL_RANK/LOCAL_WORLD_SIZE, Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID,
+/// Open MPI's OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; none set means
+/// a single process (rank 0 of 1). Throws ConfigError for a malformed or
+/// out-of-range value, naming the variable.
+ProcessInfo detect_process_info();
+
+}  // namespace distopt

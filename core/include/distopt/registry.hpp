@@ -1,0 +1,67 @@
+// Plugin discovery and loading (Boost.DLL, RTLD_NOW | RTLD_LOCAL).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distopt/abi.h"
+#include "distopt/options.hpp"
+
+namespace distopt {
+
+/// One component found in a plugin library. Copies keep the library loaded.
+struct ComponentInfo {
+  dopt_component_kind kind{};
+  std::string name, version, description;
+  std::string plugin_name, plugin_version, file;
+  uint32_t abi_major = 0, abi_minor = 0;
+  std::vector<OptionSpec> options;
+  const void* vtable = nullptr;  ///< dopt_communicator_v1* / dopt_reducer_v1* / dopt_algorithm_v1*
+  std::shared_ptr<void> library; ///< keeps the .so loaded while any copy lives
+};
+
+/// A library that was not loaded, and why (names the file).
+struct SkippedPlugin {
+  std::string file;
+  std::string reason;
+};
+
+const char* kind_name(dopt_component_kind kind);  ///< "communicator", "reducer", "algorithm"
+
+/// Discovers plugins in directories. Loading validates: the entry symbol
+/// dopt_plugin_init_v1 exists; the ABI major equals the host's (a newer minor
+/// loads); struct sizes are at least the v1.0 sizes; every required vtable
+/// function is non-NULL (naming the missing field); component names are
+/// unique per kind (a later duplicate is skipped naming both files). A library
+/// failing any check is skipped, the others still load. Not thread-safe.
+class PluginRegistry {
+ public:
+  PluginRegistry();
+  ~PluginRegistry();
+
+  /// Load every regular file ending in .so in each directory (non-recursive,
+  /// sorted by name). Missing directories are ignored.
+  void discover(const std::vector<std::string>& dirs);
+  /// Load one library file; returns false (and records why) if skipped.
+  bool load_file(const std::string& path);
+
+  const std::vector<ComponentInfo>& components() const { return components_; }
+  const std::vector<SkippedPlugin>& skipped() const { return skipped_; }
+
+  /// The component of this kind and name, or nullptr.
+  const ComponentInfo* find(dopt_component_kind kind, const std::string& name) const;
+  /// Like find, but throws PluginError naming the kind and name, the
+  /// available names, and every skipped library with its reason.
+  const ComponentInfo& get(dopt_component_kind kind, const std::string& name) const;
+
+  /// The search order: `config_paths` (YAML plugins.paths), then each entry
+  /// of $DISTOPT_PLUGIN_PATH (':'-separated), then <install libdir>/distopt/plugins.
+  static std::vector<std::string> search_path(const std::vector<std::string>& config_paths);
+
+ private:
+  std::vector<ComponentInfo> components_;
+  std::vector<SkippedPlugin> skipped_;
+};
+
+}  // namespace distopt

@@ -1,0 +1,74 @@
+// Embedding API: the runtime of one rank (rendezvous, plugins, communicator)
+// and the optimizer it builds. See DESIGN.md "Embedding".
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include "distopt/config.hpp"
+#include "distopt/process.hpp"
+
+namespace distopt {
+
+class Communicator;
+class PluginRegistry;
+class Store;
+class DistributedOptimizer;
+
+/// Per-group settings for make_optimizer (negative = the optimizer's default).
+struct ParamGroupSpec {
+  std::vector<std::string> names;  ///< parameters in this group (others go to group 0)
+  double lr = -1;
+  double weight_decay = -1;
+};
+
+/// The runtime of one rank. Cheap to copy (shared state). Created once per
+/// process; rank and world size come from the environment (process.hpp)
+/// unless the job runs as a single process.
+class Runtime {
+ public:
+  /// Load and validate `path`, discover plugins, rendezvous with the other
+  /// ranks and create the communicator. Throws ConfigError, PluginError,
+  /// RendezvousError, ComponentError.
+  static Runtime from_yaml(const std::string& path);
+  static Runtime from_config(const JobConfig& cfg);
+  /// As from_config, with rank / world size given instead of read from the
+  /// environment (tests, embedding in a program with its own launcher).
+  static Runtime from_config(const JobConfig& cfg, const ProcessInfo& proc);
+
+  int rank() const;
+  int world_size() const;
+  int local_rank() const;
+  const JobConfig& config() const;
+  PluginRegistry& registry() const;
+  Store& store() const;
+  Communicator& communicator() const;
+
+  /// Build the distributed optimizer for these parameters (the algorithm,
+  /// reducer and inner optimizer of the config). Collective. Parameters are
+  /// broadcast from rank 0 first so every rank starts equal. Throws as above.
+  DistributedOptimizer make_optimizer(const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
+                                      const std::vector<ParamGroupSpec>& groups = {});
+  /// Convenience: named_parameters() of a module, and its buffers broadcast from rank 0.
+  DistributedOptimizer make_optimizer(torch::nn::Module& module,
+                                      const std::vector<ParamGroupSpec>& groups = {});
+
+  /// Broadcast tensors (in place) from rank 0. Collective.
+  void broadcast(const std::vector<torch::Tensor>& tensors, int root = 0);
+  /// Sum (or average) a small tensor across ranks in place. Collective.
+  void allreduce(torch::Tensor& t, bool average);
+  /// Collective barrier.
+  void barrier();
+
+  struct Impl;
+
+ private:
+  explicit Runtime(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace distopt

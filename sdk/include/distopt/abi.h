@@ -1,0 +1,224 @@
+/*
+ * distopt plugin ABI, version 1.x: the part shared by every component kind.
+ *
+ * Rules (see DESIGN.md "The plugin ABI"):
+ *  - Only C crosses this boundary. Strings are UTF-8, NUL-terminated; arrays
+ *    are pointer + count; tensors are borrowed DLPack DLTensor*.
+ *  - Every extensible struct starts with `size_t struct_size; void* ext;`.
+ *    Fields are only ever appended; a reader checks struct_size (against the
+ *    DOPT_<NAME>_STRUCT_SIZE of the field it wants) before reading an appended
+ *    field. `ext` is reserved and must be NULL in v1.
+ *  - A plugin exports exactly one symbol per ABI major: dopt_plugin_init_v1.
+ *    The host refuses another major and loads a newer minor (UCX's rule).
+ *  - Functions return dopt_status: 0 is success, negative values are errors.
+ *    Detail goes to the host's error sink (dopt_host_api::set_error) before
+ *    returning the error, so the host can raise an exception naming plugin,
+ *    component, operation and message.
+ *  - Every function a plugin exports is noexcept: the SDK glue catches C++
+ *    exceptions and turns them into a status plus an error message.
+ */
+#ifndef DISTOPT_ABI_H
+#define DISTOPT_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DOPT_ABI_VERSION_MAJOR 1
+#define DOPT_ABI_VERSION_MINOR 0
+
+/** Offset of the end of MEMBER in TYPE: the struct size a reader needs for it. */
+#define DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER) (offsetof(TYPE, MEMBER) + sizeof(((TYPE*)0)->MEMBER))
+
+/** True when the struct P (of TYPE) is big enough to hold MEMBER. */
+#define DOPT_HAS_FIELD(P, TYPE, MEMBER) ((P)->struct_size >= DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER))
+
+#if defined(_WIN32)
+#define DOPT_EXPORT __declspec(dllexport)
+#else
+#define DOPT_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Status codes. 0 is success; errors are negative (UCX's convention).       */
+/* ------------------------------------------------------------------------- */
+typedef int32_t dopt_status;
+
+#define DOPT_OK 0                    /* success */
+#define DOPT_IN_PROGRESS 1           /* not an error: an async request has not completed yet */
+#define DOPT_ERR_INVALID_ARGUMENT -1 /* a caller passed a bad pointer, shape, dtype, option or rank */
+#define DOPT_ERR_UNSUPPORTED -2      /* the operation, dtype or op is not implemented by this component */
+#define DOPT_ERR_COMM -3             /* a peer died, a connection broke, or a frame was malformed */
+#define DOPT_ERR_TIMEOUT -4          /* the operation did not complete within its timeout */
+#define DOPT_ERR_NO_MEMORY -5        /* an allocation failed */
+#define DOPT_ERR_INTERNAL -6         /* a bug or an unexpected C++ exception inside the component */
+#define DOPT_ERR_ABORTED -7          /* the operation was cancelled (communicator destroyed, job stopping) */
+#define DOPT_ERR_STATE -8            /* the call is not valid in the component's current state */
+
+/** Human-readable name of a status code; never NULL, static lifetime. */
+static inline const char* dopt_status_string(dopt_status s) {
+  switch (s) {
+    case DOPT_OK: return "OK";
+    case DOPT_IN_PROGRESS: return "IN_PROGRESS";
+    case DOPT_ERR_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case DOPT_ERR_UNSUPPORTED: return "UNSUPPORTED";
+    case DOPT_ERR_COMM: return "COMM_ERROR";
+    case DOPT_ERR_TIMEOUT: return "TIMEOUT";
+    case DOPT_ERR_NO_MEMORY: return "NO_MEMORY";
+    case DOPT_ERR_INTERNAL: return "INTERNAL";
+    case DOPT_ERR_ABORTED: return "ABORTED";
+    case DOPT_ERR_STATE: return "STATE";
+    default: return "UNKNOWN_STATUS";
+  }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Option schemas: each component declares its options; the host validates  */
+/* the YAML against them before anything is created.                          */
+/* ------------------------------------------------------------------------- */
+typedef enum {
+  DOPT_OPTION_BOOL = 0,
+  DOPT_OPTION_INT = 1,    /* int64 */
+  DOPT_OPTION_DOUBLE = 2, /* float64; an integer YAML scalar is accepted */
+  DOPT_OPTION_STRING = 3,
+} dopt_option_type;
+
+typedef struct dopt_option_spec {
+  size_t struct_size;
+  void* ext;
+  const char* name;          /* YAML key, e.g. "bucket_cap_mb" */
+  dopt_option_type type;
+  const char* default_value; /* as YAML text ("25", "true", "greedy"); NULL = required */
+  double min_value;          /* INT/DOUBLE: inclusive range, checked when min_value <= max_value */
+  double max_value;
+  const char* choices;       /* STRING: '|'-separated allowed values, or NULL for any */
+  const char* help;          /* one line, shown by `distopt plugins` */
+} dopt_option_spec;
+#define DOPT_OPTION_SPEC_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_option_spec, help)
+
+/** Validated options of one component instance (host-owned, opaque). */
+typedef struct dopt_options dopt_options;
+
+/** The rendezvous key-value store (host-owned, opaque), like c10d's Store. */
+typedef struct dopt_store dopt_store;
+
+/* Log levels for dopt_host_api::log. */
+#define DOPT_LOG_DEBUG 0
+#define DOPT_LOG_INFO 1
+#define DOPT_LOG_WARN 2
+#define DOPT_LOG_ERROR 3
+
+/* ------------------------------------------------------------------------- */
+/* Host services, passed to dopt_plugin_init_v1 and valid until the plugin    */
+/* library is unloaded. Every function is thread-safe.                        */
+/* ------------------------------------------------------------------------- */
+typedef struct dopt_host_api {
+  size_t struct_size;
+  void* ext;
+  uint32_t abi_major; /* the host's DOPT_ABI_VERSION_MAJOR */
+  uint32_t abi_minor;
+
+  /** Log a line. `who` names the component ("tcp"); both strings are copied. */
+  void (*log)(int32_t level, const char* who, const char* msg);
+
+  /** Error sink: records msg (copied) as the calling thread's last error. A
+   * component calls it right before returning a negative status. */
+  void (*set_error)(const char* msg);
+
+  /* Typed getters for validated options. Return DOPT_ERR_INVALID_ARGUMENT if
+   * `name` is not in the component's schema or has another type. The string
+   * getter's result lives as long as the dopt_options object. */
+  dopt_status (*option_bool)(const dopt_options* opts, const char* name, int32_t* out);
+  dopt_status (*option_int)(const dopt_options* opts, const char* name, int64_t* out);
+  dopt_status (*option_double)(const dopt_options* opts, const char* name, double* out);
+  dopt_status (*option_string)(const dopt_options* opts, const char* name, const char** out);
+
+  /* Rendezvous store. Keys are UTF-8 strings; values are bytes. */
+  /** Set key to value (len bytes), replacing any earlier value. */
+  dopt_status (*store_set)(dopt_store* s, const char* key, const void* value, size_t len);
+  /** Wait up to timeout_ms for key to exist, then copy at most cap bytes of its
+   * value into buf and its full length into *len. DOPT_ERR_TIMEOUT if absent. */
+  dopt_status (*store_get)(dopt_store* s, const char* key, void* buf, size_t cap, size_t* len,
+                           int64_t timeout_ms);
+  /** Atomically add delta to the int64 counter at key (created as 0); *out = new value. */
+  dopt_status (*store_add)(dopt_store* s, const char* key, int64_t delta, int64_t* out);
+
+  /** Add `value` to the job-wide metric counter `name` (e.g. "comm.bytes_sent",
+   * in bytes; "comm.seconds", in seconds). Cheap: callable from hot paths. */
+  void (*metric_add)(const char* name, double value);
+} dopt_host_api;
+#define DOPT_HOST_API_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_host_api, metric_add)
+
+/* ------------------------------------------------------------------------- */
+/* What every component instance is created with.                             */
+/* ------------------------------------------------------------------------- */
+typedef struct dopt_create_args {
+  size_t struct_size;
+  void* ext;
+  int32_t rank;             /* this process's rank in the job, 0..world_size-1 */
+  int32_t world_size;
+  int32_t local_rank;       /* rank among the processes on this host */
+  int32_t local_world_size;
+  const dopt_options* options; /* validated against the component's schema */
+  dopt_store* store;           /* rendezvous store shared by the job */
+  const char* scope;           /* unique per instance and identical across ranks; prefix
+                                  store keys with it so instances do not collide */
+  const char* job_token;       /* secret shared by the job's ranks; peers must present it */
+  const char* bind_address;    /* interface to bind listening sockets to ("127.0.0.1") */
+} dopt_create_args;
+#define DOPT_CREATE_ARGS_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_create_args, bind_address)
+
+/* ------------------------------------------------------------------------- */
+/* Plugin entry point.                                                        */
+/* ------------------------------------------------------------------------- */
+typedef enum {
+  DOPT_KIND_COMMUNICATOR = 1,
+  DOPT_KIND_REDUCER = 2,
+  DOPT_KIND_ALGORITHM = 3,
+} dopt_component_kind;
+
+typedef struct dopt_component {
+  size_t struct_size;
+  void* ext;
+  dopt_component_kind kind;
+  const char* name;        /* the name YAML selects, e.g. "tcp" */
+  const char* version;     /* the component's own version, e.g. "1.0.0" */
+  const char* description; /* one line */
+  const dopt_option_spec* options;
+  size_t num_options;
+  /* Points to a dopt_communicator_v1, dopt_reducer_v1 or dopt_algorithm_v1
+   * according to `kind`; each begins with struct_size. */
+  const void* vtable;
+} dopt_component;
+#define DOPT_COMPONENT_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_component, vtable)
+
+typedef struct dopt_plugin_info {
+  size_t struct_size;
+  void* ext;
+  uint32_t abi_major; /* filled by the plugin: the DOPT_ABI_VERSION_* it was built against */
+  uint32_t abi_minor;
+  const char* plugin_name; /* e.g. "compress" */
+  const char* plugin_version;
+  const dopt_component* components; /* static lifetime (until unload) */
+  size_t num_components;
+} dopt_plugin_info;
+#define DOPT_PLUGIN_INFO_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_plugin_info, num_components)
+
+/** Name of the entry symbol of ABI major 1. */
+#define DOPT_PLUGIN_ENTRY_V1 "dopt_plugin_init_v1"
+
+/** The entry every plugin of ABI major 1 exports. The host fills `info`'s
+ * struct_size and zeroes the rest; the plugin fills the fields it knows.
+ * `host` stays valid until the library is unloaded. */
+typedef dopt_status (*dopt_plugin_init_v1_fn)(const dopt_host_api* host, dopt_plugin_info* info);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DISTOPT_ABI_H */

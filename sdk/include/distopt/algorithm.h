@@ -1,0 +1,91 @@
+/*
+ * distopt plugin ABI v1: algorithms (own the optimizer step: inner update
+ * rule, optimizer state and parameter synchronisation).
+ *
+ * One training step as the host drives it:
+ *   backward: as each gradient bucket becomes complete, on_bucket_ready(b)
+ *             (from the autograd thread; it should only start async work);
+ *   step():   wait for the bucket work, update the parameters (or the shard
+ *             this rank owns), synchronise parameters, report metrics.
+ * Parameters and gradients are borrowed DLTensors owned by the host; a
+ * parameter's gradient is a view into one bucket's flat buffer, so the
+ * algorithm updates the host's parameters in place.
+ */
+#ifndef DISTOPT_ALGORITHM_H
+#define DISTOPT_ALGORITHM_H
+
+#include "distopt/abi.h"
+#include "distopt/communicator.h"
+#include "distopt/reducer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dopt_param {
+  size_t struct_size;
+  void* ext;
+  const char* name;      /* "fc1.weight" */
+  DLTensor* data;        /* the parameter, contiguous */
+  DLTensor* grad;        /* same shape; a view into a bucket; NULL if frozen */
+  int32_t group;         /* index into dopt_algorithm_args::groups */
+  int32_t requires_grad; /* 0 for frozen parameters: never updated */
+} dopt_param;
+#define DOPT_PARAM_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_param, requires_grad)
+
+/** Per-group overrides of the inner optimizer's options (negative = inherit). */
+typedef struct dopt_param_group {
+  size_t struct_size;
+  void* ext;
+  double lr;
+  double weight_decay;
+} dopt_param_group;
+#define DOPT_PARAM_GROUP_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_param_group, weight_decay)
+
+typedef struct dopt_algorithm_args {
+  size_t struct_size;
+  void* ext;
+  const dopt_create_args* common; /* rank, world, the algorithm's own options, store */
+  dopt_comm_ref comm;             /* borrowed, outlives the algorithm */
+  dopt_reducer_ref reducer;       /* borrowed, outlives the algorithm */
+  const dopt_param* params;       /* borrowed, stable until destroy */
+  size_t num_params;
+  const dopt_param_group* groups;
+  size_t num_groups;
+  const dopt_bucket* buckets;     /* borrowed, stable until destroy */
+  size_t num_buckets;
+  const char* optimizer_name;          /* "sgd", "adam", "adamw", "adagrad", "rmsprop" */
+  const dopt_options* optimizer_options; /* validated against the SDK's optimizer schema */
+} dopt_algorithm_args;
+#define DOPT_ALGORITHM_ARGS_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_args, optimizer_options)
+
+typedef struct dopt_algorithm dopt_algorithm;
+
+typedef struct dopt_algorithm_v1 {
+  size_t struct_size;
+  void* ext;
+
+  /** Collective: every rank creates its instance with the same arguments
+   * (shapes, options) before the first step. */
+  dopt_status (*create)(const dopt_algorithm_args* args, dopt_algorithm** out);
+  dopt_status (*destroy)(dopt_algorithm* a);
+
+  /** bucket (borrowed from args->buckets) holds this rank's complete local
+   * gradients. Called once per bucket per step, in the same order on every
+   * rank, possibly from the autograd engine's thread: start work and return. */
+  dopt_status (*on_bucket_ready)(dopt_algorithm* a, const dopt_bucket* bucket);
+  /** Finish the step: wait for bucket work, update parameters, sync them. */
+  dopt_status (*step)(dopt_algorithm* a);
+
+  /** Change a group's learning rate (schedules). */
+  dopt_status (*set_lr)(dopt_algorithm* a, int32_t group, double lr);
+  /** Bytes of optimizer state this rank holds (momentum, Adam moments, ...). */
+  uint64_t (*state_bytes)(const dopt_algorithm* a);
+} dopt_algorithm_v1;
+#define DOPT_ALGORITHM_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, state_bytes)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DISTOPT_ALGORITHM_H */

@@ -1,0 +1,141 @@
+// Test helpers for real multi-process runs on loopback: fork N ranks, or run a
+// command line, with a hard timeout so a hanging rank fails the test instead
+// of hanging ctest.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace distopt::test {
+
+struct ProcResult {
+  int exit_code = -1;   ///< exit status, or 128 + signal, or -1 on timeout (then killed)
+  std::string output;   ///< stdout and stderr together
+  bool timed_out = false;
+};
+
+/// A free-ish TCP port for a rendezvous (random in 20000..59999; collisions
+/// between concurrent tests are unlikely and fail loudly, never silently).
+inline int random_port() {
+  std::random_device rd;
+  return 20000 + static_cast<int>(rd() % 40000);
+}
+
+/// Fork `n` children; child r runs fn(r) and exits with its return value (an
+/// uncaught exception exits 99 after printing). Waits for all with a timeout
+/// (children still running are SIGKILLed and reported as -1).
+inline std::vector<int> fork_ranks(int n, const std::function<int(int)>& fn,
+                                   std::chrono::seconds timeout = std::chrono::seconds(120)) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int rc = 98;
+      try {
+        rc = fn(r);
+      } catch (const std::exception& e) {
+        fprintf(stderr, "rank %d: uncaught exception: %s\n", r, e.what());
+        rc = 99;
+      }
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes(n, -1);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  int left = n;
+  while (left > 0) {
+    for (int r = 0; r < n; ++r) {
+      if (pids[r] <= 0) continue;
+      int st = 0;
+      pid_t w = waitpid(pids[r], &st, WNOHANG);
+      if (w == pids[r]) {
+        codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        pids[r] = -1;
+        --left;
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < n; ++r)
+        if (pids[r] > 0) {
+          kill(pids[r], SIGKILL);
+          waitpid(pids[r], nullptr, 0);
+          codes[r] = -1;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return codes;
+}
+
+/// Run argv with extra environment entries ("K=V"), capturing output.
+inline ProcResult run_command(const std::vector<std::string>& argv,
+                              const std::vector<std::string>& env = {},
+                              std::chrono::seconds timeout = std::chrono::seconds(120)) {
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    for (const auto& kv : env) putenv(strdup(kv.c_str()));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    fprintf(stderr, "exec %s failed\n", args[0]);
+    _exit(127);
+  }
+  close(fds[1]);
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  ProcResult res;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[4096];
+  bool eof = false;
+  while (!eof) {
+    pollfd p{fds[0], POLLIN, 0};
+    poll(&p, 1, 50);
+    ssize_t k;
+    while ((k = read(fds[0], buf, sizeof buf)) > 0) res.output.append(buf, static_cast<size_t>(k));
+    if (k == 0) eof = true;
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(-pid, SIGKILL);
+      res.timed_out = true;
+      break;
+    }
+  }
+  close(fds[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (res.timed_out)
+    res.exit_code = -1;
+  else
+    res.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return res;
+}
+
+/// Path from an environment variable ctest sets (see tests/CMakeLists.txt).
+inline std::string env_path(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+}  // namespace distopt::test

@@ -1,0 +1,53 @@
+// `distopt`: dispatch to the subcommand named by argv[1].
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "command.hpp"
+#include "distopt/error.hpp"
+
+namespace distopt::cli {
+
+static std::vector<Command>& registry() {
+  static std::vector<Command> cmds;
+  return cmds;
+}
+bool register_command(const Command& cmd) {
+  registry().push_back(cmd);
+  return true;
+}
+const std::vector<Command>& commands() { return registry(); }
+
+static void usage(std::ostream& os) {
+  os << "usage: distopt <command> [options]\n\ncommands:\n";
+  for (const auto& c : commands()) {
+    os << "  " << c.name << std::string(c.name && std::strlen(c.name) < 12 ? 12 - std::strlen(c.name) : 1, ' ')
+       << c.summary << "\n";
+  }
+  os << "\n`distopt <command> --help` shows a command's options.\n";
+}
+
+}  // namespace distopt::cli
+
+int main(int argc, char** argv) {
+  using namespace distopt::cli;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? std::cerr : std::cout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& c : commands()) {
+    if (std::strcmp(c.name, argv[1]) == 0) {
+      std::string prog = std::string("distopt ") + c.name;
+      argv[1] = prog.data();
+      try {
+        return c.run(argc - 1, argv + 1);
+      } catch (const std::exception& e) {
+        std::cerr << "distopt " << c.name << ": error: " << e.what() << "\n";
+        return 1;
+      }
+    }
+  }
+  std::cerr << "distopt: unknown command '" << argv[1] << "'\n";
+  usage(std::cerr);
+  return 2;
+}
