@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Configures and builds distopt into ${DISTOPT_BUILD_DIR:-build} (Ninja, ccache).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${DISTOPT_BUILD_DIR:-build}
+JOBS=${DISTOPT_JOBS:-$(nproc)}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" "$@"
+cmake --build "$BUILD_DIR" -j "$JOBS"
