@@ -1,0 +1,237 @@
+// The host side of the plugin ABI: the dopt_host_api table every plugin gets,
+// the thread-local error sink, job metrics and status checking.
+#include "distopt/host.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+#include "distopt/error.hpp"
+#include "distopt/options.hpp"
+#include "distopt/store.hpp"
+
+namespace distopt {
+namespace {
+
+// The error sink is per thread: a plugin sets it right before returning a
+// negative status on the same thread, and the host reads it right after.
+thread_local std::string t_last_error;
+
+std::mutex g_metrics_mu;
+std::map<std::string, double>& metrics() {
+  static std::map<std::string, double> m;
+  return m;
+}
+
+int level_from_env() {
+  const char* v = std::getenv("DISTOPT_LOG_LEVEL");
+  if (!v) return DOPT_LOG_INFO;
+  std::string s(v);
+  if (s == "debug" || s == "trace") return DOPT_LOG_DEBUG;
+  if (s == "warn" || s == "warning") return DOPT_LOG_WARN;
+  if (s == "error") return DOPT_LOG_ERROR;
+  return DOPT_LOG_INFO;
+}
+
+spdlog::level::level_enum to_spdlog(int level) {
+  switch (level) {
+    case DOPT_LOG_DEBUG: return spdlog::level::debug;
+    case DOPT_LOG_INFO: return spdlog::level::info;
+    case DOPT_LOG_WARN: return spdlog::level::warn;
+    default: return spdlog::level::err;
+  }
+}
+
+std::atomic<int>& log_level() {
+  static std::atomic<int> level{[] {
+    int l = level_from_env();
+    spdlog::set_level(to_spdlog(l));
+    return l;
+  }()};
+  return level;
+}
+
+Store* as_store(dopt_store* s) { return reinterpret_cast<Store*>(s); }
+
+// ---- the C functions of the table; none lets an exception escape ----------
+
+void c_log(int32_t level, const char* who, const char* msg) noexcept {
+  try {
+    log(level, who ? who : "?", msg ? msg : "");
+  } catch (...) {
+  }
+}
+
+void c_set_error(const char* msg) noexcept {
+  try {
+    t_last_error = msg ? msg : "";
+  } catch (...) {
+  }
+}
+
+template <typename F>
+dopt_status option_get(const dopt_options* opts, const char* name, F&& f) noexcept {
+  if (!opts || !name) {
+    c_set_error("option getter: NULL options or name");
+    return DOPT_ERR_INVALID_ARGUMENT;
+  }
+  try {
+    f(*Options::from_c(opts), std::string(name));
+    return DOPT_OK;
+  } catch (const std::exception& e) {
+    c_set_error(e.what());
+    return DOPT_ERR_INVALID_ARGUMENT;
+  }
+}
+
+dopt_status c_option_bool(const dopt_options* o, const char* n, int32_t* out) noexcept {
+  if (!out) return DOPT_ERR_INVALID_ARGUMENT;
+  return option_get(o, n, [&](const Options& opts, const std::string& k) { *out = opts.get_bool(k) ? 1 : 0; });
+}
+dopt_status c_option_int(const dopt_options* o, const char* n, int64_t* out) noexcept {
+  if (!out) return DOPT_ERR_INVALID_ARGUMENT;
+  return option_get(o, n, [&](const Options& opts, const std::string& k) { *out = opts.get_int(k); });
+}
+dopt_status c_option_double(const dopt_options* o, const char* n, double* out) noexcept {
+  if (!out) return DOPT_ERR_INVALID_ARGUMENT;
+  return option_get(o, n, [&](const Options& opts, const std::string& k) { *out = opts.get_double(k); });
+}
+dopt_status c_option_string(const dopt_options* o, const char* n, const char** out) noexcept {
+  if (!out) return DOPT_ERR_INVALID_ARGUMENT;
+  return option_get(o, n, [&](const Options& opts, const std::string& k) { *out = opts.get_string(k).c_str(); });
+}
+
+dopt_status c_store_set(dopt_store* s, const char* key, const void* value, size_t len) noexcept {
+  if (!s || !key || (!value && len)) {
+    c_set_error("store_set: NULL store, key or value");
+    return DOPT_ERR_INVALID_ARGUMENT;
+  }
+  try {
+    const auto* p = static_cast<const uint8_t*>(value);
+    as_store(s)->set(key, std::vector<uint8_t>(p, p + len));
+    return DOPT_OK;
+  } catch (const std::exception& e) {
+    c_set_error(e.what());
+    return DOPT_ERR_COMM;
+  }
+}
+
+dopt_status c_store_get(dopt_store* s, const char* key, void* buf, size_t cap, size_t* len,
+                        int64_t timeout_ms) noexcept {
+  if (!s || !key || (!buf && cap)) {
+    c_set_error("store_get: NULL store, key or buffer");
+    return DOPT_ERR_INVALID_ARGUMENT;
+  }
+  try {
+    Store* st = as_store(s);
+    auto timeout = timeout_ms < 0 ? st->timeout() : std::chrono::milliseconds(timeout_ms);
+    std::vector<uint8_t> v;
+    try {
+      v = st->get(key, timeout);
+    } catch (const RendezvousError& e) {
+      c_set_error(e.what());
+      // A missing key is a timeout; anything else (server gone) is a comm error.
+      return st->check(key) ? DOPT_ERR_COMM : DOPT_ERR_TIMEOUT;
+    }
+    if (len) *len = v.size();
+    if (cap) std::memcpy(buf, v.data(), std::min(cap, v.size()));
+    return DOPT_OK;
+  } catch (const std::exception& e) {
+    c_set_error(e.what());
+    return DOPT_ERR_COMM;
+  }
+}
+
+dopt_status c_store_add(dopt_store* s, const char* key, int64_t delta, int64_t* out) noexcept {
+  if (!s || !key) {
+    c_set_error("store_add: NULL store or key");
+    return DOPT_ERR_INVALID_ARGUMENT;
+  }
+  try {
+    int64_t v = as_store(s)->add(key, delta);
+    if (out) *out = v;
+    return DOPT_OK;
+  } catch (const std::exception& e) {
+    c_set_error(e.what());
+    return DOPT_ERR_COMM;
+  }
+}
+
+void c_metric_add(const char* name, double value) noexcept {
+  if (!name) return;
+  try {
+    metric_add(name, value);
+  } catch (...) {
+  }
+}
+
+dopt_host_api make_table() {
+  dopt_host_api t{};
+  t.struct_size = sizeof(dopt_host_api);
+  t.ext = nullptr;
+  t.abi_major = DOPT_ABI_VERSION_MAJOR;
+  t.abi_minor = DOPT_ABI_VERSION_MINOR;
+  t.log = c_log;
+  t.set_error = c_set_error;
+  t.option_bool = c_option_bool;
+  t.option_int = c_option_int;
+  t.option_double = c_option_double;
+  t.option_string = c_option_string;
+  t.store_set = c_store_set;
+  t.store_get = c_store_get;
+  t.store_add = c_store_add;
+  t.metric_add = c_metric_add;
+  return t;
+}
+
+}  // namespace
+
+const dopt_host_api* host_api() {
+  static const dopt_host_api table = make_table();
+  return &table;
+}
+
+std::string take_last_error() {
+  std::string s;
+  s.swap(t_last_error);
+  return s;
+}
+
+void check_status(dopt_status status, const std::string& component, const std::string& operation) {
+  if (status >= 0) return;
+  std::string detail = take_last_error();
+  if (status == DOPT_ERR_COMM || status == DOPT_ERR_TIMEOUT || status == DOPT_ERR_ABORTED)
+    throw CommError(status, component, operation, detail);
+  throw ComponentError(status, component, operation, detail);
+}
+
+void metric_add(const std::string& name, double value) {
+  std::lock_guard<std::mutex> lk(g_metrics_mu);
+  metrics()[name] += value;
+}
+
+std::map<std::string, double> metrics_snapshot() {
+  std::lock_guard<std::mutex> lk(g_metrics_mu);
+  return metrics();
+}
+
+void metrics_reset() {
+  std::lock_guard<std::mutex> lk(g_metrics_mu);
+  metrics().clear();
+}
+
+void set_log_level(int level) {
+  log_level().store(level);
+  spdlog::set_level(to_spdlog(level));
+}
+
+void log(int level, const std::string& who, const std::string& msg) {
+  if (level < log_level().load(std::memory_order_relaxed)) return;
+  spdlog::log(to_spdlog(level), "[{}] {}", who, msg);
+}
+
+}  // namespace distopt

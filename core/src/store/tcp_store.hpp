@@ -1,0 +1,70 @@
+// tcp:// rendezvous store: rank 0 hosts a small key-value server on a
+// background thread; every rank (rank 0 too) talks to it as a client.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "distopt/store.hpp"
+
+namespace distopt {
+
+/// The server: one thread accepting, one thread per client connection (a
+/// job has few ranks). A client's first frame must carry the job token, or
+/// the connection is refused and the refusal logged.
+class TcpStoreServer {
+ public:
+  TcpStoreServer(const std::string& host, int port, std::string token);
+  ~TcpStoreServer();
+  int port() const { return port_; }
+
+ private:
+  void accept_loop();
+  void serve(int fd);
+  std::vector<uint8_t> handle(const std::vector<uint8_t>& req, bool* close_conn);
+
+  std::string token_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  int wake_[2] = {-1, -1};  // pipe that stops the accept loop
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::vector<uint8_t>> data_;
+  std::vector<std::thread> workers_;
+  std::vector<int> client_fds_;
+};
+
+/// A client connection (thread-safe: one request at a time under a mutex).
+class TcpStore : public Store {
+ public:
+  /// Connects to host:port, retrying until `timeout`; rank 0 also starts the server.
+  TcpStore(const std::string& host, int port, const StoreOptions& opts);
+  ~TcpStore() override;
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::string& key) override;
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  using Store::set;
+
+ private:
+  std::vector<uint8_t> call(const std::vector<uint8_t>& req, std::chrono::milliseconds wait,
+                            const std::string& what);
+
+  std::unique_ptr<TcpStoreServer> server_;
+  std::string where_;  // host:port, for messages
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  int fd_ = -1;
+};
+
+}  // namespace distopt
