@@ -1,0 +1,435 @@
+// Local launcher: fork/exec N ranks, relay their output line by line with a
+// rank prefix, and tear the job down on failure, timeout or interrupt.
+#include "launch/launcher.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace distopt::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Self-pipe: the signal handler only writes the signal number here.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  int saved = errno;
+  unsigned char b = static_cast<unsigned char>(sig);
+  if (g_signal_pipe[1] >= 0) (void)!write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+void set_cloexec_nonblock(int fd) {
+  fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+// Write all of buf (retrying on EINTR / partial writes); output errors are
+// ignored so a closed terminal never stops the supervision of the ranks.
+void write_all(int fd, const std::string& buf) {
+  size_t off = 0;
+  while (off < buf.size()) {
+    ssize_t k = ::write(fd, buf.data() + off, buf.size() - off);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        pollfd p{fd, POLLOUT, 0};
+        poll(&p, 1, 100);
+        continue;
+      }
+      return;
+    }
+    off += static_cast<size_t>(k);
+  }
+}
+
+// One output stream of one rank: bytes not yet ending in a newline.
+struct Stream {
+  int fd = -1;       // read end, -1 once closed
+  int out_fd = 1;    // where the launcher copies it
+  std::string partial;
+};
+
+struct Rank {
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+  Stream streams[2];
+};
+
+constexpr size_t kMaxLine = 64 * 1024;  // flush a line this long even without '\n'
+
+void emit(int rank, Stream& s, bool final) {
+  std::string prefix = "[rank " + std::to_string(rank) + "] ";
+  std::string out;
+  size_t start = 0;
+  for (;;) {
+    size_t nl = s.partial.find('\n', start);
+    if (nl == std::string::npos) break;
+    out += prefix;
+    out.append(s.partial, start, nl - start + 1);
+    start = nl + 1;
+  }
+  s.partial.erase(0, start);
+  if (!s.partial.empty() && (final || s.partial.size() >= kMaxLine)) {
+    out += prefix + s.partial + "\n";
+    s.partial.clear();
+  }
+  if (!out.empty()) write_all(s.out_fd, out);
+}
+
+// Read what is available; returns false at EOF / error (stream closed).
+bool pump(int rank, Stream& s) {
+  char buf[16384];
+  for (;;) {
+    ssize_t k = ::read(s.fd, buf, sizeof buf);
+    if (k > 0) {
+      s.partial.append(buf, static_cast<size_t>(k));
+      emit(rank, s, false);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    emit(rank, s, true);
+    ::close(s.fd);
+    s.fd = -1;
+    return false;
+  }
+}
+
+// The child's environment: the parent's, with the launcher's keys replaced.
+std::vector<std::string> child_env(const std::vector<std::pair<std::string, std::string>>& vars) {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    std::string key = kv.substr(0, kv.find('='));
+    bool overridden = false;
+    for (const auto& v : vars) overridden = overridden || v.first == key;
+    if (!overridden) env.push_back(kv);
+  }
+  for (const auto& v : vars) env.push_back(v.first + "=" + v.second);
+  return env;
+}
+
+struct SignalGuard {
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old[3];
+  struct sigaction old_pipe;
+  SignalGuard() {
+    if (pipe(g_signal_pipe) != 0) throw std::runtime_error("pipe() failed: " + std::string(strerror(errno)));
+    set_cloexec_nonblock(g_signal_pipe[0]);
+    set_cloexec_nonblock(g_signal_pipe[1]);
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old[i]);
+    // A reader of our output that goes away must not kill the supervisor.
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old_pipe);
+  }
+  ~SignalGuard() {
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old[i], nullptr);
+    sigaction(SIGPIPE, &old_pipe, nullptr);
+    ::close(g_signal_pipe[0]);
+    ::close(g_signal_pipe[1]);
+    g_signal_pipe[0] = g_signal_pipe[1] = -1;
+  }
+};
+
+std::string seconds(double s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+void message(const LaunchOptions& o, const std::string& text) { write_all(2, o.name + ": " + text + "\n"); }
+
+}  // namespace
+
+std::string describe_status(int st) {
+  if (WIFEXITED(st)) return "exit code " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) {
+    int sig = WTERMSIG(st);
+    const char* name = sigabbrev_np(sig);
+    return "killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+  }
+  return "unknown status " + std::to_string(st);
+}
+
+std::string random_token() {
+  std::random_device rd;
+  std::string s;
+  const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 8; ++i) {
+    uint32_t v = rd();
+    for (int j = 0; j < 4; ++j) {
+      s += hex[(v >> (8 * j + 4)) & 0xf];
+      s += hex[(v >> (8 * j)) & 0xf];
+    }
+  }
+  return s.substr(0, 32);
+}
+
+int free_loopback_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error("socket() failed: " + std::string(strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int e = errno;
+    ::close(fd);
+    throw std::runtime_error("cannot bind a loopback port: " + std::string(strerror(e)));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+int run(const LaunchOptions& o) {
+  if (o.nprocs < 1) throw std::runtime_error("the number of ranks must be at least 1");
+  if (o.argv.empty()) throw std::runtime_error("no program to launch (give it after --)");
+
+  const int n = o.nprocs;
+  const int port = o.port > 0 ? o.port : free_loopback_port();
+  const std::string token = random_token();
+
+  SignalGuard guard;
+
+  // Everything the children need is prepared before fork(): after it only
+  // async-signal-safe calls are made (the caller may have threads).
+  std::vector<char*> argv;
+  for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::vector<std::string>> envs(n);
+  std::vector<std::vector<char*>> envps(n);
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::pair<std::string, std::string>> vars = {
+        {"DISTOPT_RANK", std::to_string(r)},
+        {"DISTOPT_WORLD_SIZE", std::to_string(n)},
+        {"DISTOPT_LOCAL_RANK", std::to_string(r)},
+        {"DISTOPT_LOCAL_WORLD_SIZE", std::to_string(n)},
+        {"DISTOPT_RENDEZVOUS", "tcp://127.0.0.1:" + std::to_string(port)},
+        {"DISTOPT_JOB_TOKEN", token},
+    };
+    if (!o.config.empty()) vars.emplace_back("DISTOPT_CONFIG", o.config);
+    for (const auto& kv : o.extra_env) vars.push_back(kv);
+    envs[r] = child_env(vars);
+    for (auto& s : envs[r]) envps[r].push_back(s.data());
+    envps[r].push_back(nullptr);
+  }
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const pid_t launcher_pid = getpid();
+
+  std::vector<Rank> ranks(n);
+  auto signal_all = [&](int sig) {
+    for (auto& rk : ranks)
+      if (rk.running) ::kill(-rk.pid, sig);  // the rank's whole process group
+  };
+
+  int interrupted = 0;
+  for (int r = 0; r < n; ++r) {
+    int out[2], err[2];
+    if (pipe(out) != 0 || pipe(err) != 0) {
+      signal_all(SIGKILL);
+      for (auto& rk : ranks)
+        if (rk.running) waitpid(rk.pid, nullptr, 0);
+      throw std::runtime_error("pipe() failed: " + std::string(strerror(errno)));
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      signal_all(SIGKILL);
+      for (auto& rk : ranks)
+        if (rk.running) waitpid(rk.pid, nullptr, 0);
+      throw std::runtime_error("fork() failed: " + std::string(strerror(errno)));
+    }
+    if (pid == 0) {
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher_pid) _exit(1);  // launcher already gone
+      // Handlers are reset by exec; signal mask and SIGPIPE disposition are not.
+      signal(SIGPIPE, SIG_DFL);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      if (devnull >= 0) dup2(devnull, 0);
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      execvpe(argv[0], argv.data(), envps[r].data());
+      const char* msg = "distopt launch: cannot execute ";
+      (void)!write(2, msg, strlen(msg));
+      (void)!write(2, argv[0], strlen(argv[0]));
+      (void)!write(2, ": ", 2);
+      const char* e = strerror(errno);
+      (void)!write(2, e, strlen(e));
+      (void)!write(2, "\n", 1);
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also from the parent, so kill(-pid) works at once
+    ::close(out[1]);
+    ::close(err[1]);
+    set_cloexec_nonblock(out[0]);
+    set_cloexec_nonblock(err[0]);
+    ranks[r].pid = pid;
+    ranks[r].running = true;
+    ranks[r].streams[0] = Stream{out[0], 1, {}};
+    ranks[r].streams[1] = Stream{err[0], 2, {}};
+  }
+  if (devnull >= 0) ::close(devnull);
+
+  const auto never = Clock::time_point::max();
+  auto after = [](double s) {
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  };
+  auto job_deadline = o.timeout_s > 0 ? after(o.timeout_s) : never;
+  auto term_at = never;   // when to send SIGTERM to the survivors
+  auto kill_at = never;   // when to send SIGKILL to the survivors
+  bool terminating = false;
+  bool timed_out = false;
+  int failed_rank = -1;
+  int running = n;
+  auto drain_deadline = never;
+
+  auto begin_terminate = [&](int sig) {
+    if (!terminating) {
+      terminating = true;
+      signal_all(sig);
+      kill_at = after(o.grace_s);
+    }
+  };
+
+  for (;;) {
+    std::vector<pollfd> pfds;
+    std::vector<std::pair<int, int>> who;  // (rank, stream) per pfd
+    pfds.push_back({g_signal_pipe[0], POLLIN, 0});
+    who.emplace_back(-1, -1);
+    for (int r = 0; r < n; ++r)
+      for (int s = 0; s < 2; ++s)
+        if (ranks[r].streams[s].fd >= 0) {
+          pfds.push_back({ranks[r].streams[s].fd, POLLIN, 0});
+          who.emplace_back(r, s);
+        }
+    if (running == 0 && (pfds.size() == 1 || Clock::now() >= drain_deadline)) break;
+
+    int pr = ::poll(pfds.data(), pfds.size(), 50);
+    if (pr < 0 && errno != EINTR) throw std::runtime_error("poll() failed: " + std::string(strerror(errno)));
+    for (size_t i = 1; pr > 0 && i < pfds.size(); ++i)
+      if (pfds[i].revents) pump(who[i].first, ranks[who[i].first].streams[who[i].second]);
+
+    // Signals sent to the launcher.
+    unsigned char sigbuf[16];
+    ssize_t ns;
+    while ((ns = ::read(g_signal_pipe[0], sigbuf, sizeof sigbuf)) > 0) {
+      for (ssize_t i = 0; i < ns; ++i) {
+        if (!interrupted) {
+          interrupted = sigbuf[i];
+          const char* abbrev = sigabbrev_np(interrupted);
+          message(o, "got " + (abbrev ? "SIG" + std::string(abbrev) : "signal " + std::to_string(interrupted)) +
+                         ", stopping " + std::to_string(running) + " rank(s)");
+          // Forward the very signal (Ctrl-C reaches the ranks as SIGINT).
+          if (!terminating) {
+            terminating = true;
+            signal_all(interrupted);
+            kill_at = after(o.grace_s);
+          } else {
+            signal_all(SIGTERM);
+          }
+        } else {
+          signal_all(SIGKILL);  // second interrupt: no more patience
+        }
+      }
+    }
+
+    // Reap ranks that ended.
+    for (int r = 0; r < n; ++r) {
+      Rank& rk = ranks[r];
+      if (!rk.running) continue;
+      int st = 0;
+      pid_t w = waitpid(rk.pid, &st, WNOHANG);
+      if (w != rk.pid) continue;
+      rk.running = false;
+      rk.status = st;
+      --running;
+      // Anything its own children still hold open is drained for a moment,
+      // then the group is stopped so nothing outlives the job.
+      if (terminating) ::kill(-rk.pid, SIGKILL);
+      bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      if (!ok && !terminating && failed_rank < 0 && !interrupted) {
+        failed_rank = r;
+        message(o, "rank " + std::to_string(r) + " failed (" + describe_status(st) + ")" +
+                       (running > 0 ? ", stopping the other ranks" : ""));
+        term_at = after(o.failure_wait_s);
+      } else if (!ok && !terminating && failed_rank >= 0) {
+        message(o, "rank " + std::to_string(r) + " also failed (" + describe_status(st) + ")");
+      }
+      if (running == 0) drain_deadline = after(0.5);
+    }
+
+    auto now = Clock::now();
+    if (running > 0 && now >= term_at) {
+      term_at = never;
+      begin_terminate(SIGTERM);
+    }
+    if (running > 0 && now >= job_deadline && !terminating) {
+      timed_out = true;
+      message(o, "job timed out after " + seconds(o.timeout_s) + " s, stopping " +
+                     std::to_string(running) + " rank(s)");
+      begin_terminate(SIGTERM);
+    }
+    if (running > 0 && now >= kill_at) {
+      kill_at = never;
+      message(o, std::to_string(running) + " rank(s) still running " + seconds(o.grace_s) +
+                     " s after being asked to stop: sending SIGKILL");
+      signal_all(SIGKILL);
+    }
+  }
+  // Close what grandchildren may still hold open, and stop those groups.
+  for (auto& rk : ranks)
+    for (auto& s : rk.streams)
+      if (s.fd >= 0) {
+        emit(static_cast<int>(&rk - ranks.data()), s, true);
+        ::close(s.fd);
+        s.fd = -1;
+      }
+  if (terminating || interrupted)
+    for (auto& rk : ranks) ::kill(-rk.pid, SIGKILL);
+
+  if (interrupted) {
+    message(o, "interrupted; all ranks stopped");
+    return kExitInterrupted;
+  }
+  if (timed_out) return kExitTimeout;
+  if (failed_rank >= 0) {
+    message(o, "job failed: rank " + std::to_string(failed_rank) + " failed (" +
+                   describe_status(ranks[failed_rank].status) + ")");
+    return kExitRankFailed;
+  }
+  return kExitOk;
+}
+
+}  // namespace distopt::launch

@@ -1,0 +1,58 @@
+// A local launcher: starts N ranks of a program on this host with the
+// environment distopt (core/include/distopt/process.hpp) reads, prefixes their
+// output with the rank, and stops the whole job when one rank fails or when
+// the launcher is interrupted. Used by `distopt launch` and by `distopt train`
+// when it starts its own ranks. Torch-free.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace distopt::launch {
+
+/// Exit codes of run() (also the exit codes of `distopt launch`).
+constexpr int kExitOk = 0;           ///< every rank exited 0
+constexpr int kExitRankFailed = 1;   ///< a rank exited non-zero or was killed by a signal
+constexpr int kExitTimeout = 124;    ///< the job ran past LaunchOptions::timeout_s
+constexpr int kExitInterrupted = 130;///< the launcher got SIGINT / SIGTERM / SIGHUP
+
+struct LaunchOptions {
+  int nprocs = 1;                 ///< ranks to start (>= 1)
+  std::vector<std::string> argv;  ///< program and its arguments; argv[0] is searched in $PATH
+  std::string config;             ///< exported as DISTOPT_CONFIG when non-empty
+  int port = 0;                   ///< rendezvous port on 127.0.0.1; 0 = pick a free one
+  double timeout_s = 0;           ///< stop the job after this many seconds; 0 = no limit
+  /// After the first rank fails, the others get this long to exit on their
+  /// own (so a surviving rank can report, e.g., which peer died) before
+  /// they are sent SIGTERM. Interrupts are forwarded without this wait.
+  double failure_wait_s = 1.0;
+  double grace_s = 5.0;           ///< SIGTERM -> SIGKILL delay, seconds
+  std::vector<std::pair<std::string, std::string>> extra_env;  ///< set in every rank
+  std::string name = "distopt launch";  ///< prefix of the launcher's own messages
+};
+
+/// Start the ranks and supervise them until all are gone. Blocks; returns one
+/// of the kExit* codes. Every rank runs in its own process group (so a rank's
+/// own children are stopped with it) with stdin from /dev/null, and dies with
+/// the launcher (PR_SET_PDEATHSIG) if the launcher itself is killed. Each line
+/// a rank writes to stdout / stderr is copied to the launcher's stdout / stderr
+/// prefixed with "[rank r] ". While it runs, SIGINT / SIGTERM / SIGHUP are
+/// caught and forwarded to the ranks (a second one sends SIGKILL); the previous
+/// handlers are restored before returning. Messages about the job ("rank 1
+/// failed (exit code 3)") go to stderr prefixed with `name`. Throws
+/// std::runtime_error if the job cannot be started (no pipes, bad options).
+/// Not thread-safe: call from the main thread of a process that has one launcher.
+int run(const LaunchOptions& opts);
+
+/// 32 hex digits from std::random_device: the job token handed to every rank.
+std::string random_token();
+
+/// A TCP port that was free on 127.0.0.1 a moment ago (bound with port 0 and
+/// released). Throws std::runtime_error if no socket can be bound.
+int free_loopback_port();
+
+/// Human-readable outcome of a waitpid() status: "exit code 3" or "killed by signal 9".
+std::string describe_status(int wait_status);
+
+}  // namespace distopt::launch
