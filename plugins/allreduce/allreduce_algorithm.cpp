@@ -1,0 +1,118 @@
+#include "allreduce_algorithm.hpp"
+
+#include <string>
+
+
+#include "distopt/sdk/optimizer_factory.hpp"
+#include "distopt/sdk/tensor.hpp"
+
+namespace distopt::plugins {
+namespace {
+
+// torch::nn::utils::clip_grad_norm_ (L2), op for op, so clipping here matches
+// a single-process run that calls it: total = ||(||g_i||)_i||,
+// g_i *= min(1, max_norm / (total + 1e-6)).
+void clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  std::vector<at::Tensor> norms;
+  for (const auto& p : params)
+    if (p.grad().defined()) norms.push_back(p.grad().norm(2));
+  if (norms.empty()) return;
+  at::Tensor total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2);
+  at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  for (const auto& p : params)
+    if (p.grad().defined()) p.grad().mul_(coef);
+}
+
+}  // namespace
+
+AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)
+    : reducer_(args.reducer), world_size_(args.common ? args.common->world_size : 0) {
+  if (!args.common || !args.reducer.vt || !args.reducer.reducer)
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: needs common args and a reducer");
+  if (world_size_ < 1) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: world_size < 1");
+  sdk::OptionsView opts(args.common->options);
+  grad_clip_ = opts.get_double("grad_clip");
+  average_world_ = opts.get_bool("average_world");
+  divide_before_ = opts.get_bool("divide_before");
+
+  for (size_t b = 0; b < args.num_buckets; ++b) {
+    buckets_.push_back(&args.buckets[b]);
+    flats_.push_back(sdk::as_tensor(*args.buckets[b].flat));
+  }
+  pending_.resize(args.num_buckets);
+
+  // Inner optimizer over non-owning tensors aliasing the host's parameters;
+  // each one's .grad aliases its slot in a bucket, so a reduced bucket is
+  // exactly what the optimizer reads.
+  std::vector<sdk::ParamGroupInput> groups;
+  group_slot_.assign(args.num_groups, -1);
+  for (size_t g = 0; g < args.num_groups; ++g) {
+    group_slot_[g] = static_cast<int32_t>(groups.size());
+    sdk::ParamGroupInput in;
+    in.lr = args.groups[g].lr;
+    in.weight_decay = args.groups[g].weight_decay;
+    groups.push_back(std::move(in));
+  }
+  for (size_t i = 0; i < args.num_params; ++i) {
+    const dopt_param& p = args.params[i];
+    if (!p.requires_grad || !p.grad) continue;
+    if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                       std::string("allreduce: parameter ") + (p.name ? p.name : "?") + " has group " +
+                           std::to_string(p.group) + " of " + std::to_string(args.num_groups));
+    at::Tensor t = sdk::as_tensor(*p.data);
+    t.mutable_grad() = sdk::as_tensor(*p.grad);
+    params_.push_back(t);
+    groups[group_slot_[p.group]].params.push_back(t);
+  }
+  optimizer_ = sdk::make_optimizer(args.optimizer_name ? args.optimizer_name : "", sdk::OptionsView(args.optimizer_options),
+                                   groups);
+}
+
+size_t AllreduceAlgorithm::bucket_slot(const dopt_bucket& bucket) const {
+  if (bucket.index < 0 || static_cast<size_t>(bucket.index) >= buckets_.size())
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: unknown bucket " + std::to_string(bucket.index));
+  return static_cast<size_t>(bucket.index);
+}
+
+void AllreduceAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
+  size_t b = bucket_slot(bucket);
+  if (pending_[b].valid())
+    throw sdk::Error(DOPT_ERR_STATE, "allreduce: bucket " + std::to_string(b) + " is ready twice in one step");
+  if (divide_before_ && world_size_ > 1) {
+    at::NoGradGuard ng;
+    flats_[b].div_(world_size_);
+  }
+  pending_[b] = reducer_.reduce(*buckets_[b]);
+}
+
+void AllreduceAlgorithm::step() {
+  at::NoGradGuard ng;
+  // Undo the reducer's averaging where the options ask for another scale.
+  double scale = (average_world_ ? 1.0 : world_size_) * (divide_before_ ? world_size_ : 1.0);
+  try {
+    for (size_t b = 0; b < pending_.size(); ++b) {
+      if (!pending_[b].valid())
+        throw sdk::Error(DOPT_ERR_STATE, "allreduce: step() before bucket " + std::to_string(b) + " was ready");
+      pending_[b].wait();
+      pending_[b].reset();
+      if (scale != 1.0) flats_[b].mul_(scale);
+    }
+  } catch (...) {
+    for (auto& p : pending_) p.reset();  // a failed step leaves no stale requests behind
+    throw;
+  }
+  if (grad_clip_ > 0) clip_grad_norm(params_, grad_clip_);
+  optimizer_->step();
+  sdk::metric_add("algorithm.steps", 1);
+}
+
+void AllreduceAlgorithm::set_lr(int32_t group, double lr) {
+  if (group < 0 || static_cast<size_t>(group) >= group_slot_.size())
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: no parameter group " + std::to_string(group));
+  sdk::set_group_lr(*optimizer_, static_cast<size_t>(group_slot_[group]), lr);
+}
+
+uint64_t AllreduceAlgorithm::state_bytes() const { return sdk::optimizer_state_bytes(*optimizer_); }
+
+}  // namespace distopt::plugins

@@ -1,0 +1,51 @@
+// The `allreduce` algorithm, after mlbench's CentralizedSGD / CentralizedAdam
+// and CustomCentralizedOptimizer: every rank reduces every gradient bucket
+// (through the configured reducer), optionally clips the global gradient
+// norm, and runs the same inner optimizer on the full, replicated parameters.
+//
+// Options:
+//   grad_clip      max global L2 norm of the reduced gradients (0 = off);
+//                  torch::nn::utils::clip_grad_norm_ semantics.
+//   average_world  true: gradients are the mean over ranks; false: the sum.
+//   divide_before  scale local gradients by 1/W before handing a bucket to
+//                  the reducer and undo it after. The reducer averages
+//                  (reducer.h), so the result is the same mean (or sum) up to
+//                  rounding; what changes is the range of the reducer's
+//                  intermediate sums (mlbench does this for fp16 buckets, to
+//                  avoid overflow), at the price of underflow for tiny values.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <torch/optim/optimizer.h>
+
+#include "distopt/sdk/sdk.hpp"
+
+namespace distopt::plugins {
+
+class AllreduceAlgorithm : public sdk::Algorithm {
+ public:
+  explicit AllreduceAlgorithm(const dopt_algorithm_args& args);
+  void on_bucket_ready(const dopt_bucket& bucket) override;
+  void step() override;
+  void set_lr(int32_t group, double lr) override;
+  uint64_t state_bytes() const override;
+
+ private:
+  size_t bucket_slot(const dopt_bucket& bucket) const;
+
+  sdk::ReducerView reducer_;
+  int32_t world_size_;
+  double grad_clip_;
+  bool average_world_;
+  bool divide_before_;
+  std::vector<const dopt_bucket*> buckets_;
+  std::vector<at::Tensor> flats_;               // per bucket, aliasing the host's flat buffers
+  std::vector<sdk::ReduceHandle> pending_;      // per bucket, this step's reduction
+  std::vector<at::Tensor> params_;              // aliasing the host's parameters; .grad = bucket views
+  std::vector<int32_t> group_slot_;             // dopt group index -> optimizer param group
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+}  // namespace distopt::plugins

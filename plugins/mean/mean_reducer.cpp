@@ -1,0 +1,55 @@
+#include "mean_reducer.hpp"
+
+#include <string>
+
+namespace distopt::plugins {
+namespace {
+
+/// The reducer's request: the communicator's allreduce request.
+class MeanRequest : public sdk::Request {
+ public:
+  explicit MeanRequest(sdk::CommHandle h) : h_(std::move(h)) {}
+  bool test() override { return h_.test(); }
+  bool wait(int64_t timeout_ms) override {
+    // The communicator reports its own timeout as DOPT_ERR_TIMEOUT (thrown,
+    // detail kept in the error sink), so reaching here means success.
+    h_.wait(timeout_ms);
+    return true;
+  }
+
+ private:
+  sdk::CommHandle h_;
+};
+
+uint64_t dl_nbytes(const DLTensor& t) {
+  uint64_t n = 1;
+  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<uint64_t>(t.shape[i]);
+  return n * ((t.dtype.bits * t.dtype.lanes + 7) / 8);
+}
+
+}  // namespace
+
+uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world) {
+  if (world <= 1) return 0;
+  return 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
+}
+
+MeanReducer::MeanReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket*, size_t)
+    : comm_(comm), world_size_(args.world_size) {
+  if (!comm.vt || !comm.comm) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "mean: no communicator");
+  if (comm_.world_size() != args.world_size)
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     "mean: communicator has " + std::to_string(comm_.world_size()) + " ranks, job has " +
+                         std::to_string(args.world_size));
+}
+
+std::unique_ptr<sdk::Request> MeanReducer::reduce(const dopt_bucket& bucket) {
+  if (!bucket.flat) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "mean: bucket without a flat buffer");
+  auto h = comm_.allreduce(*bucket.flat, *bucket.flat, DOPT_REDUCE_AVG);
+  uint64_t sent = ring_allreduce_bytes(dl_nbytes(*bucket.flat), world_size_);
+  bytes_sent_ += sent;
+  sdk::metric_add("reducer.bytes_sent", static_cast<double>(sent));
+  return std::make_unique<MeanRequest>(std::move(h));
+}
+
+}  // namespace distopt::plugins

@@ -1,0 +1,31 @@
+// The `mean` reducer: each bucket's flat buffer is averaged over ranks with
+// one in-place DOPT_REDUCE_AVG allreduce on the host's communicator.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "distopt/sdk/sdk.hpp"
+
+namespace distopt::plugins {
+
+class MeanReducer : public sdk::Reducer {
+ public:
+  MeanReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets, size_t num_buckets);
+  /// Starts the allreduce and returns at once; the request completes when it does.
+  std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
+  /// What a ring allreduce sends from this rank: 2 (W-1)/W x bucket bytes per
+  /// reduction (0 on one rank).
+  uint64_t bytes_sent() const override { return bytes_sent_.load(); }
+
+ private:
+  sdk::CommView comm_;
+  int32_t world_size_;
+  std::atomic<uint64_t> bytes_sent_{0};
+};
+
+/// Bytes one rank sends in a ring allreduce of `bytes` over `world` ranks.
+uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world);
+
+}  // namespace distopt::plugins

@@ -1,0 +1,11 @@
+// Everything torch-free a plugin author needs: errors and the exception
+// barrier, host services, options, requests, communicator/reducer views, base
+// classes and DOPT_PLUGIN. Torch users add distopt/sdk/tensor.hpp and
+// distopt/sdk/optimizer_factory.hpp.
+#pragma once
+
+#include "distopt/sdk/comm.hpp"
+#include "distopt/sdk/host.hpp"
+#include "distopt/sdk/options.hpp"
+#include "distopt/sdk/plugin.hpp"
+#include "distopt/sdk/request.hpp"
