@@ -1,0 +1,360 @@
+// Job configuration: parsing the YAML file (sections and their keys) and
+// validating the selected components' options against the plugins' schemas.
+#include "distopt/config.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "config/yaml_util.hpp"
+#include "distopt/error.hpp"
+#include "distopt/registry.hpp"
+#include "distopt/sdk/optimizer_schema.hpp"
+
+namespace distopt {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace yamlutil;
+
+/// node[key] when node is a map; an undefined node otherwise (never throws).
+YAML::Node child(const YAML::Node& node, const char* key) {
+  if (!node.IsDefined() || !node.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+  return node[key];
+}
+
+class Parser {
+ public:
+  Parser(std::string file, std::string base_dir) : file_(std::move(file)), base_dir_(std::move(base_dir)) {}
+
+  JobConfig parse(const YAML::Node& root) {
+    JobConfig cfg;
+    cfg.path = file_;
+    cfg.root = root;
+    if (!root.IsDefined() || root.IsNull()) return cfg;  // an empty file: every default
+    if (!root.IsMap())
+      fail(file_, mark_of(root), "expected a map of sections at the top level, got " + describe(root));
+    check_keys(root, "the top level",
+               {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train"});
+    parse_plugins(section(root, "plugins"), cfg);
+    parse_world(section(root, "world"), cfg);
+    parse_component(root, "communicator", cfg.communicator);
+    parse_component(root, "reducer", cfg.reducer);
+    parse_component(root, "algorithm", cfg.algorithm);
+    parse_optimizer(section(root, "optimizer"), cfg);
+    parse_train(section(root, "train"), cfg.train);
+    return cfg;
+  }
+
+ private:
+  // A section must be a map; absent or empty (`world:`) means "all defaults".
+  YAML::Node section(const YAML::Node& root, const char* name) {
+    YAML::Node n = root[name];
+    if (n.IsDefined() && !n.IsNull() && !n.IsMap())
+      fail(file_, mark_of(n), std::string(name) + ": expected a map, got " + describe(n));
+    return n;
+  }
+
+  void check_keys(const YAML::Node& map, const std::string& section, const std::vector<std::string>& valid) {
+    std::set<std::string> seen;
+    for (const auto& kv : map) {
+      const YAML::Node k = kv.first;
+      const YAML::Mark m = mark_of(k, mark_of(map));
+      if (!k.IsScalar()) fail(file_, m, section + ": keys must be strings, got " + describe(k));
+      if (!seen.insert(k.Scalar()).second) fail(file_, m, section + ": duplicate key '" + k.Scalar() + "'");
+      bool ok = false;
+      for (const auto& v : valid) ok = ok || v == k.Scalar();
+      if (!ok) fail(file_, m, unknown_key_message(k.Scalar(), section, valid));
+    }
+  }
+
+  // Typed getters of `map.key` (absent keys keep `out`); `path` = "world.size".
+  void get_int(const YAML::Node& map, const char* key, const std::string& path, int64_t lo, int64_t hi,
+               int64_t& out) {
+    YAML::Node n = child(map, key);
+    if (!n.IsDefined()) return;
+    auto v = to_int(n);
+    if (!v) fail(file_, mark_of(n), path + ": expected an integer, got " + describe(n));
+    if (*v < lo || *v > hi)
+      fail(file_, mark_of(n),
+           path + ": value " + std::to_string(*v) + " is out of range [" + std::to_string(lo) + ", " +
+               std::to_string(hi) + "]");
+    out = *v;
+  }
+  void get_string(const YAML::Node& map, const char* key, const std::string& path, std::string& out,
+                  const std::vector<std::string>& choices = {}) {
+    YAML::Node n = child(map, key);
+    if (!n.IsDefined()) return;
+    auto v = to_string(n);
+    if (!v || n.IsNull()) fail(file_, mark_of(n), path + ": expected a string, got " + describe(n));
+    if (!choices.empty()) {
+      bool ok = false;
+      for (const auto& c : choices) ok = ok || c == *v;
+      if (!ok) fail(file_, mark_of(n), path + ": '" + *v + "' is not one of " + join(choices, "|"));
+    }
+    out = *v;
+  }
+
+  std::string resolve(const std::string& p) const {
+    if (base_dir_.empty() || p.empty() || fs::path(p).is_absolute()) return p;
+    return (fs::path(base_dir_) / p).lexically_normal().string();
+  }
+
+  void parse_plugins(const YAML::Node& s, JobConfig& cfg) {
+    if (!s.IsDefined() || s.IsNull()) return;
+    check_keys(s, "plugins", {"paths"});
+    YAML::Node paths = s["paths"];
+    if (!paths.IsDefined() || paths.IsNull()) return;
+    auto add = [&](const YAML::Node& p) {
+      auto v = to_string(p);
+      if (!v || v->empty())
+        fail(file_, mark_of(p, mark_of(paths)), "plugins.paths: expected a directory name, got " + describe(p));
+      cfg.plugin_paths.push_back(resolve(*v));
+    };
+    if (paths.IsScalar()) {
+      add(paths);
+    } else if (paths.IsSequence()) {
+      for (const auto& p : paths) add(p);
+    } else {
+      fail(file_, mark_of(paths), "plugins.paths: expected a list of directories, got " + describe(paths));
+    }
+  }
+
+  void parse_world(const YAML::Node& s, JobConfig& cfg) {
+    if (!s.IsDefined() || s.IsNull()) return;
+    check_keys(s, "world", {"size", "rendezvous", "timeout_s"});
+    get_int(s, "size", "world.size", 1, 1 << 20, cfg.world_size);
+    get_string(s, "rendezvous", "world.rendezvous", cfg.rendezvous);
+    if (YAML::Node r = s["rendezvous"]; r.IsDefined()) check_rendezvous(cfg.rendezvous, mark_of(r));
+    if (YAML::Node t = s["timeout_s"]; t.IsDefined()) {
+      auto v = to_double(t);
+      if (!v) fail(file_, mark_of(t), "world.timeout_s: expected a number of seconds, got " + describe(t));
+      if (!(*v > 0 && *v <= 1e9))
+        fail(file_, mark_of(t), "world.timeout_s: value " + t.Scalar() + " is out of range (0, 1e9]");
+      cfg.timeout_s = *v;
+    }
+  }
+
+  void check_rendezvous(const std::string& url, const YAML::Mark& m) {
+    const std::string where = "world.rendezvous: '" + url + "'";
+    if (url.rfind("env://", 0) == 0) return;
+    if (url.rfind("file://", 0) == 0) {
+      if (url.size() == 7) fail(file_, m, where + " names no file (file:///path/to/rendezvous)");
+      return;
+    }
+    if (url.rfind("tcp://", 0) == 0) {
+      std::string hp = url.substr(6);
+      size_t colon = hp.rfind(':');
+      std::string port = colon == std::string::npos ? "" : hp.substr(colon + 1);
+      char* end = nullptr;
+      long v = port.empty() ? -1 : std::strtol(port.c_str(), &end, 10);
+      if (colon == 0 || colon == std::string::npos || *end != '\0' || v < 0 || v > 65535)
+        fail(file_, m, where + " is not tcp://HOST:PORT (port 0..65535)");
+      return;
+    }
+    fail(file_, m, where + " has an unknown scheme; valid: tcp://HOST:PORT, env://, file://PATH");
+  }
+
+  void parse_component(const YAML::Node& root, const char* name, ComponentConfig& out) {
+    YAML::Node s = section(root, name);
+    if (!s.IsDefined()) return;  // absent: the default component
+    out.mark = mark_of(s);
+    if (s.IsNull()) fail(file_, out.mark, std::string(name) + ": missing required key 'name'");
+    check_keys(s, name, {"name", "options"});
+    YAML::Node n = s["name"];
+    if (!n.IsDefined()) fail(file_, out.mark, std::string(name) + ": missing required key 'name'");
+    auto v = to_string(n);
+    if (!v || n.IsNull() || v->empty())
+      fail(file_, mark_of(n, out.mark), std::string(name) + ".name: expected a component name, got " + describe(n));
+    out.name = *v;
+    YAML::Node o = s["options"];
+    if (o.IsDefined() && !o.IsNull() && !o.IsMap())
+      fail(file_, mark_of(o, out.mark), std::string(name) + ".options: expected a map, got " + describe(o));
+    out.options = o.IsDefined() ? o : YAML::Node();
+  }
+
+  void parse_optimizer(const YAML::Node& s, JobConfig& cfg) {
+    if (!s.IsDefined()) return;
+    cfg.optimizer_mark = mark_of(s);
+    if (s.IsNull()) fail(file_, cfg.optimizer_mark, "optimizer: missing required key 'name'");
+    YAML::Node n = s["name"];
+    if (!n.IsDefined()) fail(file_, cfg.optimizer_mark, "optimizer: missing required key 'name'");
+    auto v = to_string(n);
+    if (!v || n.IsNull())
+      fail(file_, mark_of(n, cfg.optimizer_mark), "optimizer.name: expected a name, got " + describe(n));
+    size_t count = 0;
+    if (!sdk::optimizer_schema(v->c_str(), &count))
+      fail(file_, mark_of(n, cfg.optimizer_mark),
+           "optimizer.name: unknown optimizer '" + *v + "'; valid: " + sdk::kOptimizerNames);
+    cfg.optimizer_name = *v;
+    // The other keys are the optimizer's options; the nodes are shared, so
+    // their marks survive for error messages.
+    YAML::Node opts(YAML::NodeType::Map);
+    for (const auto& kv : s) {
+      const YAML::Node k = kv.first;
+      if (k.IsScalar() && k.Scalar() == "name") continue;
+      opts.force_insert(k, kv.second);
+    }
+    cfg.optimizer_options = opts;
+    // Keys and types of the inner optimizer do not depend on plugins: check now.
+    Options::validate(opts, optimizer_option_specs(cfg.optimizer_name), file_, "optimizer");
+  }
+
+  void parse_train(const YAML::Node& s, TrainConfig& t) {
+    if (!s.IsDefined() || s.IsNull()) return;
+    check_keys(s, "train",
+               {"model", "dataset", "data_dir", "epochs", "batch_size", "seed", "threads", "log_every", "max_steps"});
+    constexpr int64_t kMax = int64_t(1) << 40;
+    get_string(s, "model", "train.model", t.model, {"mlp", "cnn"});
+    get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist"});
+    get_string(s, "data_dir", "train.data_dir", t.data_dir);
+    get_int(s, "epochs", "train.epochs", 1, kMax, t.epochs);
+    get_int(s, "batch_size", "train.batch_size", 1, kMax, t.batch_size);
+    get_int(s, "seed", "train.seed", 0, INT64_MAX, t.seed);
+    get_int(s, "threads", "train.threads", 0, 4096, t.threads);
+    get_int(s, "log_every", "train.log_every", 0, kMax, t.log_every);
+    get_int(s, "max_steps", "train.max_steps", 0, kMax, t.max_steps);
+  }
+
+  std::string file_, base_dir_;
+};
+
+JobConfig parse_text(const std::string& text, const std::string& file, const std::string& base_dir) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    fail(file, e.mark, "YAML syntax error: " + e.msg);
+  } catch (const YAML::Exception& e) {
+    fail(file, e.mark, "YAML error: " + e.msg);
+  }
+  return Parser(file, base_dir).parse(root);
+}
+
+// Options of one component, with the section's mark for a required option
+// when the YAML gives no `options:` map at all.
+Options validate_options(const YAML::Node& node, const std::vector<OptionSpec>& schema, const std::string& file,
+                         const std::string& where, const YAML::Mark& section_mark) {
+  if (!node.IsDefined() || node.IsNull())
+    for (const auto& s : schema)
+      if (!s.default_value)
+        fail(file, section_mark, where + ": missing required option '" + s.name + "'" +
+                                     (s.help.empty() ? "" : " (" + s.help + ")"));
+  return Options::validate(node, schema, file, where);
+}
+
+}  // namespace
+
+JobConfig load_job_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot read the job file: " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::error_code ec;
+  fs::path abs = fs::absolute(path, ec);
+  return parse_text(ss.str(), path, ec ? std::string(".") : abs.parent_path().string());
+}
+
+JobConfig parse_job_config(const std::string& yaml_text, const std::string& name) {
+  return parse_text(yaml_text, name, "");
+}
+
+const std::vector<OptionSpec>& bucket_option_specs() {
+  static const std::vector<OptionSpec> specs = [] {
+    std::vector<OptionSpec> v(3);
+    v[0].name = "bucket_cap_mb";
+    v[0].type = DOPT_OPTION_DOUBLE;
+    v[0].default_value = "25";
+    v[0].min_value = 0;  // exclusive: checked by validate_job (the schema's range is inclusive)
+    v[0].max_value = 1e6;
+    v[0].help = "gradient bucket size cap in MiB, > 0 (core bucketing)";
+    v[1].name = "align_bytes";
+    v[1].type = DOPT_OPTION_INT;
+    v[1].default_value = "8";
+    v[1].min_value = 1;
+    v[1].max_value = 4096;
+    v[1].help = "byte alignment of each gradient inside a bucket, a power of two (core bucketing)";
+    v[2].name = "overlap";
+    v[2].type = DOPT_OPTION_BOOL;
+    v[2].default_value = "true";
+    v[2].help = "reduce each bucket as soon as it is complete in backward; false = after backward";
+    return v;
+  }();
+  return specs;
+}
+
+const std::vector<OptionSpec>& optimizer_option_specs(const std::string& name) {
+  static const std::map<std::string, std::vector<OptionSpec>> all = [] {
+    std::map<std::string, std::vector<OptionSpec>> m;
+    for (const char* n : {"sgd", "adam", "adamw", "adagrad", "rmsprop"}) {
+      size_t count = 0;
+      const dopt_option_spec* s = sdk::optimizer_schema(n, &count);
+      if (s) m[n] = specs_from_c(s, count);
+    }
+    return m;
+  }();
+  auto it = all.find(name);
+  if (it == all.end())
+    throw ConfigError("unknown optimizer '" + name + "'; valid: " + std::string(sdk::kOptimizerNames));
+  return it->second;
+}
+
+ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) {
+  const std::string& file = cfg.path;
+  auto component = [&](dopt_component_kind kind, const char* section,
+                       const ComponentConfig& cc) -> const ComponentInfo& {
+    if (const ComponentInfo* c = registry.find(kind, cc.name)) return *c;
+    YAML::Mark m = mark_of(child(child(cfg.root, section), "name"), cc.mark);
+    try {
+      registry.get(kind, cc.name);  // throws with what is available and what was skipped
+    } catch (const PluginError& e) {
+      fail(file, m, std::string(section) + ".name: " + e.what());
+    }
+    fail(file, m, std::string(section) + ".name: no " + kind_name(kind) + " named '" + cc.name + "'");
+  };
+
+  ValidatedJob out;
+  const ComponentInfo& comm = component(DOPT_KIND_COMMUNICATOR, "communicator", cfg.communicator);
+  const ComponentInfo& red = component(DOPT_KIND_REDUCER, "reducer", cfg.reducer);
+  const ComponentInfo& alg = component(DOPT_KIND_ALGORITHM, "algorithm", cfg.algorithm);
+
+  out.communicator = validate_options(cfg.communicator.options, comm.options, file, "communicator.options",
+                                      cfg.communicator.mark);
+
+  // A reducer also takes core's bucketing options (its own declaration wins).
+  std::vector<OptionSpec> rschema = red.options;
+  for (const auto& b : bucket_option_specs()) {
+    bool declared = false;
+    for (const auto& s : rschema) declared = declared || s.name == b.name;
+    if (!declared) rschema.push_back(b);
+  }
+  out.reducer = validate_options(cfg.reducer.options, rschema, file, "reducer.options", cfg.reducer.mark);
+  auto value_mark = [&](const char* key) { return mark_of(child(cfg.reducer.options, key), cfg.reducer.mark); };
+  if (out.reducer.has("bucket_cap_mb") && out.reducer.values().at("bucket_cap_mb").index() == 2 &&
+      !(out.reducer.get_double("bucket_cap_mb") > 0))
+    fail(file, value_mark("bucket_cap_mb"), "reducer.options.bucket_cap_mb: must be > 0 (MiB)");
+  if (out.reducer.has("align_bytes") && out.reducer.values().at("align_bytes").index() == 1) {
+    int64_t a = out.reducer.get_int("align_bytes");
+    if (a <= 0 || (a & (a - 1)) != 0)
+      fail(file, value_mark("align_bytes"),
+           "reducer.options.align_bytes: value " + std::to_string(a) + " is not a power of two");
+  }
+
+  out.algorithm = validate_options(cfg.algorithm.options, alg.options, file, "algorithm.options", cfg.algorithm.mark);
+
+  const std::vector<OptionSpec>* ospecs = nullptr;
+  try {
+    ospecs = &optimizer_option_specs(cfg.optimizer_name);
+  } catch (const ConfigError& e) {
+    fail(file, mark_of(child(child(cfg.root, "optimizer"), "name"), cfg.optimizer_mark),
+         std::string("optimizer.name: ") + e.what());
+  }
+  out.optimizer = validate_options(cfg.optimizer_options, *ospecs, file, "optimizer", cfg.optimizer_mark);
+  return out;
+}
+
+}  // namespace distopt

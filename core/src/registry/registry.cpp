@@ -1,0 +1,371 @@
+// The plugin registry: finds plugin libraries, loads them with Boost.DLL
+// (RTLD_NOW | RTLD_LOCAL), calls dopt_plugin_init_v1 and validates what the
+// plugin declares before any of its components can be selected.
+#include "distopt/registry.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include <boost/dll/shared_library.hpp>
+
+#include "config/yaml_util.hpp"
+#include "distopt/algorithm.h"
+#include "distopt/communicator.h"
+#include "distopt/error.hpp"
+#include "distopt/host.hpp"
+#include "distopt/reducer.h"
+
+namespace distopt {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kMaxComponents = 4096;
+constexpr size_t kMaxOptions = 4096;
+
+std::string version_string(uint32_t major, uint32_t minor) {
+  return std::to_string(major) + "." + std::to_string(minor);
+}
+
+/// Stride of an array of extensible structs: the plugin's sizeof, i.e. the
+/// first element's struct_size rounded up to the alignment (a plugin built
+/// against a newer minor has larger elements than this host's T).
+template <typename T>
+size_t array_stride(const T* first) {
+  size_t s = first->struct_size < sizeof(T) ? sizeof(T) : first->struct_size;
+  return (s + alignof(T) - 1) / alignof(T) * alignof(T);
+}
+template <typename T>
+const T* element(const T* base, size_t stride, size_t i) {
+  return reinterpret_cast<const T*>(reinterpret_cast<const char*>(base) + i * stride);
+}
+
+// The names of the required vtable functions that are NULL.
+#define DOPT_REQUIRE_FN(VT, FIELD) \
+  if (!(VT)->FIELD) missing.push_back(#FIELD)
+
+std::vector<std::string> null_fields(dopt_component_kind kind, const void* vtable) {
+  std::vector<std::string> missing;
+  switch (kind) {
+    case DOPT_KIND_COMMUNICATOR: {
+      const auto* vt = static_cast<const dopt_communicator_v1*>(vtable);
+      DOPT_REQUIRE_FN(vt, create);
+      DOPT_REQUIRE_FN(vt, destroy);
+      DOPT_REQUIRE_FN(vt, rank);
+      DOPT_REQUIRE_FN(vt, world_size);
+      DOPT_REQUIRE_FN(vt, allreduce);
+      DOPT_REQUIRE_FN(vt, reduce_scatter);
+      DOPT_REQUIRE_FN(vt, allgather);
+      DOPT_REQUIRE_FN(vt, broadcast);
+      DOPT_REQUIRE_FN(vt, send);
+      DOPT_REQUIRE_FN(vt, recv);
+      DOPT_REQUIRE_FN(vt, barrier);
+      DOPT_REQUIRE_FN(vt, split);
+      DOPT_REQUIRE_FN(vt, test);
+      DOPT_REQUIRE_FN(vt, wait);
+      DOPT_REQUIRE_FN(vt, request_free);
+      break;
+    }
+    case DOPT_KIND_REDUCER: {
+      const auto* vt = static_cast<const dopt_reducer_v1*>(vtable);
+      DOPT_REQUIRE_FN(vt, create);
+      DOPT_REQUIRE_FN(vt, destroy);
+      DOPT_REQUIRE_FN(vt, reduce);
+      DOPT_REQUIRE_FN(vt, test);
+      DOPT_REQUIRE_FN(vt, wait);
+      DOPT_REQUIRE_FN(vt, request_free);
+      DOPT_REQUIRE_FN(vt, bytes_sent);
+      break;
+    }
+    case DOPT_KIND_ALGORITHM: {
+      const auto* vt = static_cast<const dopt_algorithm_v1*>(vtable);
+      DOPT_REQUIRE_FN(vt, create);
+      DOPT_REQUIRE_FN(vt, destroy);
+      DOPT_REQUIRE_FN(vt, on_bucket_ready);
+      DOPT_REQUIRE_FN(vt, step);
+      DOPT_REQUIRE_FN(vt, set_lr);
+      DOPT_REQUIRE_FN(vt, state_bytes);
+      break;
+    }
+  }
+  return missing;
+}
+#undef DOPT_REQUIRE_FN
+
+size_t vtable_min_size(dopt_component_kind kind) {
+  switch (kind) {
+    case DOPT_KIND_COMMUNICATOR: return DOPT_COMMUNICATOR_V1_STRUCT_SIZE;
+    case DOPT_KIND_REDUCER: return DOPT_REDUCER_V1_STRUCT_SIZE;
+    case DOPT_KIND_ALGORITHM: return DOPT_ALGORITHM_V1_STRUCT_SIZE;
+  }
+  return 0;
+}
+
+bool valid_kind(int k) { return k == DOPT_KIND_COMMUNICATOR || k == DOPT_KIND_REDUCER || k == DOPT_KIND_ALGORITHM; }
+
+/// The loader's own words from a Boost.DLL exception ("...: invalid ELF header").
+std::string loader_message(const std::exception& e) {
+  std::string what = e.what();
+  const std::string tag = "(dlerror system message: ";
+  size_t p = what.find(tag);
+  if (p == std::string::npos) return what;
+  std::string msg = what.substr(p + tag.size());
+  size_t end = msg.rfind(')');
+  return end == std::string::npos ? msg : msg.substr(0, end);
+}
+
+/// Validate one component as the plugin declared it; returns "" if fine.
+std::string check_component(const dopt_component* c, size_t index, const std::string& file,
+                            ComponentInfo& out) {
+  const std::string at = "component #" + std::to_string(index);
+  if (c->struct_size < DOPT_COMPONENT_STRUCT_SIZE)
+    return at + ": struct_size " + std::to_string(c->struct_size) + " is smaller than the ABI v1.0 size " +
+           std::to_string(DOPT_COMPONENT_STRUCT_SIZE);
+  if (!c->name || !*c->name) return at + ": has no name";
+  const std::string who = "component '" + std::string(c->name) + "'";
+  if (!valid_kind(static_cast<int>(c->kind)))
+    return who + ": unknown kind " + std::to_string(static_cast<int>(c->kind));
+  const char* kn = kind_name(c->kind);
+  if (!c->vtable) return who + ": " + kn + " vtable is NULL";
+  const size_t vt_size = *static_cast<const size_t*>(c->vtable);  // every vtable begins with struct_size
+  if (vt_size < vtable_min_size(c->kind))
+    return who + ": " + kn + " vtable struct_size " + std::to_string(vt_size) + " is smaller than the ABI v1.0 size " +
+           std::to_string(vtable_min_size(c->kind));
+  auto missing = null_fields(c->kind, c->vtable);
+  if (missing.size() == 1) return who + ": " + kn + " vtable field '" + missing[0] + "' is NULL";
+  if (!missing.empty()) return who + ": " + kn + " vtable fields '" + yamlutil::join(missing, "', '") + "' are NULL";
+
+  if (c->num_options > kMaxOptions) return who + ": implausible num_options " + std::to_string(c->num_options);
+  if (c->num_options > 0 && !c->options)
+    return who + ": declares " + std::to_string(c->num_options) + " options but options is NULL";
+  if (c->num_options > 0 && c->options->struct_size < DOPT_OPTION_SPEC_STRUCT_SIZE)
+    return who + ": option spec struct_size " + std::to_string(c->options->struct_size) +
+           " is smaller than the ABI v1.0 size " + std::to_string(DOPT_OPTION_SPEC_STRUCT_SIZE);
+  if (c->num_options > 0) {
+    const size_t stride = array_stride(c->options);
+    for (size_t i = 0; i < c->num_options; ++i) {
+      const dopt_option_spec* s = element(c->options, stride, i);
+      if (s->struct_size < DOPT_OPTION_SPEC_STRUCT_SIZE)
+        return who + ": option #" + std::to_string(i) + " struct_size " + std::to_string(s->struct_size) +
+               " is smaller than the ABI v1.0 size";
+      if (!s->name || !*s->name) return who + ": option #" + std::to_string(i) + " has no name";
+      if (s->type < DOPT_OPTION_BOOL || s->type > DOPT_OPTION_STRING)
+        return who + ": option '" + s->name + "' has unknown type " + std::to_string(static_cast<int>(s->type));
+    }
+  }
+  out.kind = c->kind;
+  out.name = c->name;
+  out.version = c->version ? c->version : "";
+  out.description = c->description ? c->description : "";
+  out.options = c->num_options ? specs_from_c(c->options, c->num_options) : std::vector<OptionSpec>{};
+  out.vtable = c->vtable;
+  out.file = file;
+  // Option names must be unique and every default must be valid for its own schema.
+  for (size_t i = 0; i < out.options.size(); ++i) {
+    for (size_t j = 0; j < i; ++j)
+      if (out.options[i].name == out.options[j].name)
+        return who + ": option '" + out.options[i].name + "' is declared twice";
+    const OptionSpec& s = out.options[i];
+    if (!s.default_value) continue;
+    try {
+      Options::validate(YAML::Node(), {s}, who, "options");
+    } catch (const ConfigError& e) {
+      return who + ": option '" + s.name + "' has an invalid default '" + *s.default_value + "': " + e.what();
+    }
+  }
+  return "";
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  std::error_code ec;
+  return fs::equivalent(a, b, ec) && !ec;
+}
+
+}  // namespace
+
+const char* kind_name(dopt_component_kind kind) {
+  switch (kind) {
+    case DOPT_KIND_COMMUNICATOR: return "communicator";
+    case DOPT_KIND_REDUCER: return "reducer";
+    case DOPT_KIND_ALGORITHM: return "algorithm";
+  }
+  return "unknown-kind";
+}
+
+PluginRegistry::PluginRegistry() = default;
+PluginRegistry::~PluginRegistry() = default;
+
+void PluginRegistry::discover(const std::vector<std::string>& dirs) {
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) {
+      log(DOPT_LOG_DEBUG, "registry", "plugin directory " + dir + " does not exist; ignored");
+      continue;
+    }
+    std::vector<std::string> files;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const fs::path& p = it->path();
+      std::error_code fec;
+      if (p.extension() == ".so" && fs::is_regular_file(p, fec)) files.push_back(p.string());
+    }
+    if (ec) log(DOPT_LOG_WARN, "registry", "cannot list plugin directory " + dir + ": " + ec.message());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) load_file(f);
+  }
+}
+
+bool PluginRegistry::load_file(const std::string& path) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(path, ec);
+  const std::string file = (ec ? fs::path(path) : abs).lexically_normal().string();
+
+  // The same library reached twice (a directory listed twice, a symlink):
+  // once is enough, and it is not a duplicate of itself.
+  for (const auto& c : components_)
+    if (same_file(c.file, file)) return true;
+  for (const auto& s : skipped_)
+    if (same_file(s.file, file)) return false;
+
+  auto skip = [&](const std::string& reason) {
+    skipped_.push_back({file, reason});
+    log(DOPT_LOG_WARN, "registry", "skipping plugin " + file + ": " + reason);
+    return false;
+  };
+
+  auto lib = std::make_shared<boost::dll::shared_library>();
+  try {
+    lib->load(boost::dll::fs::path(file),
+              boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    return skip("cannot be loaded: " + loader_message(e));
+  }
+
+  if (!lib->has(DOPT_PLUGIN_ENTRY_V1)) {
+    for (int major = 2; major <= 9; ++major) {
+      const std::string other = "dopt_plugin_init_v" + std::to_string(major);
+      if (lib->has(other))
+        return skip("exports " + other + " (plugin ABI major " + std::to_string(major) +
+                    ") but this host speaks ABI " + version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
+                    " and needs " DOPT_PLUGIN_ENTRY_V1);
+    }
+    return skip("missing the entry symbol " DOPT_PLUGIN_ENTRY_V1 " (not a distopt plugin, or the symbol is not exported)");
+  }
+  auto init = lib->get<dopt_status(const dopt_host_api*, dopt_plugin_info*)>(DOPT_PLUGIN_ENTRY_V1);
+
+  dopt_plugin_info info;
+  std::memset(&info, 0, sizeof info);
+  info.struct_size = DOPT_PLUGIN_INFO_STRUCT_SIZE;
+  take_last_error();
+  dopt_status st = DOPT_ERR_INTERNAL;
+  try {
+    st = init(host_api(), &info);
+  } catch (...) {  // the ABI says noexcept; a plugin that throws anyway is refused, not fatal
+    return skip(DOPT_PLUGIN_ENTRY_V1 " threw a C++ exception across the C ABI");
+  }
+  if (st < 0) {
+    std::string detail = take_last_error();
+    return skip(DOPT_PLUGIN_ENTRY_V1 " failed (" + std::string(dopt_status_string(st)) + ")" +
+                (detail.empty() ? "" : ": " + detail));
+  }
+  if (info.abi_major != DOPT_ABI_VERSION_MAJOR)
+    return skip("built for plugin ABI " + version_string(info.abi_major, info.abi_minor) + ", but this host speaks ABI " +
+                version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) + " (the major version must match)");
+  if (info.abi_minor > DOPT_ABI_VERSION_MINOR)
+    log(DOPT_LOG_DEBUG, "registry",
+        file + " was built for plugin ABI " + version_string(info.abi_major, info.abi_minor) + ", newer than the host's " +
+            version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) + "; loading it (same major)");
+
+  if (info.num_components == 0) return skip("declares no components");
+  if (info.num_components > kMaxComponents)
+    return skip("declares an implausible number of components (" + std::to_string(info.num_components) + ")");
+  if (!info.components) return skip("declares " + std::to_string(info.num_components) + " components but components is NULL");
+  if (info.components->struct_size < DOPT_COMPONENT_STRUCT_SIZE)
+    return skip("component struct_size " + std::to_string(info.components->struct_size) +
+                " is smaller than the ABI v1.0 size " + std::to_string(DOPT_COMPONENT_STRUCT_SIZE));
+
+  std::vector<ComponentInfo> found;
+  const size_t stride = array_stride(info.components);
+  for (size_t i = 0; i < info.num_components; ++i) {
+    ComponentInfo ci;
+    std::string err = check_component(element(info.components, stride, i), i, file, ci);
+    if (!err.empty()) return skip(err);
+    for (const auto& f : found)
+      if (f.kind == ci.kind && f.name == ci.name)
+        return skip(std::string("declares ") + kind_name(ci.kind) + " '" + ci.name + "' twice");
+    for (const auto& c : components_)
+      if (c.kind == ci.kind && c.name == ci.name)
+        return skip(std::string("duplicate ") + kind_name(ci.kind) + " '" + ci.name + "': already provided by " +
+                    c.file + "; this file (" + file + ") is skipped");
+    ci.plugin_name = info.plugin_name ? info.plugin_name : "";
+    ci.plugin_version = info.plugin_version ? info.plugin_version : "";
+    ci.abi_major = info.abi_major;
+    ci.abi_minor = info.abi_minor;
+    ci.library = lib;  // shared ownership keeps the .so mapped while any copy lives
+    found.push_back(std::move(ci));
+  }
+  for (auto& c : found) {
+    log(DOPT_LOG_DEBUG, "registry", std::string("loaded ") + kind_name(c.kind) + " '" + c.name + "' from " + file);
+    components_.push_back(std::move(c));
+  }
+  return true;
+}
+
+const ComponentInfo* PluginRegistry::find(dopt_component_kind kind, const std::string& name) const {
+  for (const auto& c : components_)
+    if (c.kind == kind && c.name == name) return &c;
+  return nullptr;
+}
+
+const ComponentInfo& PluginRegistry::get(dopt_component_kind kind, const std::string& name) const {
+  if (const ComponentInfo* c = find(kind, name)) return *c;
+  const std::string kn = kind_name(kind);
+  std::vector<std::string> names;
+  for (const auto& c : components_)
+    if (c.kind == kind) names.push_back(c.name);
+  std::string msg = "no " + kn + " named '" + name + "' is available; available " + kn + "s: " +
+                    (names.empty() ? std::string("(none)") : yamlutil::join(names));
+  // A skipped library that names the component (in its reason or its file
+  // name, libdistopt_<name>.so) is the likely reason: put it first.
+  std::vector<const SkippedPlugin*> likely, other;
+  for (const auto& s : skipped_) {
+    const std::string stem = fs::path(s.file).stem().string();
+    bool match = s.reason.find("'" + name + "'") != std::string::npos || stem == "libdistopt_" + name ||
+                 stem == "lib" + name || stem == name;
+    (match ? likely : other).push_back(&s);
+  }
+  for (const auto* s : likely) msg += "\n  '" + name + "' is unavailable because " + s->file + " was skipped: " + s->reason;
+  if (!other.empty()) {
+    msg += "\n  other skipped plugin libraries:";
+    for (const auto* s : other) msg += "\n    " + s->file + ": " + s->reason;
+  }
+  if (components_.empty() && skipped_.empty())
+    msg += "\n  (no plugin libraries were found: check plugins.paths, $DISTOPT_PLUGIN_PATH or --plugin-path)";
+  throw PluginError(msg);
+}
+
+std::vector<std::string> PluginRegistry::search_path(const std::vector<std::string>& config_paths) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& p) {
+    if (p.empty()) return;
+    std::string norm = fs::path(p).lexically_normal().string();
+    if (std::find(out.begin(), out.end(), norm) == out.end()) out.push_back(norm);
+  };
+  for (const auto& p : config_paths) add(p);
+  if (const char* env = std::getenv("DISTOPT_PLUGIN_PATH")) {
+    std::string s = env;
+    size_t start = 0;
+    while (start <= s.size()) {
+      size_t end = s.find(':', start);
+      if (end == std::string::npos) end = s.size();
+      add(s.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  add(DISTOPT_INSTALL_PLUGIN_DIR);
+  return out;
+}
+
+}  // namespace distopt
