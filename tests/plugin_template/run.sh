@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Usage: run.sh BUILD_DIR SOURCE_DIR
+# Installs distopt into a temporary prefix, builds share/distopt/plugin-template
+# against it with find_package(distopt), drops the .so into a plugin
+# directory, and checks that `distopt plugins` lists it and `distopt train`
+# trains with it.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$2" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "== install into $work/prefix"
+cmake --install "$build" --prefix "$work/prefix" >"$work/install.log"
+test -f "$work/prefix/lib/cmake/distopt/distoptConfig.cmake"
+test -x "$work/prefix/bin/distopt"
+
+echo "== build the template against the installed SDK"
+cp -r "$src/share/distopt/plugin-template" "$work/template"
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+cmake -S "$work/template" -B "$work/template/build" "${gen[@]}" \
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >"$work/configure.log" ||
+  { cat "$work/configure.log"; exit 1; }
+cmake --build "$work/template/build" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+
+mkdir -p "$work/plugins"
+cp "$work/template/build/libdistopt_template_sgd.so" "$work/plugins/"
+
+echo "== distopt plugins lists it"
+export DISTOPT_PLUGIN_PATH="$work/prefix/lib/distopt/plugins"
+out=$("$work/prefix/bin/distopt" plugins --plugin-path "$work/plugins")
+echo "$out"
+echo "$out" | grep -E "algorithm +template_sgd" >/dev/null ||
+  { echo "FAIL: template_sgd not listed by distopt plugins"; exit 1; }
+
+echo "== distopt train selects it"
+cat >"$work/job.yaml" <<YAML
+plugins: {paths: [$work/plugins]}
+world: {size: 2, timeout_s: 60}
+communicator: {name: tcp}
+reducer: {name: mean}
+algorithm: {name: template_sgd, options: {lr: 0.1}}
+optimizer: {name: sgd, lr: 0.1}
+train: {model: mlp, epochs: 1, batch_size: 64, seed: 0, max_steps: 30, log_every: 10}
+YAML
+out=$("$work/prefix/bin/distopt" train "$work/job.yaml" 2>&1) || { echo "$out"; echo "FAIL: train exited non-zero"; exit 1; }
+echo "$out"
+echo "$out" | grep -qi "template_sgd" || { echo "FAIL: train output does not name the algorithm"; exit 1; }
+acc=$(echo "$out" | grep -oiE "test accuracy[^0-9]*[0-9.]+" | tail -1 | grep -oE "[0-9.]+$")
+echo "test accuracy: $acc"
+# 30 steps of SGD on Fashion-MNIST reach well above chance (10%).
+awk -v a="$acc" 'BEGIN { exit !(a > 40) }' || { echo "FAIL: accuracy $acc% is not above 40%"; exit 1; }
+echo "PASS"
