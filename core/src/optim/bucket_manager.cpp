@@ -1,0 +1,209 @@
+#include "optim/bucket_manager.hpp"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "distopt/error.hpp"
+
+namespace distopt::optim {
+namespace {
+
+int dtype_code(const at::Tensor& t) {
+  // One bucket = one dtype on one device.
+  const auto& d = t.device();
+  return static_cast<int>(t.scalar_type()) +
+         100 * (static_cast<int>(d.type()) * 256 + (d.has_index() ? d.index() + 1 : 0));
+}
+
+bool aliases(const at::Tensor& g, const at::Tensor& view) {
+  return g.defined() && g.data_ptr() == view.data_ptr() && g.sizes().equals(view.sizes()) &&
+         g.strides().equals(view.strides()) && g.scalar_type() == view.scalar_type();
+}
+
+}  // namespace
+
+BucketManager::BucketManager(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                             const BucketOptions& opts, LaunchFn launch)
+    : opts_(opts), launch_(std::move(launch)) {
+  std::vector<PlanInput> inputs;
+  std::vector<size_t> input_param;  // plan index -> params_ index
+  params_.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, t] = params[i];
+    Param p;
+    p.name = name;
+    p.tensor = t;
+    params_.push_back(std::move(p));
+    if (!t.defined()) throw Error("parameter '" + name + "' is an undefined tensor");
+    if (!t.requires_grad()) continue;
+    if (t.is_sparse() || !t.is_contiguous())
+      throw Error("parameter '" + name + "' must be a dense, contiguous tensor");
+    inputs.push_back({static_cast<size_t>(t.numel()), static_cast<size_t>(t.element_size()), dtype_code(t)});
+    input_param.push_back(i);
+  }
+
+  auto plan = plan_buckets(inputs, opts.cap_bytes, opts.align_bytes);
+  buckets_.resize(plan.size());
+  for (size_t b = 0; b < plan.size(); ++b) {
+    Bucket& bk = buckets_[b];
+    const auto& first = params_[input_param[plan[b].entries.at(0).param]].tensor;
+    bk.flat = at::zeros({static_cast<int64_t>(plan[b].length)}, first.options().requires_grad(false));
+    bk.flat_dl = sdk::DLView(bk.flat);
+    for (const auto& e : plan[b].entries) {
+      size_t i = input_param[e.param];
+      Param& p = params_[i];
+      p.bucket = static_cast<int>(b);
+      p.view = bk.flat.narrow(0, static_cast<int64_t>(e.offset), static_cast<int64_t>(e.numel)).view(p.tensor.sizes());
+      bk.params.push_back(i);
+      bk.shapes.emplace_back(p.tensor.sizes().begin(), p.tensor.sizes().end());
+      dopt_bucket_entry d{};
+      d.struct_size = DOPT_BUCKET_ENTRY_STRUCT_SIZE;
+      d.name = p.name.c_str();
+      d.param_index = static_cast<int32_t>(i);
+      d.offset = e.offset;
+      d.numel = e.numel;
+      d.ndim = static_cast<int32_t>(p.tensor.dim());
+      bk.entries.push_back(d);
+    }
+    for (size_t k = 0; k < bk.entries.size(); ++k)
+      bk.entries[k].shape = bk.shapes[k].empty() ? nullptr : bk.shapes[k].data();
+    bk.pending = bk.params.size();
+  }
+  descs_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    dopt_bucket& d = descs_[b];
+    d.struct_size = DOPT_BUCKET_STRUCT_SIZE;
+    d.ext = nullptr;
+    d.index = static_cast<int32_t>(b);
+    d.flat = buckets_[b].flat_dl.get();
+    d.entries = buckets_[b].entries.data();
+    d.num_entries = buckets_[b].entries.size();
+  }
+
+  // .grad becomes the bucket view (keeping any gradient already there), and
+  // a post hook on each accumulator reports the gradient as ready.
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    if (!p.view.defined()) continue;
+    const at::Tensor& g = p.tensor.grad();
+    if (g.defined() && !aliases(g, p.view)) p.view.copy_(g);
+    p.tensor.mutable_grad() = p.view;
+    p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+    if (!p.accumulator) throw Error("parameter '" + p.name + "' has no gradient accumulator (not a leaf?)");
+    p.hook_key = p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          on_grad_ready(i);
+          return outputs;
+        }));
+  }
+  attached_ = true;
+}
+
+BucketManager::~BucketManager() { detach(); }
+
+void BucketManager::detach() {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  if (!attached_) return;
+  for (auto& p : params_) {
+    if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
+    p.accumulator.reset();
+  }
+  attached_ = false;
+}
+
+uint64_t BucketManager::bucket_bytes(size_t b) const {
+  const auto& f = buckets_.at(b).flat;
+  return static_cast<uint64_t>(f.numel()) * f.element_size();
+}
+
+void BucketManager::ensure_view(Param& p) {
+  // AccumulateGrad accumulates in place into a defined .grad; only a grad the
+  // user replaced (set to None, assigned) or one made under create_graph is
+  // a new tensor: copy it into the bucket and point .grad back at the view.
+  const at::Tensor& g = p.tensor.grad();
+  if (aliases(g, p.view)) return;
+  at::NoGradGuard no_grad;
+  if (g.defined())
+    p.view.copy_(g);
+  else
+    p.view.zero_();
+  p.tensor.mutable_grad() = p.view;
+}
+
+void BucketManager::on_grad_ready(size_t i) {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  if (!attached_) return;
+  Param& p = params_[i];
+  Bucket& bk = buckets_[static_cast<size_t>(p.bucket)];
+  if (p.ready) {
+    if (bk.launched)
+      throw Error("parameter '" + p.name + "' got a second gradient after its bucket " +
+                  std::to_string(p.bucket) +
+                  " was already sent for reduction: call step() between backward passes");
+    ensure_view(p);  // accumulating twice before launch is harmless
+    return;
+  }
+  ensure_view(p);
+  p.ready = true;
+  if (--bk.pending == 0 && opts_.overlap) launch_in_order_locked();
+}
+
+void BucketManager::launch_in_order_locked() {
+  while (next_ < buckets_.size() && buckets_[next_].pending == 0) launch_locked(next_);
+}
+
+void BucketManager::launch_locked(size_t b) {
+  Bucket& bk = buckets_[b];
+  bk.launched = true;
+  next_ = b + 1;
+  launch_(descs_[b]);
+}
+
+void BucketManager::finish() {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  at::NoGradGuard no_grad;
+  try {
+    for (size_t b = next_; b < buckets_.size(); ++b) {
+      Bucket& bk = buckets_[b];
+      for (size_t i : bk.params) {
+        Param& p = params_[i];
+        if (!p.ready) {
+          // No gradient this step: contribute zeros (and keep .grad the view).
+          p.view.zero_();
+          if (!aliases(p.tensor.grad(), p.view)) p.tensor.mutable_grad() = p.view;
+        }
+      }
+      bk.pending = 0;
+      launch_locked(b);
+    }
+  } catch (...) {
+    reset_step_locked();
+    throw;
+  }
+  reset_step_locked();
+}
+
+void BucketManager::reset_step_locked() {
+  for (auto& p : params_) p.ready = false;
+  for (auto& bk : buckets_) {
+    bk.pending = bk.params.size();
+    bk.launched = false;
+  }
+  next_ = 0;
+}
+
+void BucketManager::zero_grad() {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  if (next_ > 0)
+    throw Error("zero_grad() after a backward whose buckets are being reduced: call step() first (bucket " +
+                std::to_string(next_ - 1) + " is in flight)");
+  at::NoGradGuard no_grad;
+  for (auto& bk : buckets_) bk.flat.zero_();
+  for (auto& p : params_)
+    if (p.view.defined() && !aliases(p.tensor.grad(), p.view)) p.tensor.mutable_grad() = p.view;
+  reset_step_locked();
+}
+
+}  // namespace distopt::optim

@@ -1,0 +1,104 @@
+// Gradient buckets of one DistributedOptimizer (DDP's Reducer with
+// gradient_as_bucket_view, Bagua's bucketing): flat buffers per bucket, every
+// parameter's .grad a view into its bucket, and autograd post hooks on the
+// gradient accumulators that hand complete buckets to the algorithm, in
+// bucket order, while backward is still running.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "distopt/reducer.h"
+#include "distopt/sdk/tensor.hpp"
+#include "optim/bucket_plan.hpp"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace distopt::optim {
+
+struct BucketOptions {
+  double cap_bytes = 25.0 * 1024 * 1024;
+  size_t align_bytes = 8;
+  bool overlap = true;  ///< false: Bagua's delay_reduce, every bucket launched at finish()
+};
+
+/// Not copyable or movable (the hooks point at it). Thread-safe between the
+/// autograd thread (hooks) and the training thread (zero_grad / finish).
+class BucketManager {
+ public:
+  /// Called with a bucket index when that bucket is complete; buckets are
+  /// launched strictly in index order, once per step. May throw (the error
+  /// then surfaces from backward() or finish()).
+  using LaunchFn = std::function<void(const dopt_bucket&)>;
+
+  /// `params` in registration order; those with requires_grad get a slot
+  /// (dense, contiguous tensors only: throws distopt::Error otherwise). Any
+  /// existing .grad is copied into its slot. Hooks are installed at once.
+  BucketManager(const std::vector<std::pair<std::string, at::Tensor>>& params, const BucketOptions& opts,
+                LaunchFn launch);
+  ~BucketManager();
+  BucketManager(const BucketManager&) = delete;
+  BucketManager& operator=(const BucketManager&) = delete;
+
+  size_t num_buckets() const { return buckets_.size(); }
+  const dopt_bucket* buckets() const { return descs_.data(); }
+  /// The gradient view of parameter i (undefined tensor for a frozen one).
+  const at::Tensor& grad_view(size_t i) const { return params_[i].view; }
+  /// Bytes of bucket b's flat buffer.
+  uint64_t bucket_bytes(size_t b) const;
+
+  /// Zero every bucket and re-point .grad at the bucket views (a user's
+  /// module.zero_grad() may have reset them). Throws distopt::Error if a
+  /// bucket was launched by a backward whose step() has not run.
+  void zero_grad();
+  /// Launch, in order, every bucket not launched yet (entries that got no
+  /// gradient this step are zeroed first), then start a new step.
+  void finish();
+  /// Remove the hooks (idempotent); after this backward no longer launches.
+  void detach();
+
+ private:
+  struct Param {
+    std::string name;
+    at::Tensor tensor;
+    at::Tensor view;  // undefined for frozen parameters
+    int bucket = -1;
+    std::shared_ptr<torch::autograd::Node> accumulator;
+    uintptr_t hook_key = 0;
+    bool ready = false;
+  };
+  struct Bucket {
+    at::Tensor flat;
+    sdk::DLView flat_dl;
+    std::vector<size_t> params;  // entries, in bucket order
+    std::vector<dopt_bucket_entry> entries;
+    std::vector<std::vector<int64_t>> shapes;
+    size_t pending = 0;
+    bool launched = false;
+  };
+
+  void on_grad_ready(size_t i);
+  void ensure_view(Param& p);
+  void launch_in_order_locked();
+  void launch_locked(size_t b);
+  void reset_step_locked();
+
+  BucketOptions opts_;
+  LaunchFn launch_;
+  std::vector<Param> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<dopt_bucket> descs_;
+  std::recursive_mutex mu_;
+  size_t next_ = 0;  // first bucket not launched yet
+  bool attached_ = false;
+};
+
+}  // namespace distopt::optim

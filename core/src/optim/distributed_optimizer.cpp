@@ -1,0 +1,189 @@
+// DistributedOptimizer: owns the bucket manager, the reducer and the
+// algorithm instances, and the C descriptors they borrow.
+#include "distopt/distributed_optimizer.hpp"
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <set>
+
+#include "distopt/algorithm.h"
+#include "distopt/error.hpp"
+#include "distopt/host.hpp"
+#include "distopt/reducer.h"
+#include "distopt/sdk/tensor.hpp"
+#include "optim/bucket_manager.hpp"
+#include "optim/optimizer_builder.hpp"
+
+namespace distopt {
+
+struct DistributedOptimizer::Impl {
+  optim::OptimizerBuild build;
+  std::unique_ptr<optim::BucketManager> buckets;
+  std::deque<sdk::DLView> views;  // DLTensors of parameters and gradients (stable addresses)
+  std::vector<dopt_param> params;
+  std::vector<dopt_param_group> groups;
+  std::string reducer_scope, algorithm_scope;
+  dopt_create_args reducer_args{}, algorithm_common{};
+  dopt_algorithm_args algorithm_args{};
+  const dopt_reducer_v1* rvt = nullptr;
+  dopt_reducer* reducer = nullptr;
+  const dopt_algorithm_v1* avt = nullptr;
+  dopt_algorithm* algorithm = nullptr;
+  std::string reducer_who, algorithm_who;
+  int world_size = 1;
+  int64_t steps = 0;
+  uint64_t plain_bytes_per_step = 0;
+
+  ~Impl() {
+    // Hooks first (backward must not reach a destroyed algorithm), then the
+    // algorithm, which borrows the reducer.
+    if (buckets) buckets->detach();
+    if (algorithm && avt) avt->destroy(algorithm);
+    if (reducer && rvt) rvt->destroy(reducer);
+    take_last_error();
+  }
+};
+
+namespace {
+
+uint64_t ring_bytes(uint64_t bytes, int world) {
+  return world <= 1 ? 0 : 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
+}
+
+}  // namespace
+
+namespace optim {
+
+DistributedOptimizer build_optimizer(OptimizerBuild build) {
+  auto impl = std::make_unique<DistributedOptimizer::Impl>();
+  auto& m = *impl;
+  m.build = std::move(build);
+  auto& b = m.build;
+  m.world_size = b.common.world_size;
+  m.reducer_who = b.reducer.plugin_name + "/" + b.reducer.name;
+  m.algorithm_who = b.algorithm.plugin_name + "/" + b.algorithm.name;
+
+  // Parameter groups: spec k is group k; parameters no spec names go to group 0.
+  std::map<std::string, int> group_of;
+  for (size_t g = 0; g < b.groups.size(); ++g)
+    for (const auto& n : b.groups[g].names) {
+      if (!group_of.emplace(n, static_cast<int>(g)).second)
+        throw ConfigError("parameter '" + n + "' is named in two parameter groups");
+    }
+  std::set<std::string> seen;
+  for (const auto& [name, t] : b.params) {
+    if (!seen.insert(name).second) throw ConfigError("duplicate parameter name '" + name + "'");
+  }
+  for (const auto& [n, g] : group_of)
+    if (!seen.count(n)) throw ConfigError("parameter group " + std::to_string(g) + " names unknown parameter '" + n + "'");
+  size_t num_groups = std::max<size_t>(1, b.groups.size());
+  m.groups.resize(num_groups);
+  for (size_t g = 0; g < num_groups; ++g) {
+    dopt_param_group& d = m.groups[g];
+    d.struct_size = DOPT_PARAM_GROUP_STRUCT_SIZE;
+    d.lr = g < b.groups.size() ? b.groups[g].lr : -1;
+    d.weight_decay = g < b.groups.size() ? b.groups[g].weight_decay : -1;
+  }
+
+  // Buckets (gradients become views into them; hooks launch through the algorithm).
+  optim::BucketOptions bo;
+  bo.cap_bytes = b.reducer_options->get_double("bucket_cap_mb") * 1024.0 * 1024.0;
+  bo.align_bytes = static_cast<size_t>(b.reducer_options->get_int("align_bytes"));
+  bo.overlap = b.reducer_options->get_bool("overlap");
+  DistributedOptimizer::Impl* raw = impl.get();
+  m.buckets = std::make_unique<optim::BucketManager>(b.params, bo, [raw](const dopt_bucket& bucket) {
+    check_status(raw->avt->on_bucket_ready(raw->algorithm, &bucket), raw->algorithm_who,
+                 "on_bucket_ready(bucket " + std::to_string(bucket.index) + ")");
+  });
+  for (size_t k = 0; k < m.buckets->num_buckets(); ++k)
+    m.plain_bytes_per_step += ring_bytes(m.buckets->bucket_bytes(k), m.world_size);
+
+  m.params.resize(b.params.size());
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    const auto& [name, t] = b.params[i];
+    dopt_param& d = m.params[i];
+    d.struct_size = DOPT_PARAM_STRUCT_SIZE;
+    d.name = name.c_str();
+    if (!t.is_contiguous()) throw Error("parameter '" + name + "' must be contiguous");
+    m.views.emplace_back(t.detach());
+    d.data = m.views.back().get();
+    const at::Tensor& g = m.buckets->grad_view(i);
+    if (g.defined()) {
+      m.views.emplace_back(g);
+      d.grad = m.views.back().get();
+    }
+    d.requires_grad = g.defined() ? 1 : 0;
+    auto it = group_of.find(name);
+    d.group = it == group_of.end() ? 0 : it->second;
+  }
+
+  // Reducer, then algorithm.
+  m.reducer_scope = b.scope + "/reducer";
+  m.algorithm_scope = b.scope + "/algorithm";
+  m.reducer_args = b.common;
+  m.reducer_args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
+  m.reducer_args.options = b.reducer_options->c_handle();
+  m.reducer_args.scope = m.reducer_scope.c_str();
+  m.rvt = static_cast<const dopt_reducer_v1*>(b.reducer.vtable);
+  take_last_error();
+  check_status(m.rvt->create(&m.reducer_args, b.comm, m.buckets->buckets(), m.buckets->num_buckets(), &m.reducer),
+               m.reducer_who, "create");
+
+  m.algorithm_common = b.common;
+  m.algorithm_common.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
+  m.algorithm_common.options = b.algorithm_options->c_handle();
+  m.algorithm_common.scope = m.algorithm_scope.c_str();
+  dopt_algorithm_args& a = m.algorithm_args;
+  a.struct_size = DOPT_ALGORITHM_ARGS_STRUCT_SIZE;
+  a.common = &m.algorithm_common;
+  a.comm = b.comm;
+  a.reducer = {m.rvt, m.reducer};
+  a.params = m.params.data();
+  a.num_params = m.params.size();
+  a.groups = m.groups.data();
+  a.num_groups = m.groups.size();
+  a.buckets = m.buckets->buckets();
+  a.num_buckets = m.buckets->num_buckets();
+  a.optimizer_name = b.optimizer_name.c_str();
+  a.optimizer_options = b.optimizer_options->c_handle();
+  m.avt = static_cast<const dopt_algorithm_v1*>(b.algorithm.vtable);
+  check_status(m.avt->create(&a, &m.algorithm), m.algorithm_who, "create");
+  return DistributedOptimizer(std::move(impl));
+}
+
+}  // namespace optim
+
+DistributedOptimizer::DistributedOptimizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DistributedOptimizer::DistributedOptimizer(DistributedOptimizer&&) noexcept = default;
+DistributedOptimizer& DistributedOptimizer::operator=(DistributedOptimizer&&) noexcept = default;
+DistributedOptimizer::~DistributedOptimizer() = default;
+
+void DistributedOptimizer::zero_grad() { impl_->buckets->zero_grad(); }
+
+void DistributedOptimizer::step() {
+  auto& m = *impl_;
+  auto t0 = std::chrono::steady_clock::now();
+  m.buckets->finish();
+  check_status(m.avt->step(m.algorithm), m.algorithm_who, "step");
+  ++m.steps;
+  metric_add("optim.steps", 1);
+  metric_add("optim.step_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  metric_add("optim.bytes_plain_allreduce", static_cast<double>(m.plain_bytes_per_step));
+}
+
+void DistributedOptimizer::set_lr(double lr, int group) {
+  check_status(impl_->avt->set_lr(impl_->algorithm, group, lr), impl_->algorithm_who,
+               "set_lr(group " + std::to_string(group) + ")");
+}
+
+uint64_t DistributedOptimizer::state_bytes() const { return impl_->avt->state_bytes(impl_->algorithm); }
+uint64_t DistributedOptimizer::bytes_sent() const { return impl_->rvt->bytes_sent(impl_->reducer); }
+uint64_t DistributedOptimizer::bytes_sent_plain_allreduce() const {
+  return impl_->plain_bytes_per_step * static_cast<uint64_t>(impl_->steps);
+}
+size_t DistributedOptimizer::num_buckets() const { return impl_->buckets->num_buckets(); }
+int64_t DistributedOptimizer::steps() const { return impl_->steps; }
+const std::string& DistributedOptimizer::algorithm_name() const { return impl_->build.algorithm.name; }
+
+}  // namespace distopt

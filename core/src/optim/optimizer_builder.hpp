@@ -1,0 +1,38 @@
+// Private: what Runtime::make_optimizer hands the optimizer it builds.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "distopt/abi.h"
+#include "distopt/communicator.h"
+#include "distopt/distributed_optimizer.hpp"
+#include "distopt/options.hpp"
+#include "distopt/registry.hpp"
+#include "distopt/runtime.hpp"
+
+namespace distopt::optim {
+
+struct OptimizerBuild {
+  std::shared_ptr<const void> keepalive;  ///< the runtime state (communicator, store, options)
+  std::vector<std::pair<std::string, at::Tensor>> params;  ///< already broadcast from rank 0
+  std::vector<ParamGroupSpec> groups;
+  ComponentInfo reducer, algorithm;
+  const Options* reducer_options = nullptr;  ///< includes core's bucket options
+  const Options* algorithm_options = nullptr;
+  const Options* optimizer_options = nullptr;
+  std::string optimizer_name;
+  dopt_comm_ref comm{nullptr, nullptr};
+  dopt_create_args common{};  ///< rank, world, store, token, bind; options / scope set per component
+  std::string scope;          ///< unique per optimizer, identical across ranks ("optimizer/0")
+};
+
+/// Plan buckets, install hooks, create the reducer then the algorithm.
+/// Collective. Throws ConfigError (bad groups), ComponentError.
+DistributedOptimizer build_optimizer(OptimizerBuild build);
+
+}  // namespace distopt::optim

@@ -1,0 +1,237 @@
+// Runtime: one rank's rendezvous, plugins and communicator, and the
+// distributed optimizers built on them.
+#include "distopt/runtime.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <deque>
+
+#include "distopt/communicator.hpp"
+#include "distopt/distributed_optimizer.hpp"
+#include "distopt/error.hpp"
+#include "distopt/host.hpp"
+#include "distopt/registry.hpp"
+#include "distopt/store.hpp"
+#include "distopt/sdk/tensor.hpp"
+#include "optim/optimizer_builder.hpp"
+
+namespace distopt {
+
+struct Runtime::Impl {
+  JobConfig cfg;
+  ProcessInfo proc;
+  PluginRegistry registry;
+  ValidatedJob validated;
+  std::string rendezvous;
+  std::string bind_address;
+  std::shared_ptr<Store> store;
+  std::unique_ptr<Communicator> comm;  // last: destroyed before the store
+  int next_optimizer = 0;
+
+  ~Impl() { comm.reset(); }
+};
+
+namespace {
+
+bool is_loopback(const std::string& host) {
+  return host.empty() || host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+}
+
+/// The host part of a rendezvous URL ("" when it has none, e.g. file://).
+std::string rendezvous_host(const std::string& url) {
+  if (url.rfind("tcp://", 0) == 0) {
+    std::string hp = url.substr(6);
+    if (!hp.empty() && hp[0] == '[') return hp.substr(1, hp.find(']') - 1);
+    return hp.substr(0, hp.rfind(':'));
+  }
+  if (url.rfind("env://", 0) == 0) {
+    const char* a = std::getenv("MASTER_ADDR");
+    return a ? a : "";
+  }
+  return "";
+}
+
+/// The local address of the interface that routes to `host` (a UDP
+/// connect() sends nothing; getsockname() then names the interface).
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || !res)
+    throw RendezvousError("cannot resolve rendezvous host '" + host + "'");
+  std::string out;
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    char buf[INET_ADDRSTRLEN] = {0};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf))
+      out = buf;
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  if (out.empty()) throw RendezvousError("no local interface routes to rendezvous host '" + host + "'");
+  return out;
+}
+
+std::string choose_bind_address(const std::string& rendezvous) {
+  if (const char* b = std::getenv("DISTOPT_BIND_ADDRESS"); b && *b) return b;
+  std::string host = rendezvous_host(rendezvous);
+  if (is_loopback(host)) return "127.0.0.1";
+  return local_address_towards(host);
+}
+
+}  // namespace
+
+Runtime Runtime::from_yaml(const std::string& path) { return from_config(load_job_config(path)); }
+
+Runtime Runtime::from_config(const JobConfig& cfg) {
+  ProcessInfo proc = detect_process_info();
+  if (proc.source == "default" && cfg.world_size > 1)
+    log(DOPT_LOG_WARN, "runtime",
+        "world.size is " + std::to_string(cfg.world_size) +
+            " but no launcher environment (DISTOPT_RANK, RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK) is set: "
+            "running as a single process (use `distopt launch` or `distopt train`)");
+  return from_config(cfg, proc);
+}
+
+Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
+  if (proc.world_size < 1 || proc.rank < 0 || proc.rank >= proc.world_size)
+    throw ConfigError("rank " + std::to_string(proc.rank) + " is not in [0, " + std::to_string(proc.world_size) + ")");
+  auto impl = std::make_shared<Impl>();
+  Impl& m = *impl;
+  m.cfg = cfg;
+  m.proc = proc;
+  m.registry.discover(PluginRegistry::search_path(cfg.plugin_paths));
+  m.validated = validate_job(cfg, m.registry);
+
+  // The launcher's rendezvous wins over the file's. A single process needs no
+  // fixed port: let the store pick one, so two local jobs cannot collide.
+  m.rendezvous = !proc.rendezvous.empty() ? proc.rendezvous : cfg.rendezvous;
+  if (proc.world_size == 1 && proc.rendezvous.empty() && m.rendezvous.rfind("file://", 0) != 0)
+    m.rendezvous = "tcp://127.0.0.1:0";
+  m.bind_address = choose_bind_address(m.rendezvous);
+
+  StoreOptions so;
+  so.url = m.rendezvous;
+  so.rank = proc.rank;
+  so.world_size = proc.world_size;
+  so.token = proc.token;
+  so.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
+  m.store = make_store(so);
+
+  const ComponentInfo& ci = m.registry.get(DOPT_KIND_COMMUNICATOR, cfg.communicator.name);
+  dopt_create_args args{};
+  args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
+  args.rank = proc.rank;
+  args.world_size = proc.world_size;
+  args.local_rank = proc.local_rank;
+  args.local_world_size = proc.local_world_size;
+  args.options = m.validated.communicator.c_handle();
+  args.store = reinterpret_cast<dopt_store*>(m.store.get());
+  args.scope = "comm/0";
+  args.job_token = m.proc.token.c_str();
+  args.bind_address = m.bind_address.c_str();
+  m.comm = std::make_unique<Communicator>(ci, args);
+  if (m.comm->world_size() != proc.world_size || m.comm->rank() != proc.rank)
+    throw ComponentError(DOPT_ERR_INTERNAL, ci.name, "create",
+                         "communicator reports rank " + std::to_string(m.comm->rank()) + " of " +
+                             std::to_string(m.comm->world_size()) + ", expected " + std::to_string(proc.rank) +
+                             " of " + std::to_string(proc.world_size));
+  log(DOPT_LOG_DEBUG, "runtime",
+      "rank " + std::to_string(proc.rank) + "/" + std::to_string(proc.world_size) + " connected via " +
+          ci.name + " (rendezvous " + m.rendezvous + ", bind " + m.bind_address + ")");
+  return Runtime(std::move(impl));
+}
+
+int Runtime::rank() const { return impl_->proc.rank; }
+int Runtime::world_size() const { return impl_->proc.world_size; }
+int Runtime::local_rank() const { return impl_->proc.local_rank; }
+const JobConfig& Runtime::config() const { return impl_->cfg; }
+PluginRegistry& Runtime::registry() const { return impl_->registry; }
+Store& Runtime::store() const { return *impl_->store; }
+Communicator& Runtime::communicator() const { return *impl_->comm; }
+
+void Runtime::broadcast(const std::vector<torch::Tensor>& tensors, int root) {
+  if (root < 0 || root >= world_size())
+    throw ConfigError("broadcast root " + std::to_string(root) + " is not a rank");
+  if (world_size() == 1) return;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> work;  // contiguous stand-ins for non-contiguous tensors
+  std::deque<sdk::DLView> views; // stable addresses while requests are in flight
+  std::vector<CommRequest> reqs;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    at::Tensor c = t.is_contiguous() ? t.detach() : t.detach().contiguous();
+    work.push_back(c);
+    views.emplace_back(c);
+    reqs.push_back(impl_->comm->broadcast(*views.back().get(), root));
+  }
+  for (auto& r : reqs) r.wait();
+  size_t k = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    if (!t.is_contiguous()) t.detach().copy_(work[k]);
+    ++k;
+  }
+}
+
+void Runtime::allreduce(torch::Tensor& t, bool average) {
+  if (!t.defined() || t.numel() == 0) return;
+  at::NoGradGuard no_grad;
+  at::Tensor c = t.is_contiguous() ? t.detach() : t.detach().contiguous();
+  sdk::DLView v(c);
+  impl_->comm->allreduce(*v.get(), *v.get(), average ? DOPT_REDUCE_AVG : DOPT_REDUCE_SUM).wait();
+  if (!t.is_contiguous()) t.detach().copy_(c);
+}
+
+void Runtime::barrier() { impl_->comm->barrier().wait(); }
+
+DistributedOptimizer Runtime::make_optimizer(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_params, const std::vector<ParamGroupSpec>& groups) {
+  Impl& m = *impl_;
+  // Every rank starts from rank 0's parameters.
+  std::vector<torch::Tensor> tensors;
+  for (const auto& np : named_params) tensors.push_back(np.second);
+  broadcast(tensors, 0);
+
+  optim::OptimizerBuild b;
+  b.keepalive = impl_;
+  b.params.assign(named_params.begin(), named_params.end());
+  b.groups = groups;
+  b.reducer = m.registry.get(DOPT_KIND_REDUCER, m.cfg.reducer.name);
+  b.algorithm = m.registry.get(DOPT_KIND_ALGORITHM, m.cfg.algorithm.name);
+  b.reducer_options = &m.validated.reducer;
+  b.algorithm_options = &m.validated.algorithm;
+  b.optimizer_options = &m.validated.optimizer;
+  b.optimizer_name = m.cfg.optimizer_name;
+  b.comm = m.comm->ref();
+  b.common.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
+  b.common.rank = m.proc.rank;
+  b.common.world_size = m.proc.world_size;
+  b.common.local_rank = m.proc.local_rank;
+  b.common.local_world_size = m.proc.local_world_size;
+  b.common.store = reinterpret_cast<dopt_store*>(m.store.get());
+  b.common.job_token = m.proc.token.c_str();
+  b.common.bind_address = m.bind_address.c_str();
+  b.scope = "optimizer/" + std::to_string(m.next_optimizer++);
+  return optim::build_optimizer(std::move(b));
+}
+
+DistributedOptimizer Runtime::make_optimizer(torch::nn::Module& module, const std::vector<ParamGroupSpec>& groups) {
+  std::vector<torch::Tensor> buffers = module.buffers();
+  broadcast(buffers, 0);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
+  return make_optimizer(named, groups);
+}
+
+}  // namespace distopt
