@@ -1,0 +1,290 @@
+// TcpComm: creation, the progress thread, failure handling, split.
+#include "comm.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "host.hpp"
+#include "p2p.hpp"
+
+namespace dopt_tcp {
+
+TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
+  if (args.world_size < 1 || args.rank < 0 || args.rank >= args.world_size)
+    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "create: rank " + std::to_string(args.rank) + " is not in [0, " +
+                                                  std::to_string(args.world_size) + ")"};
+  if (args.world_size > 1 && !args.store)
+    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "create: a rendezvous store is required for world_size > 1"};
+  MeshArgs m;
+  m.rank = args.rank;
+  m.world_size = args.world_size;
+  m.store = args.store;
+  m.scope = args.scope ? args.scope : "tcp";
+  m.token = args.job_token ? args.job_token : "";
+  m.bind_address = args.bind_address && *args.bind_address ? args.bind_address : "127.0.0.1";
+  m.sockets.buffer_bytes = cfg.socket_buffer_bytes;
+  m.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg.timeout_s));
+  Mesh mesh;
+  try {
+    mesh = build_mesh(m);
+  } catch (const std::exception& e) {
+    throw ApiError{DOPT_ERR_COMM, std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what()};
+  }
+  try {
+    return new TcpComm(args, cfg, std::move(mesh));
+  } catch (...) {
+    mesh.close_all();
+    throw;
+  }
+}
+
+TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh)
+    : rank_(args.rank),
+      world_(args.world_size),
+      cfg_(cfg),
+      store_(args.store),
+      scope_(args.scope ? args.scope : "tcp"),
+      token_(args.job_token ? args.job_token : ""),
+      bind_address_(args.bind_address && *args.bind_address ? args.bind_address : "127.0.0.1"),
+      mesh_(std::move(mesh)) {
+  size_t st = static_cast<size_t>(std::max<int64_t>(cfg_.chunk_bytes, 4096));
+  staging_.resize(st - st % 8);
+  abort_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (abort_fd_ < 0) throw ApiError{DOPT_ERR_INTERNAL, "create: eventfd failed"};
+  control_ = std::make_unique<Control>(this, rank_, mesh_.ctrl);
+  progress_ = std::thread([this] { progress_loop(); });
+}
+
+TcpComm::~TcpComm() {
+  {
+    std::lock_guard<std::mutex> lk(fmu_);
+    destroying_ = true;
+  }
+  // Abort the running operation and everything queued behind it.
+  std::deque<Op> left;
+  {
+    std::lock_guard<std::mutex> lk(qmu_);
+    stopping_ = true;
+    left.swap(queue_);
+  }
+  aborting_ = true;
+  uint64_t one = 1;
+  (void)!write(abort_fd_, &one, sizeof one);
+  qcv_.notify_all();
+  for (auto& op : left) op.req->complete(DOPT_ERR_ABORTED, op.req->op() + ": aborted (communicator destroyed)");
+  if (progress_.joinable()) progress_.join();
+  control_->stop();  // goodbye to the peers, then they may see our sockets close
+  control_.reset();
+  mesh_.close_all();
+  close(abort_fd_);
+}
+
+void TcpComm::fail(dopt_status status, const std::string& cause, bool notify_peers) {
+  {
+    std::lock_guard<std::mutex> lk(fmu_);
+    if (failed_) return;
+    fail_status_ = status;
+    fail_cause_ = cause;
+    failed_ = true;
+    if (!destroying_) log(DOPT_LOG_WARN, "rank " + std::to_string(rank_) + ": communicator failed: " + cause);
+  }
+  aborting_ = true;
+  uint64_t one = 1;
+  (void)!write(abort_fd_, &one, sizeof one);
+  if (control_) control_->on_failure(status, cause, notify_peers);
+}
+
+bool TcpComm::failed(dopt_status* status, std::string* cause) const {
+  if (!failed_.load()) return false;
+  std::lock_guard<std::mutex> lk(fmu_);
+  if (status) *status = fail_status_;
+  if (cause) *cause = fail_cause_;
+  return true;
+}
+
+std::shared_ptr<Request> TcpComm::enqueue(const std::string& name, std::function<RingResult()> body) {
+  auto req = std::make_shared<Request>(name);
+  dopt_status st;
+  std::string cause;
+  if (failed(&st, &cause)) {
+    req->complete(st, name + ": " + cause);
+    return req;
+  }
+  {
+    std::lock_guard<std::mutex> lk(qmu_);
+    if (stopping_) {
+      req->complete(DOPT_ERR_ABORTED, name + ": aborted (communicator destroyed)");
+      return req;
+    }
+    queue_.push_back(Op{req, std::move(body)});
+  }
+  qcv_.notify_one();
+  return req;
+}
+
+void TcpComm::progress_loop() {
+  while (true) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lk(qmu_);
+      qcv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run_op(op);
+  }
+}
+
+void TcpComm::run_op(Op& op) {
+  const std::string& name = op.req->op();
+  dopt_status st;
+  std::string cause;
+  if (failed(&st, &cause)) {
+    op.req->complete(st, name + ": " + cause);
+    return;
+  }
+  auto t0 = Clock::now();
+  RingResult r;
+  try {
+    r = op.body();
+  } catch (const std::exception& e) {
+    r.status = DOPT_ERR_INTERNAL;
+    r.why = e.what();
+  }
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  metric("comm.seconds", secs);
+  if (r.bytes_sent) metric("comm.bytes_sent", static_cast<double>(r.bytes_sent));
+  if (r.bytes_received) metric("comm.bytes_received", static_cast<double>(r.bytes_received));
+  if (r.status >= 0) {
+    op.req->complete(DOPT_OK);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(fmu_);
+    if (destroying_) {
+      op.req->complete(DOPT_ERR_ABORTED, name + ": aborted (communicator destroyed)");
+      return;
+    }
+  }
+  if (r.status == DOPT_ERR_COMM && r.peer >= 0) {
+    // A data connection broke. The control channel knows why (the peer died,
+    // aborted because a third rank died, or closed the communicator): give it
+    // a moment to say so, so the message names the rank that really failed.
+    auto until = Clock::now() + std::chrono::seconds(2);
+    while (!failed_.load() && !control_->said_bye(r.peer) && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (!failed_.load() && control_->said_bye(r.peer))
+      r.why = "rank " + std::to_string(r.peer) + " closed the communicator";
+  }
+  fail(r.status == DOPT_ERR_ABORTED ? DOPT_ERR_COMM : r.status, r.why, true);
+  failed(&st, &cause);
+  op.req->complete(st, name + ": " + cause);
+}
+
+RingResult TcpComm::run(const RingPlan& plan, Clock::time_point deadline) {
+  RingIo io;
+  io.send_fd = plan.send_peer >= 0 ? mesh_.data[plan.send_peer] : -1;
+  io.recv_fd = plan.recv_peer >= 0 ? mesh_.data[plan.recv_peer] : -1;
+  io.staging = staging_.data();
+  io.staging_bytes = staging_.size();
+  io.max_io = static_cast<size_t>(std::max<int64_t>(cfg_.max_io_bytes, 4096));
+  io.deadline = deadline;
+  io.abort = &aborting_;
+  io.abort_fd = abort_fd_;
+  return run_ring(plan, io);
+}
+
+char* TcpComm::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+Buffer TcpComm::check(const DLTensor* t, const char* op, const char* which, bool reduce_dtype, DType* dt) const {
+  auto bad = [&](dopt_status s, const std::string& why) {
+    return ApiError{s, std::string(op) + ": " + which + " " + why};
+  };
+  if (!t) throw bad(DOPT_ERR_INVALID_ARGUMENT, "tensor is NULL");
+  if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
+    throw bad(DOPT_ERR_UNSUPPORTED, "is not in host memory (tcp moves host memory only)");
+  if (t->ndim < 0 || (t->ndim > 0 && !t->shape)) throw bad(DOPT_ERR_INVALID_ARGUMENT, "has an invalid shape");
+  Buffer b;
+  b.dtype = t->dtype;
+  size_t bits = static_cast<size_t>(t->dtype.bits) * t->dtype.lanes;
+  if (bits == 0 || bits % 8) throw bad(DOPT_ERR_UNSUPPORTED, "has a dtype that is not a whole number of bytes");
+  b.elem_size = bits / 8;
+  if (reduce_dtype) {
+    DType d;
+    if (!dtype_from_dl(t->dtype, &d))
+      throw bad(DOPT_ERR_UNSUPPORTED, "dtype is not one of float32, float64, bfloat16, float16, int32, int64");
+    if (dt) *dt = d;
+  }
+  size_t count = 1;
+  int64_t expect = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] < 0) throw bad(DOPT_ERR_INVALID_ARGUMENT, "has a negative dimension");
+    if (t->strides && t->shape[i] > 1 && t->strides[i] != expect)
+      throw bad(DOPT_ERR_INVALID_ARGUMENT, "is not contiguous");
+    expect *= t->shape[i];
+    count *= static_cast<size_t>(t->shape[i]);
+  }
+  b.count = count;
+  if (count > 0 && !t->data) throw bad(DOPT_ERR_INVALID_ARGUMENT, "has a NULL data pointer");
+  b.data = static_cast<char*>(t->data) + t->byte_offset;
+  return b;
+}
+
+TcpComm* TcpComm::split(int color, int key) {
+  const int seq = split_seq_++;
+  const std::string base = scope_ + "/split/" + std::to_string(seq);
+  std::string mine = std::to_string(color) + " " + std::to_string(key);
+  std::string k = base + "/" + std::to_string(rank_);
+  if (world_ > 1 && g_host->store_set(store_, k.c_str(), mine.data(), mine.size()) != DOPT_OK)
+    throw ApiError{DOPT_ERR_COMM, "split: cannot publish this rank's color under '" + k + "'"};
+  struct Member {
+    int key, rank;
+  };
+  std::vector<Member> group;
+  for (int p = 0; p < world_; ++p) {
+    int c = color, kk = key;
+    if (p != rank_) {
+      std::string pk = base + "/" + std::to_string(p);
+      char buf[64];
+      size_t len = 0;
+      dopt_status st = g_host->store_get(store_, pk.c_str(), buf, sizeof buf - 1, &len,
+                                         static_cast<int64_t>(cfg_.timeout_s * 1000));
+      if (st != DOPT_OK || len >= sizeof buf)
+        throw ApiError{st == DOPT_ERR_TIMEOUT ? DOPT_ERR_TIMEOUT : DOPT_ERR_COMM,
+                       "split: rank " + std::to_string(p) + " did not publish its color (key '" + pk + "')"};
+      buf[len] = 0;
+      std::istringstream in(buf);
+      in >> c >> kk;
+    }
+    if (c == color) group.push_back(Member{kk, p});
+  }
+  if (color < 0) return nullptr;
+  std::stable_sort(group.begin(), group.end(),
+                   [](const Member& a, const Member& b) { return a.key != b.key ? a.key < b.key : a.rank < b.rank; });
+  int new_rank = 0;
+  for (size_t i = 0; i < group.size(); ++i)
+    if (group[i].rank == rank_) new_rank = static_cast<int>(i);
+  std::string scope = base + "/color" + std::to_string(color);
+  dopt_create_args a{};
+  a.struct_size = sizeof a;
+  a.rank = new_rank;
+  a.world_size = static_cast<int32_t>(group.size());
+  a.local_rank = new_rank;
+  a.local_world_size = a.world_size;
+  a.store = store_;
+  a.scope = scope.c_str();
+  a.job_token = token_.c_str();
+  a.bind_address = bind_address_.c_str();
+  return create(a, cfg_);
+}
+
+}  // namespace dopt_tcp

@@ -1,0 +1,38 @@
+// Establishing the full mesh: every pair of ranks gets a data connection (raw
+// collective streams) and a control connection (framed p2p messages, goodbye
+// and abort notices). Addresses are exchanged through the rendezvous store.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "distopt/abi.h"
+#include "socket.hpp"
+
+namespace dopt_tcp {
+
+struct MeshArgs {
+  int rank = 0;
+  int world_size = 1;
+  dopt_store* store = nullptr;
+  std::string scope;         ///< store key prefix, identical on every rank
+  std::string token;         ///< job secret every connecting peer must present
+  std::string bind_address;  ///< interface to listen on
+  SocketOptions sockets;
+  Clock::time_point deadline;
+};
+
+struct Mesh {
+  std::vector<int> data;  ///< data[p]: fd to rank p (-1 for self)
+  std::vector<int> ctrl;  ///< ctrl[p]: fd to rank p (-1 for self)
+  void close_all();
+};
+
+/// Collective. Rank r listens on bind_address:0 and publishes host:port under
+/// "<scope>/tcp/addr/<r>"; it connects to every lower rank and accepts from
+/// every higher rank. Each connection starts with a hello (magic, token,
+/// scope, rank, channel); a hello with a wrong token or scope is refused and
+/// logged, and does not count. Throws std::runtime_error on failure/timeout.
+Mesh build_mesh(const MeshArgs& a);
+
+}  // namespace dopt_tcp

@@ -1,0 +1,52 @@
+// The control channel: one framed connection per peer, read eagerly by its
+// own thread. It carries point-to-point messages (matched by peer and tag, in
+// order; early arrivals are buffered) and two notices: BYE (the peer destroyed
+// the communicator on purpose) and ABORT (the peer saw a failure; its cause
+// names the rank that died). A control connection that reaches EOF without a
+// BYE means the peer process died, which is how every rank learns of a death
+// promptly, even ranks that were not exchanging data with it.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "request.hpp"
+#include "socket.hpp"
+
+namespace dopt_tcp {
+
+class TcpComm;
+
+class Control {
+ public:
+  /// Takes ownership of nothing: fds belong to the communicator's mesh.
+  Control(TcpComm* comm, int rank, std::vector<int> fds);
+  ~Control();  // stops the thread if still running (without BYE)
+
+  /// Queue a message to `peer`; the request completes when it is on the wire.
+  void post_send(int peer, int tag, const char* data, size_t len, std::shared_ptr<Request> req);
+  /// Post a receive; completes when the matching (peer, tag) message arrived.
+  /// The recv times out (DOPT_ERR_TIMEOUT) after timeout_s with no match.
+  void post_recv(int peer, int tag, char* data, size_t len, std::shared_ptr<Request> req);
+  /// The communicator failed: complete pending p2p work and, if `notify`,
+  /// send ABORT(cause) to the peers.
+  void on_failure(dopt_status status, const std::string& cause, bool notify);
+  /// Graceful stop: abort pending p2p work, send BYE to every live peer, join.
+  void stop();
+  /// True once `peer` announced it destroyed the communicator. Thread-safe.
+  bool said_bye(int peer) const;
+
+  struct State;
+
+ private:
+  void loop();
+  void wake();
+  TcpComm* comm_;
+  std::unique_ptr<State> st_;
+  std::thread thread_;
+};
+
+}  // namespace dopt_tcp

@@ -1,0 +1,174 @@
+// POSIX TCP socket helpers.
+#include "socket.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+namespace dopt_tcp {
+namespace {
+
+sockaddr_in resolve(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || !res) throw std::runtime_error("cannot resolve '" + host + "': " + gai_strerror(rc));
+  sockaddr_in a = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
+  freeaddrinfo(res);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  return a;
+}
+
+}  // namespace
+
+void set_nonblocking(int fd, bool on) {
+  int fl = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+void set_buffers(int fd, const SocketOptions& so) {
+  if (so.buffer_bytes <= 0) return;
+  int v = static_cast<int>(so.buffer_bytes);
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v);
+}
+
+int listen_any(const std::string& host, const SocketOptions& so, int* port) {
+  sockaddr_in a = resolve(host, 0);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  set_buffers(fd, so);  // accepted sockets inherit the buffer sizes (needed before the handshake for window scaling)
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, 256) != 0) {
+    int e = errno;
+    close(fd);
+    throw std::runtime_error("cannot listen on " + host + ": " + std::strerror(e));
+  }
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+int connect_retry(const std::string& host, int port, const SocketOptions& so, Clock::time_point deadline) {
+  sockaddr_in a = resolve(host, port);
+  auto backoff = std::chrono::milliseconds(5);
+  while (true) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+    set_buffers(fd, so);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      set_nodelay(fd);
+      return fd;
+    }
+    int e = errno;
+    close(fd);
+    if (Clock::now() + backoff > deadline)
+      throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port) + ": " + std::strerror(e));
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
+  }
+}
+
+int accept_until(int listen_fd, Clock::time_point deadline) {
+  while (true) {
+    pollfd p{listen_fd, POLLIN, 0};
+    int t = poll_ms(deadline, 1000);
+    int r = poll(&p, 1, t);
+    if (r > 0) {
+      int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) {
+        set_nodelay(fd);
+        return fd;
+      }
+    }
+    if (Clock::now() >= deadline) return -1;
+  }
+}
+
+int poll_ms(Clock::time_point deadline, int cap_ms) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  if (left <= 0) return 0;
+  return left > cap_ms ? cap_ms : static_cast<int>(left) + 1;
+}
+
+bool send_exact(int fd, const void* p, size_t n, Clock::time_point deadline, std::string* why) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      c += k;
+      n -= static_cast<size_t>(k);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (Clock::now() >= deadline) {
+        *why = "timed out";
+        return false;
+      }
+      pollfd pf{fd, POLLOUT, 0};
+      poll(&pf, 1, poll_ms(deadline, 1000));
+      continue;
+    }
+    *why = std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+bool recv_exact(int fd, void* p, size_t n, Clock::time_point deadline, std::string* why) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t k = ::recv(fd, c, n, MSG_DONTWAIT);
+    if (k > 0) {
+      c += k;
+      n -= static_cast<size_t>(k);
+      continue;
+    }
+    if (k == 0) {
+      *why = "connection closed";
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (Clock::now() >= deadline) {
+        *why = "timed out";
+        return false;
+      }
+      pollfd pf{fd, POLLIN, 0};
+      poll(&pf, 1, poll_ms(deadline, 1000));
+      continue;
+    }
+    *why = std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+std::string peer_address(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
+  char ip[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
+}
+
+}  // namespace dopt_tcp
