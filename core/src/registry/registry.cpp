@@ -170,9 +170,14 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
     const OptionSpec& s = out.options[i];
     if (!s.default_value) continue;
     try {
-      Options::validate(YAML::Node(), {s}, who, "options");
+      Options::validate(YAML::Node(), {s}, "", "options");
     } catch (const ConfigError& e) {
-      return who + ": option '" + s.name + "' has an invalid default '" + *s.default_value + "': " + e.what();
+      // Keep the reason only ("expected an integer, got 'many'").
+      std::string why = e.what();
+      const std::string tag = "(default): ";
+      if (size_t p = why.find(tag); p != std::string::npos) why = why.substr(p + tag.size());
+      if (size_t p = why.find(" [the component's schema"); p != std::string::npos) why.resize(p);
+      return who + ": option '" + s.name + "' has an invalid default '" + *s.default_value + "': " + why;
     }
   }
   return "";
@@ -240,7 +245,9 @@ bool PluginRegistry::load_file(const std::string& path) {
     lib->load(boost::dll::fs::path(file),
               boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    return skip("cannot be loaded: " + loader_message(e));
+    std::string msg = loader_message(e);
+    if (msg.rfind(file + ": ", 0) == 0) msg.erase(0, file.size() + 2);  // the file is named already
+    return skip("cannot be loaded: " + msg);
   }
 
   if (!lib->has(DOPT_PLUGIN_ENTRY_V1)) {

@@ -1,0 +1,258 @@
+// The plugin registry against mock plugins built from one source with -D
+// variants (tests/registry/mock_plugin.c): each broken library is skipped with
+// a message naming the file and the reason, the good ones still load.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <cstring>  // multiproc.hpp uses strdup without including it
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "distopt/communicator.h"
+#include "distopt/error.hpp"
+#include "distopt/registry.hpp"
+#include "multiproc.hpp"
+
+namespace fs = std::filesystem;
+using distopt::PluginError;
+using distopt::PluginRegistry;
+
+namespace {
+
+const std::string kMockDir = DISTOPT_MOCK_PLUGIN_DIR;
+
+std::string mock(const std::string& suffix) { return kMockDir + "/libdistopt_" + suffix + ".so"; }
+
+const distopt::SkippedPlugin* skipped_file(const PluginRegistry& reg, const std::string& file) {
+  for (const auto& s : reg.skipped())
+    if (s.file == file) return &s;
+  return nullptr;
+}
+
+bool library_mapped(const std::string& file) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find(file) != std::string::npos) return true;
+  return false;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "distopt-registry-XXXXXX").string();
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("kind_name names each kind") {
+  CHECK(std::string(distopt::kind_name(DOPT_KIND_COMMUNICATOR)) == "communicator");
+  CHECK(std::string(distopt::kind_name(DOPT_KIND_REDUCER)) == "reducer");
+  CHECK(std::string(distopt::kind_name(DOPT_KIND_ALGORITHM)) == "algorithm");
+}
+
+TEST_CASE("discover: good mock plugins load, each broken one is skipped with its reason") {
+  PluginRegistry reg;
+  reg.discover({kMockDir});
+
+  // The good library and the newer-minor one loaded.
+  REQUIRE(reg.find(DOPT_KIND_COMMUNICATOR, "mock") != nullptr);
+  CHECK(reg.find(DOPT_KIND_COMMUNICATOR, "mock")->file == mock("mock"));
+  CHECK(reg.find(DOPT_KIND_REDUCER, "mock") != nullptr);
+  CHECK(reg.find(DOPT_KIND_ALGORITHM, "mock") != nullptr);
+  CHECK(reg.find(DOPT_KIND_ALGORITHM, "mock_req") != nullptr);
+  CHECK(reg.find(DOPT_KIND_COMMUNICATOR, "mock_minor") != nullptr);
+  CHECK(reg.find(DOPT_KIND_REDUCER, "mock_minor") != nullptr);
+  CHECK(reg.components().size() == 6);
+  // A library failing a check is skipped as a whole, even its valid components.
+  CHECK(reg.find(DOPT_KIND_REDUCER, "mock_nullfn_ok") == nullptr);
+  CHECK(reg.find(DOPT_KIND_REDUCER, "mock_dup_only") == nullptr);
+  // Kinds are separate namespaces: "mock" is both a communicator and a reducer.
+  CHECK(reg.find(DOPT_KIND_ALGORITHM, "mock_minor") == nullptr);
+
+  const std::map<std::string, std::vector<std::string>> expected = {
+      {"junk", {"cannot be loaded"}},
+      {"mock_badmajor", {"built for plugin ABI 2.0", "this host speaks ABI 1.0"}},
+      {"mock_noentry", {"missing the entry symbol dopt_plugin_init_v1"}},
+      {"mock_nullfn", {"component 'mock_nullfn': communicator vtable field 'allreduce' is NULL"}},
+      {"mock_dup", {"duplicate communicator 'mock'", "already provided by " + mock("mock"), mock("mock_dup")}},
+      {"mock_initfail", {"dopt_plugin_init_v1 failed (UNSUPPORTED)", "the required device is not present"}},
+      {"mock_baddefault", {"component 'mock_baddefault'", "option 'count' has an invalid default 'many'"}},
+      {"mock_small", {"struct_size 16 is smaller than the ABI v1.0 size"}},
+      {"mock_missingdep", {"cannot be loaded", "libmock_dep.so"}},
+  };
+  CHECK(reg.skipped().size() == expected.size());
+  for (const auto& [suffix, needles] : expected) {
+    CAPTURE(suffix);
+    const auto* s = skipped_file(reg, mock(suffix));
+    REQUIRE(s != nullptr);
+    for (const auto& n : needles) {
+      CAPTURE(s->reason);
+      CHECK(s->reason.find(n) != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a newer ABI minor loads; larger structs are read with their own stride") {
+  PluginRegistry reg;
+  REQUIRE(reg.load_file(mock("mock_minor")));
+  const auto& c = reg.get(DOPT_KIND_COMMUNICATOR, "mock_minor");
+  CHECK(c.abi_major == DOPT_ABI_VERSION_MAJOR);
+  CHECK(c.abi_minor == DOPT_ABI_VERSION_MINOR + 1);
+  CHECK(c.version == "1.1.0");
+  REQUIRE(c.options.size() == 2);
+  CHECK(c.options[0].name == "alpha");
+  CHECK(c.options[0].type == DOPT_OPTION_INT);
+  CHECK(c.options[0].default_value.value_or("") == "2");
+  CHECK(c.options[0].max_value == 5);
+  CHECK(c.options[1].name == "beta");
+  CHECK(c.options[1].choices == std::vector<std::string>{"x", "y"});
+  // The second component is found through the component array's stride too.
+  CHECK(reg.get(DOPT_KIND_REDUCER, "mock_minor").description == "newer minor");
+}
+
+TEST_CASE("component metadata and option schemas are copied from the plugin") {
+  PluginRegistry reg;
+  REQUIRE(reg.load_file(mock("mock")));
+  CHECK(reg.skipped().empty());
+  const auto& r = reg.get(DOPT_KIND_REDUCER, "mock");
+  CHECK(r.plugin_name == "mock");
+  CHECK(r.plugin_version == "0.1.0");
+  CHECK(r.version == "0.1.0");
+  REQUIRE(r.options.size() == 4);
+  CHECK(r.options[0].name == "level");
+  CHECK(r.options[0].min_value == 0);
+  CHECK(r.options[0].max_value == 10);
+  CHECK(r.options[2].choices == std::vector<std::string>{"fast", "slow"});
+  CHECK(r.options[3].type == DOPT_OPTION_BOOL);
+  const auto& req = reg.get(DOPT_KIND_ALGORITHM, "mock_req");
+  REQUIRE(req.options.size() == 1);
+  CHECK_FALSE(req.options[0].default_value.has_value());
+}
+
+TEST_CASE("get() on an unavailable name says why") {
+  PluginRegistry reg;
+  reg.discover({kMockDir});
+  auto message = [&](dopt_component_kind k, const std::string& name) {
+    try {
+      reg.get(k, name);
+    } catch (const PluginError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no exception)");
+  };
+  std::string m = message(DOPT_KIND_COMMUNICATOR, "mock_nullfn");
+  CAPTURE(m);
+  CHECK(m.find("no communicator named 'mock_nullfn'") != std::string::npos);
+  CHECK(m.find("available communicators: mock, mock_minor") != std::string::npos);
+  CHECK(m.find("'mock_nullfn' is unavailable because " + mock("mock_nullfn") + " was skipped") != std::string::npos);
+  CHECK(m.find("vtable field 'allreduce' is NULL") != std::string::npos);
+
+  m = message(DOPT_KIND_COMMUNICATOR, "mock_badmajor");
+  CAPTURE(m);
+  CHECK(m.find("'mock_badmajor' is unavailable because " + mock("mock_badmajor")) != std::string::npos);
+  CHECK(m.find("ABI 2.0") != std::string::npos);
+
+  // An unrelated name still lists every skipped library and its reason.
+  m = message(DOPT_KIND_ALGORITHM, "nosuch");
+  CAPTURE(m);
+  CHECK(m.find("available algorithms: mock, mock_req") != std::string::npos);
+  CHECK(m.find(mock("junk") + ": cannot be loaded") != std::string::npos);
+  CHECK(m.find(mock("mock_noentry")) != std::string::npos);
+}
+
+TEST_CASE("components keep their library loaded after the registry is gone") {
+  const std::string file = mock("mock");
+  std::optional<distopt::ComponentInfo> comm;
+  {
+    PluginRegistry reg;
+    REQUIRE(reg.load_file(file));
+    comm = reg.get(DOPT_KIND_COMMUNICATOR, "mock");
+  }
+  REQUIRE(library_mapped(file));
+  const auto* vt = static_cast<const dopt_communicator_v1*>(comm->vtable);
+  dopt_create_args args{};
+  args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
+  args.rank = 3;
+  args.world_size = 5;
+  dopt_comm* c = nullptr;
+  REQUIRE(vt->create(&args, &c) == DOPT_OK);
+  CHECK(vt->rank(c) == 3);
+  CHECK(vt->world_size(c) == 5);
+  CHECK(vt->destroy(c) == DOPT_OK);
+  // The last reference unloads it (the refcount is real, not a leak).
+  comm.reset();
+  CHECK_FALSE(library_mapped(file));
+}
+
+TEST_CASE("the same file reached twice loads once; a copy elsewhere is a duplicate") {
+  TempDir tmp;
+  fs::copy_file(mock("mock"), tmp.path / "libdistopt_copy.so");
+  std::ofstream(tmp.path / "README.txt") << "not a plugin, and not named .so: ignored\n";
+  fs::create_symlink(mock("mock"), tmp.path / "libdistopt_link.so");
+
+  PluginRegistry reg;
+  CHECK(reg.load_file(mock("mock")));
+  CHECK(reg.load_file(mock("mock")));  // again: no duplicate of itself
+  reg.discover({tmp.path.string(), (tmp.path / "missing").string()});
+  CHECK(reg.components().size() == 4);
+  REQUIRE(reg.skipped().size() == 1);  // the copy; the symlink is the same file
+  const auto& s = reg.skipped()[0];
+  CHECK(s.file == (tmp.path / "libdistopt_copy.so").string());
+  CHECK(s.reason.find("duplicate communicator 'mock': already provided by " + mock("mock")) != std::string::npos);
+}
+
+TEST_CASE("load_file of a missing file is skipped naming it") {
+  PluginRegistry reg;
+  CHECK_FALSE(reg.load_file(kMockDir + "/libdistopt_nosuch.so"));
+  REQUIRE(reg.skipped().size() == 1);
+  CHECK(reg.skipped()[0].file == kMockDir + "/libdistopt_nosuch.so");
+  CHECK(reg.skipped()[0].reason.find("cannot be loaded") != std::string::npos);
+  CHECK_THROWS_AS(reg.get(DOPT_KIND_COMMUNICATOR, "mock"), PluginError);
+}
+
+TEST_CASE("search_path: config paths, then $DISTOPT_PLUGIN_PATH, then the install dir") {
+  const char* old = std::getenv("DISTOPT_PLUGIN_PATH");
+  std::string saved = old ? old : "";
+  setenv("DISTOPT_PLUGIN_PATH", "/env/a::/env/b:/cfg/one", 1);
+  auto p = PluginRegistry::search_path({"/cfg/one", "/cfg/two"});
+  REQUIRE(p.size() == 5);
+  CHECK(p[0] == "/cfg/one");
+  CHECK(p[1] == "/cfg/two");
+  CHECK(p[2] == "/env/a");
+  CHECK(p[3] == "/env/b");  // "/cfg/one" again is not repeated
+  CHECK(p[4] == DISTOPT_INSTALL_PLUGIN_DIR_FOR_TEST);
+  unsetenv("DISTOPT_PLUGIN_PATH");
+  CHECK(PluginRegistry::search_path({}).size() == 1);
+  if (old) setenv("DISTOPT_PLUGIN_PATH", saved.c_str(), 1);
+}
+
+TEST_CASE("the project's own plugins in build/plugins load cleanly (when built)") {
+  const std::string dir = distopt::test::env_path("DISTOPT_PLUGIN_DIR");
+  if (dir.empty() || !fs::is_directory(dir)) {
+    MESSAGE("no build/plugins directory yet; nothing to check");
+    return;
+  }
+  PluginRegistry reg;
+  reg.discover({dir});
+  for (const auto& s : reg.skipped()) {
+    CAPTURE(s.file);
+    CAPTURE(s.reason);
+    CHECK_MESSAGE(false, "a project plugin was skipped");
+  }
+  for (const auto& c : reg.components()) {
+    CAPTURE(c.name);
+    CHECK(c.abi_major == DOPT_ABI_VERSION_MAJOR);
+    CHECK(c.vtable != nullptr);
+  }
+}
