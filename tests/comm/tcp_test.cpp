@@ -1,0 +1,592 @@
+// The `tcp` communicator, loaded through the plugin registry, on 1-4 real
+// processes over loopback: every collective against a reference computed
+// locally from the same seeded data, point-to-point, split, bad arguments,
+// timeouts, a rank that dies mid-allreduce, and peers without the job token.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <doctest/doctest.h>
+#include <thread>
+#include <vector>
+
+#include "comm_helpers.hpp"
+#include "distopt/error.hpp"
+
+using namespace distopt;
+using namespace distopt::test;
+
+namespace {
+
+// ---------------------------------------------------------------- dtypes ---
+
+struct TypeInfo {
+  const char* name;
+  DLDataType dl;
+  size_t size;
+  double tol;  // relative tolerance for averages of integer data
+};
+const TypeInfo kTypes[] = {
+    {"float32", {kDLFloat, 32, 1}, 4, 1e-6},  {"float64", {kDLFloat, 64, 1}, 8, 1e-12},
+    {"bfloat16", {kDLBfloat, 16, 1}, 2, 1e-2}, {"float16", {kDLFloat, 16, 1}, 2, 2e-3},
+    {"int32", {kDLInt, 32, 1}, 4, 0},          {"int64", {kDLInt, 64, 1}, 8, 0},
+};
+const dopt_reduce_op kOps[] = {DOPT_REDUCE_SUM, DOPT_REDUCE_AVG, DOPT_REDUCE_MIN, DOPT_REDUCE_MAX};
+const char* op_name(dopt_reduce_op op) {
+  return op == DOPT_REDUCE_SUM ? "sum" : op == DOPT_REDUCE_AVG ? "avg" : op == DOPT_REDUCE_MIN ? "min" : "max";
+}
+
+uint32_t fbits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float ffrom(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// Test-side conversions (independent of the plugin's kernels).
+uint16_t to_bf16(float f) {
+  uint32_t u = fbits(f);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float from_bf16(uint16_t h) { return ffrom(uint32_t(h) << 16); }
+uint16_t to_f16(float f) {  // normal numbers and zero only (test data is small)
+  if (f == 0.0f) return std::signbit(f) ? 0x8000 : 0;
+  uint32_t u = fbits(f);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  int exp = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = u & 0x7fffffu;
+  uint32_t m = mant >> 13, rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (m & 1))) ++m;
+  if (m == 0x400u) m = 0, ++exp;
+  return static_cast<uint16_t>(sign | (uint32_t(exp) << 10) | m);
+}
+float from_f16(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  int exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0 && mant == 0) return ffrom(sign);
+  if (exp == 0) return (sign ? -1.0f : 1.0f) * std::ldexp(static_cast<float>(mant), -24);
+  return ffrom(sign | (uint32_t(exp - 15 + 127) << 23) | (mant << 13));
+}
+
+void put(const TypeInfo& t, void* buf, size_t i, double v) {
+  switch (t.dl.code == kDLInt ? t.size * 10 : t.dl.code == kDLBfloat ? 3 : t.size) {
+    case 4: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
+    case 8: static_cast<double*>(buf)[i] = v; break;
+    case 3: static_cast<uint16_t*>(buf)[i] = to_bf16(static_cast<float>(v)); break;
+    case 2: static_cast<uint16_t*>(buf)[i] = to_f16(static_cast<float>(v)); break;
+    case 40: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); break;
+    default: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
+  }
+}
+double get(const TypeInfo& t, const void* buf, size_t i) {
+  switch (t.dl.code == kDLInt ? t.size * 10 : t.dl.code == kDLBfloat ? 3 : t.size) {
+    case 4: return static_cast<const float*>(buf)[i];
+    case 8: return static_cast<const double*>(buf)[i];
+    case 3: return from_bf16(static_cast<const uint16_t*>(buf)[i]);
+    case 2: return from_f16(static_cast<const uint16_t*>(buf)[i]);
+    case 40: return static_cast<const int32_t*>(buf)[i];
+    default: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+  }
+}
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// Small integers in [-8, 8]: exact in every dtype, sums of 4 ranks too.
+double ival(uint64_t seed, int rank, size_t i) {
+  return static_cast<double>(static_cast<int>(mix(seed * 1315423911u + uint64_t(rank) * 0x10001ull + i * 7919u) % 17) - 8);
+}
+// Uniform floats in [-1, 1) for the float32/float64 sums.
+double fval(uint64_t seed, int rank, size_t i) {
+  return static_cast<double>(mix(seed * 2654435761u + uint64_t(rank) * 0x20003ull + i * 104729u) >> 11) * 0x1.0p-52 - 1.0;
+}
+
+double reference(const TypeInfo& t, dopt_reduce_op op, int n, uint64_t seed, size_t i, bool floats) {
+  double acc = 0;
+  for (int r = 0; r < n; ++r) {
+    double v = floats ? fval(seed, r, i) : ival(seed, r, i);
+    if (r == 0) acc = v;
+    else if (op == DOPT_REDUCE_MIN) acc = std::min(acc, v);
+    else if (op == DOPT_REDUCE_MAX) acc = std::max(acc, v);
+    else acc += v;
+  }
+  if (op == DOPT_REDUCE_AVG) {
+    if (t.dl.code == kDLInt) return std::trunc(acc / n);  // integer average truncates toward zero
+    return acc / n;
+  }
+  return acc;
+}
+
+bool close_enough(const TypeInfo& t, double got, double want, bool floats, int n) {
+  if (t.dl.code == kDLInt) return got == want;
+  double tol = floats ? (t.size == 4 ? 1e-5 : 1e-12) * n : t.tol;
+  return std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want));
+}
+
+// Returns "" on success, else a description of the first mismatch.
+std::string check_allreduce(Communicator& c, const TypeInfo& t, dopt_reduce_op op, size_t count, bool inplace,
+                            bool floats, uint64_t seed) {
+  const int n = c.world_size(), me = c.rank();
+  std::vector<char> send(count * t.size + 1), recv(count * t.size + 1);
+  for (size_t i = 0; i < count; ++i) put(t, send.data(), i, floats ? fval(seed, me, i) : ival(seed, me, i));
+  int64_t s1, s2;
+  DLTensor st = make_dltensor(send.data(), static_cast<int64_t>(count), t.dl, &s1);
+  DLTensor rt = make_dltensor(inplace ? send.data() : recv.data(), static_cast<int64_t>(count), t.dl, &s2);
+  c.allreduce(st, rt, op).wait();
+  const char* out = inplace ? send.data() : recv.data();
+  for (size_t i = 0; i < count; ++i) {
+    double want = reference(t, op, n, seed, i, floats);
+    double got = get(t, out, i);
+    if (!close_enough(t, got, want, floats, n)) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "allreduce %s %s count=%zu inplace=%d rank %d: element %zu = %.9g, expected %.9g",
+               t.name, op_name(op), count, inplace, me, i, got, want);
+      return msg;
+    }
+  }
+  return "";
+}
+
+std::string check_reduce_scatter(Communicator& c, const TypeInfo& t, dopt_reduce_op op, size_t block, uint64_t seed) {
+  const int n = c.world_size(), me = c.rank();
+  std::vector<char> send(block * n * t.size + 1), recv(block * t.size + 1);
+  for (size_t i = 0; i < block * n; ++i) put(t, send.data(), i, ival(seed, me, i));
+  int64_t s1, s2;
+  DLTensor st = make_dltensor(send.data(), static_cast<int64_t>(block * n), t.dl, &s1);
+  DLTensor rt = make_dltensor(recv.data(), static_cast<int64_t>(block), t.dl, &s2);
+  c.reduce_scatter(st, rt, op).wait();
+  for (size_t i = 0; i < block; ++i) {
+    double want = reference(t, op, n, seed, me * block + i, false);
+    double got = get(t, recv.data(), i);
+    if (!close_enough(t, got, want, false, n))
+      return std::string("reduce_scatter ") + t.name + " " + op_name(op) + " block=" + std::to_string(block) +
+             " rank " + std::to_string(me) + ": element " + std::to_string(i) + " = " + std::to_string(got) +
+             ", expected " + std::to_string(want);
+  }
+  return "";
+}
+
+std::string check_allgather(Communicator& c, const TypeInfo& t, size_t block, uint64_t seed) {
+  const int n = c.world_size(), me = c.rank();
+  std::vector<char> send(block * t.size + 1), recv(block * n * t.size + 1);
+  for (size_t i = 0; i < block; ++i) put(t, send.data(), i, ival(seed, me, i));
+  int64_t s1, s2;
+  DLTensor st = make_dltensor(send.data(), static_cast<int64_t>(block), t.dl, &s1);
+  DLTensor rt = make_dltensor(recv.data(), static_cast<int64_t>(block * n), t.dl, &s2);
+  c.allgather(st, rt).wait();
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < block; ++i)
+      if (get(t, recv.data(), r * block + i) != ival(seed, r, i))
+        return std::string("allgather ") + t.name + " block=" + std::to_string(block) + " rank " +
+               std::to_string(me) + ": block " + std::to_string(r) + " element " + std::to_string(i) + " differs";
+  return "";
+}
+
+std::string check_broadcast(Communicator& c, int root, size_t count, uint64_t seed) {
+  const TypeInfo& t = kTypes[0];
+  std::vector<char> buf(count * t.size + 1);
+  for (size_t i = 0; i < count; ++i) put(t, buf.data(), i, c.rank() == root ? ival(seed, root, i) : 99.0);
+  int64_t s;
+  DLTensor bt = make_dltensor(buf.data(), static_cast<int64_t>(count), t.dl, &s);
+  c.broadcast(bt, root).wait();
+  for (size_t i = 0; i < count; ++i)
+    if (get(t, buf.data(), i) != ival(seed, root, i))
+      return "broadcast root " + std::to_string(root) + " count " + std::to_string(count) + " rank " +
+             std::to_string(c.rank()) + ": element " + std::to_string(i) + " differs";
+  return "";
+}
+
+// Run fn on n forked ranks; each rank gets its endpoint. fn returns "" on success.
+void run_ranks(int n, const std::function<std::string(Endpoint&, int)>& fn, const std::string& opts = "{}",
+               std::chrono::seconds limit = std::chrono::seconds(300)) {
+  const int port = random_port();
+  auto codes = fork_ranks(
+      n,
+      [&](int r) {
+        auto ep = make_endpoint("tcp", r, n, port, opts);
+        std::string err = fn(*ep, r);
+        if (!err.empty()) {
+          fprintf(stderr, "rank %d: %s\n", r, err.c_str());
+          return 1;
+        }
+        return 0;
+      },
+      limit);
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(codes[r] == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("allreduce: every dtype x op, counts 0/1/7/not divisible/multi-chunk, 2-4 ranks") {
+  for (int n : {2, 3, 4}) {
+    CAPTURE(n);
+    run_ranks(n, [](Endpoint& ep, int) -> std::string {
+      uint64_t seed = 1;
+      for (const auto& t : kTypes)
+        for (auto op : kOps)
+          for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(3 * 65536 + 5)}) {
+            std::string e = check_allreduce(*ep.comm, t, op, count, false, false, seed++);
+            if (!e.empty()) return e;
+          }
+      // In place, and real-valued random floats.
+      for (const auto& t : {kTypes[0], kTypes[1], kTypes[2], kTypes[4]})
+        for (auto op : kOps) {
+          std::string e = check_allreduce(*ep.comm, t, op, 1003, true, false, seed++);
+          if (!e.empty()) return e;
+        }
+      for (const auto& t : {kTypes[0], kTypes[1]})
+        for (auto op : kOps)
+          for (bool inplace : {false, true}) {
+            std::string e = check_allreduce(*ep.comm, t, op, 100003, inplace, true, seed++);
+            if (!e.empty()) return e;
+          }
+      return "";
+    });
+  }
+}
+
+TEST_CASE("allreduce: 64 MiB float32 sum on 2 and 4 ranks") {
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    run_ranks(n, [](Endpoint& ep, int) { return check_allreduce(*ep.comm, kTypes[0], DOPT_REDUCE_SUM, 16u << 20, false, false, 77); });
+  }
+}
+
+TEST_CASE("reduce_scatter, allgather, broadcast, barrier on 2-4 ranks") {
+  for (int n : {2, 3, 4}) {
+    CAPTURE(n);
+    run_ranks(n, [n](Endpoint& ep, int me) -> std::string {
+      uint64_t seed = 100;
+      for (const auto& t : kTypes)
+        for (auto op : kOps)
+          for (size_t block : {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(70001)}) {
+            std::string e = check_reduce_scatter(*ep.comm, t, op, block, seed++);
+            if (!e.empty()) return e;
+          }
+      for (const auto& t : kTypes)
+        for (size_t block : {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(70001)}) {
+          std::string e = check_allgather(*ep.comm, t, block, seed++);
+          if (!e.empty()) return e;
+        }
+      for (int root = 0; root < n; ++root)
+        for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(1 << 20)}) {
+          std::string e = check_broadcast(*ep.comm, root, count, seed++);
+          if (!e.empty()) return e;
+        }
+      // Barrier: after it, every rank's arrival is visible in the store.
+      for (int round = 1; round <= 3; ++round) {
+        ep.store->add("arrived", 1);
+        ep.comm->barrier().wait();
+        int64_t seen = ep.store->add("arrived", 0);
+        if (seen < round * n)
+          return "barrier round " + std::to_string(round) + " on rank " + std::to_string(me) + ": only " +
+                 std::to_string(seen) + " arrivals visible";
+        ep.comm->barrier().wait();  // keep rounds apart
+      }
+      return "";
+    });
+  }
+}
+
+TEST_CASE("asynchronous requests: several collectives in flight complete in issue order") {
+  run_ranks(3, [](Endpoint& ep, int me) -> std::string {
+    std::vector<std::vector<float>> bufs(8, std::vector<float>(50000));
+    std::vector<int64_t> shapes(8);
+    std::vector<CommRequest> reqs;
+    for (int k = 0; k < 8; ++k) {
+      for (auto& x : bufs[k]) x = static_cast<float>(me + k);
+      DLTensor t = make_dltensor(bufs[k].data(), 50000, dl_f32(), &shapes[k]);
+      reqs.push_back(ep.comm->allreduce(t, t, DOPT_REDUCE_SUM));
+    }
+    for (int k = 7; k >= 0; --k) reqs[k].wait();  // waiting out of order is fine
+    for (int k = 0; k < 8; ++k)
+      if (bufs[k][49999] != static_cast<float>(3 * k + 3)) return "request " + std::to_string(k) + " has a wrong sum";
+    bool done = reqs[0].test();
+    if (!done) return "test() on a completed request returned false";
+    return "";
+  });
+}
+
+TEST_CASE("send/recv: tags match in order, out-of-order posting, zero bytes, size mismatch is an error") {
+  run_ranks(3, [](Endpoint& ep, int me) -> std::string {
+    const int n = 3, next = (me + 1) % n, prev = (me + n - 1) % n;
+    std::vector<int32_t> a(1000, me * 10 + 1), b(200000, me * 10 + 2), c(5, me * 10 + 3);
+    std::vector<int32_t> ra(1000), rb(200000), rc(5);
+    int64_t sa, sb, sc, sra, srb, src, sz, srz;
+    DLDataType i32{kDLInt, 32, 1};
+    DLTensor ta = make_dltensor(a.data(), 1000, i32, &sa), tb = make_dltensor(b.data(), 200000, i32, &sb),
+             tc = make_dltensor(c.data(), 5, i32, &sc);
+    DLTensor tra = make_dltensor(ra.data(), 1000, i32, &sra), trb = make_dltensor(rb.data(), 200000, i32, &srb),
+             trc = make_dltensor(rc.data(), 5, i32, &src);
+    DLTensor tz = make_dltensor(nullptr, 0, i32, &sz), trz = make_dltensor(nullptr, 0, i32, &srz);
+    // Sent in order tag 7, 3, 3, 0(empty); received posting tag 3 first.
+    auto s1 = ep.comm->send(ta, next, 7);
+    auto s2 = ep.comm->send(tb, next, 3);
+    auto s3 = ep.comm->send(tc, next, 3);
+    auto s4 = ep.comm->send(tz, next, 0);
+    auto r2 = ep.comm->recv(trb, prev, 3);
+    auto r3 = ep.comm->recv(trc, prev, 3);
+    auto r4 = ep.comm->recv(trz, prev, 0);
+    auto r1 = ep.comm->recv(tra, prev, 7);
+    for (auto* r : {&s1, &s2, &s3, &s4, &r1, &r2, &r3, &r4}) r->wait();
+    if (ra[999] != prev * 10 + 1 || rb[199999] != prev * 10 + 2 || rc[4] != prev * 10 + 3)
+      return "payloads arrived at the wrong receives";
+    // A receive whose buffer has the wrong size fails with a message saying so.
+    auto s5 = ep.comm->send(ta, next, 9);
+    auto r5 = ep.comm->recv(trc, prev, 9);
+    s5.wait();
+    try {
+      r5.wait();
+      return "size mismatch was not reported";
+    } catch (const CommError& e) {
+      if (!std::strstr(e.what(), "bytes")) return std::string("unexpected message: ") + e.what();
+    }
+    // The communicator is still usable afterwards.
+    ep.comm->barrier().wait();
+    return "";
+  });
+}
+
+TEST_CASE("split: colors, key ordering, color < 0, collectives in the sub-communicator") {
+  run_ranks(4, [](Endpoint& ep, int me) -> std::string {
+    // Color by parity; key reverses the order inside each group; rank 3 opts out.
+    int color = me == 3 ? -1 : me % 2;
+    auto sub = ep.comm->split(color, -me);
+    if (me == 3) return sub ? "color -1 gave a communicator" : "";
+    if (!sub) return "split returned no communicator";
+    int expect_size = me % 2 == 0 ? 2 : 1;  // {0,2} and {1}
+    int expect_rank = me == 0 ? 1 : 0;      // key -me: rank 2 comes first
+    if (sub->world_size() != expect_size || sub->rank() != expect_rank)
+      return "sub-communicator rank/size " + std::to_string(sub->rank()) + "/" + std::to_string(sub->world_size());
+    float v = static_cast<float>(me);
+    int64_t s;
+    DLTensor t = make_dltensor(&v, 1, dl_f32(), &s);
+    sub->allreduce(t, t, DOPT_REDUCE_SUM).wait();
+    float want = me % 2 == 0 ? 2.0f : 1.0f;
+    if (v != want) return "allreduce in the sub-communicator gave " + std::to_string(v);
+    // The parent still works after the split.
+    float w = 1;
+    DLTensor tw = make_dltensor(&w, 1, dl_f32(), &s);
+    ep.comm->allreduce(tw, tw, DOPT_REDUCE_SUM).wait();
+    return w == 3.0f ? "" : "parent allreduce after split gave " + std::to_string(w);
+  });
+  // The rank that opted out must still take part in the parent's allreduce.
+}
+
+TEST_CASE("world size 1: every collective works without peers") {
+  auto codes = fork_ranks(1, [](int) {
+    auto ep = make_endpoint("tcp", 0, 1, random_port());
+    for (const auto& t : kTypes)
+      for (auto op : kOps)
+        if (!check_allreduce(*ep->comm, t, op, 7, false, false, 5).empty()) return 1;
+    if (!check_reduce_scatter(*ep->comm, kTypes[0], DOPT_REDUCE_AVG, 7, 5).empty()) return 2;
+    if (!check_allgather(*ep->comm, kTypes[0], 7, 5).empty()) return 3;
+    if (!check_broadcast(*ep->comm, 0, 7, 5).empty()) return 4;
+    ep->comm->barrier().wait();
+    auto sub = ep->comm->split(0, 0);
+    return sub && sub->world_size() == 1 ? 0 : 5;
+  });
+  CHECK(codes[0] == 0);
+}
+
+TEST_CASE("bad arguments return errors without crashing; the communicator stays usable") {
+  run_ranks(2, [](Endpoint& ep, int) -> std::string {
+    std::vector<float> a(10), b(9);
+    int64_t sa, sb;
+    DLTensor ta = make_dltensor(a.data(), 10, dl_f32(), &sa), tb = make_dltensor(b.data(), 9, dl_f32(), &sb);
+    auto expect = [](dopt_status want, const std::function<void()>& f, const char* what) -> std::string {
+      try {
+        f();
+      } catch (const ComponentError& e) {
+        if (e.status() == want) return "";
+        return std::string(what) + ": status " + dopt_status_string(e.status()) + ": " + e.what();
+      }
+      return std::string(what) + ": no error";
+    };
+    std::string e;
+    e += expect(DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->allreduce(ta, tb, DOPT_REDUCE_SUM); }, "count mismatch");
+    e += expect(DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->allreduce(ta, ta, static_cast<dopt_reduce_op>(42)); }, "bad op");
+    e += expect(DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->broadcast(ta, 5); }, "bad root");
+    e += expect(DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->send(ta, 7, 0); }, "bad peer");
+    e += expect(DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->reduce_scatter(ta, ta, DOPT_REDUCE_SUM); }, "rs sizes");
+    std::vector<uint8_t> u(10);
+    int64_t su;
+    DLTensor tu = make_dltensor(u.data(), 10, DLDataType{kDLUInt, 8, 1}, &su);
+    e += expect(DOPT_ERR_UNSUPPORTED, [&] { ep.comm->allreduce(tu, tu, DOPT_REDUCE_SUM); }, "uint8 reduce");
+    DLTensor gpu = ta;
+    gpu.device = DLDevice{kDLCUDA, 0};
+    e += expect(DOPT_ERR_UNSUPPORTED, [&] { ep.comm->allreduce(gpu, gpu, DOPT_REDUCE_SUM); }, "device memory");
+    if (!e.empty()) return e;
+    std::fill(a.begin(), a.end(), 1.0f);
+    ep.comm->allreduce(ta, ta, DOPT_REDUCE_SUM).wait();
+    return a[9] == 2.0f ? "" : "allreduce after bad calls is wrong";
+  });
+}
+
+TEST_CASE("timeouts: an unmatched recv and a collective a peer never joins fail with TIMEOUT naming the peer") {
+  run_ranks(
+      2,
+      [](Endpoint& ep, int me) -> std::string {
+        if (me == 0) {
+          float x = 0;
+          int64_t s;
+          DLTensor t = make_dltensor(&x, 1, dl_f32(), &s);
+          try {
+            ep.comm->recv(t, 1, 99).wait();
+            return "recv without a sender completed";
+          } catch (const CommError& e) {
+            if (e.status() != DOPT_ERR_TIMEOUT || !std::strstr(e.what(), "rank 1"))
+              return std::string("recv timeout: ") + e.what();
+          }
+          try {
+            ep.comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();
+            return "allreduce without the peer completed";
+          } catch (const CommError& e) {
+            if (e.status() != DOPT_ERR_TIMEOUT || !std::strstr(e.what(), "allreduce") || !std::strstr(e.what(), "rank 1"))
+              return std::string("allreduce timeout: ") + e.what();
+          }
+          ep.store->set("rank0-done", std::string("1"));
+        } else {
+          ep.store->get("rank0-done", std::chrono::seconds(60));
+          // Rank 0 told us it gave up: our next operation fails at once, naming why.
+          float x = 0;
+          int64_t s;
+          DLTensor t = make_dltensor(&x, 1, dl_f32(), &s);
+          try {
+            ep.comm->barrier().wait();
+            return "barrier after the peer aborted completed";
+          } catch (const CommError& e) {
+            if (!std::strstr(e.what(), "rank 0")) return std::string("abort notice: ") + e.what();
+          }
+        }
+        return "";
+      },
+      "{timeout_s: 1.0}");
+}
+
+TEST_CASE("a rank that dies mid-allreduce makes every other rank's wait fail, naming it") {
+  const int n = 4, dead = 2;
+  const int port = random_port();
+  auto codes = fork_ranks(
+      n,
+      [&](int me) {
+        // A long timeout: only failure detection, not the timeout, can end this in time.
+        auto ep = make_endpoint("tcp", me, n, port, "{timeout_s: 600}");
+        std::vector<float> buf(8u << 20, 1.0f);
+        int64_t s;
+        DLTensor t = make_dltensor(buf.data(), static_cast<int64_t>(buf.size()), dl_f32(), &s);
+        ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();  // everyone is connected and working
+        auto req = ep->comm->allreduce(t, t, DOPT_REDUCE_SUM);
+        if (me == dead) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          _exit(0);  // no goodbye: like a crash
+        }
+        try {
+          req.wait();
+          fprintf(stderr, "rank %d: allreduce completed without rank %d\n", me, dead);
+          return 1;
+        } catch (const CommError& e) {
+          if (e.status() != DOPT_ERR_COMM || !std::strstr(e.what(), "rank 2") || !std::strstr(e.what(), "allreduce")) {
+            fprintf(stderr, "rank %d: unexpected error: %s\n", me, e.what());
+            return 2;
+          }
+        }
+        // Every later operation fails too, at once.
+        try {
+          ep->comm->barrier().wait();
+          return 3;
+        } catch (const CommError& e) {
+          if (!std::strstr(e.what(), "rank 2")) {
+            fprintf(stderr, "rank %d: later op: %s\n", me, e.what());
+            return 4;
+          }
+        }
+        return 0;
+      },
+      std::chrono::seconds(60));
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(codes[r] == 0);
+  }
+}
+
+namespace {
+// Connect to host:port and send `bytes`; true if the peer then closed the
+// connection without accepting (no 'K' byte).
+bool refused(const std::string& addr, const std::string& bytes) {
+  auto colon = addr.rfind(':');
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
+  inet_pton(AF_INET, addr.substr(0, colon).c_str(), &a.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return false;
+  }
+  (void)!write(fd, bytes.data(), bytes.size());
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char c = 0;
+  ssize_t k = read(fd, &c, 1);
+  close(fd);
+  return k <= 0 || c != 'K';
+}
+}  // namespace
+
+TEST_CASE("communicator listeners refuse connections without the job token") {
+  const int port = random_port();
+  auto codes = fork_ranks(3, [&](int me) {
+    if (me == 2) {
+      // An intruder: it knows the store token (to read the address) but
+      // presents a wrong communicator token, then garbage.
+      StoreOptions so;
+      so.url = "tcp://127.0.0.1:" + std::to_string(port);
+      so.rank = 1;
+      so.world_size = 2;
+      so.token = "test-token";
+      auto store = make_store(so);
+      std::string addr = store->get_string("test/tcp/addr/0");
+      std::string hello("DOPTTCP1", 8);
+      uint32_t len = 5;
+      hello.append(reinterpret_cast<const char*>(&len), 4);
+      hello += "wrong";
+      bool ok = refused(addr, hello) && refused(addr, std::string(64, 'x'));
+      store->set("intruder-done", std::string(ok ? "1" : "0"));
+      return ok ? 0 : 1;
+    }
+    if (me == 1) {
+      // Join only after the intruder was turned away.
+      StoreOptions so;
+      so.url = "tcp://127.0.0.1:" + std::to_string(port);
+      so.rank = 1;
+      so.world_size = 2;
+      so.token = "test-token";
+      make_store(so)->get("intruder-done", std::chrono::seconds(60));
+    }
+    auto ep = make_endpoint("tcp", me, 2, port);
+    float v = 1;
+    int64_t s;
+    DLTensor t = make_dltensor(&v, 1, dl_f32(), &s);
+    ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();
+    return v == 2.0f ? 0 : 2;
+  });
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
+  CHECK(codes[2] == 0);
+}
