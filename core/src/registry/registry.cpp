@@ -305,7 +305,7 @@ bool PluginRegistry::load_file(const std::string& path) {
     for (const auto& c : components_)
       if (c.kind == ci.kind && c.name == ci.name)
         return skip(std::string("duplicate ") + kind_name(ci.kind) + " '" + ci.name + "': already provided by " +
-                    c.file + "; this file (" + file + ") is skipped");
+                    c.file);
     ci.plugin_name = info.plugin_name ? info.plugin_name : "";
     ci.plugin_version = info.plugin_version ? info.plugin_version : "";
     ci.abi_major = info.abi_major;

@@ -1,0 +1,70 @@
+// `distopt check JOB.yaml`: validate a job file against the discovered
+// plugins' option schemas without starting anything.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+#include "command.hpp"
+#include "distopt/config.hpp"
+#include "distopt/error.hpp"
+#include "distopt/registry.hpp"
+
+namespace po = boost::program_options;
+
+namespace {
+
+int run_check(int argc, char** argv) {
+  po::options_description visible(
+      "usage: distopt check JOB.yaml [--plugin-path DIR]...\n\n"
+      "Validate JOB.yaml: its sections and keys, that each selected component exists\n"
+      "among the discovered plugins, and its options against the component's schema.\n"
+      "Exit status 0 when valid, 1 with FILE:LINE:COLUMN and the reason when not.\n\noptions");
+  visible.add_options()("help,h", "show this help")(
+      "plugin-path,P", po::value<std::vector<std::string>>()->composing(),
+      "also search DIR for plugins, after plugins.paths, $DISTOPT_PLUGIN_PATH and the install dir "
+      "(repeatable)");
+  po::options_description all;
+  all.add(visible).add_options()("job", po::value<std::string>(), "job file");
+  po::positional_options_description pos;
+  pos.add("job", 1);
+
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "distopt check: " << e.what() << "\n\n" << visible << "\n";
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << visible << "\n";
+    return 0;
+  }
+  if (!vm.count("job")) {
+    std::cerr << "distopt check: missing JOB.yaml\n\n" << visible << "\n";
+    return 2;
+  }
+  const std::string path = vm["job"].as<std::string>();
+  try {
+    distopt::JobConfig cfg = distopt::load_job_config(path);
+    std::vector<std::string> dirs = distopt::PluginRegistry::search_path(cfg.plugin_paths);
+    if (vm.count("plugin-path"))
+      for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>()) dirs.push_back(d);
+    distopt::PluginRegistry registry;
+    registry.discover(dirs);
+    distopt::validate_job(cfg, registry);
+    std::cout << path << ": OK (communicator " << cfg.communicator.name << ", reducer " << cfg.reducer.name
+              << ", algorithm " << cfg.algorithm.name << ", optimizer " << cfg.optimizer_name << ", world size "
+              << cfg.world_size << ")\n";
+    return 0;
+  } catch (const distopt::Error& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace
+
+DISTOPT_REGISTER_COMMAND("check", "validate a job YAML against the plugins' option schemas", run_check);

@@ -1,0 +1,188 @@
+// `distopt plugins`: what plugin discovery found (kind, name, version, ABI,
+// file, option schemas) and what it skipped, and why.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include "command.hpp"
+#include "distopt/config.hpp"
+#include "distopt/error.hpp"
+#include "distopt/host.hpp"
+#include "distopt/registry.hpp"
+
+namespace po = boost::program_options;
+using nlohmann::json;
+
+namespace {
+
+const char* type_name(dopt_option_type t) {
+  switch (t) {
+    case DOPT_OPTION_BOOL: return "bool";
+    case DOPT_OPTION_INT: return "int";
+    case DOPT_OPTION_DOUBLE: return "double";
+    case DOPT_OPTION_STRING: return "string";
+  }
+  return "?";
+}
+
+std::string number(double v) {
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+/// "[0, 10]" for a ranged number, "fast|slow" for choices, "" otherwise.
+std::string constraint(const distopt::OptionSpec& s) {
+  if (!s.choices.empty()) return join(s.choices, "|");
+  if ((s.type == DOPT_OPTION_INT || s.type == DOPT_OPTION_DOUBLE) && s.min_value <= s.max_value)
+    return "[" + number(s.min_value) + ", " + number(s.max_value) + "]";
+  return "";
+}
+
+/// Left-aligned columns, two spaces apart; the last column is not padded.
+void print_table(std::ostream& os, const std::vector<std::vector<std::string>>& rows, const std::string& indent) {
+  std::vector<size_t> w;
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (w.size() <= i) w.push_back(0);
+      w[i] = std::max(w[i], r[i].size());
+    }
+  for (const auto& r : rows) {
+    std::string line = indent;
+    for (size_t i = 0; i < r.size(); ++i)
+      line += i + 1 < r.size() ? r[i] + std::string(w[i] - r[i].size() + 2, ' ') : r[i];
+    os << line << "\n";
+  }
+}
+
+json options_json(const std::vector<distopt::OptionSpec>& specs) {
+  json arr = json::array();
+  for (const auto& s : specs) {
+    json o = {{"name", s.name}, {"type", type_name(s.type)}, {"help", s.help}};
+    o["default"] = s.default_value ? json(*s.default_value) : json(nullptr);
+    o["required"] = !s.default_value.has_value();
+    if ((s.type == DOPT_OPTION_INT || s.type == DOPT_OPTION_DOUBLE) && s.min_value <= s.max_value)
+      o["range"] = {number(s.min_value), number(s.max_value)};  // text: JSON has no inf
+    if (!s.choices.empty()) o["choices"] = s.choices;
+    arr.push_back(o);
+  }
+  return arr;
+}
+
+void print_options(std::ostream& os, const std::vector<distopt::OptionSpec>& specs) {
+  std::vector<std::vector<std::string>> rows = {{"OPTION", "TYPE", "DEFAULT", "RANGE/CHOICES", "HELP"}};
+  for (const auto& s : specs)
+    rows.push_back({s.name, type_name(s.type), s.default_value ? *s.default_value : "(required)", constraint(s),
+                    s.help});
+  print_table(os, rows, "    ");
+}
+
+int run_plugins(int argc, char** argv) {
+  po::options_description desc(
+      "usage: distopt plugins [--plugin-path DIR]... [--config JOB.yaml] [--json]\n\n"
+      "List the components found by plugin discovery (searched in order: the job's\n"
+      "plugins.paths, $DISTOPT_PLUGIN_PATH, the install dir, then --plugin-path), their\n"
+      "options, and the plugin files that were skipped with the reason.\n\noptions");
+  desc.add_options()("help,h", "show this help")(
+      "plugin-path,P", po::value<std::vector<std::string>>()->composing(), "also search DIR (repeatable)")(
+      "config,c", po::value<std::string>(), "use the plugins.paths of this job file")(
+      "json", "print JSON instead of tables");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "distopt plugins: " << e.what() << "\n\n" << desc << "\n";
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+
+  std::vector<std::string> config_paths;
+  if (vm.count("config")) config_paths = distopt::load_job_config(vm["config"].as<std::string>()).plugin_paths;
+  std::vector<std::string> dirs = distopt::PluginRegistry::search_path(config_paths);
+  if (vm.count("plugin-path"))
+    for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>()) dirs.push_back(d);
+
+  // Skipped files are part of this command's output: no warning lines too.
+  distopt::set_log_level(DOPT_LOG_ERROR);
+  distopt::PluginRegistry reg;
+  reg.discover(dirs);
+
+  if (vm.count("json")) {
+    json out;
+    out["search_path"] = json::array();
+    for (const auto& d : dirs) out["search_path"].push_back({{"dir", d}, {"exists", std::filesystem::is_directory(d)}});
+    out["components"] = json::array();
+    for (const auto& c : reg.components())
+      out["components"].push_back({{"kind", distopt::kind_name(c.kind)},
+                                   {"name", c.name},
+                                   {"version", c.version},
+                                   {"description", c.description},
+                                   {"plugin", c.plugin_name},
+                                   {"plugin_version", c.plugin_version},
+                                   {"abi", std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor)},
+                                   {"file", c.file},
+                                   {"options", options_json(c.options)}});
+    out["reducer_bucket_options"] = options_json(distopt::bucket_option_specs());
+    out["skipped"] = json::array();
+    for (const auto& s : reg.skipped()) out["skipped"].push_back({{"file", s.file}, {"reason", s.reason}});
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+
+  std::ostream& os = std::cout;
+  os << "Search path:\n";
+  for (const auto& d : dirs) os << "  " << d << (std::filesystem::is_directory(d) ? "" : "  (does not exist)") << "\n";
+
+  os << "\nComponents (" << reg.components().size() << "):\n";
+  if (reg.components().empty()) {
+    os << "  (none found)\n";
+  } else {
+    std::vector<std::vector<std::string>> rows = {{"KIND", "NAME", "VERSION", "ABI", "FILE"}};
+    for (const auto& c : reg.components())
+      rows.push_back({distopt::kind_name(c.kind), c.name, c.version,
+                      std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor), c.file});
+    print_table(os, rows, "  ");
+  }
+
+  for (const auto& c : reg.components()) {
+    os << "\n" << distopt::kind_name(c.kind) << " " << c.name;
+    if (!c.description.empty()) os << ": " << c.description;
+    os << "\n";
+    if (c.options.empty())
+      os << "    (no options of its own)\n";
+    else
+      print_options(os, c.options);
+  }
+  bool any_reducer = false;
+  for (const auto& c : reg.components()) any_reducer = any_reducer || c.kind == DOPT_KIND_REDUCER;
+  if (any_reducer) {
+    os << "\nEvery reducer also takes the core bucketing options:\n";
+    print_options(os, distopt::bucket_option_specs());
+  }
+
+  os << "\nSkipped (" << reg.skipped().size() << "):\n";
+  if (reg.skipped().empty()) os << "  (none)\n";
+  for (const auto& s : reg.skipped()) os << "  " << s.file << ": " << s.reason << "\n";
+  return 0;
+}
+
+}  // namespace
+
+DISTOPT_REGISTER_COMMAND("plugins", "list discovered plugin components, their options, and skipped files", run_plugins);
