@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "distopt/config.hpp"
 #include "launch/launcher.hpp"
 
 namespace po = boost::program_options;
@@ -33,7 +34,7 @@ int cmd_launch(int argc, char** argv) {
       "prefixed with \"[rank r] \". If a rank fails, the others are stopped and launch exits 1;\n"
       "Ctrl-C stops every rank and exits 130; --timeout exits 124.\n\noptions");
   desc.add_options()("help,h", "show this help")(
-      "nprocs,n", po::value<int>(&nprocs), "number of ranks")(
+      "nprocs,n", po::value<int>(&nprocs), "number of ranks (default: world.size of --config)")(
       "config", po::value<std::string>(&lo.config), "job YAML, exported as DISTOPT_CONFIG")(
       "port", po::value<int>(&lo.port)->default_value(0), "rendezvous port on 127.0.0.1 (0 = a free one)")(
       "timeout", po::value<double>(&lo.timeout_s)->default_value(0), "stop the job after S seconds (0 = never)")(
@@ -64,8 +65,11 @@ int cmd_launch(int argc, char** argv) {
     return 2;
   }
   if (!vm.count("nprocs")) {
-    std::cerr << "distopt launch: give the number of ranks with -n N\n";
-    return 2;
+    if (lo.config.empty()) {
+      std::cerr << "distopt launch: give -n N, or --config JOB.yaml to use its world.size\n";
+      return 2;
+    }
+    nprocs = static_cast<int>(load_job_config(lo.config).world_size);
   }
   if (nprocs < 1 || nprocs > 4096) {
     std::cerr << "distopt launch: -n must be between 1 and 4096 (got " << nprocs << ")\n";

@@ -1,0 +1,268 @@
+// `distopt launch`: the real CLI on real processes.
+#include <doctest/doctest.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "multiproc.hpp"
+
+using distopt::test::env_path;
+using distopt::test::ProcResult;
+using distopt::test::run_command;
+
+namespace {
+
+std::string cli() {
+  std::string c = env_path("DISTOPT_CLI");
+  REQUIRE_MESSAGE(!c.empty(), "DISTOPT_CLI is not set (run through ctest)");
+  return c;
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream is(s);
+  for (std::string l; std::getline(is, l);) out.push_back(l);
+  return out;
+}
+
+// Pids printed by ranks as "ready <pid>".
+std::vector<pid_t> ready_pids(const std::string& out) {
+  std::vector<pid_t> pids;
+  std::regex re(R"(\[rank \d+\] ready (\d+))");
+  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it)
+    pids.push_back(static_cast<pid_t>(std::stol((*it)[1])));
+  return pids;
+}
+
+// Alive = exists and is not a zombie (a killed orphan may wait for a reaper).
+bool process_exists(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  size_t close_paren = text.rfind(')');
+  if (close_paren == std::string::npos || close_paren + 2 >= text.size()) return false;  // gone meanwhile
+  return text[close_paren + 2] != 'Z';
+}
+
+// Start the launcher in the background with its output on a pipe, so the
+// test can signal it while it runs.
+struct Background {
+  pid_t pid = -1;
+  int fd = -1;
+  std::string output;
+
+  explicit Background(const std::vector<std::string>& argv) {
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      setpgid(0, 0);
+      dup2(fds[1], 1);
+      dup2(fds[1], 2);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    fd = fds[0];
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+  }
+  // Read output until `pred(output)` holds or the time is up (hang guard).
+  template <class Pred>
+  bool read_until(Pred pred, std::chrono::seconds limit) {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    char buf[4096];
+    while (!pred(output)) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      pollfd p{fd, POLLIN, 0};
+      poll(&p, 1, 50);
+      ssize_t k;
+      while ((k = read(fd, buf, sizeof buf)) > 0) output.append(buf, static_cast<size_t>(k));
+      if (k == 0) return pred(output);
+    }
+    return true;
+  }
+  // Wait for exit (hang guard: SIGKILL the group after `limit`); returns the
+  // exit code, 128 + signal, or -1 if it had to be killed.
+  int wait(std::chrono::seconds limit) {
+    read_until([](const std::string&) { return false; }, limit);  // until EOF or limit
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    int st = 0;
+    for (;;) {
+      pid_t w = waitpid(pid, &st, WNOHANG);
+      if (w == pid) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    close(fd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("launch prefixes every output line with the rank and sets the rank environment") {
+  ProcResult r = run_command({cli(), "launch", "-n", "3", "--", "sh", "-c",
+                              "echo \"out r=$DISTOPT_RANK w=$DISTOPT_WORLD_SIZE lr=$DISTOPT_LOCAL_RANK "
+                              "lw=$DISTOPT_LOCAL_WORLD_SIZE rv=$DISTOPT_RENDEZVOUS tok=$DISTOPT_JOB_TOKEN "
+                              "cfg=${DISTOPT_CONFIG:-none}\"; echo \"err $DISTOPT_RANK\" >&2; printf tail"});
+  INFO(r.output);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 0);
+  std::regex out_re(
+      R"(\[rank (\d)\] out r=(\d) w=3 lr=(\d) lw=3 rv=tcp://127\.0\.0\.1:(\d+) tok=([0-9a-f]{32}) cfg=none)");
+  std::set<std::string> tokens, ports;
+  std::set<int> ranks_seen;
+  int err_lines = 0, tail_lines = 0;
+  for (const auto& l : lines_of(r.output)) {
+    CHECK_MESSAGE(l.rfind("[rank ", 0) == 0, "line without rank prefix: '" << l << "'");
+    std::smatch m;
+    if (std::regex_match(l, m, out_re)) {
+      CHECK(m[1] == m[2]);  // the prefix names the rank that wrote the line
+      CHECK(m[2] == m[3]);
+      ranks_seen.insert(std::stoi(m[1]));
+      ports.insert(m[4]);
+      tokens.insert(m[5]);
+    } else if (std::regex_match(l, m, std::regex(R"(\[rank (\d)\] err (\d))"))) {
+      CHECK(m[1] == m[2]);
+      ++err_lines;
+    } else if (std::regex_match(l, std::regex(R"(\[rank \d\] tail)"))) {
+      ++tail_lines;  // a last line without '\n' is still relayed, prefixed
+    }
+  }
+  CHECK(ranks_seen == std::set<int>{0, 1, 2});
+  CHECK(err_lines == 3);
+  CHECK(tail_lines == 3);
+  CHECK(tokens.size() == 1);  // one job, one token, one rendezvous
+  CHECK(ports.size() == 1);
+
+  // Another job gets another token.
+  ProcResult r2 = run_command({cli(), "launch", "-n", "1", "--", "sh", "-c", "echo tok=$DISTOPT_JOB_TOKEN"});
+  REQUIRE(r2.exit_code == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(r2.output, m, std::regex("tok=([0-9a-f]{32})")));
+  CHECK(tokens.count(m[1]) == 0);
+}
+
+TEST_CASE("launch --config and --port reach the ranks") {
+  int port = distopt::test::random_port();
+  ProcResult r = run_command({cli(), "launch", "-n", "2", "--config", "/some/job.yaml", "--port",
+                              std::to_string(port), "--", "sh", "-c", "echo $DISTOPT_CONFIG $DISTOPT_RENDEZVOUS"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  std::string want = "/some/job.yaml tcp://127.0.0.1:" + std::to_string(port);
+  CHECK(r.output.find("[rank 0] " + want) != std::string::npos);
+  CHECK(r.output.find("[rank 1] " + want) != std::string::npos);
+}
+
+TEST_CASE("a rank exiting non-zero stops its sleeping siblings and fails the job, naming the rank") {
+  // Rank 1 fails at once; ranks 0 and 2 would sleep 60 s. The 30 s limit is a
+  // hang guard: if the siblings were not stopped the command would take 60 s.
+  ProcResult r = run_command({cli(), "launch", "-n", "3", "--", "sh", "-c",
+                              "if [ $DISTOPT_RANK = 1 ]; then sleep 0.3; echo dying >&2; exit 3; fi; "
+                              "echo ready $$; exec sleep 60"},
+                             {}, std::chrono::seconds(30));
+  INFO(r.output);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("rank 1 failed (exit code 3)") != std::string::npos);
+  CHECK(r.output.find("[rank 1] dying") != std::string::npos);
+  auto pids = ready_pids(r.output);
+  CHECK(pids.size() == 2);
+  for (pid_t p : pids) CHECK_MESSAGE(!process_exists(p), "sibling " << p << " survived");
+}
+
+TEST_CASE("a rank killed by a signal fails the job, naming the rank and the signal") {
+  ProcResult r = run_command({cli(), "launch", "-n", "2", "--", "sh", "-c",
+                              "if [ $DISTOPT_RANK = 0 ]; then sleep 0.3; kill -9 $$; fi; exec sleep 60"},
+                             {}, std::chrono::seconds(30));
+  INFO(r.output);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("rank 0 failed (killed by signal 9") != std::string::npos);
+}
+
+TEST_CASE("a program that cannot be executed fails the job") {
+  ProcResult r = run_command({cli(), "launch", "-n", "2", "--", "/nonexistent/program"});
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("cannot execute /nonexistent/program") != std::string::npos);
+  CHECK(r.output.find("failed (exit code 127)") != std::string::npos);
+}
+
+TEST_CASE("launch --timeout stops a job that runs too long") {
+  ProcResult r = run_command({cli(), "launch", "-n", "2", "--timeout", "1", "--", "sleep", "60"}, {},
+                             std::chrono::seconds(30));
+  INFO(r.output);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exit_code == 124);
+  CHECK(r.output.find("timed out") != std::string::npos);
+}
+
+TEST_CASE("launch rejects bad usage") {
+  ProcResult none = run_command({cli(), "launch", "-n", "2"});
+  CHECK(none.exit_code == 2);
+  CHECK(none.output.find("no program") != std::string::npos);
+  ProcResult zero = run_command({cli(), "launch", "-n", "0", "--", "true"});
+  CHECK(zero.exit_code == 2);
+  ProcResult no_n = run_command({cli(), "launch", "--", "true"});
+  CHECK(no_n.exit_code == 2);
+  ProcResult bad = run_command({cli(), "launch", "-n", "two", "--", "true"});
+  CHECK(bad.exit_code == 2);
+}
+
+TEST_CASE("SIGINT to launch stops every rank and leaves no process behind") {
+  SUBCASE("ranks that exit on SIGINT") {
+    Background b({cli(), "launch", "-n", "2", "--", "sh", "-c", "echo ready $$; exec sleep 60"});
+    REQUIRE(b.read_until([](const std::string& o) { return ready_pids(o).size() == 2; }, std::chrono::seconds(30)));
+    auto pids = ready_pids(b.output);
+    REQUIRE(kill(b.pid, SIGINT) == 0);
+    int rc = b.wait(std::chrono::seconds(30));
+    INFO(b.output);
+    CHECK(rc == 130);
+    CHECK(b.output.find("interrupted") != std::string::npos);
+    for (pid_t p : pids) CHECK_MESSAGE(!process_exists(p), "rank process " << p << " survived");
+  }
+  SUBCASE("ranks that ignore SIGINT and SIGTERM are killed after the grace period") {
+    Background b({cli(), "launch", "-n", "2", "--grace", "1", "--", "sh", "-c",
+                  "trap '' INT TERM; sleep 60 & echo ready $!; wait"});
+    REQUIRE(b.read_until([](const std::string& o) { return ready_pids(o).size() == 2; }, std::chrono::seconds(30)));
+    auto pids = ready_pids(b.output);  // the sleeps: grandchildren of the launcher
+    REQUIRE(kill(b.pid, SIGINT) == 0);
+    int rc = b.wait(std::chrono::seconds(30));
+    INFO(b.output);
+    CHECK(rc == 130);
+    CHECK(b.output.find("SIGKILL") != std::string::npos);
+    // SIGKILL to a grandchild is delivered asynchronously: allow it a moment.
+    for (int i = 0; i < 100; ++i) {
+      bool any = false;
+      for (pid_t p : pids) any = any || process_exists(p);
+      if (!any) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    for (pid_t p : pids) CHECK_MESSAGE(!process_exists(p), "grandchild " << p << " survived");
+  }
+}

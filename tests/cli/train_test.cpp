@@ -1,0 +1,260 @@
+// `distopt train`: the real CLI training real ranks on Fashion-MNIST over
+// loopback, its metrics, its failure paths.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "multiproc.hpp"
+
+namespace fs = std::filesystem;
+using distopt::test::env_path;
+using distopt::test::ProcResult;
+using distopt::test::run_command;
+using nlohmann::json;
+
+namespace {
+
+const char* kData = "/usr/share/datasets/fashion-mnist";
+
+std::string cli() {
+  std::string c = env_path("DISTOPT_CLI");
+  REQUIRE_MESSAGE(!c.empty(), "DISTOPT_CLI is not set (run through ctest)");
+  return c;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/distopt_train_test_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+struct Job {
+  int world = 2;
+  int batch = 64;
+  int max_steps = 20;
+  int epochs = 1;
+  std::string optimizer = "{name: sgd, lr: 0.1, momentum: 0.9}";
+  std::string model = "mlp";
+  double timeout_s = 30;
+};
+
+// A job file whose plugins come from the build tree ($DISTOPT_PLUGIN_DIR).
+std::string write_job(const TempDir& t, const Job& j, const std::string& name = "job.yaml") {
+  std::string plugins = env_path("DISTOPT_PLUGIN_DIR");
+  REQUIRE_MESSAGE(!plugins.empty(), "DISTOPT_PLUGIN_DIR is not set (run through ctest)");
+  std::ostringstream y;
+  y << "plugins: {paths: [" << plugins << "]}\n"
+    << "world: {size: " << j.world << ", timeout_s: " << j.timeout_s << "}\n"
+    << "communicator: {name: tcp}\n"
+    << "reducer: {name: mean}\n"
+    << "algorithm: {name: allreduce}\n"
+    << "optimizer: " << j.optimizer << "\n"
+    << "train: {model: " << j.model << ", epochs: " << j.epochs << ", batch_size: " << j.batch
+    << ", seed: 0, max_steps: " << j.max_steps << ", log_every: 5, threads: 1}\n";
+  std::string path = t.file(name);
+  std::ofstream(path) << y.str();
+  return path;
+}
+
+std::vector<json> read_metrics(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+bool have_data() { return fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz"); }
+
+}  // namespace
+
+TEST_CASE("distopt train with 2 ranks trains, reports test accuracy, and writes metrics") {
+  if (!have_data()) {
+    MESSAGE("dataset-fashion-mnist is not installed; skipping");
+    return;
+  }
+  TempDir t;
+  Job j;
+  j.max_steps = 30;
+  std::string cfg = write_job(t, j);
+  std::string metrics = t.file("metrics.jsonl");
+  ProcResult r = run_command({cli(), "train", cfg, "--metrics", metrics}, {}, std::chrono::seconds(300));
+  INFO(r.output);
+  REQUIRE_FALSE(r.timed_out);
+  REQUIRE(r.exit_code == 0);
+  // The command launched its own ranks: their lines carry the prefix.
+  CHECK(r.output.find("[rank 0] epoch 1/1 step 5/30 loss") != std::string::npos);
+  CHECK(std::regex_search(r.output, std::regex(R"(\[rank 0\] epoch 1/1: train loss [0-9.]+, test loss [0-9.]+, )"
+                                               R"(test accuracy [0-9.]+% \(10000 images\))")));
+  CHECK(r.output.find("[rank 0] summary: 2 rank(s), 30 steps, 3840 samples") != std::string::npos);
+  CHECK(r.output.find("final test accuracy") != std::string::npos);
+  CHECK(r.output.find("[rank 1] epoch") == std::string::npos);  // only rank 0 reports
+
+  auto m = read_metrics(metrics);
+  REQUIRE(m.size() == 2);
+  CHECK(m[0]["event"] == "epoch");
+  CHECK(m[0]["steps"] == 30);
+  CHECK(m[0]["test_images"] == 10000);
+  // 30 SGD steps on 128-image global batches: far above chance (10%).
+  CHECK(m[0]["test_accuracy"].get<double>() > 0.6);
+  CHECK(m[0]["train_loss"].get<double>() < 2.3);
+  CHECK(m[1]["event"] == "summary");
+  CHECK(m[1]["world_size"] == 2);
+  CHECK(m[1]["samples"] == 30 * 128);
+  CHECK(m[1]["final_test_accuracy"] == m[0]["test_accuracy"]);
+  REQUIRE(m[1]["bytes_sent_per_rank"].size() == 2);
+  REQUIRE(m[1]["state_bytes_per_rank"].size() == 2);
+  for (int r2 = 0; r2 < 2; ++r2) {
+    CHECK(m[1]["bytes_sent_per_rank"][r2].get<double>() > 0);
+    // SGD with momentum keeps one buffer per parameter: 535,818 floats.
+    CHECK(m[1]["state_bytes_per_rank"][r2].get<double>() >= 535818.0 * 4);
+  }
+  CHECK(m[1]["samples_per_s"].get<double>() > 0);
+}
+
+TEST_CASE("2 ranks with batch B follow a single process with batch 2B") {
+  if (!have_data()) {
+    MESSAGE("dataset-fashion-mnist is not installed; skipping");
+    return;
+  }
+  TempDir t;
+  Job two;
+  two.world = 2;
+  two.batch = 32;
+  two.max_steps = 25;
+  Job one = two;
+  one.world = 1;
+  one.batch = 64;
+  std::string m2 = t.file("two.jsonl"), m1 = t.file("one.jsonl");
+  ProcResult r2 = run_command({cli(), "train", write_job(t, two, "two.yaml"), "--metrics", m2}, {},
+                              std::chrono::seconds(300));
+  INFO(r2.output);
+  REQUIRE(r2.exit_code == 0);
+  ProcResult r1 = run_command({cli(), "train", write_job(t, one, "one.yaml"), "--metrics", m1}, {},
+                              std::chrono::seconds(300));
+  INFO(r1.output);
+  REQUIRE(r1.exit_code == 0);
+  CHECK(r1.output.find("[rank") == std::string::npos);  // one rank: no launcher, no prefixes
+  auto a = read_metrics(m2), b = read_metrics(m1);
+  REQUIRE(a.size() == 2);
+  REQUIRE(b.size() == 2);
+  CHECK(a[1]["samples"] == b[1]["samples"]);
+  // Same samples in the same order, averaged the same way: equal up to float rounding.
+  CHECK(a[0]["train_loss"].get<double>() == doctest::Approx(b[0]["train_loss"].get<double>()).epsilon(1e-4));
+  CHECK(a[0]["test_loss"].get<double>() == doctest::Approx(b[0]["test_loss"].get<double>()).epsilon(1e-4));
+  CHECK(std::abs(a[0]["test_accuracy"].get<double>() - b[0]["test_accuracy"].get<double>()) <= 0.0005);
+}
+
+TEST_CASE("a rank killed mid-training makes the other rank fail naming it, and the job exits non-zero") {
+  if (!have_data()) {
+    MESSAGE("dataset-fashion-mnist is not installed; skipping");
+    return;
+  }
+  TempDir t;
+  Job j;
+  j.max_steps = 200;
+  j.timeout_s = 20;
+  std::string cfg = write_job(t, j);
+
+  SUBCASE("ranks started by hand: the survivor reports the dead peer") {
+    // Both ranks run under the test's own control, so nothing stops the
+    // survivor but its own failure detection. The limit (timeout + margin)
+    // is a hang guard.
+    int port = distopt::test::random_port();
+    auto rank_env = [&](int r) {
+      return std::vector<std::string>{"DISTOPT_RANK=" + std::to_string(r), "DISTOPT_WORLD_SIZE=2",
+                                      "DISTOPT_LOCAL_RANK=" + std::to_string(r), "DISTOPT_LOCAL_WORLD_SIZE=2",
+                                      "DISTOPT_RENDEZVOUS=tcp://127.0.0.1:" + std::to_string(port),
+                                      "DISTOPT_JOB_TOKEN=0123456789abcdef0123456789abcdef",
+                                      "DISTOPT_FAULT_INJECT=exit:1:5"};
+    };
+    auto f0 = std::async(std::launch::async,
+                         [&] { return run_command({cli(), "train", cfg}, rank_env(0), std::chrono::seconds(90)); });
+    auto f1 = std::async(std::launch::async,
+                         [&] { return run_command({cli(), "train", cfg}, rank_env(1), std::chrono::seconds(90)); });
+    ProcResult r0 = f0.get(), r1 = f1.get();
+    INFO("rank 0:\n" << r0.output << "\nrank 1:\n" << r1.output);
+    CHECK(r1.exit_code == 137);
+    CHECK(r1.output.find("DISTOPT_FAULT_INJECT") != std::string::npos);
+    REQUIRE_FALSE(r0.timed_out);
+    CHECK(r0.exit_code != 0);
+    CHECK(r0.output.find("error") != std::string::npos);
+    CHECK(r0.output.find("rank 1") != std::string::npos);
+  }
+  SUBCASE("self-launched job: the launcher names the dead rank and exits non-zero") {
+    ProcResult r = run_command({cli(), "train", cfg}, {"DISTOPT_FAULT_INJECT=exit:1:5"}, std::chrono::seconds(90));
+    INFO(r.output);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find("rank 1 failed (exit code 137)") != std::string::npos);
+    // Rank 0 is given a moment to notice before it is stopped, and says who died.
+    CHECK(std::regex_search(r.output, std::regex(R"(\[rank 0\] .*error.*rank 1)")));
+    CHECK(r.output.find("summary") == std::string::npos);
+  }
+}
+
+TEST_CASE("a bad dataset directory gives a clear error naming the file") {
+  TempDir t;
+  Job j;
+  j.world = 1;
+  std::string cfg = write_job(t, j);
+  SUBCASE("missing files") {
+    std::string dir = t.file("nodata");
+    fs::create_directories(dir);
+    ProcResult r = run_command({cli(), "train", cfg, "--data", dir});
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find(dir + "/train-images-idx3-ubyte.gz") != std::string::npos);
+    CHECK(r.output.find("missing") != std::string::npos);
+  }
+  SUBCASE("a malformed file, with 2 ranks") {
+    if (!have_data()) return;
+    std::string dir = t.file("broken");
+    fs::create_directories(dir);
+    for (auto& e : fs::directory_iterator(kData)) fs::copy_file(e.path(), fs::path(dir) / e.path().filename());
+    std::string bad = dir + "/t10k-labels-idx1-ubyte.gz";
+    fs::remove(bad);
+    std::ofstream(bad) << "not an idx file";
+    Job j2;
+    std::string cfg2 = write_job(t, j2, "two.yaml");
+    ProcResult r = run_command({cli(), "train", cfg2, "--data", dir}, {}, std::chrono::seconds(120));
+    INFO(r.output);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find("malformed IDX label file " + bad) != std::string::npos);
+    CHECK(r.output.find("failed (exit code 1)") != std::string::npos);
+  }
+}
+
+TEST_CASE("distopt train rejects bad usage and bad files") {
+  TempDir t;
+  ProcResult none = run_command({cli(), "train"});
+  CHECK(none.exit_code == 2);
+  ProcResult missing = run_command({cli(), "train", t.file("nope.yaml")});
+  CHECK(missing.exit_code == 1);
+  CHECK(missing.output.find(t.file("nope.yaml")) != std::string::npos);
+  std::string bad = t.file("bad.yaml");
+  std::ofstream(bad) << "world: {size: 1}\ntrain: {modle: mlp}\n";
+  ProcResult typo = run_command({cli(), "train", bad});
+  INFO(typo.output);
+  CHECK(typo.exit_code == 1);
+  CHECK(typo.output.find("modle") != std::string::npos);
+  Job j;
+  j.world = 1;
+  ProcResult steps = run_command({cli(), "train", write_job(t, j), "--max-steps", "-3"});
+  CHECK(steps.exit_code == 2);
+}

@@ -1,0 +1,112 @@
+// `distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... [--epochs N] [--max-steps N]`
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "distopt/config.hpp"
+#include "distopt/error.hpp"
+#include "distopt/process.hpp"
+#include "launch/launcher.hpp"
+#include "train/trainer.hpp"
+
+namespace po = boost::program_options;
+
+namespace distopt::cli {
+namespace {
+
+// This executable, for re-executing it once per rank.
+std::string self_exe() {
+  char buf[PATH_MAX];
+  ssize_t k = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (k <= 0) throw Error("cannot find the distopt executable (/proc/self/exe)");
+  buf[k] = '\0';
+  return buf;
+}
+
+int cmd_train(int argc, char** argv) {
+  std::string config, data, metrics;
+  std::vector<std::string> plugin_paths;
+  int64_t epochs = 0, max_steps = -1;
+  po::options_description desc(
+      "usage: distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... [--epochs N] "
+      "[--max-steps N]\n\n"
+      "Train the job's model on Fashion-MNIST with its distributed optimizer. Started without a\n"
+      "launcher and with world.size > 1, it starts world.size local ranks itself (as\n"
+      "`distopt launch` does); under a launcher (distopt launch, torchrun, srun, mpirun) it\n"
+      "runs as the rank the environment names.\n\noptions");
+  desc.add_options()("help,h", "show this help")(
+      "data", po::value<std::string>(&data), "Fashion-MNIST directory (default: train.data_dir)")(
+      "metrics", po::value<std::string>(&metrics), "write per-epoch and summary metrics as JSON lines")(
+      "plugin-path", po::value<std::vector<std::string>>(&plugin_paths)->composing(),
+      "extra plugin directory, searched before plugins.paths (repeatable)")(
+      "epochs", po::value<int64_t>(&epochs), "override train.epochs")(
+      "max-steps", po::value<int64_t>(&max_steps), "override train.max_steps (steps per epoch, 0 = all)");
+  po::options_description hidden;
+  hidden.add_options()("config", po::value<std::string>(&config), "");
+  po::options_description all;
+  all.add(desc).add(hidden);
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "distopt train: " << e.what() << "\n" << desc << "\n";
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  if (config.empty()) {
+    std::cerr << "distopt train: no job file given\n" << desc << "\n";
+    return 2;
+  }
+  if (vm.count("epochs") && epochs < 1) {
+    std::cerr << "distopt train: --epochs must be at least 1\n";
+    return 2;
+  }
+  if (vm.count("max-steps") && max_steps < 0) {
+    std::cerr << "distopt train: --max-steps must not be negative\n";
+    return 2;
+  }
+
+  JobConfig cfg = load_job_config(config);
+  std::vector<std::string> paths;
+  for (const auto& p : plugin_paths) paths.push_back(std::filesystem::absolute(p).string());
+  paths.insert(paths.end(), cfg.plugin_paths.begin(), cfg.plugin_paths.end());
+  cfg.plugin_paths = paths;
+  if (!data.empty()) cfg.train.data_dir = data;
+  if (vm.count("epochs")) cfg.train.epochs = epochs;
+  if (vm.count("max-steps")) cfg.train.max_steps = max_steps;
+
+  const ProcessInfo proc = detect_process_info();
+  if (proc.source == "default" && cfg.world_size > 1) {
+    // No launcher around us: be the launcher, one re-executed `distopt train` per rank.
+    launch::LaunchOptions lo;
+    lo.name = "distopt train";
+    lo.nprocs = static_cast<int>(cfg.world_size);
+    lo.argv = {self_exe(), "train"};
+    for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
+    std::cout.flush();
+    return launch::run(lo);
+  }
+  // Lines, not blocks, so a launcher's prefixes interleave sensibly.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  return train::train_rank(cfg, metrics);
+}
+
+}  // namespace
+
+DISTOPT_REGISTER_COMMAND("train", "train a model on Fashion-MNIST with the job's distributed optimizer", cmd_train);
+
+}  // namespace distopt::cli
