@@ -52,8 +52,11 @@ TcpStoreServer::~TcpStoreServer() {
   (void)!write(wake_[1], &c, 1);
   if (acceptor_.joinable()) acceptor_.join();
   {
+    // Only the read side: a request being answered still gets its reply,
+    // then the worker sees EOF and ends.
     std::lock_guard<std::mutex> lk(mu_);
-    for (int fd : client_fds_) shutdown(fd, SHUT_RDWR);
+    for (int fd : client_fds_)
+      if (fd >= 0) shutdown(fd, SHUT_RD);
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
