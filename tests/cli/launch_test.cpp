@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <cstring>  // multiproc.hpp uses strdup without including it
+
 #include "multiproc.hpp"
 
 using distopt::test::env_path;

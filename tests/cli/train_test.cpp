@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstring>  // multiproc.hpp uses strdup without including it
+
 #include "multiproc.hpp"
 
 namespace fs = std::filesystem;

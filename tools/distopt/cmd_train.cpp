@@ -1,4 +1,5 @@
-// `distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... [--epochs N] [--max-steps N]`
+// `distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... [--epochs N] [--max-steps N]
+//  [--threads N]`
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
@@ -34,10 +35,10 @@ std::string self_exe() {
 int cmd_train(int argc, char** argv) {
   std::string config, data, metrics;
   std::vector<std::string> plugin_paths;
-  int64_t epochs = 0, max_steps = -1;
+  int64_t epochs = 0, max_steps = -1, threads = 0;
   po::options_description desc(
       "usage: distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... [--epochs N] "
-      "[--max-steps N]\n\n"
+      "[--max-steps N] [--threads N]\n\n"
       "Train the job's model on Fashion-MNIST with its distributed optimizer. Started without a\n"
       "launcher and with world.size > 1, it starts world.size local ranks itself (as\n"
       "`distopt launch` does); under a launcher (distopt launch, torchrun, srun, mpirun) it\n"
@@ -48,7 +49,8 @@ int cmd_train(int argc, char** argv) {
       "plugin-path", po::value<std::vector<std::string>>(&plugin_paths)->composing(),
       "extra plugin directory, searched before plugins.paths (repeatable)")(
       "epochs", po::value<int64_t>(&epochs), "override train.epochs")(
-      "max-steps", po::value<int64_t>(&max_steps), "override train.max_steps (steps per epoch, 0 = all)");
+      "max-steps", po::value<int64_t>(&max_steps), "override train.max_steps (steps per epoch, 0 = all)")(
+      "threads", po::value<int64_t>(&threads), "override train.threads (intra-op threads per rank, 0 = auto)");
   po::options_description hidden;
   hidden.add_options()("config", po::value<std::string>(&config), "");
   po::options_description all;
@@ -75,6 +77,10 @@ int cmd_train(int argc, char** argv) {
     std::cerr << "distopt train: --epochs must be at least 1\n";
     return 2;
   }
+  if (vm.count("threads") && (threads < 0 || threads > 4096)) {
+    std::cerr << "distopt train: --threads must be in 0..4096\n";
+    return 2;
+  }
   if (vm.count("max-steps") && max_steps < 0) {
     std::cerr << "distopt train: --max-steps must not be negative\n";
     return 2;
@@ -88,6 +94,7 @@ int cmd_train(int argc, char** argv) {
   if (!data.empty()) cfg.train.data_dir = data;
   if (vm.count("epochs")) cfg.train.epochs = epochs;
   if (vm.count("max-steps")) cfg.train.max_steps = max_steps;
+  if (vm.count("threads")) cfg.train.threads = threads;
 
   const ProcessInfo proc = detect_process_info();
   if (proc.source == "default" && cfg.world_size > 1) {
