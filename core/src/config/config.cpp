@@ -27,6 +27,17 @@ YAML::Node child(const YAML::Node& node, const char* key) {
   return node[key];
 }
 
+/// Where `key` itself is written in `map` (the line a user reads as the
+/// section's start), or `fallback`.
+YAML::Mark key_mark(const YAML::Node& map, const char* key, const YAML::Mark& fallback) {
+  if (!map.IsDefined() || !map.IsMap()) return fallback;
+  for (const auto& kv : map) {
+    const YAML::Node k = kv.first;
+    if (k.IsScalar() && k.Scalar() == key) return mark_of(k, fallback);
+  }
+  return fallback;
+}
+
 class Parser {
  public:
   Parser(std::string file, std::string base_dir) : file_(std::move(file)), base_dir_(std::move(base_dir)) {}
@@ -45,7 +56,7 @@ class Parser {
     parse_component(root, "communicator", cfg.communicator);
     parse_component(root, "reducer", cfg.reducer);
     parse_component(root, "algorithm", cfg.algorithm);
-    parse_optimizer(section(root, "optimizer"), cfg);
+    parse_optimizer(root, cfg);
     parse_train(section(root, "train"), cfg.train);
     return cfg;
   }
@@ -72,6 +83,8 @@ class Parser {
     }
   }
 
+  static constexpr int64_t kHuge = int64_t(1) << 40;  // "no upper bound" in messages
+
   // Typed getters of `map.key` (absent keys keep `out`); `path` = "world.size".
   void get_int(const YAML::Node& map, const char* key, const std::string& path, int64_t lo, int64_t hi,
                int64_t& out) {
@@ -81,8 +94,9 @@ class Parser {
     if (!v) fail(file_, mark_of(n), path + ": expected an integer, got " + describe(n));
     if (*v < lo || *v > hi)
       fail(file_, mark_of(n),
-           path + ": value " + std::to_string(*v) + " is out of range [" + std::to_string(lo) + ", " +
-               std::to_string(hi) + "]");
+           path + ": value " + std::to_string(*v) +
+               (hi >= kHuge ? " must be >= " + std::to_string(lo)
+                            : " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"));
     out = *v;
   }
   void get_string(const YAML::Node& map, const char* key, const std::string& path, std::string& out,
@@ -162,7 +176,7 @@ class Parser {
   void parse_component(const YAML::Node& root, const char* name, ComponentConfig& out) {
     YAML::Node s = section(root, name);
     if (!s.IsDefined()) return;  // absent: the default component
-    out.mark = mark_of(s);
+    out.mark = key_mark(root, name, mark_of(s));
     if (s.IsNull()) fail(file_, out.mark, std::string(name) + ": missing required key 'name'");
     check_keys(s, name, {"name", "options"});
     YAML::Node n = s["name"];
@@ -177,9 +191,10 @@ class Parser {
     out.options = o.IsDefined() ? o : YAML::Node();
   }
 
-  void parse_optimizer(const YAML::Node& s, JobConfig& cfg) {
+  void parse_optimizer(const YAML::Node& root, JobConfig& cfg) {
+    YAML::Node s = section(root, "optimizer");
     if (!s.IsDefined()) return;
-    cfg.optimizer_mark = mark_of(s);
+    cfg.optimizer_mark = key_mark(root, "optimizer", mark_of(s));
     if (s.IsNull()) fail(file_, cfg.optimizer_mark, "optimizer: missing required key 'name'");
     YAML::Node n = s["name"];
     if (!n.IsDefined()) fail(file_, cfg.optimizer_mark, "optimizer: missing required key 'name'");
@@ -208,16 +223,15 @@ class Parser {
     if (!s.IsDefined() || s.IsNull()) return;
     check_keys(s, "train",
                {"model", "dataset", "data_dir", "epochs", "batch_size", "seed", "threads", "log_every", "max_steps"});
-    constexpr int64_t kMax = int64_t(1) << 40;
     get_string(s, "model", "train.model", t.model, {"mlp", "cnn"});
     get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist"});
     get_string(s, "data_dir", "train.data_dir", t.data_dir);
-    get_int(s, "epochs", "train.epochs", 1, kMax, t.epochs);
-    get_int(s, "batch_size", "train.batch_size", 1, kMax, t.batch_size);
+    get_int(s, "epochs", "train.epochs", 1, kHuge, t.epochs);
+    get_int(s, "batch_size", "train.batch_size", 1, kHuge, t.batch_size);
     get_int(s, "seed", "train.seed", 0, INT64_MAX, t.seed);
     get_int(s, "threads", "train.threads", 0, 4096, t.threads);
-    get_int(s, "log_every", "train.log_every", 0, kMax, t.log_every);
-    get_int(s, "max_steps", "train.max_steps", 0, kMax, t.max_steps);
+    get_int(s, "log_every", "train.log_every", 0, kHuge, t.log_every);
+    get_int(s, "max_steps", "train.max_steps", 0, kHuge, t.max_steps);
   }
 
   std::string file_, base_dir_;

@@ -36,6 +36,10 @@ const char* value_type_name(const Options::Value& v) {
 std::string fmt_number(double v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[64];
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {  // integers as integers: "10", not "1e+01"
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
   std::snprintf(buf, sizeof buf, "%.17g", v);
   // Prefer the shortest text that round-trips ("0.1", not "0.10000000000000001").
   for (int prec = 1; prec <= 17; ++prec) {

@@ -1,0 +1,406 @@
+// Job YAML parsing and validation: the broken-input corpus (tests/config/bad,
+// each file states the line and message it must produce), good configs, the
+// Options schema checks, and the `distopt check` / `distopt plugins` CLI run
+// as real processes. Plugin schemas come from the mock plugins of
+// tests/registry (built into a test-only directory).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>  // multiproc.hpp uses strdup without including it
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "distopt/config.hpp"
+#include "distopt/error.hpp"
+#include "distopt/options.hpp"
+#include "distopt/registry.hpp"
+#include "multiproc.hpp"
+
+namespace fs = std::filesystem;
+using distopt::ConfigError;
+using distopt::Options;
+using distopt::OptionSpec;
+
+namespace {
+
+const std::string kMockDir = DISTOPT_MOCK_PLUGIN_DIR;
+const fs::path kTestDir = DISTOPT_CONFIG_TEST_DIR;
+
+struct BadCase {
+  std::string file;
+  int line = 0, col = 0;
+  std::string expect;
+};
+
+std::vector<BadCase> bad_corpus() {
+  std::vector<BadCase> out;
+  for (const auto& e : fs::directory_iterator(kTestDir / "bad")) {
+    if (e.path().extension() != ".yaml") continue;
+    BadCase c;
+    c.file = e.path().string();
+    std::ifstream in(e.path());
+    std::string l;
+    while (std::getline(in, l) && l.rfind("#", 0) == 0) {
+      if (l.rfind("# expect-line: ", 0) == 0) c.line = std::stoi(l.substr(15));
+      if (l.rfind("# expect-col: ", 0) == 0) c.col = std::stoi(l.substr(14));
+      if (l.rfind("# expect: ", 0) == 0) c.expect = l.substr(10);
+    }
+    out.push_back(c);
+  }
+  std::sort(out.begin(), out.end(), [](const BadCase& a, const BadCase& b) { return a.file < b.file; });
+  return out;
+}
+
+const distopt::PluginRegistry& mock_registry() {
+  static distopt::PluginRegistry reg = [] {
+    distopt::PluginRegistry r;
+    r.discover({kMockDir});
+    return r;
+  }();
+  return reg;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no ConfigError)";
+}
+
+// The CLI, hermetic: no plugin path from the caller's environment, no log noise.
+distopt::test::ProcResult cli(std::vector<std::string> args) {
+  args.insert(args.begin(), distopt::test::env_path("DISTOPT_CLI"));
+  return distopt::test::run_command(args, {"DISTOPT_PLUGIN_PATH=", "DISTOPT_LOG_LEVEL=error"});
+}
+
+std::string location(const BadCase& c) {
+  return c.file + ":" + std::to_string(c.line) + ":" + (c.col ? std::to_string(c.col) + ":" : "");
+}
+
+}  // namespace
+
+TEST_CASE("the broken-YAML corpus: each file gives a ConfigError at the right file:line") {
+  auto corpus = bad_corpus();
+  REQUIRE(corpus.size() >= 20);
+  for (const auto& c : corpus) {
+    CAPTURE(c.file);
+    REQUIRE(c.line > 0);
+    REQUIRE(!c.expect.empty());
+    std::string msg = error_of([&] {
+      auto cfg = distopt::load_job_config(c.file);
+      distopt::validate_job(cfg, mock_registry());
+    });
+    CAPTURE(msg);
+    CHECK(msg.rfind(location(c), 0) == 0);
+    CHECK(msg.find(c.expect) != std::string::npos);
+  }
+}
+
+TEST_CASE("distopt check exits 1 on every broken file and prints file:line") {
+  for (const auto& c : bad_corpus()) {
+    CAPTURE(c.file);
+    auto r = cli({"check", c.file, "--plugin-path", kMockDir});
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find(location(c)) != std::string::npos);
+    // The part before any list of available names (the install dir may add some).
+    CHECK(r.output.find(c.expect.substr(0, c.expect.find(';'))) != std::string::npos);
+    CHECK(r.output.find(": OK (") == std::string::npos);
+  }
+}
+
+TEST_CASE("a full good config parses with the expected values") {
+  const std::string file = (kTestDir / "good" / "full.yaml").string();
+  auto cfg = distopt::load_job_config(file);
+  CHECK(cfg.path == file);
+  REQUIRE(cfg.plugin_paths.size() == 2);
+  // Relative plugin paths resolve against the YAML file's directory.
+  CHECK(cfg.plugin_paths[0] == (kTestDir / "good" / "../../../build-nowhere/plugins").lexically_normal().string());
+  CHECK(cfg.plugin_paths[1] == "/opt/distopt/plugins");
+  CHECK(cfg.world_size == 3);
+  CHECK(cfg.rendezvous == "file:///tmp/distopt-rdzv");
+  CHECK(cfg.timeout_s == doctest::Approx(12.5));
+  CHECK(cfg.communicator.name == "mock");
+  CHECK(cfg.reducer.name == "mock");
+  CHECK(cfg.algorithm.name == "mock");
+  CHECK(cfg.reducer.mark.line == 8);  // 0-based: `reducer:` is on line 9
+  CHECK(cfg.optimizer_name == "adam");
+  CHECK(cfg.train.model == "cnn");
+  CHECK(cfg.train.dataset == "fashion-mnist");
+  CHECK(cfg.train.data_dir == "/data/fmnist");
+  CHECK(cfg.train.epochs == 3);
+  CHECK(cfg.train.batch_size == 64);
+  CHECK(cfg.train.seed == 42);
+  CHECK(cfg.train.threads == 1);
+  CHECK(cfg.train.log_every == 5);
+  CHECK(cfg.train.max_steps == 10);
+
+  auto v = distopt::validate_job(cfg, mock_registry());
+  CHECK(v.communicator.values().empty());
+  CHECK(v.reducer.get_int("level") == 7);
+  CHECK(v.reducer.get_double("ratio") == doctest::Approx(0.5));  // default
+  CHECK(v.reducer.get_string("mode") == "slow");
+  CHECK(v.reducer.get_bool("verbose") == false);
+  CHECK(v.reducer.get_double("bucket_cap_mb") == doctest::Approx(4.0));
+  CHECK(v.reducer.get_int("align_bytes") == 64);
+  CHECK(v.reducer.get_bool("overlap") == false);
+  CHECK(v.algorithm.get_int("stage") == 1);
+  CHECK(v.optimizer.get_double("lr") == doctest::Approx(0.01));
+  CHECK(v.optimizer.get_double("beta1") == doctest::Approx(0.8));
+  CHECK(v.optimizer.get_double("beta2") == doctest::Approx(0.999));
+  CHECK(v.optimizer.get_bool("amsgrad") == true);
+  CHECK_FALSE(v.optimizer.has("name"));
+}
+
+TEST_CASE("defaults: an empty job, and sections left out") {
+  auto cfg = distopt::parse_job_config("");
+  CHECK(cfg.path == "<string>");
+  CHECK(cfg.world_size == 1);
+  CHECK(cfg.rendezvous == "tcp://127.0.0.1:29500");
+  CHECK(cfg.timeout_s == 60);
+  CHECK(cfg.communicator.name == "tcp");
+  CHECK(cfg.reducer.name == "mean");
+  CHECK(cfg.algorithm.name == "allreduce");
+  CHECK(cfg.optimizer_name == "sgd");
+  CHECK(cfg.train.model == "mlp");
+  CHECK(cfg.train.batch_size == 256);
+
+  cfg = distopt::parse_job_config("world: {size: 4}\nplugins: {paths: rel/dir}\nreducer: {name: mock}\n"
+                                  "communicator: {name: mock}\nalgorithm: {name: mock}\n");
+  CHECK(cfg.world_size == 4);
+  REQUIRE(cfg.plugin_paths.size() == 1);
+  CHECK(cfg.plugin_paths[0] == "rel/dir");  // no file: kept as written
+  // Bucketing options default when the reducer has no options at all.
+  auto v = distopt::validate_job(cfg, mock_registry());
+  CHECK(v.reducer.get_double("bucket_cap_mb") == 25);
+  CHECK(v.reducer.get_int("align_bytes") == 8);
+  CHECK(v.reducer.get_bool("overlap") == true);
+  CHECK(v.reducer.get_int("level") == 3);
+  CHECK(v.optimizer.get_double("lr") == doctest::Approx(0.01));
+}
+
+TEST_CASE("errors from text use the given name, and a missing file is named") {
+  std::string m = error_of([] { distopt::parse_job_config("world: {size: x}\n", "inline.yaml"); });
+  CHECK(m.rfind("inline.yaml:1:15: world.size: expected an integer, got 'x'", 0) == 0);
+  m = error_of([] { distopt::parse_job_config("world:\n  size: [1\n"); });
+  CHECK(m.rfind("<string>:", 0) == 0);
+  CHECK(m.find("YAML syntax error") != std::string::npos);
+  m = error_of([] { distopt::load_job_config("/nonexistent/dir/job.yaml"); });
+  CHECK(m.rfind("/nonexistent/dir/job.yaml: cannot read the job file", 0) == 0);
+}
+
+TEST_CASE("validate_job: unknown names list what is available, at the name's line") {
+  auto cfg = distopt::parse_job_config("communicator: {name: mock}\nreducer: {name: mock}\nalgorithm:\n  name: zero\n",
+                                       "job.yaml");
+  std::string m = error_of([&] { distopt::validate_job(cfg, mock_registry()); });
+  CAPTURE(m);
+  CHECK(m.rfind("job.yaml:4:9: algorithm.name: no algorithm named 'zero' is available; available algorithms: mock, "
+                "mock_req",
+                0) == 0);
+  CHECK(m.find("libdistopt_junk.so: cannot be loaded") != std::string::npos);
+  // An empty registry says so and suggests where plugins come from.
+  distopt::PluginRegistry empty;
+  m = error_of([&] { distopt::validate_job(distopt::parse_job_config(""), empty); });
+  CHECK(m.find("no communicator named 'tcp'") != std::string::npos);
+  CHECK(m.find("no plugin libraries were found") != std::string::npos);
+}
+
+TEST_CASE("Options::validate: types, ranges, choices, defaults, getters") {
+  std::vector<OptionSpec> schema(5);
+  schema[0] = {"n", DOPT_OPTION_INT, std::string("4"), 1, 8, {}, "an int"};
+  schema[1] = {"x", DOPT_OPTION_DOUBLE, std::string("0.5"), 0, 1, {}, "a double"};
+  schema[2] = {"b", DOPT_OPTION_BOOL, std::string("true"), 0, -1, {}, "a bool"};
+  schema[3] = {"s", DOPT_OPTION_STRING, std::string("a"), 0, -1, {"a", "b"}, "a choice"};
+  schema[4] = {"free", DOPT_OPTION_STRING, std::nullopt, 0, -1, {}, "required"};
+
+  auto o = Options::validate(YAML::Load("{n: 8, x: 1, b: no, s: b, free: anything}"), schema, "f.yaml", "sec");
+  CHECK(o.get_int("n") == 8);
+  CHECK(o.get_double("n") == 8.0);  // an INT reads as a double too
+  CHECK(o.get_double("x") == 1.0);
+  CHECK(o.get_bool("b") == false);
+  CHECK(o.get_string("s") == "b");
+  CHECK(o.get_string("free") == "anything");
+  CHECK(Options::from_c(o.c_handle()) == &o);
+  CHECK_THROWS_AS(o.get_bool("n"), ConfigError);
+  CHECK_THROWS_AS(o.get_int("x"), ConfigError);
+  CHECK_THROWS_AS(o.get_string("missing"), ConfigError);
+
+  auto d = Options::validate(YAML::Load("{free: z}"), schema, "f.yaml", "sec");
+  CHECK(d.get_int("n") == 4);
+  CHECK(d.get_double("x") == 0.5);
+  CHECK(d.get_bool("b") == true);
+  CHECK(d.get_string("s") == "a");
+
+  auto err = [&](const char* yaml) {
+    return error_of([&] { Options::validate(YAML::Load(yaml), schema, "f.yaml", "sec"); });
+  };
+  CHECK(err("{free: z, n: 9}").rfind("f.yaml:1:14: sec.n: value 9 is out of range [1, 8]", 0) == 0);
+  CHECK(err("{free: z, n: 1.5}").find("sec.n: expected an integer, got '1.5'") != std::string::npos);
+  CHECK(err("{free: z, x: .nan}").find("sec.x: expected a number") != std::string::npos);
+  CHECK(err("{free: z, x: -0.1}").find("out of range [0, 1]") != std::string::npos);
+  CHECK(err("{free: z, b: maybe}").find("sec.b: expected a bool") != std::string::npos);
+  CHECK(err("{free: z, s: c}").find("sec.s: 'c' is not one of a|b") != std::string::npos);
+  CHECK(err("{free: [1]}").find("sec.free: expected a string, got a list") != std::string::npos);
+  CHECK(err("{n: 2}").find("sec: missing required option 'free'") != std::string::npos);
+  CHECK(err("{free: z, nn: 2}").find("unknown key 'nn' in sec; valid keys: n, x, b, s, free (did you mean 'n'?)") !=
+        std::string::npos);
+  CHECK(err("[1, 2]").find("sec: expected a map of options, got a list") != std::string::npos);
+  CHECK(err("{free: z, free: y}").find("duplicate key 'free'") != std::string::npos);
+}
+
+TEST_CASE("specs_from_c reads only the fields struct_size covers") {
+  dopt_option_spec specs[2] = {
+      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "full", DOPT_OPTION_STRING, "a", 0, -1, "a|b", "help text"},
+      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "n", DOPT_OPTION_INT, nullptr, 2, 3, nullptr, nullptr},
+  };
+  auto v = distopt::specs_from_c(specs, 2);
+  REQUIRE(v.size() == 2);
+  CHECK(v[0].choices == std::vector<std::string>{"a", "b"});
+  CHECK(v[0].help == "help text");
+  CHECK_FALSE(v[1].default_value.has_value());
+  CHECK(v[1].min_value == 2);
+  CHECK(v[1].max_value == 3);
+
+  // A struct_size ending before `choices` hides choices and help.
+  dopt_option_spec shortspec = specs[0];
+  shortspec.struct_size = DOPT_STRUCT_SIZE_UPTO(dopt_option_spec, max_value);
+  auto s = distopt::specs_from_c(&shortspec, 1);
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].name == "full");
+  CHECK(s[0].choices.empty());
+  CHECK(s[0].help.empty());
+}
+
+TEST_CASE("bucket and optimizer option schemas") {
+  const auto& b = distopt::bucket_option_specs();
+  REQUIRE(b.size() == 3);
+  CHECK(b[0].name == "bucket_cap_mb");
+  CHECK(b[0].type == DOPT_OPTION_DOUBLE);
+  CHECK(b[0].default_value.value_or("") == "25");
+  CHECK(b[1].name == "align_bytes");
+  CHECK(b[1].default_value.value_or("") == "8");
+  CHECK(b[2].name == "overlap");
+  CHECK(b[2].type == DOPT_OPTION_BOOL);
+
+  for (const char* n : {"sgd", "adam", "adamw", "adagrad", "rmsprop"}) {
+    CAPTURE(n);
+    const auto& s = distopt::optimizer_option_specs(n);
+    REQUIRE(!s.empty());
+    CHECK(s[0].name == "lr");
+  }
+  CHECK(distopt::optimizer_option_specs("adam")[0].default_value.value_or("") == "0.001");
+  CHECK_THROWS_AS(distopt::optimizer_option_specs("lbfgs"), ConfigError);
+}
+
+TEST_CASE("distopt check accepts good configs and prints the summary") {
+  const std::string full = (kTestDir / "good" / "full.yaml").string();
+  auto r = cli({"check", full, "--plugin-path", kMockDir});
+  CAPTURE(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find(full + ": OK (communicator mock, reducer mock, algorithm mock, optimizer adam, world size 3)") !=
+        std::string::npos);
+
+  const std::string req = (kTestDir / "good" / "required.yaml").string();
+  r = cli({"check", req, "--plugin-path", kMockDir});
+  CAPTURE(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("OK (communicator mock_minor, reducer mock, algorithm mock_req, optimizer sgd, world size 1)") !=
+        std::string::npos);
+
+  // The plugin dir can also come from $DISTOPT_PLUGIN_PATH.
+  r = distopt::test::run_command({distopt::test::env_path("DISTOPT_CLI"), "check", req},
+                                 {"DISTOPT_PLUGIN_PATH=" + kMockDir, "DISTOPT_LOG_LEVEL=error"});
+  CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("distopt check: usage errors") {
+  auto r = cli({"check"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("missing JOB.yaml") != std::string::npos);
+  r = cli({"check", "a.yaml", "--no-such-flag"});
+  CHECK(r.exit_code == 2);
+  r = cli({"check", "/nonexistent/job.yaml"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("/nonexistent/job.yaml: cannot read the job file") != std::string::npos);
+  // Without the mock plugins the default components are not found either.
+  r = cli({"check", (kTestDir / "good" / "full.yaml").string()});
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("full.yaml:8:22: communicator.name: no communicator named 'mock'") != std::string::npos);
+}
+
+TEST_CASE("distopt plugins lists components, options and skipped files") {
+  auto r = cli({"plugins", "--plugin-path", kMockDir});
+  CAPTURE(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("Components (6)") != std::string::npos);
+  CHECK(r.output.find(kMockDir + "/libdistopt_mock.so") != std::string::npos);
+  CHECK(r.output.find("compression level") != std::string::npos);
+  CHECK(r.output.find("fast|slow") != std::string::npos);
+  CHECK(r.output.find("(required)") != std::string::npos);
+  CHECK(r.output.find("bucket_cap_mb") != std::string::npos);
+  CHECK(r.output.find("Skipped (9)") != std::string::npos);
+  CHECK(r.output.find(kMockDir + "/libdistopt_mock_nullfn.so: component 'mock_nullfn': communicator vtable field "
+                                 "'allreduce' is NULL") != std::string::npos);
+
+  r = cli({"plugins", "--plugin-path", kMockDir, "--json"});
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.output);  // nothing but JSON on stdout
+  REQUIRE(j["components"].size() == 6);
+  REQUIRE(j["skipped"].size() == 9);
+  bool found = false;
+  for (const auto& c : j["components"]) {
+    if (c["kind"] == "reducer" && c["name"] == "mock") {
+      found = true;
+      CHECK(c["abi"] == "1.0");
+      CHECK(c["file"] == kMockDir + "/libdistopt_mock.so");
+      REQUIRE(c["options"].size() == 4);
+      CHECK(c["options"][0]["name"] == "level");
+      CHECK(c["options"][0]["type"] == "int");
+      CHECK(c["options"][0]["default"] == "3");
+      CHECK(c["options"][0]["range"][1] == "10");
+      CHECK(c["options"][2]["choices"][1] == "slow");
+    }
+    if (c["name"] == "mock_minor") CHECK(c["abi"] == "1.1");
+  }
+  CHECK(found);
+  for (const auto& s : j["skipped"]) {
+    CHECK(s["file"].get<std::string>().rfind(kMockDir + "/", 0) == 0);
+    CHECK(!s["reason"].get<std::string>().empty());
+  }
+
+  // --config uses the job's plugins.paths (relative to the job file).
+  fs::path tmp = fs::temp_directory_path() / ("distopt-cfg-" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  std::ofstream(tmp / "job.yaml") << "plugins: {paths: [" << fs::relative(kMockDir, tmp).string() << "]}\n";
+  r = cli({"plugins", "--config", (tmp / "job.yaml").string(), "--json"});
+  fs::remove_all(tmp);
+  REQUIRE(r.exit_code == 0);
+  CHECK(nlohmann::json::parse(r.output)["components"].size() == 6);
+}
+
+TEST_CASE("the shipped example jobs pass distopt check against the project's plugins") {
+  const fs::path examples = fs::path(distopt::test::env_path("DISTOPT_SOURCE_DIR")) / "share/distopt/examples";
+  const std::string plugins = distopt::test::env_path("DISTOPT_PLUGIN_DIR");
+  distopt::PluginRegistry reg;
+  reg.discover({plugins});
+  if (!fs::is_directory(examples) || !reg.find(DOPT_KIND_COMMUNICATOR, "tcp") || !reg.find(DOPT_KIND_REDUCER, "mean") ||
+      !reg.find(DOPT_KIND_ALGORITHM, "allreduce")) {
+    MESSAGE("examples or the tcp/mean/allreduce plugins are not built here; nothing to check");
+    return;
+  }
+  for (const auto& e : fs::directory_iterator(examples)) {
+    if (e.path().extension() != ".yaml") continue;
+    CAPTURE(e.path());
+    auto r = cli({"check", e.path().string(), "--plugin-path", plugins});
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find(": OK (") != std::string::npos);
+  }
+}
