@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""Compare `distopt bench comm` with PyTorch's gloo allreduce, in one run.
+
+Runs, for each world size, distopt's benchmark (its JSON output) and then the
+same sizes through torch.distributed's gloo backend on 127.0.0.1, and prints
+one table: size, busbw of both (nccl-tests definition: algbw * 2(n-1)/n) and
+the ratio distopt / gloo.
+
+usage: tools/bench/compare_pytorch.py [--distopt build/bin/distopt] [-n 2 4]
+           [--min-bytes 4096] [--max-bytes 64M] [--communicator tcp] [--plugin-path DIR]
+Needs Debian's python3-torch (run with /usr/bin/python3).
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def parse_size(s):
+    mul = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    s = str(s)
+    if s[-1:].upper() in mul:
+        return int(float(s[:-1]) * mul[s[-1:].upper()])
+    return int(s)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def iters_for(nbytes):
+    # Same rule as `distopt bench comm`: 5..200 iterations, ~512 MiB per size.
+    return max(5, min(200, (512 << 20) // nbytes))
+
+
+def gloo_worker(rank, world, port, sizes, out_path):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+    rows = []
+    buf = torch.ones(max(sizes) // 4, dtype=torch.float32)
+    for nbytes in sizes:
+        count = nbytes // 4
+        count -= count % world
+        t = buf[:count]
+        for _ in range(2):
+            dist.all_reduce(t)
+        dist.barrier()
+        it = iters_for(nbytes)
+        t0 = time.perf_counter()
+        for _ in range(it):
+            dist.all_reduce(t)
+        secs = torch.tensor([(time.perf_counter() - t0) / it], dtype=torch.float64)
+        dist.all_reduce(secs, op=dist.ReduceOp.MAX)  # the slowest rank, as distopt reports
+        algbw = count * 4 / secs.item() / 1e9
+        rows.append({"bytes": count * 4, "time_us": secs.item() * 1e6, "algbw_gbs": algbw,
+                     "busbw_gbs": algbw * 2 * (world - 1) / world})
+    dist.barrier()
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+def run_gloo(world, sizes):
+    port = free_port()
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    procs = [subprocess.Popen([sys.executable, __file__, "--gloo-worker", str(r), str(world), str(port), out,
+                               ",".join(map(str, sizes))]) for r in range(world)]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        sys.exit("gloo benchmark failed (exit codes %s)" % codes)
+    with open(out) as f:
+        rows = json.load(f)
+    os.unlink(out)
+    return rows
+
+
+def run_distopt(args, world):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [args.distopt, "bench", "comm", "--communicator", args.communicator, "-n", str(world),
+           "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--json", out]
+    for p in args.plugin_path or []:
+        cmd += ["--plugin-path", p]
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if res.returncode != 0:
+        sys.exit("distopt bench comm failed:\n" + res.stdout)
+    with open(out) as f:
+        rows = json.load(f)["rows"]
+    os.unlink(out)
+    return rows
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--gloo-worker":
+        rank, world, port, out, sizes = sys.argv[2:7]
+        gloo_worker(int(rank), int(world), int(port), [int(s) for s in sizes.split(",")], out)
+        return
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--distopt", default=os.path.join(root, "build", "bin", "distopt"), help="the distopt binary")
+    ap.add_argument("-n", "--nranks", type=int, nargs="+", default=[2, 4], help="world sizes (2 4)")
+    ap.add_argument("--min-bytes", default="4096")
+    ap.add_argument("--max-bytes", default="64M")
+    ap.add_argument("--communicator", default="tcp")
+    ap.add_argument("--plugin-path", action="append", help="plugin directory for distopt (repeatable)")
+    args = ap.parse_args()
+    lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
+    for world in args.nranks:
+        d = run_distopt(args, world)
+        sizes = [r["bytes"] for r in d]
+        g = run_gloo(world, sizes)
+        print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt %s vs PyTorch %s gloo" %
+              (world, args.communicator, __import__("torch").__version__))
+        print("# %12s %12s %14s %14s %8s" % ("size(B)", "time(us)", "distopt busbw", "gloo busbw", "ratio"))
+        for a, b in zip(d, g):
+            print("  %12d %12.1f %14.3f %14.3f %8.2f" % (a["bytes"], a["time_us"], a["busbw_gbs"], b["busbw_gbs"],
+                                                        a["busbw_gbs"] / b["busbw_gbs"]))
+        print()
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
