@@ -1,44 +1,18 @@
 // `distopt launch`: the real CLI on real processes.
 #include <doctest/doctest.h>
 
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <fstream>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include <cstring>  // multiproc.hpp uses strdup without including it
+#include "cli_util.hpp"
 
-#include "multiproc.hpp"
-
-using distopt::test::env_path;
 using distopt::test::ProcResult;
 using distopt::test::run_command;
+using namespace distopt::test::cli;
 
 namespace {
-
-std::string cli() {
-  std::string c = env_path("DISTOPT_CLI");
-  REQUIRE_MESSAGE(!c.empty(), "DISTOPT_CLI is not set (run through ctest)");
-  return c;
-}
-
-std::vector<std::string> lines_of(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream is(s);
-  for (std::string l; std::getline(is, l);) out.push_back(l);
-  return out;
-}
 
 // Pids printed by ranks as "ready <pid>".
 std::vector<pid_t> ready_pids(const std::string& out) {
@@ -48,81 +22,6 @@ std::vector<pid_t> ready_pids(const std::string& out) {
     pids.push_back(static_cast<pid_t>(std::stol((*it)[1])));
   return pids;
 }
-
-// Alive = exists and is not a zombie (a killed orphan may wait for a reaper).
-bool process_exists(pid_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  std::getline(stat, text);
-  size_t close_paren = text.rfind(')');
-  if (close_paren == std::string::npos || close_paren + 2 >= text.size()) return false;  // gone meanwhile
-  return text[close_paren + 2] != 'Z';
-}
-
-// Start the launcher in the background with its output on a pipe, so the
-// test can signal it while it runs.
-struct Background {
-  pid_t pid = -1;
-  int fd = -1;
-  std::string output;
-
-  explicit Background(const std::vector<std::string>& argv) {
-    int fds[2];
-    REQUIRE(pipe(fds) == 0);
-    pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      setpgid(0, 0);
-      dup2(fds[1], 1);
-      dup2(fds[1], 2);
-      close(fds[0]);
-      close(fds[1]);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execvp(args[0], args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    fd = fds[0];
-    fcntl(fd, F_SETFL, O_NONBLOCK);
-  }
-  // Read output until `pred(output)` holds or the time is up (hang guard).
-  template <class Pred>
-  bool read_until(Pred pred, std::chrono::seconds limit) {
-    auto deadline = std::chrono::steady_clock::now() + limit;
-    char buf[4096];
-    while (!pred(output)) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      pollfd p{fd, POLLIN, 0};
-      poll(&p, 1, 50);
-      ssize_t k;
-      while ((k = read(fd, buf, sizeof buf)) > 0) output.append(buf, static_cast<size_t>(k));
-      if (k == 0) return pred(output);
-    }
-    return true;
-  }
-  // Wait for exit (hang guard: SIGKILL the group after `limit`); returns the
-  // exit code, 128 + signal, or -1 if it had to be killed.
-  int wait(std::chrono::seconds limit) {
-    read_until([](const std::string&) { return false; }, limit);  // until EOF or limit
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    int st = 0;
-    for (;;) {
-      pid_t w = waitpid(pid, &st, WNOHANG);
-      if (w == pid) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(-pid, SIGKILL);
-        waitpid(pid, &st, 0);
-        return -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    close(fd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  }
-};
 
 }  // namespace
 

@@ -13,36 +13,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cstring>  // multiproc.hpp uses strdup without including it
-
-#include "multiproc.hpp"
+#include "cli_util.hpp"
 
 namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::ProcResult;
+using namespace distopt::test::cli;
 using distopt::test::run_command;
 using nlohmann::json;
 
 namespace {
 
 const char* kData = "/usr/share/datasets/fashion-mnist";
-
-std::string cli() {
-  std::string c = env_path("DISTOPT_CLI");
-  REQUIRE_MESSAGE(!c.empty(), "DISTOPT_CLI is not set (run through ctest)");
-  return c;
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/distopt_train_test_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 struct Job {
   int world = 2;
@@ -55,11 +37,13 @@ struct Job {
 };
 
 // A job file whose plugins come from the build tree ($DISTOPT_PLUGIN_DIR).
-std::string write_job(const TempDir& t, const Job& j, const std::string& name = "job.yaml") {
+// With `with_plugins` false the file names no plugin directory.
+std::string write_job(const TempDir& t, const Job& j, const std::string& name = "job.yaml", bool with_plugins = true) {
   std::string plugins = env_path("DISTOPT_PLUGIN_DIR");
   REQUIRE_MESSAGE(!plugins.empty(), "DISTOPT_PLUGIN_DIR is not set (run through ctest)");
   std::ostringstream y;
-  y << "plugins: {paths: [" << plugins << "]}\n"
+  if (with_plugins) y << "plugins: {paths: [" << plugins << "]}\n";
+  y
     << "world: {size: " << j.world << ", timeout_s: " << j.timeout_s << "}\n"
     << "communicator: {name: tcp}\n"
     << "reducer: {name: mean}\n"
@@ -259,4 +243,46 @@ TEST_CASE("distopt train rejects bad usage and bad files") {
   j.world = 1;
   ProcResult steps = run_command({cli(), "train", write_job(t, j), "--max-steps", "-3"});
   CHECK(steps.exit_code == 2);
+}
+
+TEST_CASE("--plugin-path adds a plugin directory the job file does not name") {
+  if (!have_data()) {
+    MESSAGE("dataset-fashion-mnist is not installed; skipping");
+    return;
+  }
+  TempDir t;
+  Job j;
+  j.world = 1;
+  j.max_steps = 3;
+  std::string cfg = write_job(t, j, "job.yaml", /*with_plugins=*/false);
+  ProcResult r = run_command({cli(), "train", cfg, "--plugin-path", env_path("DISTOPT_PLUGIN_DIR"), "--epochs", "1"},
+                             {"DISTOPT_PLUGIN_PATH="}, std::chrono::seconds(120));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("summary: 1 rank(s), 3 steps") != std::string::npos);
+}
+
+TEST_CASE("Ctrl-C (SIGINT) to distopt train stops every rank and exits 130") {
+  if (!have_data()) {
+    MESSAGE("dataset-fashion-mnist is not installed; skipping");
+    return;
+  }
+  TempDir t;
+  Job j;
+  j.max_steps = 0;  // a whole epoch: far longer than the test needs
+  j.epochs = 5;
+  std::string cfg = write_job(t, j);
+  Background b({cli(), "train", cfg});
+  // Wait until both ranks train (rank 0 prints progress lines).
+  REQUIRE(b.read_until([](const std::string& o) { return o.find("[rank 0] epoch 1/5 step 10/") != std::string::npos; },
+                       std::chrono::seconds(120)));
+  auto ranks = children_of(b.pid);
+  CHECK(ranks.size() == 2);
+  REQUIRE(kill(b.pid, SIGINT) == 0);
+  int rc = b.wait(std::chrono::seconds(60));
+  INFO(b.output);
+  CHECK(rc == 130);
+  CHECK(b.output.find("interrupted") != std::string::npos);
+  CHECK(b.output.find("summary") == std::string::npos);
+  for (pid_t p : ranks) CHECK_MESSAGE(!process_exists(p), "rank process " << p << " survived");
 }
