@@ -189,8 +189,8 @@ void TcpComm::run_op(Op& op) {
 
 RingResult TcpComm::run(const RingPlan& plan, Clock::time_point deadline) {
   RingIo io;
-  io.send_fd = plan.send_peer >= 0 ? mesh_.data[plan.send_peer] : -1;
-  io.recv_fd = plan.recv_peer >= 0 ? mesh_.data[plan.recv_peer] : -1;
+  io.send_fd = plan.send_peer >= 0 ? mesh_.out[plan.send_peer] : -1;
+  io.recv_fd = plan.recv_peer >= 0 ? mesh_.in[plan.recv_peer] : -1;
   io.staging = staging_.data();
   io.staging_bytes = staging_.size();
   io.max_io = static_cast<size_t>(std::max<int64_t>(cfg_.max_io_bytes, 4096));

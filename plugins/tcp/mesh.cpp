@@ -63,7 +63,7 @@ std::string read_hello(int fd, const MeshArgs& a, int* peer, int* channel) {
   uint32_t r = 0;
   uint8_t ch = 0;
   if (!recv_exact(fd, &r, 4, dl, &why) || !recv_exact(fd, &ch, 1, dl, &why)) return "truncated hello: " + why;
-  if (static_cast<int>(r) <= a.rank || static_cast<int>(r) >= a.world_size || ch > 1)
+  if (static_cast<int>(r) <= a.rank || static_cast<int>(r) >= a.world_size || ch > 2)
     return "unexpected rank " + std::to_string(r) + " / channel " + std::to_string(ch);
   *peer = static_cast<int>(r);
   *channel = ch;
@@ -73,7 +73,7 @@ std::string read_hello(int fd, const MeshArgs& a, int* peer, int* channel) {
 }  // namespace
 
 void Mesh::close_all() {
-  for (auto* v : {&data, &ctrl})
+  for (auto* v : {&out, &in, &ctrl})
     for (int& fd : *v)
       if (fd >= 0) {
         ::close(fd);
@@ -83,8 +83,16 @@ void Mesh::close_all() {
 
 Mesh build_mesh(const MeshArgs& a) {
   Mesh m;
-  m.data.assign(a.world_size, -1);
+  m.out.assign(a.world_size, -1);
+  m.in.assign(a.world_size, -1);
   m.ctrl.assign(a.world_size, -1);
+  // Channels, named from the connecting (higher) rank's side:
+  // 0 = its outgoing data, 1 = control, 2 = its incoming data.
+  auto slot = [&](int ch, bool connector, int peer) -> int& {
+    if (ch == 1) return m.ctrl[peer];
+    bool outgoing = (ch == 0) == connector;
+    return outgoing ? m.out[peer] : m.in[peer];
+  };
   if (a.world_size == 1) return m;
   int port = 0;
   int lfd = listen_any(a.bind_address, a.sockets, &port);
@@ -100,7 +108,7 @@ Mesh build_mesh(const MeshArgs& a) {
       auto colon = addr.rfind(':');
       std::string host = addr.substr(0, colon);
       int pport = std::atoi(addr.c_str() + colon + 1);
-      for (uint8_t ch = 0; ch < 2; ++ch) {
+      for (uint8_t ch = 0; ch < 3; ++ch) {
         int fd = connect_retry(host, pport, a.sockets, a.deadline);
         std::string h = hello(a, ch), why;
         char ack = 0;
@@ -110,18 +118,18 @@ Mesh build_mesh(const MeshArgs& a) {
           throw std::runtime_error("rank " + std::to_string(p) + " at " + addr + " refused the connection (" +
                                    (why.empty() ? "bad reply" : why) + ")");
         }
-        (ch == 0 ? m.data : m.ctrl)[p] = fd;
+        slot(ch, true, p) = fd;
       }
     }
-    // Higher ranks: accept until each has both channels.
-    int need = 2 * (a.world_size - 1 - a.rank);
+    // Higher ranks: accept until each has all three channels.
+    int need = 3 * (a.world_size - 1 - a.rank);
     while (need > 0) {
       int fd = accept_until(lfd, a.deadline);
       if (fd < 0)
         throw std::runtime_error("timed out waiting for " + std::to_string(need) + " connection(s) from higher ranks");
       int peer = -1, ch = -1;
       std::string why = read_hello(fd, a, &peer, &ch);
-      if (why.empty() && (ch == 0 ? m.data : m.ctrl)[peer] >= 0) why = "duplicate connection from rank " + std::to_string(peer);
+      if (why.empty() && slot(ch, false, peer) >= 0) why = "duplicate connection from rank " + std::to_string(peer);
       if (!why.empty()) {
         log(DOPT_LOG_WARN, "refused connection from " + peer_address(fd) + ": " + why);
         ::close(fd);
@@ -132,7 +140,7 @@ Mesh build_mesh(const MeshArgs& a) {
         ::close(fd);
         throw std::runtime_error("rank " + std::to_string(peer) + " dropped its connection during the handshake");
       }
-      (ch == 0 ? m.data : m.ctrl)[peer] = fd;
+      slot(ch, false, peer) = fd;
       --need;
     }
   } catch (...) {
@@ -143,7 +151,8 @@ Mesh build_mesh(const MeshArgs& a) {
   ::close(lfd);
   for (int p = 0; p < a.world_size; ++p) {
     if (p == a.rank) continue;
-    set_nonblocking(m.data[p], true);
+    set_nonblocking(m.out[p], true);
+    set_nonblocking(m.in[p], true);
     set_nonblocking(m.ctrl[p], true);
   }
   return m;

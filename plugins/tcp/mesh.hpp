@@ -1,5 +1,5 @@
-// Establishing the full mesh: every pair of ranks gets a data connection (raw
-// collective streams) and a control connection (framed p2p messages, goodbye
+// Establishing the full mesh: every pair of ranks gets two one-way data connections
+// (raw collective streams) and a control connection (framed p2p messages, goodbye
 // and abort notices). Addresses are exchanged through the rendezvous store.
 #pragma once
 
@@ -23,8 +23,11 @@ struct MeshArgs {
 };
 
 struct Mesh {
-  std::vector<int> data;  ///< data[p]: fd to rank p (-1 for self)
-  std::vector<int> ctrl;  ///< ctrl[p]: fd to rank p (-1 for self)
+  /// Data connections are one-way: out[p] carries this rank's bytes to rank p,
+  /// in[p] rank p's bytes to this rank. A TCP connection busy in both
+  /// directions at once is markedly slower on loopback than two one-way ones.
+  std::vector<int> out, in;
+  std::vector<int> ctrl;  ///< ctrl[p]: framed control connection to rank p (-1 for self)
   void close_all();
 };
 
