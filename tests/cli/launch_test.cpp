@@ -79,6 +79,20 @@ TEST_CASE("launch --config and --port reach the ranks") {
   CHECK(r.output.find("[rank 1] " + want) != std::string::npos);
 }
 
+TEST_CASE("launch --config without -n starts world.size ranks") {
+  TempDir t;
+  std::string cfg = t.file("job.yaml");
+  std::ofstream(cfg) << "world: {size: 3}\n";
+  ProcResult r = run_command({cli(), "launch", "--config", cfg, "--", "sh", "-c", "echo ws=$DISTOPT_WORLD_SIZE"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  for (int k = 0; k < 3; ++k) CHECK(r.output.find("[rank " + std::to_string(k) + "] ws=3") != std::string::npos);
+  std::ofstream(cfg) << "world: {size: many}\n";
+  ProcResult bad = run_command({cli(), "launch", "--config", cfg, "--", "true"});
+  CHECK(bad.exit_code == 1);
+  CHECK(bad.output.find(cfg) != std::string::npos);  // the config error names the file
+}
+
 TEST_CASE("a rank exiting non-zero stops its sleeping siblings and fails the job, naming the rank") {
   // Rank 1 fails at once; ranks 0 and 2 would sleep 60 s. The 30 s limit is a
   // hang guard: if the siblings were not stopped the command would take 60 s.

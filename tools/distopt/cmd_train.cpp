@@ -42,7 +42,8 @@ int cmd_train(int argc, char** argv) {
       "Train the job's model on Fashion-MNIST with its distributed optimizer. Started without a\n"
       "launcher and with world.size > 1, it starts world.size local ranks itself (as\n"
       "`distopt launch` does); under a launcher (distopt launch, torchrun, srun, mpirun) it\n"
-      "runs as the rank the environment names.\n\noptions");
+      "runs as the rank the environment names. Test-only: DISTOPT_FAULT_INJECT=exit:RANK:STEP makes\n"
+      "rank RANK exit with code 137 at global step STEP.\n\noptions");
   desc.add_options()("help,h", "show this help")(
       "data", po::value<std::string>(&data), "Fashion-MNIST directory (default: train.data_dir)")(
       "metrics", po::value<std::string>(&metrics), "write per-epoch and summary metrics as JSON lines")(
