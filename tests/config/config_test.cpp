@@ -242,6 +242,10 @@ TEST_CASE("Options::validate: types, ranges, choices, defaults, getters") {
     return error_of([&] { Options::validate(YAML::Load(yaml), schema, "f.yaml", "sec"); });
   };
   CHECK(err("{free: z, n: 9}").rfind("f.yaml:1:14: sec.n: value 9 is out of range [1, 8]", 0) == 0);
+  CHECK(Options::validate(YAML::Load("{free: z, n: 08}"), schema, "f", "sec").get_int("n") == 8);  // decimal, not octal
+  CHECK(Options::validate(YAML::Load("{free: z, n: +2, x: 1e-1}"), schema, "f", "sec").get_double("x") == 0.1);
+  CHECK(err("{free: z, n: 0x4}").find("sec.n: expected an integer, got '0x4'") != std::string::npos);
+  CHECK(err("{free: z, n: 99999999999999999999}").find("expected an integer") != std::string::npos);
   CHECK(err("{free: z, n: 1.5}").find("sec.n: expected an integer, got '1.5'") != std::string::npos);
   CHECK(err("{free: z, x: .nan}").find("sec.x: expected a number") != std::string::npos);
   CHECK(err("{free: z, x: -0.1}").find("out of range [0, 1]") != std::string::npos);

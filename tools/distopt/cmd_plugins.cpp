@@ -2,6 +2,7 @@
 // file, option schemas) and what it skipped, and why.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -33,8 +34,15 @@ const char* type_name(dopt_option_type t) {
 
 std::string number(double v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
+  char buf[40];
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {  // integers in full: 1073741824, not 1.07374e+09
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  for (int prec = 1; prec <= 17; ++prec) {  // the shortest text that reads back as v
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
   return buf;
 }
 

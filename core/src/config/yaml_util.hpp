@@ -3,6 +3,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -58,10 +60,19 @@ inline std::optional<bool> to_bool(const YAML::Node& node) {
   return std::nullopt;
 }
 
+/// A decimal integer ("-12", "+3"); not yaml-cpp's stream parse, which would
+/// read "010" as octal 8.
 inline std::optional<int64_t> to_int(const YAML::Node& node) {
-  long long v = 0;
-  if (is_plain_scalar(node) && YAML::convert<long long>::decode(node, v)) return static_cast<int64_t>(v);
-  return std::nullopt;
+  if (!is_plain_scalar(node)) return std::nullopt;
+  const std::string& s = node.Scalar();
+  size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+  if (i == s.size()) return std::nullopt;
+  for (size_t k = i; k < s.size(); ++k)
+    if (s[k] < '0' || s[k] > '9') return std::nullopt;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), nullptr, 10);
+  if (errno == ERANGE) return std::nullopt;
+  return static_cast<int64_t>(v);
 }
 
 /// A number (an integer scalar is accepted); NaN is refused.
