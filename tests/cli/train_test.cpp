@@ -286,3 +286,27 @@ TEST_CASE("Ctrl-C (SIGINT) to distopt train stops every rank and exits 130") {
   CHECK(b.output.find("summary") == std::string::npos);
   for (pid_t p : ranks) CHECK_MESSAGE(!process_exists(p), "rank process " << p << " survived");
 }
+
+TEST_CASE("the cnn model trains with Adam on 2 ranks") {
+  if (!have_data()) {
+    MESSAGE("dataset-fashion-mnist is not installed; skipping");
+    return;
+  }
+  TempDir t;
+  Job j;
+  j.model = "cnn";
+  j.optimizer = "{name: adam, lr: 1.0e-3}";
+  j.max_steps = 15;
+  std::string metrics = t.file("m.jsonl");
+  ProcResult r = run_command({cli(), "train", write_job(t, j), "--metrics", metrics}, {}, std::chrono::seconds(300));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("model cnn (215370 parameters)") != std::string::npos);
+  auto m = read_metrics(metrics);
+  REQUIRE(m.size() == 2);
+  CHECK(m[1]["model"] == "cnn");
+  CHECK(m[1]["optimizer"] == "adam");
+  CHECK(m[0]["test_accuracy"].get<double>() > 0.3);  // chance is 0.1
+  // Adam keeps two moments per parameter.
+  CHECK(m[1]["state_bytes_per_rank"][0].get<double>() >= 2 * 215370.0 * 4);
+}
