@@ -208,7 +208,8 @@ TEST_CASE("validate_job: unknown names list what is available, at the name's lin
   // An empty registry says so and suggests where plugins come from.
   distopt::PluginRegistry empty;
   m = error_of([&] { distopt::validate_job(distopt::parse_job_config(""), empty); });
-  CHECK(m.find("no communicator named 'tcp'") != std::string::npos);
+  CHECK(m.find("communicator (not set in the file; the default is 'tcp'): no communicator named 'tcp'") !=
+        std::string::npos);
   CHECK(m.find("no plugin libraries were found") != std::string::npos);
 }
 

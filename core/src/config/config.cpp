@@ -323,10 +323,14 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) 
                        const ComponentConfig& cc) -> const ComponentInfo& {
     if (const ComponentInfo* c = registry.find(kind, cc.name)) return *c;
     YAML::Mark m = mark_of(child(child(cfg.root, section), "name"), cc.mark);
+    // A section the file leaves out selects the default component: say so.
+    const std::string what = child(cfg.root, section).IsDefined()
+                                 ? std::string(section) + ".name: "
+                                 : std::string(section) + " (not set in the file; the default is '" + cc.name + "'): ";
     try {
       registry.get(kind, cc.name);  // throws with what is available and what was skipped
     } catch (const PluginError& e) {
-      fail(file, m, std::string(section) + ".name: " + e.what());
+      fail(file, m, what + e.what());
     }
     fail(file, m, std::string(section) + ".name: no " + kind_name(kind) + " named '" + cc.name + "'");
   };
