@@ -1,6 +1,7 @@
 // The training loop of `distopt train` (one rank).
 #include "train/trainer.hpp"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -142,6 +143,12 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
   const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
   const int64_t threads = tc.threads > 0 ? tc.threads : std::max<int64_t>(1, cores / std::max(1, proc.local_world_size));
   at::set_num_threads(static_cast<int>(threads));
+  // Debian's libtorch calls BLAS through libblas.so.3; when that is OpenBLAS
+  // (the pthread build) it keeps its own thread pool, which at::set_num_threads
+  // does not size: ranks x BLAS threads would then oversubscribe the cores.
+  using SetBlasThreads = void (*)(int);
+  if (auto set_blas = reinterpret_cast<SetBlasThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+    set_blas(static_cast<int>(threads));
 
   Runtime rt = Runtime::from_config(cfg);
   const int rank = rt.rank(), world = rt.world_size();
