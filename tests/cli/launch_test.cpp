@@ -1,6 +1,8 @@
 // `distopt launch`: the real CLI on real processes.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <regex>
 #include <set>
 #include <string>
@@ -66,6 +68,18 @@ TEST_CASE("launch prefixes every output line with the rank and sets the rank env
   std::smatch m;
   REQUIRE(std::regex_search(r2.output, m, std::regex("tok=([0-9a-f]{32})")));
   CHECK(tokens.count(m[1]) == 0);
+}
+
+TEST_CASE("launch splits the cores between the ranks unless OMP_NUM_THREADS is set") {
+  ProcResult given = run_command({cli(), "launch", "-n", "2", "--", "sh", "-c", "echo omp=$OMP_NUM_THREADS"},
+                                 {"OMP_NUM_THREADS=3"});
+  CHECK(given.exit_code == 0);
+  CHECK(given.output.find("[rank 1] omp=3") != std::string::npos);
+  if (std::getenv("OMP_NUM_THREADS")) return;  // cannot unset it for run_command
+  ProcResult dflt = run_command({cli(), "launch", "-n", "2", "--", "sh", "-c", "echo omp=$OMP_NUM_THREADS"});
+  INFO(dflt.output);
+  long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  CHECK(dflt.output.find("[rank 0] omp=" + std::to_string(std::max(1L, cores / 2)) + "\n") != std::string::npos);
 }
 
 TEST_CASE("launch --config and --port reach the ranks") {

@@ -30,7 +30,8 @@ int cmd_launch(int argc, char** argv) {
       "usage: distopt launch -n N [--config JOB.yaml] [--port P] [--timeout S] -- PROGRAM ARGS...\n\n"
       "Start N ranks of PROGRAM on this host. Each gets DISTOPT_RANK, DISTOPT_WORLD_SIZE,\n"
       "DISTOPT_LOCAL_RANK, DISTOPT_LOCAL_WORLD_SIZE, DISTOPT_RENDEZVOUS=tcp://127.0.0.1:PORT,\n"
-      "DISTOPT_JOB_TOKEN (random per job) and DISTOPT_CONFIG (with --config). Output lines are\n"
+      "DISTOPT_JOB_TOKEN (random per job), DISTOPT_CONFIG (with --config) and, unless already\n"
+      "set, OMP_NUM_THREADS = max(1, cores / N). Output lines are\n"
       "prefixed with \"[rank r] \". If a rank fails, the others are stopped and launch exits 1;\n"
       "Ctrl-C stops every rank and exits 130; --timeout exits 124.\n\noptions");
   desc.add_options()("help,h", "show this help")(

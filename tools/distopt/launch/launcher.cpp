@@ -12,9 +12,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -226,6 +228,12 @@ int run(const LaunchOptions& o) {
   std::vector<char*> argv;
   for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // Like torchrun: ranks sharing the host split its cores unless told
+  // otherwise (OpenMP, and OpenBLAS, which also reads OMP_NUM_THREADS).
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const bool set_omp = !(omp && *omp);
+  const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  const std::string omp_threads = std::to_string(std::max(1L, cores / n));
   std::vector<std::vector<std::string>> envs(n);
   std::vector<std::vector<char*>> envps(n);
   for (int r = 0; r < n; ++r) {
@@ -238,6 +246,7 @@ int run(const LaunchOptions& o) {
         {"DISTOPT_JOB_TOKEN", token},
     };
     if (!o.config.empty()) vars.emplace_back("DISTOPT_CONFIG", o.config);
+    if (set_omp) vars.emplace_back("OMP_NUM_THREADS", omp_threads);
     for (const auto& kv : o.extra_env) vars.push_back(kv);
     envs[r] = child_env(vars);
     for (auto& s : envs[r]) envps[r].push_back(s.data());

@@ -33,7 +33,11 @@ struct LaunchOptions {
 };
 
 /// Start the ranks and supervise them until all are gone. Blocks; returns one
-/// of the kExit* codes. Every rank runs in its own process group (so a rank's
+/// of the kExit* codes. Each rank gets DISTOPT_RANK, DISTOPT_WORLD_SIZE,
+/// DISTOPT_LOCAL_RANK, DISTOPT_LOCAL_WORLD_SIZE, DISTOPT_RENDEZVOUS
+/// (tcp://127.0.0.1:port), DISTOPT_JOB_TOKEN, DISTOPT_CONFIG (if set), and,
+/// unless the launcher's environment sets it, OMP_NUM_THREADS = max(1, cores / N)
+/// so ranks do not oversubscribe the cores (torchrun does the same). Every rank runs in its own process group (so a rank's
 /// own children are stopped with it) with stdin from /dev/null, and dies with
 /// the launcher (PR_SET_PDEATHSIG) if the launcher itself is killed. Each line
 /// a rank writes to stdout / stderr is copied to the launcher's stdout / stderr
