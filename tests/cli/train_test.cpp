@@ -241,8 +241,15 @@ TEST_CASE("distopt train rejects bad usage and bad files") {
   CHECK(typo.output.find("modle") != std::string::npos);
   Job j;
   j.world = 1;
-  ProcResult steps = run_command({cli(), "train", write_job(t, j), "--max-steps", "-3"});
+  std::string job = write_job(t, j);
+  ProcResult steps = run_command({cli(), "train", job, "--max-steps", "-3"});
   CHECK(steps.exit_code == 2);
+  if (have_data()) {
+    ProcResult metrics = run_command({cli(), "train", job, "--metrics", "/nonexistent-dir/m.jsonl"});
+    INFO(metrics.output);
+    CHECK(metrics.exit_code == 1);
+    CHECK(metrics.output.find("cannot open metrics file /nonexistent-dir/m.jsonl") != std::string::npos);
+  }
 }
 
 TEST_CASE("--plugin-path adds a plugin directory the job file does not name") {

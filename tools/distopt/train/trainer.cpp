@@ -150,11 +150,13 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
   if (auto set_blas = reinterpret_cast<SetBlasThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
     set_blas(static_cast<int>(threads));
 
+  // Opened before the rendezvous, so a bad path fails before the other ranks wait.
+  MetricsWriter metrics;
+  if (proc.rank == 0 && !metrics_path.empty()) metrics = MetricsWriter(metrics_path);
+
   Runtime rt = Runtime::from_config(cfg);
   const int rank = rt.rank(), world = rt.world_size();
   const bool lead = rank == 0;
-  MetricsWriter metrics;
-  if (lead && !metrics_path.empty()) metrics = MetricsWriter(metrics_path);
 
   auto model = make_model(tc.model, rows, cols, FashionMnist::kNumClasses, tc.seed);
   DistributedOptimizer opt = rt.make_optimizer(*model);
