@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "distopt/error.hpp"
@@ -46,10 +47,20 @@ spdlog::level::level_enum to_spdlog(int level) {
   }
 }
 
+// Logs go to stderr so they never mix with a command's output (tables, JSON).
+spdlog::logger& logger() {
+  static std::shared_ptr<spdlog::logger> l = [] {
+    auto lg = spdlog::stderr_color_mt("distopt");
+    lg->set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+    return lg;
+  }();
+  return *l;
+}
+
 std::atomic<int>& log_level() {
   static std::atomic<int> level{[] {
     int l = level_from_env();
-    spdlog::set_level(to_spdlog(l));
+    logger().set_level(to_spdlog(l));
     return l;
   }()};
   return level;
@@ -226,12 +237,12 @@ void metrics_reset() {
 
 void set_log_level(int level) {
   log_level().store(level);
-  spdlog::set_level(to_spdlog(level));
+  logger().set_level(to_spdlog(level));
 }
 
 void log(int level, const std::string& who, const std::string& msg) {
   if (level < log_level().load(std::memory_order_relaxed)) return;
-  spdlog::log(to_spdlog(level), "[{}] {}", who, msg);
+  logger().log(to_spdlog(level), "[{}] {}", who, msg);
 }
 
 }  // namespace distopt

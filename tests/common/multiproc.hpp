@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -38,6 +40,9 @@ inline int random_port() {
 inline std::vector<int> fork_ranks(int n, const std::function<int(int)>& fn,
                                    std::chrono::seconds timeout = std::chrono::seconds(120)) {
   std::vector<pid_t> pids;
+  // Unflushed parent output would otherwise be printed again by every child.
+  fflush(stdout);
+  fflush(stderr);
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
@@ -89,6 +94,8 @@ inline ProcResult run_command(const std::vector<std::string>& argv,
                               std::chrono::seconds timeout = std::chrono::seconds(120)) {
   int fds[2];
   if (pipe(fds) != 0) return {};
+  fflush(stdout);
+  fflush(stderr);
   pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);

@@ -56,7 +56,9 @@ class PluginRegistry {
   const ComponentInfo& get(dopt_component_kind kind, const std::string& name) const;
 
   /// The search order: `config_paths` (YAML plugins.paths), then each entry
-  /// of $DISTOPT_PLUGIN_PATH (':'-separated), then <install libdir>/distopt/plugins.
+  /// of $DISTOPT_PLUGIN_PATH (':'-separated), then <libdir of this
+  /// libdistopt_core>/distopt/plugins (a relocated install), then the
+  /// configured install prefix's <libdir>/distopt/plugins. Duplicates dropped.
   static std::vector<std::string> search_path(const std::vector<std::string>& config_paths);
 
  private:

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
 #include "config/yaml_util.hpp"
@@ -371,6 +372,11 @@ std::vector<std::string> PluginRegistry::search_path(const std::vector<std::stri
       start = end + 1;
     }
   }
+  // The installation this libdistopt_core came from, even if it was moved
+  // after install (a relocated prefix): <its libdir>/distopt/plugins.
+  boost::system::error_code ec;
+  boost::dll::fs::path self = boost::dll::this_line_location(ec);
+  if (!ec) add((self.parent_path() / "distopt" / "plugins").string());
   add(DISTOPT_INSTALL_PLUGIN_DIR);
   return out;
 }
