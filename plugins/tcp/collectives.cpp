@@ -4,6 +4,10 @@
 // as ONE send stream and ONE receive stream per rank so the two phases and
 // all 2(n-1) steps pipeline into each other: whatever was just reduced is
 // forwarded to the next rank immediately.
+//
+// When every rank is on one host (shm_ set at create), allreduce,
+// reduce_scatter, allgather and broadcast go over shared memory instead
+// (shm_collectives.hpp); send/recv and barrier stay on TCP.
 #include <cstring>
 
 #include "comm.hpp"
@@ -48,6 +52,7 @@ std::shared_ptr<Request> TcpComm::allreduce(const DLTensor* send, DLTensor* recv
       divide(dt, r.data, s.data, N, 1);
       return res;
     }
+    if (shm_) return shm_->allreduce(s.data, r.data, N, dt, op, shm_ctx(deadline_after(cfg_.timeout_s)));
     // Chunk c: elements [c*N/n, (c+1)*N/n), balanced to within one element.
     std::vector<size_t> off(n + 1);
     for (int c = 0; c <= n; ++c) off[c] = (N / n * c + std::min<size_t>(c, N % n)) * esz;
@@ -97,6 +102,7 @@ std::shared_ptr<Request> TcpComm::reduce_scatter(const DLTensor* send, DLTensor*
       divide(dt, r.data, s.data, r.count, 1);
       return res;
     }
+    if (shm_) return shm_->reduce_scatter(s.data, r.data, r.count, dt, op, shm_ctx(deadline_after(cfg_.timeout_s)));
     // Step k receives block me-k-2; the last step's block is this rank's.
     // Partial sums of earlier steps live in scratch.
     char* tmp = scratch(len * static_cast<size_t>(n > 2 ? n - 2 : 0));
@@ -130,6 +136,7 @@ std::shared_ptr<Request> TcpComm::allgather(const DLTensor* send, DLTensor* recv
     const size_t len = s.bytes();
     RingResult res;
     if (len == 0) return res;
+    if (shm_ && n > 1) return shm_->allgather(s.data, r.data, len, shm_ctx(deadline_after(cfg_.timeout_s)));
     char* mine = r.data + static_cast<size_t>(me) * len;
     if (mine != s.data) std::memmove(mine, s.data, len);
     if (n == 1) return res;
@@ -156,6 +163,7 @@ std::shared_ptr<Request> TcpComm::broadcast(DLTensor* buf, int root) {
     const int n = world_, me = rank_;
     RingResult res;
     if (b.bytes() == 0 || n == 1) return res;
+    if (shm_) return shm_->broadcast(b.data, b.bytes(), root, shm_ctx(deadline_after(cfg_.timeout_s)));
     // A pipelined chain root -> root+1 -> ... -> root-1: each rank forwards
     // bytes as soon as they arrive.
     const int pos = mod(me - root, n);

@@ -35,15 +35,33 @@ TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
   } catch (const std::exception& e) {
     throw ApiError{DOPT_ERR_COMM, std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what()};
   }
+  std::unique_ptr<ShmTransport> shm;
   try {
-    return new TcpComm(args, cfg, std::move(mesh));
+    if (cfg.shm && args.world_size > 1) {
+      ShmSetup ss;
+      ss.rank = args.rank;
+      ss.world_size = args.world_size;
+      ss.store = args.store;
+      ss.scope = m.scope;
+      ss.segment_bytes = static_cast<size_t>(cfg.shm_bytes);
+      ss.timeout_s = cfg.timeout_s;
+      shm = ShmTransport::create(ss);
+    } else if (args.world_size > 1 && args.rank == 0) {
+      log(DOPT_LOG_INFO, "collectives over TCP: shared memory is turned off (shm: false)");
+    }
+  } catch (const std::exception& e) {
+    mesh.close_all();
+    throw ApiError{DOPT_ERR_COMM, std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what()};
+  }
+  try {
+    return new TcpComm(args, cfg, std::move(mesh), std::move(shm));
   } catch (...) {
     mesh.close_all();
     throw;
   }
 }
 
-TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh)
+TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh, std::unique_ptr<ShmTransport> shm)
     : rank_(args.rank),
       world_(args.world_size),
       cfg_(cfg),
@@ -51,7 +69,8 @@ TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh)
       scope_(args.scope ? args.scope : "tcp"),
       token_(args.job_token ? args.job_token : ""),
       bind_address_(args.bind_address && *args.bind_address ? args.bind_address : "127.0.0.1"),
-      mesh_(std::move(mesh)) {
+      mesh_(std::move(mesh)),
+      shm_(std::move(shm)) {
   size_t st = static_cast<size_t>(std::max<int64_t>(cfg_.chunk_bytes, 4096));
   staging_.resize(st - st % 8);
   abort_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -17,6 +17,7 @@
 #include "mesh.hpp"
 #include "request.hpp"
 #include "ring.hpp"
+#include "shm_collectives.hpp"
 
 namespace dopt_tcp {
 
@@ -28,6 +29,8 @@ struct Config {
   int64_t chunk_bytes = 256 << 10;  ///< reduction staging window / pipeline grain
   int64_t socket_buffer_bytes = 0;  ///< 0 = kernel autotuning
   int64_t max_io_bytes = 4 << 20;   ///< largest single send()/recv()
+  bool shm = true;                  ///< shared memory for collectives when all ranks share a host
+  int64_t shm_bytes = 8 << 20;      ///< per-rank shared segment (two slots)
 };
 
 /// An error for the caller of an API function, returned as status + message.
@@ -80,11 +83,12 @@ class TcpComm {
     std::function<RingResult()> body;
   };
 
-  TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh);
+  TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh, std::unique_ptr<ShmTransport> shm);
   std::shared_ptr<Request> enqueue(const std::string& name, std::function<RingResult()> body);
   void progress_loop();
   void run_op(Op& op);
   RingResult run(const RingPlan& plan, Clock::time_point deadline);
+  ShmWaitCtx shm_ctx(Clock::time_point deadline) const { return ShmWaitCtx{deadline, &aborting_}; }
   Buffer check(const DLTensor* t, const char* op, const char* which, bool reduce_dtype, DType* dt = nullptr) const;
   char* scratch(size_t bytes);
 
@@ -97,6 +101,7 @@ class TcpComm {
 
   Mesh mesh_;
   std::unique_ptr<Control> control_;
+  std::unique_ptr<ShmTransport> shm_;  ///< null: collectives use the TCP ring
 
   // Progress thread and its queue.
   std::mutex qmu_;

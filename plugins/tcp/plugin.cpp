@@ -22,6 +22,10 @@ const dopt_option_spec kOptions[] = {
      "SO_SNDBUF/SO_RCVBUF of data connections; 0 leaves the kernel's autotuning on"},
     {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "max_io_bytes", DOPT_OPTION_INT, "4194304", 4096, 1 << 30, nullptr,
      "largest single send()/recv() call"},
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "shm", DOPT_OPTION_BOOL, "true", 0, -1, nullptr,
+     "run allreduce, reduce_scatter, allgather and broadcast over shared memory when every rank is on one host"},
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "shm_bytes", DOPT_OPTION_INT, "8388608", 65536, 1 << 30, nullptr,
+     "shared-memory segment per rank (two slots that tensors stream through)"},
 };
 
 template <class F>
@@ -67,6 +71,10 @@ Config read_config(const dopt_options* o) {
   get_i("chunk_bytes", c.chunk_bytes);
   get_i("socket_buffer_bytes", c.socket_buffer_bytes);
   get_i("max_io_bytes", c.max_io_bytes);
+  int32_t shm = 1;
+  if (g_host->option_bool(o, "shm", &shm) != DOPT_OK) throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "tcp: option shm"};
+  c.shm = shm != 0;
+  get_i("shm_bytes", c.shm_bytes);
   return c;
 }
 

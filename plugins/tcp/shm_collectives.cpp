@@ -1,0 +1,242 @@
+#include "shm_collectives.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "host.hpp"
+
+namespace dopt_tcp {
+namespace {
+
+// Store helpers for the handshake: values are short strings.
+void store_put(dopt_store* st, const std::string& key, const std::string& v) {
+  if (g_host->store_set(st, key.c_str(), v.data(), v.size()) != DOPT_OK)
+    throw std::runtime_error("cannot publish '" + key + "' in the store");
+}
+
+std::string store_fetch(dopt_store* st, const std::string& key, double timeout_s, int peer) {
+  std::string buf(512, '\0');
+  size_t len = 0;
+  dopt_status s = g_host->store_get(st, key.c_str(), &buf[0], buf.size(), &len, static_cast<int64_t>(timeout_s * 1000));
+  if (s != DOPT_OK || len > buf.size())
+    throw std::runtime_error("rank " + std::to_string(peer) + " did not publish '" + key + "' (shared-memory setup)");
+  buf.resize(len);
+  return buf;
+}
+
+}  // namespace
+
+std::unique_ptr<ShmTransport> ShmTransport::create(const ShmSetup& s) {
+  const int n = s.world_size, me = s.rank;
+  const std::string base = s.scope + "/shm/";
+  auto key = [&](const char* what, int r) { return base + what + "/" + std::to_string(r); };
+
+  // 1. Same host (and same /dev/shm)? Every rank decides from the same data.
+  const std::string host = shm_host_id();
+  store_put(s.store, key("host", me), host);
+  int other_host = -1;
+  for (int p = 0; p < n; ++p)
+    if (p != me && store_fetch(s.store, key("host", p), s.timeout_s, p) != host && other_host < 0) other_host = p;
+  if (other_host >= 0) {
+    if (me == 0)
+      log(DOPT_LOG_INFO, "collectives over TCP: rank " + std::to_string(other_host) + " is on another host");
+    return nullptr;
+  }
+
+  // 2. Create this rank's segment and publish its name ("" = could not).
+  std::vector<ShmSegment> segs(static_cast<size_t>(n));
+  std::string why;
+  try {
+    segs[me] = ShmSegment::create(s.segment_bytes);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  store_put(s.store, key("name", me), why.empty() ? segs[me].name() : std::string());
+
+  // 3. Map every peer's; publish whether all of it worked.
+  bool ok = why.empty();
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    std::string name = store_fetch(s.store, key("name", p), s.timeout_s, p);
+    if (name.empty()) {
+      ok = false;
+      continue;
+    }
+    if (!ok) continue;
+    try {
+      segs[p] = ShmSegment::open(name, s.segment_bytes);
+    } catch (const std::exception& e) {
+      why = e.what();
+      ok = false;
+    }
+  }
+  store_put(s.store, key("mapped", me), ok ? "1" : "0");
+
+  // 4. Once every peer answered, nobody needs the names any more: unlink
+  // ours, so a crash from here on leaves nothing in /dev/shm.
+  bool all = ok;
+  for (int p = 0; p < n; ++p)
+    if (p != me && store_fetch(s.store, key("mapped", p), s.timeout_s, p) != "1") all = false;
+  segs[me].unlink();
+  if (!why.empty()) log(DOPT_LOG_WARN, "rank " + std::to_string(me) + ": shared memory unavailable: " + why);
+  if (!all) {
+    if (me == 0) log(DOPT_LOG_INFO, "collectives over TCP: a rank could not set up shared memory");
+    return nullptr;
+  }
+  std::unique_ptr<ShmTransport> t(new ShmTransport(me, n, s.segment_bytes, std::move(segs)));
+  if (me == 0)
+    log(DOPT_LOG_INFO, "collectives over shared memory: " + std::to_string(n) + " ranks on one host, 2 slots of " +
+                           std::to_string(t->slot_bytes_ >> 10) + " KiB per rank");
+  return t;
+}
+
+ShmTransport::ShmTransport(int rank, int world, size_t segment_bytes, std::vector<ShmSegment> segs)
+    : rank_(rank), world_(world), segs_(std::move(segs)) {
+  // Cache-line multiple: slices of neighbouring ranks start on their own lines
+  // only by chance, but slot starts always do.
+  slot_bytes_ = (segment_bytes - kShmDataOffset) / 2 / 64 * 64;
+  if (slot_bytes_ < static_cast<size_t>(world) * 8) throw std::runtime_error("shared-memory segment too small");
+}
+
+bool ShmTransport::wait(int peer, std::atomic<uint64_t> ShmHeader::*counter, uint64_t value, const ShmWaitCtx& ctx,
+                        RingResult* res) const {
+  ShmHeader* h = hdr(peer);
+  dopt_status st = shm_wait(h, h->*counter, value, ctx);
+  if (st == DOPT_OK) return true;
+  res->status = st;
+  res->why = st == DOPT_ERR_TIMEOUT ? "timed out waiting for rank " + std::to_string(peer) + " (shared memory)"
+                                    : "communicator failed";
+  return false;
+}
+
+bool ShmTransport::wait_slot_free(uint64_t r, const ShmWaitCtx& ctx, RingResult* res) const {
+  if (r <= 2) return true;
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_ && !wait(p, &ShmHeader::done, r - 2, ctx, res)) return false;
+  return true;
+}
+
+void ShmTransport::publish(std::atomic<uint64_t> ShmHeader::*counter, uint64_t value) const {
+  ShmHeader* h = hdr(rank_);
+  shm_publish(h, h->*counter, value);
+}
+
+RingResult ShmTransport::allreduce(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op,
+                                   const ShmWaitCtx& ctx) {
+  const int n = world_, me = rank_;
+  const size_t esz = dtype_size(dt), per_round = slot_bytes_ / esz;
+  const dopt_reduce_op rop = op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op;
+  const int div = op == DOPT_REDUCE_AVG ? n : 1;
+  RingResult res;
+  for (size_t e0 = 0; e0 < count; e0 += per_round) {
+    const size_t m = std::min(per_round, count - e0);
+    const uint64_t r = ++round_;
+    // Slice p of this round's chunk: balanced to within one element.
+    auto off = [&](int p) { return (m / n * p + std::min<size_t>(p, m % n)) * esz; };
+    if (!wait_slot_free(r, ctx, &res)) return res;
+    char* mine = slot(me, r);
+    std::memcpy(mine, send + e0 * esz, m * esz);
+    publish(&ShmHeader::ready, r);
+    // Reduce this rank's slice in place in its own slot (peers read only
+    // their own slices of it until `reduced`).
+    const size_t lo = off(me), len = off(me + 1) - lo;
+    for (int k = 1; k < n; ++k) {
+      const int p = (me + k) % n;
+      if (!wait(p, &ShmHeader::ready, r, ctx, &res)) return res;
+      if (len) reduce(dt, rop, mine + lo, mine + lo, slot(p, r) + lo, len / esz, k == n - 1 ? div : 1);
+    }
+    publish(&ShmHeader::reduced, r);
+    // Gather the reduced slices, this rank's first (it is ready).
+    for (int k = 0; k < n; ++k) {
+      const int p = (me + k) % n;
+      if (p != me && !wait(p, &ShmHeader::reduced, r, ctx, &res)) return res;
+      const size_t plo = off(p), plen = off(p + 1) - plo;
+      if (plen) std::memcpy(recv + e0 * esz + plo, slot(p, r) + plo, plen);
+    }
+    publish(&ShmHeader::done, r);
+    res.bytes_sent += m * esz;
+    res.bytes_received += (m * esz - len) + len * static_cast<size_t>(n - 1);
+  }
+  return res;
+}
+
+RingResult ShmTransport::reduce_scatter(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op,
+                                        const ShmWaitCtx& ctx) {
+  const int n = world_, me = rank_;
+  const size_t esz = dtype_size(dt);
+  // A round carries the same sub-range of every block: n sub-chunks per slot.
+  const size_t per_round = std::max<size_t>(1, slot_bytes_ / esz / static_cast<size_t>(n));
+  const dopt_reduce_op rop = op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op;
+  const int div = op == DOPT_REDUCE_AVG ? n : 1;
+  RingResult res;
+  for (size_t b0 = 0; b0 < count; b0 += per_round) {
+    const size_t m = std::min(per_round, count - b0), mb = m * esz;
+    const uint64_t r = ++round_;
+    if (!wait_slot_free(r, ctx, &res)) return res;
+    char* mine = slot(me, r);
+    // Peers need the blocks they own; this rank's own block is read from send.
+    for (int q = 0; q < n; ++q)
+      if (q != me) std::memcpy(mine + q * mb, send + (q * count + b0) * esz, mb);
+    publish(&ShmHeader::ready, r);
+    char* dst = recv + b0 * esz;
+    const char* own = send + (me * count + b0) * esz;
+    for (int k = 1; k < n; ++k) {
+      const int p = (me + k) % n;
+      if (!wait(p, &ShmHeader::ready, r, ctx, &res)) return res;
+      reduce(dt, rop, dst, k == 1 ? own : dst, slot(p, r) + me * mb, m, k == n - 1 ? div : 1);
+    }
+    publish(&ShmHeader::done, r);
+    res.bytes_sent += mb * static_cast<size_t>(n - 1);
+    res.bytes_received += mb * static_cast<size_t>(n - 1);
+  }
+  return res;
+}
+
+RingResult ShmTransport::allgather(const char* send, char* recv, size_t bytes, const ShmWaitCtx& ctx) {
+  const int n = world_, me = rank_;
+  RingResult res;
+  // This rank's block first (send may alias it), then stream from there.
+  char* own = recv + me * bytes;
+  if (own != send) std::memmove(own, send, bytes);
+  for (size_t b0 = 0; b0 < bytes; b0 += slot_bytes_) {
+    const size_t m = std::min(slot_bytes_, bytes - b0);
+    const uint64_t r = ++round_;
+    if (!wait_slot_free(r, ctx, &res)) return res;
+    std::memcpy(slot(me, r), own + b0, m);
+    publish(&ShmHeader::ready, r);
+    for (int k = 1; k < n; ++k) {
+      const int p = (me + k) % n;
+      if (!wait(p, &ShmHeader::ready, r, ctx, &res)) return res;
+      std::memcpy(recv + p * bytes + b0, slot(p, r), m);
+    }
+    publish(&ShmHeader::done, r);
+    res.bytes_sent += m;
+    res.bytes_received += m * static_cast<size_t>(n - 1);
+  }
+  return res;
+}
+
+RingResult ShmTransport::broadcast(char* buf, size_t bytes, int root, const ShmWaitCtx& ctx) {
+  const int me = rank_;
+  RingResult res;
+  for (size_t b0 = 0; b0 < bytes; b0 += slot_bytes_) {
+    const size_t m = std::min(slot_bytes_, bytes - b0);
+    const uint64_t r = ++round_;
+    if (me == root) {
+      if (!wait_slot_free(r, ctx, &res)) return res;
+      std::memcpy(slot(me, r), buf + b0, m);
+      publish(&ShmHeader::ready, r);
+      res.bytes_sent += m;
+    } else {
+      if (!wait(root, &ShmHeader::ready, r, ctx, &res)) return res;
+      std::memcpy(buf + b0, slot(root, r), m);
+      res.bytes_received += m;
+    }
+    // Every rank, the root too: the next round's writer (any root) waits on it.
+    publish(&ShmHeader::done, r);
+  }
+  return res;
+}
+
+}  // namespace dopt_tcp
