@@ -37,8 +37,9 @@ TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
   }
   std::unique_ptr<ShmTransport> shm;
   try {
-    if (cfg.shm && args.world_size > 1) {
+    if (args.world_size > 1) {
       ShmSetup ss;
+      ss.enabled = cfg.shm;
       ss.rank = args.rank;
       ss.world_size = args.world_size;
       ss.store = args.store;
@@ -46,8 +47,6 @@ TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
       ss.segment_bytes = static_cast<size_t>(cfg.shm_bytes);
       ss.timeout_s = cfg.timeout_s;
       shm = ShmTransport::create(ss);
-    } else if (args.world_size > 1 && args.rank == 0) {
-      log(DOPT_LOG_INFO, "collectives over TCP: shared memory is turned off (shm: false)");
     }
   } catch (const std::exception& e) {
     mesh.close_all();

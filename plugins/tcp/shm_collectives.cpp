@@ -32,15 +32,19 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const ShmSetup& s) {
   const std::string base = s.scope + "/shm/";
   auto key = [&](const char* what, int r) { return base + what + "/" + std::to_string(r); };
 
-  // 1. Same host (and same /dev/shm)? Every rank decides from the same data.
-  const std::string host = shm_host_id();
+  // 1. Same host (and same /dev/shm), and shm enabled everywhere? Every rank
+  // decides from the same published data, so they all agree even when their
+  // options differ.
+  const std::string host = s.enabled ? shm_host_id() : std::string("off");
+  std::vector<std::string> hosts(static_cast<size_t>(n));
   store_put(s.store, key("host", me), host);
-  int other_host = -1;
-  for (int p = 0; p < n; ++p)
-    if (p != me && store_fetch(s.store, key("host", p), s.timeout_s, p) != host && other_host < 0) other_host = p;
-  if (other_host >= 0) {
+  for (int p = 0; p < n; ++p) hosts[p] = p == me ? host : store_fetch(s.store, key("host", p), s.timeout_s, p);
+  for (int p = 0; p < n; ++p) {
+    if (hosts[p] != "off" && hosts[p] == hosts[0]) continue;
     if (me == 0)
-      log(DOPT_LOG_INFO, "collectives over TCP: rank " + std::to_string(other_host) + " is on another host");
+      log(DOPT_LOG_INFO, "collectives over TCP: " + std::string(hosts[p] == "off" ? "shm is turned off on rank "
+                                                                                   : "another host than rank 0's: rank ") +
+                             std::to_string(p));
     return nullptr;
   }
 
@@ -128,36 +132,51 @@ RingResult ShmTransport::allreduce(const char* send, char* recv, size_t count, D
   const size_t esz = dtype_size(dt), per_round = slot_bytes_ / esz;
   const dopt_reduce_op rop = op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op;
   const int div = op == DOPT_REDUCE_AVG ? n : 1;
+  const size_t rounds = (count + per_round - 1) / per_round;
+  const uint64_t first = round_ + 1;
+  round_ += rounds;
   RingResult res;
-  for (size_t e0 = 0; e0 < count; e0 += per_round) {
-    const size_t m = std::min(per_round, count - e0);
-    const uint64_t r = ++round_;
-    // Slice p of this round's chunk: balanced to within one element.
-    auto off = [&](int p) { return (m / n * p + std::min<size_t>(p, m % n)) * esz; };
+  // Round i covers elements [i * per_round, +m); slice p of it is balanced to
+  // within one element.
+  auto elems = [&](size_t i) { return std::min(per_round, count - i * per_round); };
+  auto off = [&](size_t m, int p) { return (m / n * p + std::min<size_t>(p, m % n)) * esz; };
+  // Software-pipelined: iteration i fills round i, gathers round i-1 (whose
+  // slices peers reduced meanwhile), then reduces its slice of round i. A
+  // rank then rarely blocks more than once per round, which matters when
+  // ranks outnumber cores and every block is a context switch.
+  auto gather = [&](size_t i) {
+    const uint64_t r = first + i;
+    const size_t m = elems(i);
+    for (int k = 0; k < n; ++k) {  // this rank's slice first: it is ready
+      const int p = (me + k) % n;
+      if (p != me && !wait(p, &ShmHeader::reduced, r, ctx, &res)) return false;
+      const size_t plo = off(m, p), plen = off(m, p + 1) - plo;
+      if (plen) std::memcpy(recv + i * per_round * esz + plo, slot(p, r) + plo, plen);
+    }
+    publish(&ShmHeader::done, r);
+    res.bytes_received += m * esz;
+    return true;
+  };
+  for (size_t i = 0; i < rounds; ++i) {
+    const uint64_t r = first + i;
+    const size_t m = elems(i);
     if (!wait_slot_free(r, ctx, &res)) return res;
     char* mine = slot(me, r);
-    std::memcpy(mine, send + e0 * esz, m * esz);
+    std::memcpy(mine, send + i * per_round * esz, m * esz);
     publish(&ShmHeader::ready, r);
+    res.bytes_sent += m * esz;
+    if (i > 0 && !gather(i - 1)) return res;
     // Reduce this rank's slice in place in its own slot (peers read only
     // their own slices of it until `reduced`).
-    const size_t lo = off(me), len = off(me + 1) - lo;
+    const size_t lo = off(m, me), len = off(m, me + 1) - lo;
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
       if (!wait(p, &ShmHeader::ready, r, ctx, &res)) return res;
       if (len) reduce(dt, rop, mine + lo, mine + lo, slot(p, r) + lo, len / esz, k == n - 1 ? div : 1);
     }
     publish(&ShmHeader::reduced, r);
-    // Gather the reduced slices, this rank's first (it is ready).
-    for (int k = 0; k < n; ++k) {
-      const int p = (me + k) % n;
-      if (p != me && !wait(p, &ShmHeader::reduced, r, ctx, &res)) return res;
-      const size_t plo = off(p), plen = off(p + 1) - plo;
-      if (plen) std::memcpy(recv + e0 * esz + plo, slot(p, r) + plo, plen);
-    }
-    publish(&ShmHeader::done, r);
-    res.bytes_sent += m * esz;
-    res.bytes_received += (m * esz - len) + len * static_cast<size_t>(n - 1);
   }
+  if (rounds > 0) gather(rounds - 1);
   return res;
 }
 

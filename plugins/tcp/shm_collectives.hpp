@@ -26,6 +26,7 @@
 namespace dopt_tcp {
 
 struct ShmSetup {
+  bool enabled = true;  ///< false: take part in the agreement, but vote for TCP
   int rank = 0;
   int world_size = 1;
   dopt_store* store = nullptr;

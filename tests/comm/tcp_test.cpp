@@ -2,8 +2,13 @@
 // processes over loopback: every collective against a reference computed
 // locally from the same seeded data, point-to-point, split, bad arguments,
 // timeouts, a rank that dies mid-allreduce, and peers without the job token.
+// The collective tests run twice: over the shared-memory transport (all ranks
+// are on this host; small segments so tensors stream through many rounds)
+// and with `shm: false` (the TCP ring).
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -230,10 +235,28 @@ void run_ranks(int n, const std::function<std::string(Endpoint&, int)>& fn, cons
   }
 }
 
+// The two transports: shared memory with 64 KiB segments (2 x ~30 KiB slots,
+// so the larger counts take many double-buffered rounds), and TCP only.
+const char* const kTransports[] = {"{shm_bytes: 65536}", "{shm: false}"};
+
+// /dev/shm entries created by process `pid` (segment names start "distopt-<pid>-").
+std::vector<std::string> shm_entries_of(pid_t pid) {
+  std::vector<std::string> out;
+  std::string prefix = "distopt-" + std::to_string(pid) + "-";
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) out.push_back(e->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
 }  // namespace
 
-TEST_CASE("allreduce: every dtype x op, counts 0/1/7/not divisible/multi-chunk, 2-4 ranks") {
+TEST_CASE("allreduce: every dtype x op, counts 0/1/7/not divisible/multi-chunk, 2-4 ranks, shm and tcp") {
+  for (const char* opts : kTransports)
   for (int n : {2, 3, 4}) {
+    CAPTURE(opts);
     CAPTURE(n);
     run_ranks(n, [](Endpoint& ep, int) -> std::string {
       uint64_t seed = 1;
@@ -256,19 +279,23 @@ TEST_CASE("allreduce: every dtype x op, counts 0/1/7/not divisible/multi-chunk, 
             if (!e.empty()) return e;
           }
       return "";
-    });
+    }, opts);
   }
 }
 
-TEST_CASE("allreduce: 64 MiB float32 sum on 2 and 4 ranks") {
+TEST_CASE("allreduce: 64 MiB float32 sum on 2 and 4 ranks, shm (default segment) and tcp") {
+  for (const char* opts : {"{}", "{shm: false}"})
   for (int n : {2, 4}) {
+    CAPTURE(opts);
     CAPTURE(n);
-    run_ranks(n, [](Endpoint& ep, int) { return check_allreduce(*ep.comm, kTypes[0], DOPT_REDUCE_SUM, 16u << 20, false, false, 77); });
+    run_ranks(n, [](Endpoint& ep, int) { return check_allreduce(*ep.comm, kTypes[0], DOPT_REDUCE_SUM, 16u << 20, false, false, 77); }, opts);
   }
 }
 
-TEST_CASE("reduce_scatter, allgather, broadcast, barrier on 2-4 ranks") {
+TEST_CASE("reduce_scatter, allgather, broadcast, barrier on 2-4 ranks, shm and tcp") {
+  for (const char* opts : kTransports)
   for (int n : {2, 3, 4}) {
+    CAPTURE(opts);
     CAPTURE(n);
     run_ranks(n, [n](Endpoint& ep, int me) -> std::string {
       uint64_t seed = 100;
@@ -299,11 +326,13 @@ TEST_CASE("reduce_scatter, allgather, broadcast, barrier on 2-4 ranks") {
         ep.comm->barrier().wait();  // keep rounds apart
       }
       return "";
-    });
+    }, opts);
   }
 }
 
-TEST_CASE("asynchronous requests: several collectives in flight complete in issue order") {
+TEST_CASE("asynchronous requests: several collectives in flight complete in issue order, shm and tcp") {
+  for (const char* opts : kTransports) {
+  CAPTURE(opts);
   run_ranks(3, [](Endpoint& ep, int me) -> std::string {
     std::vector<std::vector<float>> bufs(8, std::vector<float>(50000));
     std::vector<int64_t> shapes(8);
@@ -318,8 +347,19 @@ TEST_CASE("asynchronous requests: several collectives in flight complete in issu
       if (bufs[k][49999] != static_cast<float>(3 * k + 3)) return "request " + std::to_string(k) + " has a wrong sum";
     bool done = reqs[0].test();
     if (!done) return "test() on a completed request returned false";
+    // Mixed collectives back to back: the shared round counter stays in step.
+    std::vector<float> g(3 * 7001), b(7001, me == 1 ? 5.0f : 0.0f);
+    int64_t sg, sb, sm;
+    DLTensor tg = make_dltensor(g.data(), 3 * 7001, dl_f32(), &sg), tb = make_dltensor(b.data(), 7001, dl_f32(), &sb);
+    DLTensor tm = make_dltensor(bufs[0].data(), 7001, dl_f32(), &sm);
+    auto q1 = ep.comm->broadcast(tb, 1);
+    auto q2 = ep.comm->allgather(tm, tg);
+    auto q3 = ep.comm->reduce_scatter(tg, tb, DOPT_REDUCE_MAX);
+    q1.wait(), q2.wait(), q3.wait();
+    if (b[7000] != 3.0f) return "mixed collectives: reduce_scatter after allgather gave " + std::to_string(b[7000]);
     return "";
-  });
+  }, opts);
+  }
 }
 
 TEST_CASE("send/recv: tags match in order, out-of-order posting, zero bytes, size mismatch is an error") {
@@ -362,7 +402,9 @@ TEST_CASE("send/recv: tags match in order, out-of-order posting, zero bytes, siz
   });
 }
 
-TEST_CASE("split: colors, key ordering, color < 0, collectives in the sub-communicator") {
+TEST_CASE("split: colors, key ordering, color < 0, collectives in the sub-communicator, shm and tcp") {
+  for (const char* opts : kTransports) {
+  CAPTURE(opts);
   run_ranks(4, [](Endpoint& ep, int me) -> std::string {
     // Color by parity; key reverses the order inside each group; rank 3 opts out.
     int color = me == 3 ? -1 : me % 2;
@@ -387,7 +429,26 @@ TEST_CASE("split: colors, key ordering, color < 0, collectives in the sub-commun
     DLTensor tw = make_dltensor(&w, 1, dl_f32(), &s);
     ep.comm->allreduce(tw, tw, DOPT_REDUCE_SUM).wait();
     return w == 4.0f ? "" : "parent allreduce after split gave " + std::to_string(w);
+  }, opts);
+  }
+}
+
+TEST_CASE("shm: ranks with different shm options agree on one transport; no /dev/shm entry outlives create") {
+  const int n = 3, port = random_port();
+  auto codes = fork_ranks(n, [&](int me) {
+    // Rank 1 turns shared memory off: the others must fall back to TCP too.
+    auto ep = make_endpoint("tcp", me, n, port, me == 1 ? "{shm: false}" : "{}");
+    if (!shm_entries_of(getpid()).empty()) return 10;
+    std::vector<float> v(100003, static_cast<float>(me + 1));
+    int64_t s;
+    DLTensor t = make_dltensor(v.data(), static_cast<int64_t>(v.size()), dl_f32(), &s);
+    ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();
+    return v[0] == 6.0f && v[100002] == 6.0f ? 0 : 1;
   });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(codes[r] == 0);
+  }
 }
 
 TEST_CASE("world size 1: every collective works without peers") {
@@ -463,32 +524,38 @@ TEST_CASE("timeouts: an unmatched recv and a collective a peer never joins fail 
               return std::string("allreduce timeout: ") + e.what();
           }
           ep.store->set("rank0-done", std::string("1"));
+          // Rank 0 hosts the store: keep it up until rank 1 is through with it.
+          ep.store->get("rank1-done", std::chrono::seconds(60));
         } else {
           ep.store->get("rank0-done", std::chrono::seconds(60));
           // Rank 0 told us it gave up: our next operation fails at once, naming why.
-          float x = 0;
-          int64_t s;
-          DLTensor t = make_dltensor(&x, 1, dl_f32(), &s);
           try {
             ep.comm->barrier().wait();
             return "barrier after the peer aborted completed";
           } catch (const CommError& e) {
             if (!std::strstr(e.what(), "rank 0")) return std::string("abort notice: ") + e.what();
           }
+          ep.store->set("rank1-done", std::string("1"));
         }
         return "";
       },
       "{timeout_s: 1.0}");
 }
 
-TEST_CASE("a rank that dies mid-allreduce makes every other rank's wait fail, naming it") {
+TEST_CASE("a rank that dies mid-allreduce makes every other rank's wait fail, naming it (shm and tcp); no /dev/shm leak") {
+  for (const char* opts : {"{timeout_s: 600}", "{timeout_s: 600, shm: false}"}) {
+  CAPTURE(opts);
   const int n = 4, dead = 2;
   const int port = random_port();
+  // The ranks' pids, to look for their segments after they are gone.
+  auto* pids = static_cast<pid_t*>(mmap(nullptr, sizeof(pid_t) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(pids != MAP_FAILED);
   auto codes = fork_ranks(
       n,
       [&](int me) {
+        pids[me] = getpid();
         // A long timeout: only failure detection, not the timeout, can end this in time.
-        auto ep = make_endpoint("tcp", me, n, port, "{timeout_s: 600}");
+        auto ep = make_endpoint("tcp", me, n, port, opts);
         std::vector<float> buf(8u << 20, 1.0f);
         int64_t s;
         DLTensor t = make_dltensor(buf.data(), static_cast<int64_t>(buf.size()), dl_f32(), &s);
@@ -524,6 +591,9 @@ TEST_CASE("a rank that dies mid-allreduce makes every other rank's wait fail, na
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     CHECK(codes[r] == 0);
+    CHECK(shm_entries_of(pids[r]).empty());
+  }
+  munmap(pids, sizeof(pid_t) * n);
   }
 }
 
