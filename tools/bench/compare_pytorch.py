@@ -1,13 +1,16 @@
 #!/usr/bin/python3
 """Compare `distopt bench comm` with PyTorch's gloo allreduce, in one run.
 
-Runs, for each world size, distopt's benchmark (its JSON output) and then the
-same sizes through torch.distributed's gloo backend on 127.0.0.1, and prints
-one table: size, busbw of both (nccl-tests definition: algbw * 2(n-1)/n) and
-the ratio distopt / gloo.
+Runs, for each world size, distopt's benchmark (its JSON output) once per
+variant -- for `tcp`: its shared-memory transport (the default when all
+ranks share a host) and TCP only (`shm: false`) -- and then the same sizes
+through torch.distributed's gloo backend on 127.0.0.1, and prints one table:
+size, busbw of each (nccl-tests definition: algbw * 2(n-1)/n) and the ratios
+to gloo.
 
 usage: tools/bench/compare_pytorch.py [--distopt build/bin/distopt] [-n 2 4]
            [--min-bytes 4096] [--max-bytes 64M] [--communicator tcp] [--plugin-path DIR]
+           [--variant NAME=OPTIONS ...]
 Needs Debian's python3-torch (run with /usr/bin/python3).
 """
 import argparse
@@ -18,14 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-
-def parse_size(s):
-    mul = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    s = str(s)
-    if s[-1:].upper() in mul:
-        return int(float(s[:-1]) * mul[s[-1:].upper()])
-    return int(s)
 
 
 def free_port():
@@ -85,11 +80,12 @@ def run_gloo(world, sizes):
     return rows
 
 
-def run_distopt(args, world):
+def run_distopt(args, world, options):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [args.distopt, "bench", "comm", "--communicator", args.communicator, "-n", str(world),
-           "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--json", out]
+           "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--json", out,
+           "--options", options]
     for p in args.plugin_path or []:
         cmd += ["--plugin-path", p]
     res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -114,18 +110,29 @@ def main():
     ap.add_argument("--max-bytes", default="64M")
     ap.add_argument("--communicator", default="tcp")
     ap.add_argument("--plugin-path", action="append", help="plugin directory for distopt (repeatable)")
+    ap.add_argument("--variant", action="append", metavar="NAME=OPTIONS",
+                    help="a distopt column: name and communicator options as a YAML map (repeatable; "
+                         "default for tcp: shm={} tcp-only={shm: false}, else %s={})")
     args = ap.parse_args()
-    lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
+    if args.variant:
+        variants = [tuple(v.split("=", 1)) for v in args.variant]
+    elif args.communicator == "tcp":
+        variants = [("shm", "{}"), ("tcp-only", "{shm: false}")]
+    else:
+        variants = [(args.communicator, "{}")]
     for world in args.nranks:
-        d = run_distopt(args, world)
-        sizes = [r["bytes"] for r in d]
+        cols = [(name, run_distopt(args, world, opts)) for name, opts in variants]
+        sizes = [r["bytes"] for r in cols[0][1]]
         g = run_gloo(world, sizes)
-        print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt %s vs PyTorch %s gloo" %
-              (world, args.communicator, __import__("torch").__version__))
-        print("# %12s %12s %14s %14s %8s" % ("size(B)", "time(us)", "distopt busbw", "gloo busbw", "ratio"))
-        for a, b in zip(d, g):
-            print("  %12d %12.1f %14.3f %14.3f %8.2f" % (a["bytes"], a["time_us"], a["busbw_gbs"], b["busbw_gbs"],
-                                                        a["busbw_gbs"] / b["busbw_gbs"]))
+        print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt %s (%s) vs PyTorch %s gloo; busbw in GB/s" %
+              (world, args.communicator, ", ".join("%s=%s" % v for v in variants), __import__("torch").__version__))
+        names = [name for name, _ in cols] + ["gloo"] + [name + "/gloo" for name, _ in cols]
+        widths = [max(10, len(n)) for n in names]
+        print("# %12s" % "size(B)" + "".join(" %*s" % (w, n) for w, n in zip(widths, names)))
+        for i, b in enumerate(g):
+            vals = ["%.3f" % d[i]["busbw_gbs"] for _, d in cols] + ["%.3f" % b["busbw_gbs"]]
+            vals += ["%.2f" % (d[i]["busbw_gbs"] / b["busbw_gbs"]) for _, d in cols]
+            print("  %12d" % b["bytes"] + "".join(" %*s" % (w, v) for w, v in zip(widths, vals)))
         print()
         sys.stdout.flush()
 
