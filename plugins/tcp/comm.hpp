@@ -30,7 +30,7 @@ struct Config {
   int64_t socket_buffer_bytes = 0;  ///< 0 = kernel autotuning
   int64_t max_io_bytes = 4 << 20;   ///< largest single send()/recv()
   bool shm = true;                  ///< shared memory for collectives when all ranks share a host
-  int64_t shm_bytes = 8 << 20;      ///< per-rank shared segment (two slots)
+  int64_t shm_bytes = 1 << 20;      ///< per-rank shared segment: two slots, small enough to stay in cache
 };
 
 /// An error for the caller of an API function, returned as status + message.

@@ -24,7 +24,7 @@ const dopt_option_spec kOptions[] = {
      "largest single send()/recv() call"},
     {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "shm", DOPT_OPTION_BOOL, "true", 0, -1, nullptr,
      "run allreduce, reduce_scatter, allgather and broadcast over shared memory when every rank is on one host (TCP if any rank says false)"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "shm_bytes", DOPT_OPTION_INT, "8388608", 65536, 1 << 30, nullptr,
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "shm_bytes", DOPT_OPTION_INT, "1048576", 65536, 1 << 30, nullptr,
      "shared-memory segment per rank (two slots that tensors stream through)"},
 };
 

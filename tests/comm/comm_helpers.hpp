@@ -2,6 +2,9 @@
 // registry (as users do) and create one rank's endpoint over a tcp:// store.
 #pragma once
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cstring>
@@ -27,6 +30,24 @@ struct Endpoint {
 inline std::string plugin_dir() {
   std::string d = env_path("DISTOPT_PLUGIN_DIR");
   return d.empty() ? "build/plugins" : d;
+}
+
+/// A random port that nothing on 127.0.0.1 holds right now (random_port()
+/// alone can hit a port an unrelated connection or a concurrent test uses).
+inline int free_port() {
+  for (int attempt = 0;; ++attempt) {
+    int port = random_port();
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the store server binds
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    if (ok || attempt > 50) return port;
+  }
 }
 
 /// Collective: rendezvous on 127.0.0.1:port and create communicator `name`

@@ -29,7 +29,7 @@ TEST_CASE("conformance: every discovered communicator") {
   CHECK(std::find(names.begin(), names.end(), "tcp") != names.end());
   for (const auto& name : names) {
     CAPTURE(name);
-    const int port = random_port();
+    const int port = free_port();
     auto codes = fork_ranks(
         2,
         [&](int me) {

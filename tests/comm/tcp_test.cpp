@@ -216,7 +216,7 @@ std::string check_broadcast(Communicator& c, int root, size_t count, uint64_t se
 // Run fn on n forked ranks; each rank gets its endpoint. fn returns "" on success.
 void run_ranks(int n, const std::function<std::string(Endpoint&, int)>& fn, const std::string& opts = "{}",
                std::chrono::seconds limit = std::chrono::seconds(300)) {
-  const int port = random_port();
+  const int port = free_port();
   auto codes = fork_ranks(
       n,
       [&](int r) {
@@ -434,7 +434,7 @@ TEST_CASE("split: colors, key ordering, color < 0, collectives in the sub-commun
 }
 
 TEST_CASE("shm: ranks with different shm options agree on one transport; no /dev/shm entry outlives create") {
-  const int n = 3, port = random_port();
+  const int n = 3, port = free_port();
   auto codes = fork_ranks(n, [&](int me) {
     // Rank 1 turns shared memory off: the others must fall back to TCP too.
     auto ep = make_endpoint("tcp", me, n, port, me == 1 ? "{shm: false}" : "{}");
@@ -453,7 +453,7 @@ TEST_CASE("shm: ranks with different shm options agree on one transport; no /dev
 
 TEST_CASE("world size 1: every collective works without peers") {
   auto codes = fork_ranks(1, [](int) {
-    auto ep = make_endpoint("tcp", 0, 1, random_port());
+    auto ep = make_endpoint("tcp", 0, 1, free_port());
     for (const auto& t : kTypes)
       for (auto op : kOps)
         if (!check_allreduce(*ep->comm, t, op, 7, false, false, 5).empty()) return 1;
@@ -543,10 +543,12 @@ TEST_CASE("timeouts: an unmatched recv and a collective a peer never joins fail 
 }
 
 TEST_CASE("a rank that dies mid-allreduce makes every other rank's wait fail, naming it (shm and tcp); no /dev/shm leak") {
-  for (const char* opts : {"{timeout_s: 600}", "{timeout_s: 600, shm: false}"}) {
+  // Small shm segments: the 32 MiB allreduce takes many rounds, so rank 2
+  // surely dies in the middle of it.
+  for (const char* opts : {"{timeout_s: 600, shm_bytes: 65536}", "{timeout_s: 600, shm: false}"}) {
   CAPTURE(opts);
   const int n = 4, dead = 2;
-  const int port = random_port();
+  const int port = free_port();
   // The ranks' pids, to look for their segments after they are gone.
   auto* pids = static_cast<pid_t*>(mmap(nullptr, sizeof(pid_t) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   REQUIRE(pids != MAP_FAILED);
@@ -622,7 +624,7 @@ bool refused(const std::string& addr, const std::string& bytes) {
 }  // namespace
 
 TEST_CASE("communicator listeners refuse connections without the job token") {
-  const int port = random_port();
+  const int port = free_port();
   auto codes = fork_ranks(3, [&](int me) {
     if (me == 2) {
       // An intruder: it knows the store token (to read the address) but
