@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <deque>
 
+#include "distopt/blas.hpp"
 #include "distopt/communicator.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
@@ -112,6 +113,10 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   m.proc = proc;
   m.registry.discover(PluginRegistry::search_path(cfg.plugin_paths));
   m.validated = validate_job(cfg, m.registry);
+  if (std::string fix = openblas_coretype_fix(); !fix.empty() && proc.rank == 0)
+    log(DOPT_LOG_WARN, "runtime",
+        "OpenBLAS runs its generic " + openblas_core_name() + " kernels on this CPU; start the program with "
+        "OPENBLAS_CORETYPE=" + fix + " (training is several times faster; `distopt` does this itself)");
 
   // The launcher's rendezvous wins over the file's. A single process needs no
   // fixed port: let the store pick one, so two local jobs cannot collide.

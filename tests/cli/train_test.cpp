@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
+#include <set>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -316,4 +318,59 @@ TEST_CASE("the cnn model trains with Adam on 2 ranks") {
   CHECK(m[0]["test_accuracy"].get<double>() > 0.3);  // chance is 0.1
   // Adam keeps two moments per parameter.
   CHECK(m[1]["state_bytes_per_rank"][0].get<double>() >= 2 * 215370.0 * 4);
+}
+
+namespace {
+// The kernel set core/src/blas.cpp should pick on this CPU ("" = none better).
+std::string expected_coretype() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream is(line.substr(line.find(':') + 1));
+    std::set<std::string> flags{std::istream_iterator<std::string>(is), std::istream_iterator<std::string>()};
+    if (flags.count("avx512f") && flags.count("avx512bw") && flags.count("avx512vl") && flags.count("avx512dq"))
+      return "SkylakeX";
+    if (flags.count("avx2") && flags.count("fma")) return "Haswell";
+    return "";
+  }
+  return "";
+}
+
+std::string blas_kernels(const std::string& output) {
+  std::smatch m;
+  if (std::regex_search(output, m, std::regex(R"(BLAS: OpenBLAS, (\w+) kernels)"))) return m[1];
+  return "";
+}
+}  // namespace
+
+TEST_CASE("distopt runs OpenBLAS with the best kernel set the CPU has, and respects OPENBLAS_CORETYPE") {
+  if (!have_data()) {
+    MESSAGE("dataset-fashion-mnist is not installed; skipping");
+    return;
+  }
+  TempDir t;
+  Job j;
+  j.world = 1;
+  j.max_steps = 2;
+  std::string cfg = write_job(t, j);
+  ProcResult r = run_command({"env", "-u", "OPENBLAS_CORETYPE", cli(), "train", cfg}, {}, std::chrono::seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::string kernels = blas_kernels(r.output);
+  if (kernels.empty()) {
+    MESSAGE("libblas.so.3 is not OpenBLAS here; nothing to check");
+    return;
+  }
+  std::string want = expected_coretype();
+  if (!want.empty()) {
+    // OpenBLAS misdetects generic virtual CPUs as Prescott (SSE3): distopt
+    // must have re-executed itself with the AVX2/AVX-512 kernels.
+    CHECK(kernels == want);
+  }
+  // An explicit choice of the user is kept as it is.
+  ProcResult r2 = run_command({cli(), "train", cfg}, {"OPENBLAS_CORETYPE=Sandybridge"}, std::chrono::seconds(120));
+  INFO(r2.output);
+  REQUIRE(r2.exit_code == 0);
+  CHECK(blas_kernels(r2.output) == "Sandybridge");
 }

@@ -173,13 +173,33 @@ def worker_args(a):
 
 
 def blas_name():
+    name = "unknown"
     for link in ("/etc/alternatives/libblas.so.3-x86_64-linux-gnu", "/etc/alternatives/libblas.so.3"):
         if os.path.exists(link):
-            return os.path.realpath(link)
-    return "unknown"
+            name = os.path.realpath(link)
+            break
+    return name + ", OPENBLAS_CORETYPE=" + os.environ.get("OPENBLAS_CORETYPE", "(auto)")
+
+
+def best_openblas_coretype():
+    """The kernel set `distopt` itself picks (core/src/blas.cpp): OpenBLAS
+    misdetects this VM's CPU as Prescott, so both sides must get the same fix
+    or the comparison measures the BLAS, not the distributed runtime."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+        return ""
+    if all(x in flags for x in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
+        return "SkylakeX"
+    if "avx2" in flags and "fma" in flags:
+        return "Haswell"
+    return ""
 
 
 def main():
+    if "OPENBLAS_CORETYPE" not in os.environ and best_openblas_coretype():
+        os.environ["OPENBLAS_CORETYPE"] = best_openblas_coretype()  # inherited by both sides' ranks
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=os.path.join(ROOT, "share/distopt/examples/allreduce-sgd.yaml"))
     ap.add_argument("--distopt", default=os.path.join(ROOT, os.environ.get("DISTOPT_BUILD_DIR", "build"), "bin/distopt"))

@@ -19,6 +19,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "distopt/blas.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/process.hpp"
@@ -178,6 +179,8 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
        << "  " << tc.epochs << " epoch(s) x " << steps_per_epoch << " steps, batch " << tc.batch_size
        << " per rank (global " << global_batch << "), " << threads << " thread(s) per rank, "
        << opt.num_buckets() << " bucket(s), data " << tc.data_dir << "\n";
+    std::string blas = openblas_core_name();
+    os << "  BLAS: " << (blas.empty() ? std::string("not OpenBLAS") : "OpenBLAS, " + blas + " kernels") << "\n";
     std::cout << os.str() << std::flush;
   }
 

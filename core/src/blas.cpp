@@ -1,0 +1,62 @@
+// OpenBLAS kernel-set detection and the OPENBLAS_CORETYPE fix (see blas.hpp).
+#include "distopt/blas.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "distopt/host.hpp"
+
+namespace distopt {
+
+std::string openblas_core_name() {
+  using CoreName = char* (*)();
+  auto fn = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (!fn) return "";
+  const char* name = fn();
+  return name ? name : "";
+}
+
+std::string best_openblas_coretype() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return "";
+}
+
+std::string openblas_coretype_fix() {
+  if (std::getenv("OPENBLAS_CORETYPE")) return "";
+  const char* autotune = std::getenv("DISTOPT_BLAS_AUTOTUNE");
+  if (autotune && std::strcmp(autotune, "0") == 0) return "";
+  std::string current = openblas_core_name();
+  if (current.empty()) return "";
+  std::string best = best_openblas_coretype();
+  if (best.empty()) return "";
+  // Only the generic fallbacks are replaced: a kernel set OpenBLAS picked on
+  // purpose for a CPU it recognised is left alone.
+  for (const char* generic : {"Prescott", "Core2", "Nehalem", "Sandybridge", "Katmai", "Coppermine",
+                              "Northwood", "Banias", "Atom", "Penryn", "Dunnington"}) {
+    if (strcasecmp(current.c_str(), generic) == 0) return best;
+  }
+  if (best == "SkylakeX" && strcasecmp(current.c_str(), "Haswell") == 0) return best;
+  return "";
+}
+
+void reexec_with_better_blas(char** argv) {
+  std::string fix = openblas_coretype_fix();
+  if (fix.empty()) return;
+  std::string current = openblas_core_name();
+  setenv("OPENBLAS_CORETYPE", fix.c_str(), 1);
+  // Marker so a BLAS that ignores OPENBLAS_CORETYPE cannot cause a loop.
+  if (std::getenv("DISTOPT_BLAS_REEXEC")) return;
+  setenv("DISTOPT_BLAS_REEXEC", current.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  log(DOPT_LOG_WARN, "blas",
+      "could not re-execute with OPENBLAS_CORETYPE=" + fix + ": " + std::strerror(errno));
+}
+
+}  // namespace distopt
