@@ -1,0 +1,330 @@
+#include "powersgd_reducer.hpp"
+
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "distopt/sdk/tensor.hpp"
+#include "orthogonalize.hpp"
+
+namespace distopt::plugins::powersgd {
+
+namespace {
+
+constexpr const char* kWho = "powersgd";
+
+sdk::Error bad(const std::string& msg) { return sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string("powersgd: ") + msg); }
+
+size_t dl_numel(const DLTensor& t) {
+  size_t n = 1;
+  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
+  return n;
+}
+
+size_t dtype_bytes(at::ScalarType t) { return static_cast<size_t>(c10::elementSize(t)); }
+
+// Math dtype for a bucket dtype: float64 stays, everything else is float32.
+at::ScalarType compute_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+void orthogonalize(at::Tensor& a) {  // a: contiguous CPU (rows x cols)
+  if (a.scalar_type() == at::kDouble)
+    orthogonalize_columns(a.data_ptr<double>(), a.size(0), a.size(1));
+  else
+    orthogonalize_columns(a.data_ptr<float>(), a.size(0), a.size(1));
+}
+
+}  // namespace
+
+uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world) {
+  if (world <= 1) return 0;
+  return 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
+}
+
+BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts) {
+  if (!bucket.flat) throw bad("bucket " + std::to_string(bucket.index) + " has no flat buffer");
+  if (bucket.num_entries && !bucket.entries) throw bad("bucket " + std::to_string(bucket.index) + " has no entries");
+  BucketPlan plan;
+  plan.flat_numel = dl_numel(*bucket.flat);
+  std::vector<size_t> uncompressed;
+  for (size_t i = 0; i < bucket.num_entries; ++i) {
+    const dopt_bucket_entry& e = bucket.entries[i];
+    const std::string what = "bucket " + std::to_string(bucket.index) + " entry " + std::to_string(i) +
+                             (e.name ? " ('" + std::string(e.name) + "')" : std::string());
+    if (e.offset > plan.flat_numel || e.numel > plan.flat_numel - e.offset)
+      throw bad(what + ": elements [" + std::to_string(e.offset) + ", +" + std::to_string(e.numel) +
+                ") exceed the flat buffer of " + std::to_string(plan.flat_numel));
+    if (e.ndim < 0 || (e.ndim > 0 && !e.shape)) throw bad(what + ": bad shape");
+    size_t shape_numel = 1;
+    for (int32_t d = 0; d < e.ndim; ++d) {
+      if (e.shape[d] < 0) throw bad(what + ": negative dimension");
+      shape_numel *= static_cast<size_t>(e.shape[d]);
+    }
+    if (shape_numel != e.numel)
+      throw bad(what + ": shape holds " + std::to_string(shape_numel) + " elements, numel is " +
+                std::to_string(e.numel));
+    EntryPlan p;
+    p.offset = e.offset;
+    p.numel = e.numel;
+    if (e.ndim >= 2 && e.numel > 0) {
+      // Trailing dims folded: a conv weight (out, in, kh, kw) is out x (in kh kw).
+      p.n = e.shape[0];
+      p.m = static_cast<int64_t>(e.numel) / p.n;
+      p.r = std::min({opts.rank, p.n, p.m});
+      // PyTorch's _should_compress: compressed size x rate < uncompressed size.
+      p.compressed = static_cast<double>((p.n + p.m) * p.r) * opts.min_compression_rate <
+                     static_cast<double>(p.n) * static_cast<double>(p.m);
+    }
+    if (p.compressed) {
+      p.p_off = plan.p_numel;
+      p.q_off = plan.q_numel;
+      p.e_off = plan.e_numel;
+      plan.p_numel += static_cast<size_t>(p.n * p.r);
+      plan.q_numel += static_cast<size_t>(p.m * p.r);
+      plan.e_numel += p.numel;
+      ++plan.num_compressed;
+    } else {
+      uncompressed.push_back(plan.entries.size());
+    }
+    plan.entries.push_back(p);
+  }
+  plan.p_compressed_numel = plan.p_numel;
+  for (size_t k : uncompressed) {
+    plan.entries[k].p_off = plan.p_numel;
+    plan.p_numel += plan.entries[k].numel;
+  }
+  return plan;
+}
+
+// ---------------------------------------------------------------------------
+
+struct PowerSgdReducer::BucketState {
+  int32_t index = 0;
+  BucketPlan plan;
+  int64_t steps = 0;      // reductions done (plain ones included)
+  bool have_q = false;    // Q's hold last step's values (warm start)
+  at::Tensor p, q, e;     // packed P(+uncompressed), Q's, residuals (compute dtype)
+};
+
+struct PowerSgdReducer::Job {
+  BucketState* state = nullptr;
+  at::Tensor flat;  // aliases the host's bucket buffer
+  std::shared_ptr<sdk::Completion> done;
+};
+
+PowerSgdReducer::PowerSgdReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
+                                 size_t num_buckets)
+    : comm_(comm), world_size_(args.world_size) {
+  if (!comm.vt || !comm.comm) throw bad("no communicator");
+  if (comm_.world_size() != args.world_size)
+    throw bad("communicator has " + std::to_string(comm_.world_size()) + " ranks, job has " +
+              std::to_string(args.world_size));
+  sdk::OptionsView o(args.options);
+  opts_.rank = o.get_int("rank");
+  // reuse_query is mlbench's name for warm_start; either one set to false turns it off.
+  opts_.warm_start = o.get_bool("warm_start") && o.get_bool("reuse_query");
+  opts_.start_iter = o.get_int("start_iter");
+  opts_.min_compression_rate = o.get_double("min_compression_rate");
+  opts_.seed = static_cast<uint64_t>(o.get_int("seed"));
+  if (opts_.rank < 1) throw bad("rank must be >= 1");
+  if (opts_.start_iter < 0) throw bad("start_iter must be >= 0");
+  if (!(opts_.min_compression_rate >= 0)) throw bad("min_compression_rate must be >= 0");
+
+  for (size_t b = 0; b < num_buckets; ++b) {
+    BucketState& s = state_for(buckets[b]);
+    if (args.rank == 0) {
+      size_t unc = s.plan.entries.size() - s.plan.num_compressed;
+      const double sent = static_cast<double>(s.plan.p_numel + s.plan.q_numel);
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "bucket %d: %zu matri%s compressed at rank %lld, %zu tensor(s) uncompressed; "
+                    "%.0f values per step instead of %zu (%.1fx)",
+                    s.index, s.plan.num_compressed, s.plan.num_compressed == 1 ? "x" : "ces",
+                    static_cast<long long>(opts_.rank), unc, sent, s.plan.flat_numel,
+                    sent > 0 ? static_cast<double>(s.plan.flat_numel) / sent : 0.0);
+      sdk::log_info(kWho, line);
+    }
+  }
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+PowerSgdReducer::~PowerSgdReducer() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+PowerSgdReducer::BucketState& PowerSgdReducer::state_for(const dopt_bucket& bucket) {
+  if (bucket.index < 0) throw bad("negative bucket index " + std::to_string(bucket.index));
+  std::lock_guard<std::mutex> lk(states_mu_);
+  const size_t i = static_cast<size_t>(bucket.index);
+  if (i >= states_.size()) states_.resize(i + 1);
+  if (!states_[i]) {
+    auto s = std::make_unique<BucketState>();
+    s->index = bucket.index;
+    s->plan = plan_bucket(bucket, opts_);
+    states_[i] = std::move(s);
+  } else {
+    // Same index, same layout: the state (residuals, Q's) belongs to it.
+    const BucketPlan& p = states_[i]->plan;
+    bool same = bucket.flat && dl_numel(*bucket.flat) == p.flat_numel && bucket.num_entries == p.entries.size();
+    for (size_t k = 0; same && k < bucket.num_entries; ++k)
+      same = bucket.entries[k].offset == p.entries[k].offset && bucket.entries[k].numel == p.entries[k].numel;
+    if (!same) throw bad("bucket " + std::to_string(bucket.index) + " changed its layout since it was first seen");
+  }
+  return *states_[i];
+}
+
+std::unique_ptr<sdk::Request> PowerSgdReducer::reduce(const dopt_bucket& bucket) {
+  if (!bucket.flat) throw bad("bucket without a flat buffer");
+  const DLTensor& dl = *bucket.flat;
+  if (dl.device.device_type != kDLCPU)
+    throw sdk::Error(DOPT_ERR_UNSUPPORTED, "powersgd: only CPU buckets are supported");
+  if (dl.ndim != 1 || (dl.strides && dl.strides[0] != 1)) throw bad("the bucket's flat buffer must be 1-D contiguous");
+  auto job = std::make_unique<Job>();
+  job->flat = sdk::as_tensor(dl);  // throws UNSUPPORTED for other dtypes
+  const auto st = job->flat.scalar_type();
+  if (st != at::kFloat && st != at::kDouble && st != at::kHalf && st != at::kBFloat16)
+    throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                     std::string("powersgd: bucket dtype ") + c10::toString(st) + " is not floating point");
+  job->state = &state_for(bucket);
+  job->done = std::make_shared<sdk::Completion>();
+  auto req = std::make_unique<sdk::CompletionRequest>(job->done);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) throw sdk::Error(DOPT_ERR_STATE, "powersgd: reducer is shutting down");
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return req;
+}
+
+void PowerSgdReducer::worker_loop() {
+  for (;;) {
+    std::unique_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) {
+        for (auto& j : queue_) j->done->complete(DOPT_ERR_ABORTED, "powersgd: reducer destroyed before the bucket ran");
+        queue_.clear();
+        return;
+      }
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      run_job(*job);
+      job->done->complete(DOPT_OK);
+    } catch (const sdk::Error& e) {
+      job->done->complete(e.status(), std::string("powersgd: bucket ") + std::to_string(job->state->index) +
+                                          ": " + e.what());
+    } catch (const std::exception& e) {
+      job->done->complete(DOPT_ERR_INTERNAL,
+                          std::string("powersgd: bucket ") + std::to_string(job->state->index) + ": " + e.what());
+    }
+  }
+}
+
+void PowerSgdReducer::run_job(Job& job) {
+  // The Q generator: each reducer has its own worker thread, so this is one
+  // generator per reducer, seeded with `seed`; the worker draws in the same
+  // bucket order on every rank, so every rank draws the same Q's.
+  static thread_local at::Generator gen;
+  BucketState& s = *job.state;
+  const BucketPlan& plan = s.plan;
+  at::Tensor& flat = job.flat;
+  if (static_cast<size_t>(flat.numel()) != plan.flat_numel) throw bad("flat buffer length changed");
+
+  if (s.steps < opts_.start_iter) {
+    // Plain average of the whole bucket in place, like `mean`; no residual yet
+    // (PyTorch's hook starts error feedback with compression too).
+    sdk::DLView v(flat);
+    comm_.allreduce(*v.get(), *v.get(), DOPT_REDUCE_AVG).wait();
+    bytes_sent_ += ring_allreduce_bytes(plan.flat_numel * dtype_bytes(flat.scalar_type()), world_size_);
+    ++s.steps;
+    return;
+  }
+
+  const at::ScalarType cdt = compute_dtype(flat.scalar_type());
+  const auto opt = at::TensorOptions().dtype(cdt);
+  const size_t esz = dtype_bytes(cdt);
+  // Half-precision buckets: work on a float32 copy, written back at the end.
+  at::Tensor work = flat.scalar_type() == cdt ? flat : flat.to(cdt);
+  if (!s.p.defined()) {
+    s.p = at::empty({static_cast<int64_t>(plan.p_numel)}, opt);
+    s.q = at::empty({static_cast<int64_t>(plan.q_numel)}, opt);
+    s.e = at::zeros({static_cast<int64_t>(plan.e_numel)}, opt);
+  }
+  if (!s.have_q || !opts_.warm_start) {
+    if (!gen.defined()) gen = at::make_generator<at::CPUGeneratorImpl>(opts_.seed);
+    s.q.normal_(0.0, 1.0, gen);
+    s.have_q = true;
+  }
+
+  struct Mats {
+    at::Tensor m, e, p, q;
+  };
+  std::vector<Mats> mats;
+  mats.reserve(plan.num_compressed);
+  for (const EntryPlan& ep : plan.entries) {
+    const auto nn = static_cast<int64_t>(ep.numel);
+    if (!ep.compressed) {
+      s.p.narrow(0, static_cast<int64_t>(ep.p_off), nn).copy_(work.narrow(0, static_cast<int64_t>(ep.offset), nn));
+      continue;
+    }
+    Mats x;
+    x.m = work.narrow(0, static_cast<int64_t>(ep.offset), nn).view({ep.n, ep.m});
+    x.e = s.e.narrow(0, static_cast<int64_t>(ep.e_off), nn).view({ep.n, ep.m});
+    x.p = s.p.narrow(0, static_cast<int64_t>(ep.p_off), ep.n * ep.r).view({ep.n, ep.r});
+    x.q = s.q.narrow(0, static_cast<int64_t>(ep.q_off), ep.m * ep.r).view({ep.m, ep.r});
+    x.m.add_(x.e);   // error feedback: compress gradient + last residual
+    x.e.copy_(x.m);  // becomes M - P Q^T below
+    // An orthonormal Q (as PyTorch's hook does) keeps a reused Q well
+    // conditioned; P = M Q is the power-iteration step.
+    orthogonalize(x.q);
+    at::mm_out(x.p, x.m, x.q);
+    mats.push_back(std::move(x));
+  }
+
+  // One allreduce: every P and every uncompressed value of the bucket.
+  if (plan.p_numel > 0) {
+    sdk::DLView v(s.p);
+    comm_.allreduce(*v.get(), *v.get(), DOPT_REDUCE_AVG).wait();
+    bytes_sent_ += ring_allreduce_bytes(plan.p_numel * esz, world_size_);
+  }
+  for (const EntryPlan& ep : plan.entries)
+    if (!ep.compressed) {
+      const auto nn = static_cast<int64_t>(ep.numel);
+      work.narrow(0, static_cast<int64_t>(ep.offset), nn).copy_(s.p.narrow(0, static_cast<int64_t>(ep.p_off), nn));
+    }
+
+  if (!mats.empty()) {
+    for (Mats& x : mats) {
+      orthogonalize(x.p);                  // bit-identical on every rank (same allreduced P)
+      at::mm_out(x.q, x.m.t(), x.p);       // Q = M^T P
+    }
+    at::Tensor qs = s.q.narrow(0, 0, static_cast<int64_t>(plan.q_numel));
+    sdk::DLView v(qs);
+    comm_.allreduce(*v.get(), *v.get(), DOPT_REDUCE_AVG).wait();
+    bytes_sent_ += ring_allreduce_bytes(plan.q_numel * esz, world_size_);
+    for (Mats& x : mats) {
+      at::mm_out(x.m, x.p, x.q.t());  // P Q^T: rank-r approximation of the average
+      x.e.sub_(x.m);                  // residual M - P Q^T, kept for the next step
+    }
+  }
+  if (!work.is_same(flat)) {
+    for (const EntryPlan& ep : plan.entries) {
+      const auto nn = static_cast<int64_t>(ep.numel);
+      flat.narrow(0, static_cast<int64_t>(ep.offset), nn).copy_(work.narrow(0, static_cast<int64_t>(ep.offset), nn));
+    }
+  }
+  ++s.steps;
+}
+
+}  // namespace distopt::plugins::powersgd

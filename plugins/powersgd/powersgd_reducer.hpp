@@ -1,0 +1,143 @@
+// The `powersgd` reducer: PowerSGD (Vogels, Karimireddy, Jaggi, "PowerSGD:
+// Practical Low-Rank Gradient Compression for Distributed Optimization",
+// NeurIPS 2019), with the options and behaviour of PyTorch's powerSGD_hook
+// (torch.distributed.algorithms.ddp_comm_hooks) and mlbench's PowerSGD
+// (`rank`, `reuse_query`).
+//
+// Per bucket and step (after `start_iter` plain-average steps):
+//   - every entry of 2+ dims is a matrix M (n x m: dim 0 x the rest folded);
+//     with r = min(rank, n, m) it is compressed when (n + m) r *
+//     min_compression_rate < n m, otherwise it goes with the 1-D entries;
+//   - M += E (error feedback: E is this rank's residual of the last step);
+//   - Q (m x r) is orthonormalised (warm start: last step's Q; else fresh
+//     Gaussian from `seed`, identical on every rank), P = M Q;
+//   - ONE allreduce (average) carries every P of the bucket plus every
+//     uncompressed entry (biases, small matrices), packed in one buffer;
+//   - P is orthonormalised (orthogonalize.hpp, bit-identical on every rank),
+//     Q = M^T P, ONE allreduce (average) of every Q of the bucket;
+//   - the bucket gets P Q^T (= the rank-r approximation of the average of
+//     the M's) and E = M - P Q^T.
+// With r = min(n, m) (and min_compression_rate 0 so the matrix is
+// compressed) P Q^T is the exact average.
+//
+// Asynchrony: reduce() only enqueues the bucket and returns; one worker
+// thread per reducer runs the queued buckets in FIFO order (the matmuls, the
+// two dependent allreduces and the write-back). All of this reducer's
+// collectives are issued by that thread, so they are issued in the same order
+// on every rank whatever the timing of reduce/test/wait calls, and the
+// autograd thread never blocks on the P -> Q dependency. The request's
+// test/wait observe the worker's completion (errors, e.g. a dead peer, come
+// back from wait with the communicator's detail).
+//
+// Thread safety: reduce, bytes_sent and the requests may be called from any
+// thread. Buckets must be reduced in the same order on every rank (reducer.h).
+// Buckets must not be touched by the caller until their request completes.
+//
+// Supported bucket dtypes: float32 and float64 (math in that dtype), float16
+// and bfloat16 (math, residuals and P/Q traffic in float32).
+//
+// State: per bucket, the residuals E (one float per compressed element), the
+// Q's (warm start) and the step count. This is training state that a
+// checkpoint must hold to resume bit-exactly; issue 3's checkpoint hooks are
+// to save/restore it (not done here).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "distopt/sdk/sdk.hpp"
+
+namespace distopt::plugins::powersgd {
+
+/// The reducer's options (see plugin.cpp for the schema and defaults).
+struct PowerSgdOptions {
+  int64_t rank = 4;                   ///< r, the approximation rank
+  bool warm_start = true;             ///< reuse Q between steps (alias reuse_query)
+  int64_t start_iter = 10;            ///< plain average for each bucket's first steps
+  double min_compression_rate = 2.0;  ///< compress iff (n + m) r * rate < n m; 0: always
+  uint64_t seed = 0;                  ///< initial / fresh Q's (same on every rank)
+};
+
+/// How one bucket entry is reduced. Offsets are in elements.
+struct EntryPlan {
+  size_t offset = 0, numel = 0;  ///< in the bucket's flat buffer
+  int64_t n = 0, m = 0, r = 0;   ///< matrix view and effective rank (compressed only)
+  bool compressed = false;
+  size_t p_off = 0;  ///< compressed: its P (n x r) in the P buffer; else its values there
+  size_t q_off = 0;  ///< compressed: its Q (m x r) in the Q buffer
+  size_t e_off = 0;  ///< compressed: its residual (n x m) in the residual buffer
+};
+
+/// The reduction plan of one bucket: which entries are compressed and where
+/// their P / Q / residual / uncompressed values live in the packed buffers.
+/// The P buffer holds every P, then every uncompressed entry's values.
+struct BucketPlan {
+  std::vector<EntryPlan> entries;
+  size_t flat_numel = 0;          ///< the bucket's flat length (incl. padding)
+  size_t p_numel = 0;             ///< P's + uncompressed values
+  size_t p_compressed_numel = 0;  ///< the P's alone (prefix of the P buffer)
+  size_t q_numel = 0, e_numel = 0;
+  size_t num_compressed = 0;
+};
+
+/// Plan a bucket (pure; throws sdk::Error(INVALID_ARGUMENT) on an entry that
+/// does not fit in the flat buffer or has a bad shape).
+BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts);
+
+/// Bytes one rank sends in a ring allreduce of `bytes` over `world` ranks:
+/// 2 (W-1)/W x bytes (0 on one rank).
+uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world);
+
+class PowerSgdReducer : public sdk::Reducer {
+ public:
+  /// Options from args.options (the plugin's schema). Plans the given buckets
+  /// (state is sized lazily, at a bucket's first compressed step). Starts the
+  /// worker thread. Throws sdk::Error on a bad communicator or bucket.
+  PowerSgdReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
+                  size_t num_buckets);
+  /// Stops the worker after its current bucket; queued buckets fail with
+  /// DOPT_ERR_ABORTED.
+  ~PowerSgdReducer() override;
+  PowerSgdReducer(const PowerSgdReducer&) = delete;
+  PowerSgdReducer& operator=(const PowerSgdReducer&) = delete;
+
+  /// Enqueue `bucket` (its flat buffer is reduced in place by the worker)
+  /// and return its request at once.
+  std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
+  /// Ring-allreduce traffic actually sent by this rank: per plain step
+  /// 2(W-1)/W x flat bytes; per compressed step the same of the P(+
+  /// uncompressed) buffer plus the Q buffer.
+  uint64_t bytes_sent() const override { return bytes_sent_.load(); }
+
+  const PowerSgdOptions& options() const { return opts_; }
+
+  struct Job;
+  struct BucketState;
+
+ private:
+  void worker_loop();
+  void run_job(Job& job);
+  BucketState& state_for(const dopt_bucket& bucket);
+
+  PowerSgdOptions opts_;
+  sdk::CommView comm_;
+  int32_t world_size_;
+  std::atomic<uint64_t> bytes_sent_{0};
+
+  std::mutex states_mu_;  // guards states_ (created on reduce(), used by the worker)
+  std::vector<std::unique_ptr<BucketState>> states_;  // by bucket index
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Job>> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace distopt::plugins::powersgd
