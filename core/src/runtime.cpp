@@ -17,6 +17,7 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host.hpp"
+#include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/store.hpp"
 #include "distopt/sdk/tensor.hpp"
@@ -113,6 +114,8 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   m.proc = proc;
   m.registry.discover(PluginRegistry::search_path(cfg.plugin_paths));
   m.validated = validate_job(cfg, m.registry);
+  // Before the rendezvous: every rank fails at once, nobody waits for a peer.
+  check_precision_supported(cfg);
   if (std::string fix = openblas_coretype_fix(); !fix.empty() && proc.rank == 0)
     log(DOPT_LOG_WARN, "runtime",
         "OpenBLAS runs its generic " + openblas_core_name() + " kernels on this CPU; start the program with "
@@ -218,6 +221,7 @@ DistributedOptimizer Runtime::make_optimizer(
   b.algorithm_options = &m.validated.algorithm;
   b.optimizer_options = &m.validated.optimizer;
   b.optimizer_name = m.cfg.optimizer_name;
+  b.precision = m.cfg.precision;
   b.comm = m.comm->ref();
   b.common.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
   b.common.rank = m.proc.rank;

@@ -8,6 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "distopt/options.hpp"
+#include "distopt/precision.hpp"
 
 namespace distopt {
 
@@ -47,6 +48,8 @@ struct JobConfig {
   YAML::Node optimizer_options;           ///< the other keys of `optimizer:`
   YAML::Mark optimizer_mark;
   TrainConfig train;
+  PrecisionConfig precision;              ///< precision: (absent = fp32, off); see precision.hpp
+  YAML::Mark precision_mark;              ///< where `precision:` (or its dtype) is written
   YAML::Node root;
 };
 

@@ -5,7 +5,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -50,7 +52,7 @@ class Parser {
     if (!root.IsMap())
       fail(file_, mark_of(root), "expected a map of sections at the top level, got " + describe(root));
     check_keys(root, "the top level",
-               {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train"});
+               {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train", "precision"});
     parse_plugins(section(root, "plugins"), cfg);
     parse_world(section(root, "world"), cfg);
     parse_component(root, "communicator", cfg.communicator);
@@ -58,6 +60,7 @@ class Parser {
     parse_component(root, "algorithm", cfg.algorithm);
     parse_optimizer(root, cfg);
     parse_train(section(root, "train"), cfg.train);
+    parse_precision(root, cfg);
     return cfg;
   }
 
@@ -232,6 +235,68 @@ class Parser {
     get_int(s, "threads", "train.threads", 0, 4096, t.threads);
     get_int(s, "log_every", "train.log_every", 0, kHuge, t.log_every);
     get_int(s, "max_steps", "train.max_steps", 0, kHuge, t.max_steps);
+  }
+
+  // A number in [lo, hi] (lo_open / hi_open: that end excluded), else fail at
+  // the value naming `path` and the range.
+  void get_double(const YAML::Node& map, const char* key, const std::string& path, double lo, bool lo_open,
+                  double hi, bool hi_open, double& out) {
+    YAML::Node n = child(map, key);
+    if (!n.IsDefined()) return;
+    auto v = to_double(n);
+    if (!v) fail(file_, mark_of(n), path + ": expected a number, got " + describe(n));
+    const bool ok = (lo_open ? *v > lo : *v >= lo) && (hi_open ? *v < hi : *v <= hi) && std::isfinite(*v);
+    if (!ok) {
+      std::ostringstream range;
+      range << (lo_open ? "(" : "[") << lo << ", ";
+      if (std::isinf(hi))
+        range << "inf)";
+      else
+        range << hi << (hi_open ? ")" : "]");
+      fail(file_, mark_of(n), path + ": value " + n.Scalar() + " is out of range " + range.str());
+    }
+    out = *v;
+  }
+
+  void parse_precision(const YAML::Node& root, JobConfig& cfg) {
+    YAML::Node s = section(root, "precision");
+    if (!s.IsDefined() || s.IsNull()) return;
+    cfg.precision_mark = key_mark(root, "precision", mark_of(s));
+    check_keys(s, "precision",
+               {"dtype", "master_weights", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
+                "growth_interval", "min_scale"});
+    PrecisionConfig& p = cfg.precision;
+    std::string dtype = "fp32";
+    get_string(s, "dtype", "precision.dtype", dtype, {"bf16", "fp16", "fp32"});
+    p.dtype = dtype == "bf16" ? PrecisionDtype::bf16 : dtype == "fp16" ? PrecisionDtype::fp16 : PrecisionDtype::fp32;
+    if (YAML::Node d = s["dtype"]; d.IsDefined()) cfg.precision_mark = mark_of(d, cfg.precision_mark);
+    std::string master = "fp32";
+    get_string(s, "master_weights", "precision.master_weights", master, {"fp32"});
+    if (YAML::Node ls = s["loss_scale"]; ls.IsDefined()) {
+      p.loss_scale_set = true;
+      auto text = to_string(ls);
+      if (text && *text == "dynamic") {
+        p.dynamic = true;
+      } else {
+        auto v = to_double(ls);
+        if (!v)
+          fail(file_, mark_of(ls), "precision.loss_scale: expected 'dynamic' or a number > 0, got " + describe(ls));
+        if (!(*v > 0) || !std::isfinite(*v))
+          fail(file_, mark_of(ls), "precision.loss_scale: value " + ls.Scalar() + " must be a finite number > 0");
+        p.dynamic = false;
+        p.static_scale = *v;
+      }
+    }
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    get_double(s, "init_scale", "precision.init_scale", 0, true, kInf, true, p.init_scale);
+    get_double(s, "growth_factor", "precision.growth_factor", 1, true, kInf, true, p.growth_factor);
+    get_double(s, "backoff_factor", "precision.backoff_factor", 0, true, 1, true, p.backoff_factor);
+    get_int(s, "growth_interval", "precision.growth_interval", 1, kHuge, p.growth_interval);
+    get_double(s, "min_scale", "precision.min_scale", 0, true, kInf, true, p.min_scale);
+    if (p.dynamic && p.min_scale > p.init_scale)
+      fail(file_, mark_of(child(s, "min_scale"), mark_of(child(s, "init_scale"), cfg.precision_mark)),
+           "precision.min_scale: " + std::to_string(p.min_scale) + " exceeds init_scale " +
+               std::to_string(p.init_scale));
   }
 
   std::string file_, base_dir_;

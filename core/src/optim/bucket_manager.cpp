@@ -39,7 +39,9 @@ BucketManager::BucketManager(const std::vector<std::pair<std::string, at::Tensor
     if (!t.requires_grad()) continue;
     if (t.is_sparse() || !t.is_contiguous())
       throw Error("parameter '" + name + "' must be a dense, contiguous tensor");
-    inputs.push_back({static_cast<size_t>(t.numel()), static_cast<size_t>(t.element_size()), dtype_code(t)});
+    inputs.push_back({static_cast<size_t>(t.numel()),
+                      opts.plan_element_size ? opts.plan_element_size : static_cast<size_t>(t.element_size()),
+                      dtype_code(t)});
     input_param.push_back(i);
   }
 

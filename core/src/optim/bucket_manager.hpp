@@ -28,6 +28,10 @@ struct BucketOptions {
   double cap_bytes = 25.0 * 1024 * 1024;
   size_t align_bytes = 8;
   bool overlap = true;  ///< false: Bagua's delay_reduce, every bucket launched at finish()
+  /// Bytes per element used to plan (cap and alignment) instead of each
+  /// parameter's own; 0 = its own. Mixed precision plans with 4 (fp32), so
+  /// the fp32 master buckets get the layout an fp32 model would have.
+  size_t plan_element_size = 0;
 };
 
 /// Not copyable or movable (the hooks point at it). Thread-safe between the
@@ -54,6 +58,8 @@ class BucketManager {
   const at::Tensor& grad_view(size_t i) const { return params_[i].view; }
   /// Bytes of bucket b's flat buffer.
   uint64_t bucket_bytes(size_t b) const;
+  /// Bucket b's flat buffer (the gradients' storage).
+  const at::Tensor& flat(size_t b) const { return buckets_.at(b).flat; }
 
   /// Zero every bucket and re-point .grad at the bucket views (a user's
   /// module.zero_grad() may have reset them). Throws distopt::Error if a

@@ -8,12 +8,14 @@
 #include <set>
 
 #include "distopt/algorithm.h"
+#include "distopt/communicator.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host.hpp"
 #include "distopt/reducer.h"
 #include "distopt/sdk/tensor.hpp"
 #include "optim/bucket_manager.hpp"
 #include "optim/optimizer_builder.hpp"
+#include "optim/precision.hpp"
 
 namespace distopt {
 
@@ -34,6 +36,23 @@ struct DistributedOptimizer::Impl {
   int world_size = 1;
   int64_t steps = 0;
   uint64_t plain_bytes_per_step = 0;
+  // Mixed precision (null / unused when off).
+  std::unique_ptr<optim::MasterWeights> masters;
+  std::unique_ptr<LossScaler> scaler;
+  float inf_flag = 0;  // allreduced in place (MAX) at each mixed-precision step
+  int64_t inf_flag_shape = 1;
+  DLTensor inf_flag_dl{};
+
+  const dopt_bucket* algorithm_buckets() const { return masters ? masters->buckets() : buckets->buckets(); }
+  uint64_t algorithm_bucket_bytes(size_t b) const {
+    return masters ? masters->bucket_bytes(b) : buckets->bucket_bytes(b);
+  }
+  void launch(const dopt_bucket& bucket) {
+    check_status(avt->on_bucket_ready(algorithm, &bucket), algorithm_who,
+                 "on_bucket_ready(bucket " + std::to_string(bucket.index) + ")");
+  }
+  bool any_rank_found_inf(bool mine);
+  void mixed_precision_step();
 
   ~Impl() {
     // Hooks first (backward must not reach a destroyed algorithm), then the
@@ -92,12 +111,24 @@ DistributedOptimizer build_optimizer(OptimizerBuild build) {
   bo.align_bytes = static_cast<size_t>(b.reducer_options->get_int("align_bytes"));
   bo.overlap = b.reducer_options->get_bool("overlap");
   DistributedOptimizer::Impl* raw = impl.get();
-  m.buckets = std::make_unique<optim::BucketManager>(b.params, bo, [raw](const dopt_bucket& bucket) {
-    check_status(raw->avt->on_bucket_ready(raw->algorithm, &bucket), raw->algorithm_who,
-                 "on_bucket_ready(bucket " + std::to_string(bucket.index) + ")");
-  });
+  const bool mixed = b.precision.enabled();
+  if (mixed) bo.plan_element_size = 4;  // fp32 master buckets get an fp32 model's layout
+  // Mixed precision launches nothing from the hooks: the fp32 buckets go to
+  // the algorithm in step(), once every rank's gradients are known finite.
+  m.buckets = std::make_unique<optim::BucketManager>(
+      b.params, bo, mixed ? optim::BucketManager::LaunchFn([](const dopt_bucket&) {})
+                          : optim::BucketManager::LaunchFn([raw](const dopt_bucket& bucket) { raw->launch(bucket); }));
+  if (mixed) {
+    m.masters = std::make_unique<optim::MasterWeights>(b.params, *m.buckets);
+    m.scaler = std::make_unique<LossScaler>(b.precision);
+    m.inf_flag_dl.data = &m.inf_flag;
+    m.inf_flag_dl.device = {kDLCPU, 0};
+    m.inf_flag_dl.ndim = 1;
+    m.inf_flag_dl.dtype = {kDLFloat, 32, 1};
+    m.inf_flag_dl.shape = &m.inf_flag_shape;
+  }
   for (size_t k = 0; k < m.buckets->num_buckets(); ++k)
-    m.plain_bytes_per_step += ring_bytes(m.buckets->bucket_bytes(k), m.world_size);
+    m.plain_bytes_per_step += ring_bytes(m.algorithm_bucket_bytes(k), m.world_size);
 
   m.params.resize(b.params.size());
   for (size_t i = 0; i < b.params.size(); ++i) {
@@ -106,9 +137,9 @@ DistributedOptimizer build_optimizer(OptimizerBuild build) {
     d.struct_size = DOPT_PARAM_STRUCT_SIZE;
     d.name = name.c_str();
     if (!t.is_contiguous()) throw Error("parameter '" + name + "' must be contiguous");
-    m.views.emplace_back(t.detach());
+    m.views.emplace_back(m.masters ? m.masters->master(i) : t.detach());
     d.data = m.views.back().get();
-    const at::Tensor& g = m.buckets->grad_view(i);
+    const at::Tensor& g = m.masters ? m.masters->master_grad(i) : m.buckets->grad_view(i);
     if (g.defined()) {
       m.views.emplace_back(g);
       d.grad = m.views.back().get();
@@ -127,7 +158,7 @@ DistributedOptimizer build_optimizer(OptimizerBuild build) {
   m.reducer_args.scope = m.reducer_scope.c_str();
   m.rvt = static_cast<const dopt_reducer_v1*>(b.reducer.vtable);
   take_last_error();
-  check_status(m.rvt->create(&m.reducer_args, b.comm, m.buckets->buckets(), m.buckets->num_buckets(), &m.reducer),
+  check_status(m.rvt->create(&m.reducer_args, b.comm, m.algorithm_buckets(), m.buckets->num_buckets(), &m.reducer),
                m.reducer_who, "create");
 
   m.algorithm_common = b.common;
@@ -143,7 +174,7 @@ DistributedOptimizer build_optimizer(OptimizerBuild build) {
   a.num_params = m.params.size();
   a.groups = m.groups.data();
   a.num_groups = m.groups.size();
-  a.buckets = m.buckets->buckets();
+  a.buckets = m.algorithm_buckets();
   a.num_buckets = m.buckets->num_buckets();
   a.optimizer_name = b.optimizer_name.c_str();
   a.optimizer_options = b.optimizer_options->c_handle();
@@ -161,9 +192,50 @@ DistributedOptimizer::~DistributedOptimizer() = default;
 
 void DistributedOptimizer::zero_grad() { impl_->buckets->zero_grad(); }
 
+bool DistributedOptimizer::Impl::any_rank_found_inf(bool mine) {
+  inf_flag = mine ? 1.0f : 0.0f;
+  if (world_size <= 1) return mine;
+  const dopt_comm_ref& c = build.comm;
+  dopt_request* req = nullptr;
+  const std::string op = "allreduce(mixed-precision inf/NaN flag, MAX)";
+  dopt_status st = c.vt->allreduce(c.comm, &inf_flag_dl, &inf_flag_dl, DOPT_REDUCE_MAX, &req);
+  if (st != DOPT_OK) throw CommError(st, "communicator", op, take_last_error());
+  const std::string what = "communicator:" + op;
+  CommRequest(c.vt, req, what).wait();
+  return inf_flag != 0.0f;
+}
+
+void DistributedOptimizer::Impl::mixed_precision_step() {
+  buckets->finish();  // completes the low-precision buckets (launches nothing)
+  const bool local_inf = masters->unscale_grads(scaler->scale());
+  if (any_rank_found_inf(local_inf)) {
+    scaler->update(/*found_inf=*/true);
+    metric_add("optim.skipped_steps", 1);
+    log(DOPT_LOG_DEBUG, "optimizer",
+        std::string("step skipped: inf/NaN gradient on ") + (local_inf ? "this rank" : "another rank") +
+            "; loss scale now " + std::to_string(scaler->scale()));
+    return;
+  }
+  const dopt_bucket* descs = masters->buckets();
+  for (size_t b = 0; b < masters->num_buckets(); ++b) launch(descs[b]);
+  check_status(avt->step(algorithm), algorithm_who, "step");
+  masters->copy_to_model();
+  scaler->update(/*found_inf=*/false);
+  ++steps;
+}
+
 void DistributedOptimizer::step() {
   auto& m = *impl_;
   auto t0 = std::chrono::steady_clock::now();
+  if (m.masters) {
+    const int64_t before = m.steps;
+    m.mixed_precision_step();
+    metric_add("optim.step_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (m.steps == before) return;  // skipped: nothing was sent
+    metric_add("optim.steps", 1);
+    metric_add("optim.bytes_plain_allreduce", static_cast<double>(m.plain_bytes_per_step));
+    return;
+  }
   m.buckets->finish();
   check_status(m.avt->step(m.algorithm), m.algorithm_who, "step");
   ++m.steps;
@@ -185,5 +257,21 @@ uint64_t DistributedOptimizer::bytes_sent_plain_allreduce() const {
 size_t DistributedOptimizer::num_buckets() const { return impl_->buckets->num_buckets(); }
 int64_t DistributedOptimizer::steps() const { return impl_->steps; }
 const std::string& DistributedOptimizer::algorithm_name() const { return impl_->build.algorithm.name; }
+
+bool DistributedOptimizer::mixed_precision() const { return impl_->masters != nullptr; }
+PrecisionDtype DistributedOptimizer::compute_dtype() const { return impl_->build.precision.dtype; }
+at::Tensor DistributedOptimizer::scale_loss(const at::Tensor& loss) const {
+  if (!impl_->scaler) return loss;
+  return loss * impl_->scaler->scale();
+}
+double DistributedOptimizer::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
+int64_t DistributedOptimizer::skipped_steps() const { return impl_->scaler ? impl_->scaler->skipped_steps() : 0; }
+LossScaleState DistributedOptimizer::loss_scale_state() const {
+  return impl_->scaler ? impl_->scaler->state() : LossScaleState{};
+}
+void DistributedOptimizer::set_loss_scale_state(const LossScaleState& s) {
+  if (!impl_->scaler) throw Error("set_loss_scale_state: mixed precision is off (no precision: section)");
+  impl_->scaler->set_state(s);
+}
 
 }  // namespace distopt

@@ -12,6 +12,7 @@
 #include "distopt/communicator.h"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/options.hpp"
+#include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/runtime.hpp"
 
@@ -29,6 +30,7 @@ struct OptimizerBuild {
   dopt_comm_ref comm{nullptr, nullptr};
   dopt_create_args common{};  ///< rank, world, store, token, bind; options / scope set per component
   std::string scope;          ///< unique per optimizer, identical across ranks ("optimizer/0")
+  PrecisionConfig precision;  ///< mixed precision (off by default)
 };
 
 /// Plan buckets, install hooks, create the reducer then the algorithm.

@@ -22,6 +22,7 @@
 #include "distopt/blas.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
+#include "distopt/precision.hpp"
 #include "distopt/process.hpp"
 #include "distopt/runtime.hpp"
 #include "train/dataset.hpp"
@@ -98,7 +99,8 @@ struct EvalResult {
 
 // Test loss and accuracy over the whole test set: each rank evaluates its
 // contiguous shard, the sums are allreduced.
-EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8, const at::Tensor& labels) {
+EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8, const at::Tensor& labels,
+                    at::ScalarType dtype) {
   at::NoGradGuard no_grad;
   const int64_t n = images_u8.size(0);
   const int64_t lo = n * rt.rank() / rt.world_size();
@@ -106,9 +108,9 @@ EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8,
   double loss_sum = 0, correct = 0;
   for (int64_t b = lo; b < hi; b += 1000) {
     int64_t e = std::min(hi, b + 1000);
-    auto x = normalise(images_u8.slice(0, b, e));
+    auto x = normalise(images_u8.slice(0, b, e)).to(dtype);
     auto y = labels.slice(0, b, e);
-    auto logp = at::log_softmax(model.forward(x), 1);
+    auto logp = at::log_softmax(model.forward(x).to(at::kFloat), 1);
     loss_sum += at::nll_loss(logp, y, {}, at::Reduction::Sum).item<double>();
     correct += logp.argmax(1).eq(y).sum().item<double>();
   }
@@ -129,6 +131,7 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
     throw ConfigError(cfg.path + ": train.dataset '" + tc.dataset + "' is not supported (known: fashion-mnist)");
   if (tc.batch_size < 1) throw ConfigError(cfg.path + ": train.batch_size must be at least 1");
   if (tc.epochs < 1) throw ConfigError(cfg.path + ": train.epochs must be at least 1");
+  check_precision_supported(cfg, /*cpu_only=*/true);  // the models run on the CPU
   const auto fault = fault_injection();
   const auto t_start = Clock::now();
 
@@ -160,6 +163,10 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
   const bool lead = rank == 0;
 
   auto model = make_model(tc.model, rows, cols, FashionMnist::kNumClasses, tc.seed);
+  // Mixed precision: the model computes in the low dtype; the optimizer
+  // keeps fp32 masters (made from these parameters in make_optimizer).
+  const at::ScalarType dtype = precision_scalar_type(cfg.precision.dtype);
+  if (dtype != at::kFloat) model->to(dtype);
   DistributedOptimizer opt = rt.make_optimizer(*model);
 
   const int64_t global_batch = tc.batch_size * world;
@@ -181,6 +188,11 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
        << opt.num_buckets() << " bucket(s), data " << tc.data_dir << "\n";
     std::string blas = openblas_core_name();
     os << "  BLAS: " << (blas.empty() ? std::string("not OpenBLAS") : "OpenBLAS, " + blas + " kernels") << "\n";
+    os << "  precision: " << precision_dtype_name(cfg.precision.dtype);
+    if (opt.mixed_precision())
+      os << " (fp32 master weights, loss scale "
+         << (cfg.precision.dynamic ? "dynamic, initial " : "static ") << opt.loss_scale() << ")";
+    os << "\n";
     std::cout << os.str() << std::flush;
   }
 
@@ -206,12 +218,13 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
       }
       const int64_t* idx = perm.data() + step * global_batch + rank * tc.batch_size;
       auto index = at::from_blob(const_cast<int64_t*>(idx), {tc.batch_size}, at::kLong);
-      auto x = normalise(train_x.index_select(0, index));
+      auto x = normalise(train_x.index_select(0, index)).to(dtype);
       auto y = train_y.index_select(0, index);
 
       opt.zero_grad();
-      auto loss = at::nll_loss(at::log_softmax(model->forward(x), 1), y);
-      loss.backward();
+      // Softmax and loss in fp32 (as autocast does); backward from the scaled loss.
+      auto loss = at::nll_loss(at::log_softmax(model->forward(x).to(at::kFloat), 1), y);
+      opt.scale_loss(loss).backward();
       opt.step();
       loss_sum += loss.item<double>();
       ++steps_since_log;
@@ -232,7 +245,7 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
     auto loss_t = at::tensor({loss_sum / static_cast<double>(steps_per_epoch)}, at::kDouble);
     rt.allreduce(loss_t, /*average=*/true);
     last_train_loss = loss_t.item<double>();
-    last_eval = evaluate(rt, *model, test_x, test_y);
+    last_eval = evaluate(rt, *model, test_x, test_y, dtype);
     const double epoch_samples = static_cast<double>(steps_per_epoch * global_batch);
     if (lead) {
       std::cout << "epoch " << epoch << "/" << tc.epochs << ": train loss " << fmt("%.4f", last_train_loss)
@@ -266,6 +279,8 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
               << "  samples/s (global): " << fmt("%.0f", sps) << "\n"
               << "  bytes sent per rank: " << join_bytes(sent) << " (plain allreduce: " << join_bytes(plain) << ")\n"
               << "  optimizer state per rank: " << join_bytes(state) << "\n"
+              << "  precision: " << precision_dtype_name(cfg.precision.dtype) << ", final loss scale "
+              << opt.loss_scale() << ", skipped steps " << opt.skipped_steps() << "\n"
               << "  final test accuracy: " << fmt("%.2f", 100 * last_eval.accuracy) << "% (train loss "
               << fmt("%.4f", last_train_loss) << ")" << std::endl;
     metrics.write({{"event", "summary"},
@@ -290,7 +305,11 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
                    {"state_bytes_per_rank", as_ints(state)},
                    {"final_train_loss", last_train_loss},
                    {"final_test_loss", last_eval.loss},
-                   {"final_test_accuracy", last_eval.accuracy}});
+                   {"final_test_accuracy", last_eval.accuracy},
+                   {"dtype", precision_dtype_name(cfg.precision.dtype)},
+                   {"mixed_precision", opt.mixed_precision()},
+                   {"final_loss_scale", opt.loss_scale()},
+                   {"skipped_steps", opt.skipped_steps()}});
   }
   rt.barrier();
   return 0;

@@ -1,0 +1,115 @@
+// `distopt train` with a `precision:` section: bf16 against fp32 on the same
+// job (2 ranks x 2 epochs, mlp, batch 256, SGD lr 0.1 momentum 0.9), its
+// console and JSON metrics, and fp16 refused on CPU with a clear error.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_util.hpp"
+
+namespace fs = std::filesystem;
+using distopt::test::env_path;
+using distopt::test::ProcResult;
+using distopt::test::run_command;
+using namespace distopt::test::cli;
+using nlohmann::json;
+
+namespace {
+
+const char* kData = "/usr/share/datasets/fashion-mnist";
+
+std::string write_job(const TempDir& t, const std::string& name, const std::string& precision, int epochs,
+                      int max_steps) {
+  std::ostringstream y;
+  y << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
+    << "world: {size: 2, timeout_s: 60}\n"
+    << "communicator: {name: tcp}\nreducer: {name: mean}\nalgorithm: {name: allreduce}\n"
+    << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
+    << "train: {model: mlp, epochs: " << epochs << ", batch_size: 256, seed: 0, max_steps: " << max_steps
+    << ", log_every: 0, threads: 1}\n";
+  if (!precision.empty()) y << "precision:\n" << precision;
+  std::string path = t.file(name);
+  std::ofstream(path) << y.str();
+  return path;
+}
+
+json summary_of(const std::string& metrics_path) {
+  std::ifstream f(metrics_path);
+  json last;
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) last = json::parse(line);
+  return last;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 training on 2 ranks reaches within 1 point of fp32 test accuracy") {
+  if (!fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) {
+    MESSAGE("dataset-fashion-mnist is not installed; skipping");
+    return;
+  }
+  TempDir t;
+  const std::string m32 = t.file("fp32.jsonl"), m16 = t.file("bf16.jsonl");
+  ProcResult r32 = run_command({cli(), "train", write_job(t, "fp32.yaml", "", 2, 0), "--metrics", m32}, {},
+                               std::chrono::seconds(280));
+  INFO(r32.output);
+  REQUIRE(r32.exit_code == 0);
+  ProcResult r16 =
+      run_command({cli(), "train", write_job(t, "bf16.yaml", "  dtype: bf16\n", 2, 0), "--metrics", m16}, {},
+                  std::chrono::seconds(280));
+  INFO(r16.output);
+  REQUIRE(r16.exit_code == 0);
+
+  CHECK(r32.output.find("precision: fp32\n") != std::string::npos);
+  CHECK(r16.output.find("precision: bf16 (fp32 master weights, loss scale dynamic, initial 65536)") !=
+        std::string::npos);
+  CHECK(r16.output.find("precision: bf16, final loss scale 65536, skipped steps 0") != std::string::npos);
+
+  json s32 = summary_of(m32), s16 = summary_of(m16);
+  REQUIRE(s32["event"] == "summary");
+  REQUIRE(s16["event"] == "summary");
+  CHECK(s32["dtype"] == "fp32");
+  CHECK(s32["mixed_precision"] == false);
+  CHECK(s32["final_loss_scale"] == 1.0);
+  CHECK(s16["dtype"] == "bf16");
+  CHECK(s16["mixed_precision"] == true);
+  // 2 x 117 steps < growth_interval 2000 and bf16 has fp32's range: no overflow.
+  CHECK(s16["final_loss_scale"] == 65536.0);
+  CHECK(s16["skipped_steps"] == 0);
+  CHECK(s16["steps"] == s32["steps"]);
+  // The reducer moves the same fp32 buckets either way.
+  CHECK(s16["bytes_sent_per_rank"] == s32["bytes_sent_per_rank"]);
+  const double a32 = s32["final_test_accuracy"].get<double>(), a16 = s16["final_test_accuracy"].get<double>();
+  MESSAGE("test accuracy after 2 epochs: fp32 " << 100 * a32 << "%, bf16 " << 100 * a16 << "%; samples/s fp32 "
+                                               << s32["samples_per_s"].get<double>() << ", bf16 "
+                                               << s16["samples_per_s"].get<double>());
+  CHECK(a32 > 0.8);
+  CHECK(std::abs(a16 - a32) <= 0.01);
+}
+
+TEST_CASE("fp16 on this CPU-only build fails at start with a clear error") {
+  TempDir t;
+  // Line 9 of the job file holds `dtype: fp16` (col 10).
+  const std::string job = write_job(t, "fp16.yaml", "  dtype: fp16\n", 1, 2);
+  ProcResult r = run_command({cli(), "train", job}, {}, std::chrono::seconds(60));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find(job + ":9:10: precision.dtype: fp16 needs a GPU") != std::string::npos);
+  CHECK(r.output.find("use dtype: bf16, which runs on CPU") != std::string::npos);
+  CHECK(r.output.find("epoch") == std::string::npos);  // refused before any training
+}
+
+TEST_CASE("distopt check reports a bad precision section with file:line:col") {
+  TempDir t;
+  const std::string job = write_job(t, "bad.yaml", "  dtype: bf16\n  backoff_factor: 2\n", 1, 2);
+  ProcResult r = run_command({cli(), "check", job}, {}, std::chrono::seconds(60));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find(job + ":10:19: precision.backoff_factor: value 2 is out of range (0, 1)") != std::string::npos);
+}
