@@ -79,11 +79,11 @@ Communicator::~Communicator() {
 int Communicator::rank() const { return vt_->rank(comm_); }
 int Communicator::world_size() const { return vt_->world_size(comm_); }
 
-#define DISTOPT_ISSUE(OPNAME, CALL)                      \
-  do {                                                   \
-    dopt_request* req = nullptr;                         \
-    dopt_status st = CALL;                               \
-    check_status(st, info_.name, OPNAME);                \
+#define DISTOPT_ISSUE(OPNAME, CALL)                          \
+  do {                                                       \
+    dopt_request* req = nullptr;                             \
+    dopt_status st = CALL;                                   \
+    check_status(st, info_.name, OPNAME);                    \
     return CommRequest(vt_, req, info_.name + ":" + OPNAME); \
   } while (0)
 

@@ -2,14 +2,14 @@
 // the thread-local error sink, job metrics and status checking.
 #include "distopt/host.hpp"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
-
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "distopt/error.hpp"
 #include "distopt/options.hpp"
@@ -40,10 +40,14 @@ int level_from_env() {
 
 spdlog::level::level_enum to_spdlog(int level) {
   switch (level) {
-    case DOPT_LOG_DEBUG: return spdlog::level::debug;
-    case DOPT_LOG_INFO: return spdlog::level::info;
-    case DOPT_LOG_WARN: return spdlog::level::warn;
-    default: return spdlog::level::err;
+    case DOPT_LOG_DEBUG:
+      return spdlog::level::debug;
+    case DOPT_LOG_INFO:
+      return spdlog::level::info;
+    case DOPT_LOG_WARN:
+      return spdlog::level::warn;
+    default:
+      return spdlog::level::err;
   }
 }
 
@@ -101,19 +105,23 @@ dopt_status option_get(const dopt_options* opts, const char* name, F&& f) noexce
 
 dopt_status c_option_bool(const dopt_options* o, const char* n, int32_t* out) noexcept {
   if (!out) return DOPT_ERR_INVALID_ARGUMENT;
-  return option_get(o, n, [&](const Options& opts, const std::string& k) { *out = opts.get_bool(k) ? 1 : 0; });
+  return option_get(
+      o, n, [&](const Options& opts, const std::string& k) { *out = opts.get_bool(k) ? 1 : 0; });
 }
 dopt_status c_option_int(const dopt_options* o, const char* n, int64_t* out) noexcept {
   if (!out) return DOPT_ERR_INVALID_ARGUMENT;
-  return option_get(o, n, [&](const Options& opts, const std::string& k) { *out = opts.get_int(k); });
+  return option_get(o, n,
+                    [&](const Options& opts, const std::string& k) { *out = opts.get_int(k); });
 }
 dopt_status c_option_double(const dopt_options* o, const char* n, double* out) noexcept {
   if (!out) return DOPT_ERR_INVALID_ARGUMENT;
-  return option_get(o, n, [&](const Options& opts, const std::string& k) { *out = opts.get_double(k); });
+  return option_get(o, n,
+                    [&](const Options& opts, const std::string& k) { *out = opts.get_double(k); });
 }
 dopt_status c_option_string(const dopt_options* o, const char* n, const char** out) noexcept {
   if (!out) return DOPT_ERR_INVALID_ARGUMENT;
-  return option_get(o, n, [&](const Options& opts, const std::string& k) { *out = opts.get_string(k).c_str(); });
+  return option_get(
+      o, n, [&](const Options& opts, const std::string& k) { *out = opts.get_string(k).c_str(); });
 }
 
 dopt_status c_store_set(dopt_store* s, const char* key, const void* value, size_t len) noexcept {

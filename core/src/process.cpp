@@ -33,7 +33,8 @@ struct Scheme {
 
 // Precedence: our own launcher first, then torchrun, Slurm, Open MPI.
 constexpr Scheme kSchemes[] = {
-    {"distopt", "DISTOPT_RANK", "DISTOPT_WORLD_SIZE", "DISTOPT_LOCAL_RANK", "DISTOPT_LOCAL_WORLD_SIZE"},
+    {"distopt", "DISTOPT_RANK", "DISTOPT_WORLD_SIZE", "DISTOPT_LOCAL_RANK",
+     "DISTOPT_LOCAL_WORLD_SIZE"},
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
     {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
     {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",

@@ -2,7 +2,6 @@
 
 #include <string>
 
-
 #include "distopt/sdk/optimizer_factory.hpp"
 #include "distopt/sdk/tensor.hpp"
 
@@ -57,28 +56,31 @@ AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)
     const dopt_param& p = args.params[i];
     if (!p.requires_grad || !p.grad) continue;
     if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
-      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                       std::string("allreduce: parameter ") + (p.name ? p.name : "?") + " has group " +
-                           std::to_string(p.group) + " of " + std::to_string(args.num_groups));
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string("allreduce: parameter ") +
+                                                      (p.name ? p.name : "?") + " has group " +
+                                                      std::to_string(p.group) + " of " +
+                                                      std::to_string(args.num_groups));
     at::Tensor t = sdk::as_tensor(*p.data);
     t.mutable_grad() = sdk::as_tensor(*p.grad);
     params_.push_back(t);
     groups[group_slot_[p.group]].params.push_back(t);
   }
-  optimizer_ = sdk::make_optimizer(args.optimizer_name ? args.optimizer_name : "", sdk::OptionsView(args.optimizer_options),
-                                   groups);
+  optimizer_ = sdk::make_optimizer(args.optimizer_name ? args.optimizer_name : "",
+                                   sdk::OptionsView(args.optimizer_options), groups);
 }
 
 size_t AllreduceAlgorithm::bucket_slot(const dopt_bucket& bucket) const {
   if (bucket.index < 0 || static_cast<size_t>(bucket.index) >= buckets_.size())
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: unknown bucket " + std::to_string(bucket.index));
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     "allreduce: unknown bucket " + std::to_string(bucket.index));
   return static_cast<size_t>(bucket.index);
 }
 
 void AllreduceAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
   size_t b = bucket_slot(bucket);
   if (pending_[b].valid())
-    throw sdk::Error(DOPT_ERR_STATE, "allreduce: bucket " + std::to_string(b) + " is ready twice in one step");
+    throw sdk::Error(DOPT_ERR_STATE,
+                     "allreduce: bucket " + std::to_string(b) + " is ready twice in one step");
   if (divide_before_ && world_size_ > 1) {
     at::NoGradGuard ng;
     flats_[b].div_(world_size_);
@@ -93,7 +95,8 @@ void AllreduceAlgorithm::step() {
   try {
     for (size_t b = 0; b < pending_.size(); ++b) {
       if (!pending_[b].valid())
-        throw sdk::Error(DOPT_ERR_STATE, "allreduce: step() before bucket " + std::to_string(b) + " was ready");
+        throw sdk::Error(DOPT_ERR_STATE,
+                         "allreduce: step() before bucket " + std::to_string(b) + " was ready");
       pending_[b].wait();
       pending_[b].reset();
       if (scale != 1.0) flats_[b].mul_(scale);
@@ -109,7 +112,8 @@ void AllreduceAlgorithm::step() {
 
 void AllreduceAlgorithm::set_lr(int32_t group, double lr) {
   if (group < 0 || static_cast<size_t>(group) >= group_slot_.size())
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: no parameter group " + std::to_string(group));
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     "allreduce: no parameter group " + std::to_string(group));
   sdk::set_group_lr(*optimizer_, static_cast<size_t>(group_slot_[group]), lr);
 }
 

@@ -15,10 +15,10 @@
 //                  avoid overflow), at the price of underflow for tiny values.
 #pragma once
 
+#include <torch/optim/optimizer.h>
+
 #include <memory>
 #include <vector>
-
-#include <torch/optim/optimizer.h>
 
 #include "distopt/sdk/sdk.hpp"
 
@@ -41,10 +41,10 @@ class AllreduceAlgorithm : public sdk::Algorithm {
   bool average_world_;
   bool divide_before_;
   std::vector<const dopt_bucket*> buckets_;
-  std::vector<at::Tensor> flats_;               // per bucket, aliasing the host's flat buffers
-  std::vector<sdk::ReduceHandle> pending_;      // per bucket, this step's reduction
-  std::vector<at::Tensor> params_;              // aliasing the host's parameters; .grad = bucket views
-  std::vector<int32_t> group_slot_;             // dopt group index -> optimizer param group
+  std::vector<at::Tensor> flats_;           // per bucket, aliasing the host's flat buffers
+  std::vector<sdk::ReduceHandle> pending_;  // per bucket, this step's reduction
+  std::vector<at::Tensor> params_;          // aliasing the host's parameters; .grad = bucket views
+  std::vector<int32_t> group_slot_;         // dopt group index -> optimizer param group
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 

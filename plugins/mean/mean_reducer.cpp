@@ -34,17 +34,19 @@ uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world) {
   return 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
 }
 
-MeanReducer::MeanReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket*, size_t)
+MeanReducer::MeanReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket*,
+                         size_t)
     : comm_(comm), world_size_(args.world_size) {
   if (!comm.vt || !comm.comm) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "mean: no communicator");
   if (comm_.world_size() != args.world_size)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     "mean: communicator has " + std::to_string(comm_.world_size()) + " ranks, job has " +
-                         std::to_string(args.world_size));
+                     "mean: communicator has " + std::to_string(comm_.world_size()) +
+                         " ranks, job has " + std::to_string(args.world_size));
 }
 
 std::unique_ptr<sdk::Request> MeanReducer::reduce(const dopt_bucket& bucket) {
-  if (!bucket.flat) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "mean: bucket without a flat buffer");
+  if (!bucket.flat)
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "mean: bucket without a flat buffer");
   auto h = comm_.allreduce(*bucket.flat, *bucket.flat, DOPT_REDUCE_AVG);
   uint64_t sent = ring_allreduce_bytes(dl_nbytes(*bucket.flat), world_size_);
   bytes_sent_ += sent;

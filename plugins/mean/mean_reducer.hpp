@@ -12,7 +12,8 @@ namespace distopt::plugins {
 
 class MeanReducer : public sdk::Reducer {
  public:
-  MeanReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets, size_t num_buckets);
+  MeanReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
+              size_t num_buckets);
   /// Starts the allreduce and returns at once; the request completes when it does.
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
   /// What a ring allreduce sends from this rank: 2 (W-1)/W x bucket bytes per

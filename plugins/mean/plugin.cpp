@@ -3,4 +3,5 @@
 
 DOPT_PLUGIN("mean", "1.0.0",
             DOPT_COMPONENT(distopt::plugins::MeanReducer, "mean", "1.0.0",
-                           "average of each gradient bucket over ranks (one in-place allreduce)", nullptr))
+                           "average of each gradient bucket over ranks (one in-place allreduce)",
+                           nullptr))

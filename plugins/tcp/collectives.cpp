@@ -19,22 +19,28 @@ namespace {
 int mod(int x, int n) { return ((x % n) + n) % n; }
 
 Clock::time_point deadline_after(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 void check_op(dopt_reduce_op op, const char* name) {
-  if (op != DOPT_REDUCE_SUM && op != DOPT_REDUCE_AVG && op != DOPT_REDUCE_MIN && op != DOPT_REDUCE_MAX)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, std::string(name) + ": unknown reduce op " + std::to_string(op)};
+  if (op != DOPT_REDUCE_SUM && op != DOPT_REDUCE_AVG && op != DOPT_REDUCE_MIN &&
+      op != DOPT_REDUCE_MAX)
+    throw ApiError{DOPT_ERR_INVALID_ARGUMENT,
+                   std::string(name) + ": unknown reduce op " + std::to_string(op)};
 }
 
 void check_same_dtype(const Buffer& a, const Buffer& b, const char* name) {
-  if (a.dtype.code != b.dtype.code || a.dtype.bits != b.dtype.bits || a.dtype.lanes != b.dtype.lanes)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, std::string(name) + ": send and recv have different dtypes"};
+  if (a.dtype.code != b.dtype.code || a.dtype.bits != b.dtype.bits ||
+      a.dtype.lanes != b.dtype.lanes)
+    throw ApiError{DOPT_ERR_INVALID_ARGUMENT,
+                   std::string(name) + ": send and recv have different dtypes"};
 }
 
 }  // namespace
 
-std::shared_ptr<Request> TcpComm::allreduce(const DLTensor* send, DLTensor* recv, dopt_reduce_op op) {
+std::shared_ptr<Request> TcpComm::allreduce(const DLTensor* send, DLTensor* recv,
+                                            dopt_reduce_op op) {
   check_op(op, "allreduce");
   DType dt;
   Buffer s = check(send, "allreduce", "send", true, &dt);
@@ -42,7 +48,8 @@ std::shared_ptr<Request> TcpComm::allreduce(const DLTensor* send, DLTensor* recv
   check_same_dtype(s, r, "allreduce");
   if (s.count != r.count)
     throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "allreduce: send has " + std::to_string(s.count) +
-                                                  " elements but recv has " + std::to_string(r.count)};
+                                                  " elements but recv has " +
+                                                  std::to_string(r.count)};
   return enqueue("allreduce", [this, s, r, dt, op] {
     const int n = world_;
     const size_t N = s.count, esz = s.elem_size;
@@ -52,7 +59,8 @@ std::shared_ptr<Request> TcpComm::allreduce(const DLTensor* send, DLTensor* recv
       divide(dt, r.data, s.data, N, 1);
       return res;
     }
-    if (shm_) return shm_->allreduce(s.data, r.data, N, dt, op, shm_ctx(deadline_after(cfg_.timeout_s)));
+    if (shm_)
+      return shm_->allreduce(s.data, r.data, N, dt, op, shm_ctx(deadline_after(cfg_.timeout_s)));
     // Chunk c: elements [c*N/n, (c+1)*N/n), balanced to within one element.
     std::vector<size_t> off(n + 1);
     for (int c = 0; c <= n; ++c) off[c] = (N / n * c + std::min<size_t>(c, N % n)) * esz;
@@ -83,16 +91,18 @@ std::shared_ptr<Request> TcpComm::allreduce(const DLTensor* send, DLTensor* recv
   });
 }
 
-std::shared_ptr<Request> TcpComm::reduce_scatter(const DLTensor* send, DLTensor* recv, dopt_reduce_op op) {
+std::shared_ptr<Request> TcpComm::reduce_scatter(const DLTensor* send, DLTensor* recv,
+                                                 dopt_reduce_op op) {
   check_op(op, "reduce_scatter");
   DType dt;
   Buffer s = check(send, "reduce_scatter", "send", true, &dt);
   Buffer r = check(recv, "reduce_scatter", "recv", true);
   check_same_dtype(s, r, "reduce_scatter");
   if (s.count != r.count * static_cast<size_t>(world_))
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "reduce_scatter: send has " + std::to_string(s.count) +
-                                                  " elements, expected world_size * recv = " +
-                                                  std::to_string(r.count * world_)};
+    throw ApiError{
+        DOPT_ERR_INVALID_ARGUMENT,
+        "reduce_scatter: send has " + std::to_string(s.count) +
+            " elements, expected world_size * recv = " + std::to_string(r.count * world_)};
   return enqueue("reduce_scatter", [this, s, r, dt, op] {
     const int n = world_, me = rank_;
     const size_t len = r.bytes();
@@ -102,7 +112,9 @@ std::shared_ptr<Request> TcpComm::reduce_scatter(const DLTensor* send, DLTensor*
       divide(dt, r.data, s.data, r.count, 1);
       return res;
     }
-    if (shm_) return shm_->reduce_scatter(s.data, r.data, r.count, dt, op, shm_ctx(deadline_after(cfg_.timeout_s)));
+    if (shm_)
+      return shm_->reduce_scatter(s.data, r.data, r.count, dt, op,
+                                  shm_ctx(deadline_after(cfg_.timeout_s)));
     // Step k receives block me-k-2; the last step's block is this rank's.
     // Partial sums of earlier steps live in scratch.
     char* tmp = scratch(len * static_cast<size_t>(n > 2 ? n - 2 : 0));
@@ -117,7 +129,8 @@ std::shared_ptr<Request> TcpComm::reduce_scatter(const DLTensor* send, DLTensor*
       int b = mod(me - k - 2, n);
       bool last = k == n - 2;
       char* dst = last ? r.data : tmp + static_cast<size_t>(k) * len;
-      p.recvs.push_back({dst, s.data + static_cast<size_t>(b) * len, len, (last && op == DOPT_REDUCE_AVG) ? n : 1});
+      p.recvs.push_back({dst, s.data + static_cast<size_t>(b) * len, len,
+                         (last && op == DOPT_REDUCE_AVG) ? n : 1});
       if (!last) p.sends.push_back({dst, len});
     }
     return run(p, deadline_after(cfg_.timeout_s));
@@ -136,7 +149,8 @@ std::shared_ptr<Request> TcpComm::allgather(const DLTensor* send, DLTensor* recv
     const size_t len = s.bytes();
     RingResult res;
     if (len == 0) return res;
-    if (shm_ && n > 1) return shm_->allgather(s.data, r.data, len, shm_ctx(deadline_after(cfg_.timeout_s)));
+    if (shm_ && n > 1)
+      return shm_->allgather(s.data, r.data, len, shm_ctx(deadline_after(cfg_.timeout_s)));
     char* mine = r.data + static_cast<size_t>(me) * len;
     if (mine != s.data) std::memmove(mine, s.data, len);
     if (n == 1) return res;
@@ -156,14 +170,15 @@ std::shared_ptr<Request> TcpComm::allgather(const DLTensor* send, DLTensor* recv
 
 std::shared_ptr<Request> TcpComm::broadcast(DLTensor* buf, int root) {
   if (root < 0 || root >= world_)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) + " is not in [0, " +
-                                                  std::to_string(world_) + ")"};
+    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) +
+                                                  " is not in [0, " + std::to_string(world_) + ")"};
   Buffer b = check(buf, "broadcast", "buf", false);
   return enqueue("broadcast", [this, b, root] {
     const int n = world_, me = rank_;
     RingResult res;
     if (b.bytes() == 0 || n == 1) return res;
-    if (shm_) return shm_->broadcast(b.data, b.bytes(), root, shm_ctx(deadline_after(cfg_.timeout_s)));
+    if (shm_)
+      return shm_->broadcast(b.data, b.bytes(), root, shm_ctx(deadline_after(cfg_.timeout_s)));
     // A pipelined chain root -> root+1 -> ... -> root-1: each rank forwards
     // bytes as soon as they arrive.
     const int pos = mod(me - root, n);
@@ -218,7 +233,8 @@ std::shared_ptr<Request> TcpComm::barrier() {
 
 std::shared_ptr<Request> TcpComm::send(const DLTensor* buf, int peer, int tag) {
   if (peer < 0 || peer >= world_ || peer == rank_)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "send: peer " + std::to_string(peer) + " is not another rank in [0, " +
+    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "send: peer " + std::to_string(peer) +
+                                                  " is not another rank in [0, " +
                                                   std::to_string(world_) + ")"};
   Buffer b = check(buf, "send", "buf", false);
   auto req = std::make_shared<Request>("send");
@@ -233,7 +249,8 @@ std::shared_ptr<Request> TcpComm::send(const DLTensor* buf, int peer, int tag) {
 
 std::shared_ptr<Request> TcpComm::recv(DLTensor* buf, int peer, int tag) {
   if (peer < 0 || peer >= world_ || peer == rank_)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "recv: peer " + std::to_string(peer) + " is not another rank in [0, " +
+    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "recv: peer " + std::to_string(peer) +
+                                                  " is not another rank in [0, " +
                                                   std::to_string(world_) + ")"};
   Buffer b = check(buf, "recv", "buf", false);
   auto req = std::make_shared<Request>("recv");

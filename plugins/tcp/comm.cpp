@@ -16,10 +16,12 @@ namespace dopt_tcp {
 
 TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
   if (args.world_size < 1 || args.rank < 0 || args.rank >= args.world_size)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "create: rank " + std::to_string(args.rank) + " is not in [0, " +
+    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "create: rank " + std::to_string(args.rank) +
+                                                  " is not in [0, " +
                                                   std::to_string(args.world_size) + ")"};
   if (args.world_size > 1 && !args.store)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "create: a rendezvous store is required for world_size > 1"};
+    throw ApiError{DOPT_ERR_INVALID_ARGUMENT,
+                   "create: a rendezvous store is required for world_size > 1"};
   MeshArgs m;
   m.rank = args.rank;
   m.world_size = args.world_size;
@@ -28,12 +30,14 @@ TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
   m.token = args.job_token ? args.job_token : "";
   m.bind_address = args.bind_address && *args.bind_address ? args.bind_address : "127.0.0.1";
   m.sockets.buffer_bytes = cfg.socket_buffer_bytes;
-  m.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cfg.timeout_s));
+  m.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(cfg.timeout_s));
   Mesh mesh;
   try {
     mesh = build_mesh(m);
   } catch (const std::exception& e) {
-    throw ApiError{DOPT_ERR_COMM, std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what()};
+    throw ApiError{DOPT_ERR_COMM,
+                   std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what()};
   }
   std::unique_ptr<ShmTransport> shm;
   try {
@@ -50,7 +54,8 @@ TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
     }
   } catch (const std::exception& e) {
     mesh.close_all();
-    throw ApiError{DOPT_ERR_COMM, std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what()};
+    throw ApiError{DOPT_ERR_COMM,
+                   std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what()};
   }
   try {
     return new TcpComm(args, cfg, std::move(mesh), std::move(shm));
@@ -60,7 +65,8 @@ TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
   }
 }
 
-TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh, std::unique_ptr<ShmTransport> shm)
+TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh,
+                 std::unique_ptr<ShmTransport> shm)
     : rank_(args.rank),
       world_(args.world_size),
       cfg_(cfg),
@@ -94,7 +100,8 @@ TcpComm::~TcpComm() {
   uint64_t one = 1;
   (void)!write(abort_fd_, &one, sizeof one);
   qcv_.notify_all();
-  for (auto& op : left) op.req->complete(DOPT_ERR_ABORTED, op.req->op() + ": aborted (communicator destroyed)");
+  for (auto& op : left)
+    op.req->complete(DOPT_ERR_ABORTED, op.req->op() + ": aborted (communicator destroyed)");
   if (progress_.joinable()) progress_.join();
   control_->stop();  // goodbye to the peers, then they may see our sockets close
   control_.reset();
@@ -109,7 +116,8 @@ void TcpComm::fail(dopt_status status, const std::string& cause, bool notify_pee
     fail_status_ = status;
     fail_cause_ = cause;
     failed_ = true;
-    if (!destroying_) log(DOPT_LOG_WARN, "rank " + std::to_string(rank_) + ": communicator failed: " + cause);
+    if (!destroying_)
+      log(DOPT_LOG_WARN, "rank " + std::to_string(rank_) + ": communicator failed: " + cause);
   }
   aborting_ = true;
   uint64_t one = 1;
@@ -125,7 +133,8 @@ bool TcpComm::failed(dopt_status* status, std::string* cause) const {
   return true;
 }
 
-std::shared_ptr<Request> TcpComm::enqueue(const std::string& name, std::function<RingResult()> body) {
+std::shared_ptr<Request> TcpComm::enqueue(const std::string& name,
+                                          std::function<RingResult()> body) {
   auto req = std::make_shared<Request>(name);
   dopt_status st;
   std::string cause;
@@ -223,23 +232,27 @@ char* TcpComm::scratch(size_t bytes) {
   return scratch_.data();
 }
 
-Buffer TcpComm::check(const DLTensor* t, const char* op, const char* which, bool reduce_dtype, DType* dt) const {
+Buffer TcpComm::check(const DLTensor* t, const char* op, const char* which, bool reduce_dtype,
+                      DType* dt) const {
   auto bad = [&](dopt_status s, const std::string& why) {
     return ApiError{s, std::string(op) + ": " + which + " " + why};
   };
   if (!t) throw bad(DOPT_ERR_INVALID_ARGUMENT, "tensor is NULL");
   if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
     throw bad(DOPT_ERR_UNSUPPORTED, "is not in host memory (tcp moves host memory only)");
-  if (t->ndim < 0 || (t->ndim > 0 && !t->shape)) throw bad(DOPT_ERR_INVALID_ARGUMENT, "has an invalid shape");
+  if (t->ndim < 0 || (t->ndim > 0 && !t->shape))
+    throw bad(DOPT_ERR_INVALID_ARGUMENT, "has an invalid shape");
   Buffer b;
   b.dtype = t->dtype;
   size_t bits = static_cast<size_t>(t->dtype.bits) * t->dtype.lanes;
-  if (bits == 0 || bits % 8) throw bad(DOPT_ERR_UNSUPPORTED, "has a dtype that is not a whole number of bytes");
+  if (bits == 0 || bits % 8)
+    throw bad(DOPT_ERR_UNSUPPORTED, "has a dtype that is not a whole number of bytes");
   b.elem_size = bits / 8;
   if (reduce_dtype) {
     DType d;
     if (!dtype_from_dl(t->dtype, &d))
-      throw bad(DOPT_ERR_UNSUPPORTED, "dtype is not one of float32, float64, bfloat16, float16, int32, int64");
+      throw bad(DOPT_ERR_UNSUPPORTED,
+                "dtype is not one of float32, float64, bfloat16, float16, int32, int64");
     if (dt) *dt = d;
   }
   size_t count = 1;
@@ -277,8 +290,9 @@ TcpComm* TcpComm::split(int color, int key) {
       dopt_status st = g_host->store_get(store_, pk.c_str(), buf, sizeof buf - 1, &len,
                                          static_cast<int64_t>(cfg_.timeout_s * 1000));
       if (st != DOPT_OK || len >= sizeof buf)
-        throw ApiError{st == DOPT_ERR_TIMEOUT ? DOPT_ERR_TIMEOUT : DOPT_ERR_COMM,
-                       "split: rank " + std::to_string(p) + " did not publish its color (key '" + pk + "')"};
+        throw ApiError{
+            st == DOPT_ERR_TIMEOUT ? DOPT_ERR_TIMEOUT : DOPT_ERR_COMM,
+            "split: rank " + std::to_string(p) + " did not publish its color (key '" + pk + "')"};
       buf[len] = 0;
       std::istringstream in(buf);
       in >> c >> kk;
@@ -286,8 +300,9 @@ TcpComm* TcpComm::split(int color, int key) {
     if (c == color) group.push_back(Member{kk, p});
   }
   if (color < 0) return nullptr;
-  std::stable_sort(group.begin(), group.end(),
-                   [](const Member& a, const Member& b) { return a.key != b.key ? a.key < b.key : a.rank < b.rank; });
+  std::stable_sort(group.begin(), group.end(), [](const Member& a, const Member& b) {
+    return a.key != b.key ? a.key < b.key : a.rank < b.rank;
+  });
   int new_rank = 0;
   for (size_t i = 0; i < group.size(); ++i)
     if (group[i].rank == rank_) new_rank = static_cast<int>(i);

@@ -30,7 +30,8 @@ struct Config {
   int64_t socket_buffer_bytes = 0;  ///< 0 = kernel autotuning
   int64_t max_io_bytes = 4 << 20;   ///< largest single send()/recv()
   bool shm = true;                  ///< shared memory for collectives when all ranks share a host
-  int64_t shm_bytes = 1 << 20;      ///< per-rank shared segment: two slots, small enough to stay in cache
+  int64_t shm_bytes =
+      1 << 20;  ///< per-rank shared segment: two slots, small enough to stay in cache
 };
 
 /// An error for the caller of an API function, returned as status + message.
@@ -83,13 +84,15 @@ class TcpComm {
     std::function<RingResult()> body;
   };
 
-  TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh, std::unique_ptr<ShmTransport> shm);
+  TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh,
+          std::unique_ptr<ShmTransport> shm);
   std::shared_ptr<Request> enqueue(const std::string& name, std::function<RingResult()> body);
   void progress_loop();
   void run_op(Op& op);
   RingResult run(const RingPlan& plan, Clock::time_point deadline);
   ShmWaitCtx shm_ctx(Clock::time_point deadline) const { return ShmWaitCtx{deadline, &aborting_}; }
-  Buffer check(const DLTensor* t, const char* op, const char* which, bool reduce_dtype, DType* dt = nullptr) const;
+  Buffer check(const DLTensor* t, const char* op, const char* which, bool reduce_dtype,
+               DType* dt = nullptr) const;
   char* scratch(size_t bytes);
 
   // Identity and what split() needs to create sub-communicators.

@@ -18,9 +18,13 @@ constexpr char kAccept = 'K';
 std::string store_get_string(const MeshArgs& a, const std::string& key) {
   char buf[512];
   size_t len = 0;
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(a.deadline - Clock::now()).count();
-  dopt_status st = g_host->store_get(a.store, key.c_str(), buf, sizeof buf, &len, left > 0 ? left : 0);
-  if (st != DOPT_OK) throw std::runtime_error("rendezvous: no address under '" + key + "' (" + dopt_status_string(st) + ")");
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(a.deadline - Clock::now()).count();
+  dopt_status st =
+      g_host->store_get(a.store, key.c_str(), buf, sizeof buf, &len, left > 0 ? left : 0);
+  if (st != DOPT_OK)
+    throw std::runtime_error("rendezvous: no address under '" + key + "' (" +
+                             dopt_status_string(st) + ")");
   if (len > sizeof buf) throw std::runtime_error("rendezvous: value of '" + key + "' is too long");
   return std::string(buf, len);
 }
@@ -62,7 +66,8 @@ std::string read_hello(int fd, const MeshArgs& a, int* peer, int* channel) {
   if (scope != a.scope) return "hello for another communicator ('" + scope + "')";
   uint32_t r = 0;
   uint8_t ch = 0;
-  if (!recv_exact(fd, &r, 4, dl, &why) || !recv_exact(fd, &ch, 1, dl, &why)) return "truncated hello: " + why;
+  if (!recv_exact(fd, &r, 4, dl, &why) || !recv_exact(fd, &ch, 1, dl, &why))
+    return "truncated hello: " + why;
   if (static_cast<int>(r) <= a.rank || static_cast<int>(r) >= a.world_size || ch > 2)
     return "unexpected rank " + std::to_string(r) + " / channel " + std::to_string(ch);
   *peer = static_cast<int>(r);
@@ -100,7 +105,8 @@ Mesh build_mesh(const MeshArgs& a) {
     std::string me = a.bind_address + ":" + std::to_string(port);
     std::string key = a.scope + "/tcp/addr/" + std::to_string(a.rank);
     if (g_host->store_set(a.store, key.c_str(), me.data(), me.size()) != DOPT_OK)
-      throw std::runtime_error("rendezvous: cannot publish this rank's address under '" + key + "'");
+      throw std::runtime_error("rendezvous: cannot publish this rank's address under '" + key +
+                               "'");
 
     // Lower ranks: connect (they accept in any order; the backlog holds us).
     for (int p = 0; p < a.rank; ++p) {
@@ -112,11 +118,12 @@ Mesh build_mesh(const MeshArgs& a) {
         int fd = connect_retry(host, pport, a.sockets, a.deadline);
         std::string h = hello(a, ch), why;
         char ack = 0;
-        if (!send_exact(fd, h.data(), h.size(), a.deadline, &why) || !recv_exact(fd, &ack, 1, a.deadline, &why) ||
-            ack != kAccept) {
+        if (!send_exact(fd, h.data(), h.size(), a.deadline, &why) ||
+            !recv_exact(fd, &ack, 1, a.deadline, &why) || ack != kAccept) {
           ::close(fd);
-          throw std::runtime_error("rank " + std::to_string(p) + " at " + addr + " refused the connection (" +
-                                   (why.empty() ? "bad reply" : why) + ")");
+          throw std::runtime_error("rank " + std::to_string(p) + " at " + addr +
+                                   " refused the connection (" + (why.empty() ? "bad reply" : why) +
+                                   ")");
         }
         slot(ch, true, p) = fd;
       }
@@ -126,10 +133,12 @@ Mesh build_mesh(const MeshArgs& a) {
     while (need > 0) {
       int fd = accept_until(lfd, a.deadline);
       if (fd < 0)
-        throw std::runtime_error("timed out waiting for " + std::to_string(need) + " connection(s) from higher ranks");
+        throw std::runtime_error("timed out waiting for " + std::to_string(need) +
+                                 " connection(s) from higher ranks");
       int peer = -1, ch = -1;
       std::string why = read_hello(fd, a, &peer, &ch);
-      if (why.empty() && slot(ch, false, peer) >= 0) why = "duplicate connection from rank " + std::to_string(peer);
+      if (why.empty() && slot(ch, false, peer) >= 0)
+        why = "duplicate connection from rank " + std::to_string(peer);
       if (!why.empty()) {
         log(DOPT_LOG_WARN, "refused connection from " + peer_address(fd) + ": " + why);
         ::close(fd);
@@ -138,7 +147,8 @@ Mesh build_mesh(const MeshArgs& a) {
       std::string w;
       if (!send_exact(fd, &kAccept, 1, a.deadline, &w)) {
         ::close(fd);
-        throw std::runtime_error("rank " + std::to_string(peer) + " dropped its connection during the handshake");
+        throw std::runtime_error("rank " + std::to_string(peer) +
+                                 " dropped its connection during the handshake");
       }
       slot(ch, false, peer) = fd;
       --need;

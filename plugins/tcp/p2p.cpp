@@ -25,7 +25,7 @@ struct Header {
   uint64_t len;
 };
 static_assert(sizeof(Header) == 16, "control frame header is 16 bytes");
-constexpr uint64_t kMaxAbort = 4096;        // an abort notice is one line
+constexpr uint64_t kMaxAbort = 4096;          // an abort notice is one line
 constexpr uint64_t kMaxMessage = 1ull << 40;  // sanity bound on a p2p message
 
 struct TxItem {
@@ -81,7 +81,10 @@ struct Cmd {
 };
 
 std::string errno_reason(int e) {
-  return e == 0 ? "peer closed" : e == ECONNRESET ? "connection reset" : e == EPIPE ? "broken pipe" : std::strerror(e);
+  return e == 0            ? "peer closed"
+         : e == ECONNRESET ? "connection reset"
+         : e == EPIPE      ? "broken pipe"
+                           : std::strerror(e);
 }
 
 }  // namespace
@@ -112,7 +115,8 @@ Control::Control(TcpComm* comm, int rank, std::vector<int> fds) : comm_(comm), s
     st_->peers[p].open = fds[p] >= 0;
   }
   st_->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (st_->wake_fd < 0) throw ApiError{DOPT_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno)};
+  if (st_->wake_fd < 0)
+    throw ApiError{DOPT_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno)};
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -128,7 +132,8 @@ void Control::wake() {
   (void)!write(st_->wake_fd, &one, sizeof one);
 }
 
-void Control::post_send(int peer, int tag, const char* data, size_t len, std::shared_ptr<Request> req) {
+void Control::post_send(int peer, int tag, const char* data, size_t len,
+                        std::shared_ptr<Request> req) {
   Cmd c(Cmd::Send);
   c.peer = peer, c.tag = tag, c.data = const_cast<char*>(data), c.len = len, c.req = std::move(req);
   {
@@ -170,7 +175,8 @@ void Control::stop() {
 void Control::loop() {
   State& S = *st_;
   const int n = static_cast<int>(S.peers.size());
-  auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(S.timeout_s));
+  auto timeout =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(S.timeout_s));
 
   auto fail_req = [](const std::shared_ptr<Request>& r, dopt_status st, const std::string& cause) {
     if (r) r->complete(st, r->op() + ": " + cause);
@@ -222,7 +228,8 @@ void Control::loop() {
         }
         Peer& P = S.peers[c.peer];
         if (!P.open || S.bye[c.peer]) {
-          fail_req(c.req, DOPT_ERR_COMM, "rank " + std::to_string(c.peer) + " closed the communicator");
+          fail_req(c.req, DOPT_ERR_COMM,
+                   "rank " + std::to_string(c.peer) + " closed the communicator");
           continue;
         }
         TxItem it{};
@@ -247,8 +254,9 @@ void Control::loop() {
             c.req->complete(DOPT_OK);
           } else {
             fail_req(c.req, DOPT_ERR_INVALID_ARGUMENT,
-                     "message from rank " + std::to_string(c.peer) + " (tag " + std::to_string(c.tag) + ") has " +
-                         std::to_string(it->data.size()) + " bytes but the buffer has " + std::to_string(c.len));
+                     "message from rank " + std::to_string(c.peer) + " (tag " +
+                         std::to_string(c.tag) + ") has " + std::to_string(it->data.size()) +
+                         " bytes but the buffer has " + std::to_string(c.len));
           }
           P.unexpected.erase(it);
           matched = true;
@@ -256,7 +264,8 @@ void Control::loop() {
         }
         if (matched) continue;
         if (!P.open || S.bye[c.peer]) {
-          fail_req(c.req, DOPT_ERR_COMM, "rank " + std::to_string(c.peer) + " closed the communicator");
+          fail_req(c.req, DOPT_ERR_COMM,
+                   "rank " + std::to_string(c.peer) + " closed the communicator");
           continue;
         }
         P.posted.push_back(Posted{c.tag, c.data, c.len, c.req, Clock::now() + timeout});
@@ -267,7 +276,8 @@ void Control::loop() {
         S.fail_cause = c.cause;
         fail_pending(c.status, c.cause);
         if (c.notify && !S.stopping)
-          for (auto& P : S.peers) push_notice(P, kAbort, "rank " + std::to_string(S.rank) + " reported: " + c.cause);
+          for (auto& P : S.peers)
+            push_notice(P, kAbort, "rank " + std::to_string(S.rank) + " reported: " + c.cause);
       } else if (c.kind == Cmd::Stop) {
         if (S.stopping) continue;
         S.stopping = true;
@@ -321,7 +331,8 @@ void Control::loop() {
         TxItem& it = P.tx.front();
         iovec iov[2];
         int niov = 0;
-        if (it.off < sizeof(Header)) iov[niov++] = {reinterpret_cast<char*>(&it.hdr) + it.off, sizeof(Header) - it.off};
+        if (it.off < sizeof(Header))
+          iov[niov++] = {reinterpret_cast<char*>(&it.hdr) + it.off, sizeof(Header) - it.off};
         size_t doff = it.off > sizeof(Header) ? it.off - sizeof(Header) : 0;
         if (it.len > doff) iov[niov++] = {const_cast<char*>(it.data) + doff, it.len - doff};
         ssize_t k = 0;
@@ -335,7 +346,9 @@ void Control::loop() {
             int e = errno;
             P.open = false;
             if (!S.failed && !S.stopping && !S.bye[p])
-              report(DOPT_ERR_COMM, "connection to rank " + std::to_string(p) + " lost (" + errno_reason(e) + ")", true);
+              report(DOPT_ERR_COMM,
+                     "connection to rank " + std::to_string(p) + " lost (" + errno_reason(e) + ")",
+                     true);
             break;
           }
         }
@@ -365,7 +378,9 @@ void Control::loop() {
           P.open = false;
           if (S.bye[p]) break;  // it said goodbye first: a clean close
           if (!S.failed && !S.stopping)
-            report(DOPT_ERR_COMM, "connection to rank " + std::to_string(p) + " lost (" + errno_reason(e) + ")", true);
+            report(DOPT_ERR_COMM,
+                   "connection to rank " + std::to_string(p) + " lost (" + errno_reason(e) + ")",
+                   true);
           break;
         }
         if (!P.in_payload) {
@@ -376,7 +391,8 @@ void Control::loop() {
           if (h.type == kBye) {
             S.bye[p] = true;
             for (auto& po : P.posted)
-              fail_req(po.req, DOPT_ERR_COMM, "rank " + std::to_string(p) + " closed the communicator");
+              fail_req(po.req, DOPT_ERR_COMM,
+                       "rank " + std::to_string(p) + " closed the communicator");
             P.posted.clear();
             continue;
           }
@@ -396,8 +412,10 @@ void Control::loop() {
             for (auto it = P.posted.begin(); it != P.posted.end(); ++it) {
               if (it->tag != h.tag) continue;
               P.rx_req = it->req;
-              if (it->len == h.len) P.dst = it->dst;
-              else P.want_len = it->len + 1;  // +1: a zero-length buffer is still a mismatch
+              if (it->len == h.len)
+                P.dst = it->dst;
+              else
+                P.want_len = it->len + 1;  // +1: a zero-length buffer is still a mismatch
               P.posted.erase(it);
               break;
             }
@@ -416,8 +434,9 @@ void Control::loop() {
             if (P.rx_req) {
               if (P.want_len)
                 fail_req(P.rx_req, DOPT_ERR_INVALID_ARGUMENT,
-                         "message from rank " + std::to_string(p) + " (tag " + std::to_string(P.hdr.tag) + ") has " +
-                             std::to_string(P.hdr.len) + " bytes but the buffer has " + std::to_string(P.want_len - 1));
+                         "message from rank " + std::to_string(p) + " (tag " +
+                             std::to_string(P.hdr.tag) + ") has " + std::to_string(P.hdr.len) +
+                             " bytes but the buffer has " + std::to_string(P.want_len - 1));
               else
                 P.rx_req->complete(DOPT_OK);
               P.rx_req.reset();
@@ -440,14 +459,16 @@ void Control::loop() {
           continue;
         }
         fail_req(it->req, DOPT_ERR_TIMEOUT,
-                 "timed out waiting for a message from rank " + std::to_string(p) + " (tag " + std::to_string(it->tag) + ")");
+                 "timed out waiting for a message from rank " + std::to_string(p) + " (tag " +
+                     std::to_string(it->tag) + ")");
         it = P.posted.erase(it);
       }
       if (S.failed || S.stopping) continue;
       if (!P.tx.empty() && now >= P.tx.front().deadline)
         report(DOPT_ERR_TIMEOUT, "timed out sending to rank " + std::to_string(p), true);
       else if (P.in_payload && now >= P.rx_deadline)
-        report(DOPT_ERR_TIMEOUT, "timed out receiving a message from rank " + std::to_string(p), true);
+        report(DOPT_ERR_TIMEOUT, "timed out receiving a message from rank " + std::to_string(p),
+               true);
     }
   }
 }

@@ -14,18 +14,20 @@ const dopt_host_api* g_host = nullptr;
 namespace {
 
 const dopt_option_spec kOptions[] = {
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "timeout_s", DOPT_OPTION_DOUBLE, "60", 0.001, 1e7, nullptr,
-     "seconds any operation (and connecting) may take before it fails with TIMEOUT"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "chunk_bytes", DOPT_OPTION_INT, "262144", 4096, 1 << 30, nullptr,
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "timeout_s", DOPT_OPTION_DOUBLE, "60", 0.001, 1e7,
+     nullptr, "seconds any operation (and connecting) may take before it fails with TIMEOUT"},
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "chunk_bytes", DOPT_OPTION_INT, "262144", 4096, 1 << 30,
+     nullptr,
      "pipeline grain of reductions: bytes received into a cache-sized window before being reduced"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "socket_buffer_bytes", DOPT_OPTION_INT, "0", 0, 1 << 30, nullptr,
-     "SO_SNDBUF/SO_RCVBUF of data connections; 0 leaves the kernel's autotuning on"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "max_io_bytes", DOPT_OPTION_INT, "4194304", 4096, 1 << 30, nullptr,
-     "largest single send()/recv() call"},
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "socket_buffer_bytes", DOPT_OPTION_INT, "0", 0, 1 << 30,
+     nullptr, "SO_SNDBUF/SO_RCVBUF of data connections; 0 leaves the kernel's autotuning on"},
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "max_io_bytes", DOPT_OPTION_INT, "4194304", 4096,
+     1 << 30, nullptr, "largest single send()/recv() call"},
     {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "shm", DOPT_OPTION_BOOL, "true", 0, -1, nullptr,
-     "run allreduce, reduce_scatter, allgather and broadcast over shared memory when every rank is on one host (TCP if any rank says false)"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "shm_bytes", DOPT_OPTION_INT, "1048576", 65536, 1 << 30, nullptr,
-     "shared-memory segment per rank (two slots that tensors stream through)"},
+     "run allreduce, reduce_scatter, allgather and broadcast over shared memory when every rank is "
+     "on one host (TCP if any rank says false)"},
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "shm_bytes", DOPT_OPTION_INT, "1048576", 65536, 1 << 30,
+     nullptr, "shared-memory segment per rank (two slots that tensors stream through)"},
 };
 
 template <class F>
@@ -62,17 +64,20 @@ Config read_config(const dopt_options* o) {
   Config c;
   if (!o) return c;  // no options object: the schema's defaults
   auto get_d = [&](const char* n, double& v) {
-    if (g_host->option_double(o, n, &v) != DOPT_OK) throw ApiError{DOPT_ERR_INVALID_ARGUMENT, std::string("tcp: option ") + n};
+    if (g_host->option_double(o, n, &v) != DOPT_OK)
+      throw ApiError{DOPT_ERR_INVALID_ARGUMENT, std::string("tcp: option ") + n};
   };
   auto get_i = [&](const char* n, int64_t& v) {
-    if (g_host->option_int(o, n, &v) != DOPT_OK) throw ApiError{DOPT_ERR_INVALID_ARGUMENT, std::string("tcp: option ") + n};
+    if (g_host->option_int(o, n, &v) != DOPT_OK)
+      throw ApiError{DOPT_ERR_INVALID_ARGUMENT, std::string("tcp: option ") + n};
   };
   get_d("timeout_s", c.timeout_s);
   get_i("chunk_bytes", c.chunk_bytes);
   get_i("socket_buffer_bytes", c.socket_buffer_bytes);
   get_i("max_io_bytes", c.max_io_bytes);
   int32_t shm = 1;
-  if (g_host->option_bool(o, "shm", &shm) != DOPT_OK) throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "tcp: option shm"};
+  if (g_host->option_bool(o, "shm", &shm) != DOPT_OK)
+    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "tcp: option shm"};
   c.shm = shm != 0;
   get_i("shm_bytes", c.shm_bytes);
   return c;
@@ -100,9 +105,12 @@ dopt_status c_destroy(dopt_comm* c) noexcept {
 }
 
 int32_t c_rank(const dopt_comm* c) noexcept { return c && c->impl ? c->impl->rank() : -1; }
-int32_t c_world_size(const dopt_comm* c) noexcept { return c && c->impl ? c->impl->world_size() : -1; }
+int32_t c_world_size(const dopt_comm* c) noexcept {
+  return c && c->impl ? c->impl->world_size() : -1;
+}
 
-dopt_status c_allreduce(dopt_comm* c, const DLTensor* s, DLTensor* r, dopt_reduce_op op, dopt_request** q) noexcept {
+dopt_status c_allreduce(dopt_comm* c, const DLTensor* s, DLTensor* r, dopt_reduce_op op,
+                        dopt_request** q) noexcept {
   return guarded([&] { return give(impl(c)->allreduce(s, r, op), q); });
 }
 dopt_status c_reduce_scatter(dopt_comm* c, const DLTensor* s, DLTensor* r, dopt_reduce_op op,
@@ -115,10 +123,12 @@ dopt_status c_allgather(dopt_comm* c, const DLTensor* s, DLTensor* r, dopt_reque
 dopt_status c_broadcast(dopt_comm* c, DLTensor* b, int32_t root, dopt_request** q) noexcept {
   return guarded([&] { return give(impl(c)->broadcast(b, root), q); });
 }
-dopt_status c_send(dopt_comm* c, const DLTensor* b, int32_t peer, int32_t tag, dopt_request** q) noexcept {
+dopt_status c_send(dopt_comm* c, const DLTensor* b, int32_t peer, int32_t tag,
+                   dopt_request** q) noexcept {
   return guarded([&] { return give(impl(c)->send(b, peer, tag), q); });
 }
-dopt_status c_recv(dopt_comm* c, DLTensor* b, int32_t peer, int32_t tag, dopt_request** q) noexcept {
+dopt_status c_recv(dopt_comm* c, DLTensor* b, int32_t peer, int32_t tag,
+                   dopt_request** q) noexcept {
   return guarded([&] { return give(impl(c)->recv(b, peer, tag), q); });
 }
 dopt_status c_barrier(dopt_comm* c, dopt_request** q) noexcept {
@@ -183,7 +193,8 @@ const dopt_component kComponents[] = {{
 }  // namespace
 }  // namespace dopt_tcp
 
-extern "C" DOPT_EXPORT dopt_status dopt_plugin_init_v1(const dopt_host_api* host, dopt_plugin_info* info) {
+extern "C" DOPT_EXPORT dopt_status dopt_plugin_init_v1(const dopt_host_api* host,
+                                                       dopt_plugin_info* info) {
   using namespace dopt_tcp;
   if (!host || !info) return DOPT_ERR_INVALID_ARGUMENT;
   if (host->struct_size < DOPT_HOST_API_STRUCT_SIZE || host->abi_major != DOPT_ABI_VERSION_MAJOR) {

@@ -57,13 +57,22 @@ inline uint16_t f_to_f16(float f) {
 }
 
 struct Sum {
-  template <class T> static T apply(T a, T b) { return a + b; }
+  template <class T>
+  static T apply(T a, T b) {
+    return a + b;
+  }
 };
 struct Min {
-  template <class T> static T apply(T a, T b) { return b < a ? b : a; }
+  template <class T>
+  static T apply(T a, T b) {
+    return b < a ? b : a;
+  }
 };
 struct Max {
-  template <class T> static T apply(T a, T b) { return a < b ? b : a; }
+  template <class T>
+  static T apply(T a, T b) {
+    return a < b ? b : a;
+  }
 };
 
 // Plain types. Separate loops for the common cases keep them vectorisable.
@@ -77,29 +86,47 @@ inline void div_loop(T* dst, size_t n, int d) {
   for (size_t i = 0; i < n; ++i) dst[i] = dst[i] / dv;
 }
 
-DOPT_CLONES void f32_sum(float* d, const float* a, const float* b, size_t n) { loop<float, Sum>(d, a, b, n); }
-DOPT_CLONES void f32_min(float* d, const float* a, const float* b, size_t n) { loop<float, Min>(d, a, b, n); }
-DOPT_CLONES void f32_max(float* d, const float* a, const float* b, size_t n) { loop<float, Max>(d, a, b, n); }
+DOPT_CLONES void f32_sum(float* d, const float* a, const float* b, size_t n) {
+  loop<float, Sum>(d, a, b, n);
+}
+DOPT_CLONES void f32_min(float* d, const float* a, const float* b, size_t n) {
+  loop<float, Min>(d, a, b, n);
+}
+DOPT_CLONES void f32_max(float* d, const float* a, const float* b, size_t n) {
+  loop<float, Max>(d, a, b, n);
+}
 DOPT_CLONES void f32_div(float* d, size_t n, int v) { div_loop<float>(d, n, v); }
-DOPT_CLONES void f64_sum(double* d, const double* a, const double* b, size_t n) { loop<double, Sum>(d, a, b, n); }
-DOPT_CLONES void f64_min(double* d, const double* a, const double* b, size_t n) { loop<double, Min>(d, a, b, n); }
-DOPT_CLONES void f64_max(double* d, const double* a, const double* b, size_t n) { loop<double, Max>(d, a, b, n); }
+DOPT_CLONES void f64_sum(double* d, const double* a, const double* b, size_t n) {
+  loop<double, Sum>(d, a, b, n);
+}
+DOPT_CLONES void f64_min(double* d, const double* a, const double* b, size_t n) {
+  loop<double, Min>(d, a, b, n);
+}
+DOPT_CLONES void f64_max(double* d, const double* a, const double* b, size_t n) {
+  loop<double, Max>(d, a, b, n);
+}
 DOPT_CLONES void f64_div(double* d, size_t n, int v) { div_loop<double>(d, n, v); }
 
 template <class T>
 void plain(dopt_reduce_op op, T* d, const T* a, const T* b, size_t n, int divisor) {
   switch (op) {
-    case DOPT_REDUCE_MIN: loop<T, Min>(d, a, b, n); break;
-    case DOPT_REDUCE_MAX: loop<T, Max>(d, a, b, n); break;
-    default: loop<T, Sum>(d, a, b, n); break;
+    case DOPT_REDUCE_MIN:
+      loop<T, Min>(d, a, b, n);
+      break;
+    case DOPT_REDUCE_MAX:
+      loop<T, Max>(d, a, b, n);
+      break;
+    default:
+      loop<T, Sum>(d, a, b, n);
+      break;
   }
   if (divisor > 1) div_loop<T>(d, n, divisor);
 }
 
 // 16-bit floats: widen, combine, optionally divide, round once.
 template <float (*Load)(uint16_t), uint16_t (*StoreF)(float)>
-DOPT_CLONES void half_loop(dopt_reduce_op op, uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n,
-                           int divisor) {
+DOPT_CLONES void half_loop(dopt_reduce_op op, uint16_t* d, const uint16_t* a, const uint16_t* b,
+                           size_t n, int divisor) {
   const float inv = divisor > 1 ? static_cast<float>(divisor) : 1.0f;
   switch (op) {
     case DOPT_REDUCE_MIN:
@@ -121,46 +148,66 @@ DOPT_CLONES void half_loop(dopt_reduce_op op, uint16_t* d, const uint16_t* a, co
 
 bool dtype_from_dl(DLDataType t, DType* out) {
   if (t.lanes != 1) return false;
-  if (t.code == kDLFloat && t.bits == 32) *out = DType::F32;
-  else if (t.code == kDLFloat && t.bits == 64) *out = DType::F64;
-  else if (t.code == kDLFloat && t.bits == 16) *out = DType::F16;
-  else if (t.code == kDLBfloat && t.bits == 16) *out = DType::BF16;
-  else if (t.code == kDLInt && t.bits == 32) *out = DType::I32;
-  else if (t.code == kDLInt && t.bits == 64) *out = DType::I64;
-  else return false;
+  if (t.code == kDLFloat && t.bits == 32)
+    *out = DType::F32;
+  else if (t.code == kDLFloat && t.bits == 64)
+    *out = DType::F64;
+  else if (t.code == kDLFloat && t.bits == 16)
+    *out = DType::F16;
+  else if (t.code == kDLBfloat && t.bits == 16)
+    *out = DType::BF16;
+  else if (t.code == kDLInt && t.bits == 32)
+    *out = DType::I32;
+  else if (t.code == kDLInt && t.bits == 64)
+    *out = DType::I64;
+  else
+    return false;
   return true;
 }
 
 size_t dtype_size(DType t) {
   switch (t) {
     case DType::F64:
-    case DType::I64: return 8;
+    case DType::I64:
+      return 8;
     case DType::F32:
-    case DType::I32: return 4;
-    default: return 2;
+    case DType::I32:
+      return 4;
+    default:
+      return 2;
   }
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "float32";
-    case DType::F64: return "float64";
-    case DType::BF16: return "bfloat16";
-    case DType::F16: return "float16";
-    case DType::I32: return "int32";
-    default: return "int64";
+    case DType::F32:
+      return "float32";
+    case DType::F64:
+      return "float64";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F16:
+      return "float16";
+    case DType::I32:
+      return "int32";
+    default:
+      return "int64";
   }
 }
 
-void reduce(DType t, dopt_reduce_op op, void* dst, const void* a, const void* b, size_t n, int divisor) {
+void reduce(DType t, dopt_reduce_op op, void* dst, const void* a, const void* b, size_t n,
+            int divisor) {
   switch (t) {
     case DType::F32: {
       auto* d = static_cast<float*>(dst);
       auto* x = static_cast<const float*>(a);
       auto* y = static_cast<const float*>(b);
-      if (op == DOPT_REDUCE_MIN) f32_min(d, x, y, n);
-      else if (op == DOPT_REDUCE_MAX) f32_max(d, x, y, n);
-      else f32_sum(d, x, y, n);
+      if (op == DOPT_REDUCE_MIN)
+        f32_min(d, x, y, n);
+      else if (op == DOPT_REDUCE_MAX)
+        f32_max(d, x, y, n);
+      else
+        f32_sum(d, x, y, n);
       if (divisor > 1) f32_div(d, n, divisor);
       break;
     }
@@ -168,24 +215,31 @@ void reduce(DType t, dopt_reduce_op op, void* dst, const void* a, const void* b,
       auto* d = static_cast<double*>(dst);
       auto* x = static_cast<const double*>(a);
       auto* y = static_cast<const double*>(b);
-      if (op == DOPT_REDUCE_MIN) f64_min(d, x, y, n);
-      else if (op == DOPT_REDUCE_MAX) f64_max(d, x, y, n);
-      else f64_sum(d, x, y, n);
+      if (op == DOPT_REDUCE_MIN)
+        f64_min(d, x, y, n);
+      else if (op == DOPT_REDUCE_MAX)
+        f64_max(d, x, y, n);
+      else
+        f64_sum(d, x, y, n);
       if (divisor > 1) f64_div(d, n, divisor);
       break;
     }
     case DType::I32:
-      plain(op, static_cast<int32_t*>(dst), static_cast<const int32_t*>(a), static_cast<const int32_t*>(b), n, divisor);
+      plain(op, static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+            static_cast<const int32_t*>(b), n, divisor);
       break;
     case DType::I64:
-      plain(op, static_cast<int64_t*>(dst), static_cast<const int64_t*>(a), static_cast<const int64_t*>(b), n, divisor);
+      plain(op, static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+            static_cast<const int64_t*>(b), n, divisor);
       break;
     case DType::BF16:
-      half_loop<bf16_to_f, f_to_bf16>(op, static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+      half_loop<bf16_to_f, f_to_bf16>(op, static_cast<uint16_t*>(dst),
+                                      static_cast<const uint16_t*>(a),
                                       static_cast<const uint16_t*>(b), n, divisor);
       break;
     case DType::F16:
-      half_loop<f16_to_f, f_to_f16>(op, static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+      half_loop<f16_to_f, f_to_f16>(op, static_cast<uint16_t*>(dst),
+                                    static_cast<const uint16_t*>(a),
                                     static_cast<const uint16_t*>(b), n, divisor);
       break;
   }
@@ -195,13 +249,22 @@ void divide(DType t, void* dst, const void* src, size_t n, int divisor) {
   if (dst != src) std::memcpy(dst, src, n * dtype_size(t));
   if (divisor <= 1) return;
   switch (t) {
-    case DType::F32: f32_div(static_cast<float*>(dst), n, divisor); break;
-    case DType::F64: f64_div(static_cast<double*>(dst), n, divisor); break;
-    case DType::I32: div_loop(static_cast<int32_t*>(dst), n, divisor); break;
-    case DType::I64: div_loop(static_cast<int64_t*>(dst), n, divisor); break;
+    case DType::F32:
+      f32_div(static_cast<float*>(dst), n, divisor);
+      break;
+    case DType::F64:
+      f64_div(static_cast<double*>(dst), n, divisor);
+      break;
+    case DType::I32:
+      div_loop(static_cast<int32_t*>(dst), n, divisor);
+      break;
+    case DType::I64:
+      div_loop(static_cast<int64_t*>(dst), n, divisor);
+      break;
     case DType::BF16: {
       auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = f_to_bf16(bf16_to_f(d[i]) / static_cast<float>(divisor));
+      for (size_t i = 0; i < n; ++i)
+        d[i] = f_to_bf16(bf16_to_f(d[i]) / static_cast<float>(divisor));
       break;
     }
     case DType::F16: {

@@ -3,10 +3,10 @@
 // (round-to-nearest-even), so every ring step rounds once.
 #pragma once
 
+#include <dlpack/dlpack.h>
+
 #include <cstddef>
 #include <cstdint>
-
-#include <dlpack/dlpack.h>
 
 #include "distopt/communicator.h"
 
@@ -23,7 +23,8 @@ const char* dtype_name(DType t);
 /// (the final step of an average; integer types truncate toward zero).
 /// dst may alias a or b exactly (in-place); other overlaps are not allowed.
 /// DOPT_REDUCE_AVG must be passed as DOPT_REDUCE_SUM plus a divisor.
-void reduce(DType t, dopt_reduce_op op, void* dst, const void* a, const void* b, size_t n, int divisor);
+void reduce(DType t, dopt_reduce_op op, void* dst, const void* a, const void* b, size_t n,
+            int divisor);
 
 /// dst[i] = src[i] / divisor (world-size-1 average; only used when divisor > 1).
 void divide(DType t, void* dst, const void* src, size_t n, int divisor);

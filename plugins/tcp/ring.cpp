@@ -11,8 +11,10 @@ namespace dopt_tcp {
 namespace {
 
 std::string lost(int peer, int err) {
-  std::string why = err == 0 ? "peer closed" : err == ECONNRESET ? "connection reset" : err == EPIPE ? "broken pipe"
-                                                                                                  : std::strerror(err);
+  std::string why = err == 0            ? "peer closed"
+                    : err == ECONNRESET ? "connection reset"
+                    : err == EPIPE      ? "broken pipe"
+                                        : std::strerror(err);
   return "connection to rank " + std::to_string(peer) + " lost (" + why + ")";
 }
 
@@ -25,8 +27,9 @@ RingResult run_ring(const RingPlan& plan, const RingIo& io) {
   for (const auto& r : plan.recvs) total_recv += r.len;
   const size_t esz = dtype_size(plan.dtype);
 
-  size_t sent = 0, si = 0, soff = 0;           // send stream position
-  size_t recv_done = 0, ri = 0, roff = 0, rdone = 0;  // receive stream: finished bytes; segment; received/reduced in it
+  size_t sent = 0, si = 0, soff = 0;  // send stream position
+  size_t recv_done = 0, ri = 0, roff = 0,
+         rdone = 0;  // receive stream: finished bytes; segment; received/reduced in it
   auto skip_empty = [&] {
     while (si < plan.sends.size() && soff == plan.sends[si].len) ++si, soff = 0;
     while (ri < plan.recvs.size() && roff == plan.recvs[ri].len) ++ri, roff = rdone = 0;
@@ -88,7 +91,8 @@ RingResult run_ring(const RingPlan& plan, const RingIo& io) {
           if (upto > rdone) {
             size_t count = (upto - rdone) / esz;
             size_t soff_st = rdone % io.staging_bytes;
-            reduce(plan.dtype, plan.op, r.dst + rdone, r.local + rdone, io.staging + soff_st, count, r.divisor);
+            reduce(plan.dtype, plan.op, r.dst + rdone, r.local + rdone, io.staging + soff_st, count,
+                   r.divisor);
             recv_done += upto - rdone;
             rdone = upto;
           }

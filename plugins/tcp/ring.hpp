@@ -48,10 +48,10 @@ struct RingPlan {
 struct RingIo {
   int send_fd = -1;
   int recv_fd = -1;
-  char* staging = nullptr;      ///< scratch for bytes still to be reduced
-  size_t staging_bytes = 0;     ///< multiple of 8
-  size_t max_io = 4u << 20;     ///< bytes per send()/recv() call
-  Clock::time_point deadline;   ///< the operation's timeout
+  char* staging = nullptr;                   ///< scratch for bytes still to be reduced
+  size_t staging_bytes = 0;                  ///< multiple of 8
+  size_t max_io = 4u << 20;                  ///< bytes per send()/recv() call
+  Clock::time_point deadline;                ///< the operation's timeout
   const std::atomic<bool>* abort = nullptr;  ///< set when the communicator failed or is destroyed
   int abort_fd = -1;                         ///< eventfd made readable together with *abort
 };

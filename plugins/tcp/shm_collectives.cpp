@@ -18,9 +18,11 @@ void store_put(dopt_store* st, const std::string& key, const std::string& v) {
 std::string store_fetch(dopt_store* st, const std::string& key, double timeout_s, int peer) {
   std::string buf(512, '\0');
   size_t len = 0;
-  dopt_status s = g_host->store_get(st, key.c_str(), &buf[0], buf.size(), &len, static_cast<int64_t>(timeout_s * 1000));
+  dopt_status s = g_host->store_get(st, key.c_str(), &buf[0], buf.size(), &len,
+                                    static_cast<int64_t>(timeout_s * 1000));
   if (s != DOPT_OK || len > buf.size())
-    throw std::runtime_error("rank " + std::to_string(peer) + " did not publish '" + key + "' (shared-memory setup)");
+    throw std::runtime_error("rank " + std::to_string(peer) + " did not publish '" + key +
+                             "' (shared-memory setup)");
   buf.resize(len);
   return buf;
 }
@@ -38,12 +40,14 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const ShmSetup& s) {
   const std::string host = s.enabled ? shm_host_id() : std::string("off");
   std::vector<std::string> hosts(static_cast<size_t>(n));
   store_put(s.store, key("host", me), host);
-  for (int p = 0; p < n; ++p) hosts[p] = p == me ? host : store_fetch(s.store, key("host", p), s.timeout_s, p);
+  for (int p = 0; p < n; ++p)
+    hosts[p] = p == me ? host : store_fetch(s.store, key("host", p), s.timeout_s, p);
   for (int p = 0; p < n; ++p) {
     if (hosts[p] != "off" && hosts[p] == hosts[0]) continue;
     if (me == 0)
-      log(DOPT_LOG_INFO, "collectives over TCP: " + std::string(hosts[p] == "off" ? "shm is turned off on rank "
-                                                                                   : "another host than rank 0's: rank ") +
+      log(DOPT_LOG_INFO, "collectives over TCP: " +
+                             std::string(hosts[p] == "off" ? "shm is turned off on rank "
+                                                           : "another host than rank 0's: rank ") +
                              std::to_string(p));
     return nullptr;
   }
@@ -83,14 +87,16 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const ShmSetup& s) {
   for (int p = 0; p < n; ++p)
     if (p != me && store_fetch(s.store, key("mapped", p), s.timeout_s, p) != "1") all = false;
   segs[me].unlink();
-  if (!why.empty()) log(DOPT_LOG_WARN, "rank " + std::to_string(me) + ": shared memory unavailable: " + why);
+  if (!why.empty())
+    log(DOPT_LOG_WARN, "rank " + std::to_string(me) + ": shared memory unavailable: " + why);
   if (!all) {
     if (me == 0) log(DOPT_LOG_INFO, "collectives over TCP: a rank could not set up shared memory");
     return nullptr;
   }
   std::unique_ptr<ShmTransport> t(new ShmTransport(me, n, s.segment_bytes, std::move(segs)));
   if (me == 0)
-    log(DOPT_LOG_INFO, "collectives over shared memory: " + std::to_string(n) + " ranks on one host, 2 slots of " +
+    log(DOPT_LOG_INFO, "collectives over shared memory: " + std::to_string(n) +
+                           " ranks on one host, 2 slots of " +
                            std::to_string(t->slot_bytes_ >> 10) + " KiB per rank");
   return t;
 }
@@ -100,17 +106,19 @@ ShmTransport::ShmTransport(int rank, int world, size_t segment_bytes, std::vecto
   // Cache-line multiple: slices of neighbouring ranks start on their own lines
   // only by chance, but slot starts always do.
   slot_bytes_ = (segment_bytes - kShmDataOffset) / 2 / 64 * 64;
-  if (slot_bytes_ < static_cast<size_t>(world) * 8) throw std::runtime_error("shared-memory segment too small");
+  if (slot_bytes_ < static_cast<size_t>(world) * 8)
+    throw std::runtime_error("shared-memory segment too small");
 }
 
-bool ShmTransport::wait(int peer, std::atomic<uint64_t> ShmHeader::*counter, uint64_t value, const ShmWaitCtx& ctx,
-                        RingResult* res) const {
+bool ShmTransport::wait(int peer, std::atomic<uint64_t> ShmHeader::*counter, uint64_t value,
+                        const ShmWaitCtx& ctx, RingResult* res) const {
   ShmHeader* h = hdr(peer);
   dopt_status st = shm_wait(h, h->*counter, value, ctx);
   if (st == DOPT_OK) return true;
   res->status = st;
-  res->why = st == DOPT_ERR_TIMEOUT ? "timed out waiting for rank " + std::to_string(peer) + " (shared memory)"
-                                    : "communicator failed";
+  res->why = st == DOPT_ERR_TIMEOUT
+                 ? "timed out waiting for rank " + std::to_string(peer) + " (shared memory)"
+                 : "communicator failed";
   return false;
 }
 
@@ -126,8 +134,8 @@ void ShmTransport::publish(std::atomic<uint64_t> ShmHeader::*counter, uint64_t v
   shm_publish(h, h->*counter, value);
 }
 
-RingResult ShmTransport::allreduce(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op,
-                                   const ShmWaitCtx& ctx) {
+RingResult ShmTransport::allreduce(const char* send, char* recv, size_t count, DType dt,
+                                   dopt_reduce_op op, const ShmWaitCtx& ctx) {
   const int n = world_, me = rank_;
   const size_t esz = dtype_size(dt), per_round = slot_bytes_ / esz;
   const dopt_reduce_op rop = op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op;
@@ -172,7 +180,8 @@ RingResult ShmTransport::allreduce(const char* send, char* recv, size_t count, D
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
       if (!wait(p, &ShmHeader::ready, r, ctx, &res)) return res;
-      if (len) reduce(dt, rop, mine + lo, mine + lo, slot(p, r) + lo, len / esz, k == n - 1 ? div : 1);
+      if (len)
+        reduce(dt, rop, mine + lo, mine + lo, slot(p, r) + lo, len / esz, k == n - 1 ? div : 1);
     }
     publish(&ShmHeader::reduced, r);
   }
@@ -180,8 +189,8 @@ RingResult ShmTransport::allreduce(const char* send, char* recv, size_t count, D
   return res;
 }
 
-RingResult ShmTransport::reduce_scatter(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op,
-                                        const ShmWaitCtx& ctx) {
+RingResult ShmTransport::reduce_scatter(const char* send, char* recv, size_t count, DType dt,
+                                        dopt_reduce_op op, const ShmWaitCtx& ctx) {
   const int n = world_, me = rank_;
   const size_t esz = dtype_size(dt);
   // A round carries the same sub-range of every block: n sub-chunks per slot.
@@ -212,7 +221,8 @@ RingResult ShmTransport::reduce_scatter(const char* send, char* recv, size_t cou
   return res;
 }
 
-RingResult ShmTransport::allgather(const char* send, char* recv, size_t bytes, const ShmWaitCtx& ctx) {
+RingResult ShmTransport::allgather(const char* send, char* recv, size_t bytes,
+                                   const ShmWaitCtx& ctx) {
   const int n = world_, me = rank_;
   RingResult res;
   // This rank's block first (send may alias it), then stream from there.

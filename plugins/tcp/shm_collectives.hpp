@@ -30,9 +30,9 @@ struct ShmSetup {
   int rank = 0;
   int world_size = 1;
   dopt_store* store = nullptr;
-  std::string scope;           ///< store key prefix, identical on every rank
-  size_t segment_bytes = 0;    ///< per rank: header page + two slots
-  double timeout_s = 60;       ///< for the store handshake
+  std::string scope;         ///< store key prefix, identical on every rank
+  size_t segment_bytes = 0;  ///< per rank: header page + two slots
+  double timeout_s = 60;     ///< for the store handshake
 };
 
 class ShmTransport {
@@ -48,7 +48,8 @@ class ShmTransport {
 
   // Each runs on the progress thread to completion, failure or the deadline.
   // Arguments were validated by the caller; counts are elements of `dt`.
-  RingResult allreduce(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op, const ShmWaitCtx& ctx);
+  RingResult allreduce(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op,
+                       const ShmWaitCtx& ctx);
   /// send holds world_size blocks of `count` elements; recv gets this rank's block, reduced.
   RingResult reduce_scatter(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op,
                             const ShmWaitCtx& ctx);
@@ -58,18 +59,20 @@ class ShmTransport {
 
  private:
   ShmTransport(int rank, int world, size_t segment_bytes, std::vector<ShmSegment> segs);
-  char* slot(int peer, uint64_t round) const { return segs_[peer].slot(static_cast<int>(round & 1), slot_bytes_); }
+  char* slot(int peer, uint64_t round) const {
+    return segs_[peer].slot(static_cast<int>(round & 1), slot_bytes_);
+  }
   ShmHeader* hdr(int peer) const { return segs_[peer].header(); }
   /// Wait for peer's `counter` to reach value; on failure fills res and returns false.
-  bool wait(int peer, std::atomic<uint64_t> ShmHeader::*counter, uint64_t value, const ShmWaitCtx& ctx,
-            RingResult* res) const;
+  bool wait(int peer, std::atomic<uint64_t> ShmHeader::*counter, uint64_t value,
+            const ShmWaitCtx& ctx, RingResult* res) const;
   /// Before writing this rank's slot for round `r`: every peer is done with round r-2.
   bool wait_slot_free(uint64_t r, const ShmWaitCtx& ctx, RingResult* res) const;
   void publish(std::atomic<uint64_t> ShmHeader::*counter, uint64_t value) const;
 
   int rank_, world_;
   size_t slot_bytes_;
-  uint64_t round_ = 0;  ///< last round started; progress thread only
+  uint64_t round_ = 0;            ///< last round started; progress thread only
   std::vector<ShmSegment> segs_;  ///< segs_[p]: rank p's segment (own included)
 };
 

@@ -36,7 +36,8 @@ inline void cpu_relax() {
 // Non-private futexes: the waiters are in other processes.
 int futex_wait(std::atomic<uint32_t>* w, uint32_t expect, long ns) {
   timespec ts{0, ns};
-  return static_cast<int>(syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT, expect, &ts, nullptr, 0));
+  return static_cast<int>(
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT, expect, &ts, nullptr, 0));
 }
 void futex_wake_all(std::atomic<uint32_t>* w) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
@@ -71,10 +72,11 @@ ShmSegment ShmSegment::create(size_t bytes) {
   ShmSegment s;
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {
-    s.name_ = "/distopt-" + std::to_string(getpid()) + "-" + std::to_string(seq.fetch_add(1)) + "-" +
-              std::to_string(rd() & 0xffffff);
+    s.name_ = "/distopt-" + std::to_string(getpid()) + "-" + std::to_string(seq.fetch_add(1)) +
+              "-" + std::to_string(rd() & 0xffffff);
     fd = shm_open(s.name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 && (errno != EEXIST || attempt > 8)) throw std::runtime_error(sys_error("shm_open", s.name_));
+    if (fd < 0 && (errno != EEXIST || attempt > 8))
+      throw std::runtime_error(sys_error("shm_open", s.name_));
   }
   s.owner_linked_ = true;  // from here on the destructor unlinks on failure
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -136,7 +138,8 @@ void shm_publish(ShmHeader* h, std::atomic<uint64_t>& counter, uint64_t value) {
   if (h->waiters.load(std::memory_order_seq_cst) > 0) futex_wake_all(&h->futex);
 }
 
-dopt_status shm_wait(ShmHeader* h, const std::atomic<uint64_t>& counter, uint64_t value, const ShmWaitCtx& ctx) {
+dopt_status shm_wait(ShmHeader* h, const std::atomic<uint64_t>& counter, uint64_t value,
+                     const ShmWaitCtx& ctx) {
   // Brief spin: on an idle core the peer is usually microseconds away.
   for (int i = 0; i < 256; ++i) {
     if (counter.load(std::memory_order_acquire) >= value) return DOPT_OK;

@@ -19,11 +19,12 @@ namespace dopt_tcp {
 struct ShmHeader {
   alignas(64) std::atomic<uint64_t> ready;    ///< this rank's input of round k is in its slot
   alignas(64) std::atomic<uint64_t> reduced;  ///< this rank's slice of round k is reduced
-  alignas(64) std::atomic<uint64_t> done;     ///< this rank finished reading peers' slots of round k
-  alignas(64) std::atomic<uint32_t> futex;    ///< bumped on every publish; waiters sleep on it
-  std::atomic<uint32_t> waiters;              ///< ranks sleeping on `futex` (publisher skips the wake if 0)
+  alignas(64) std::atomic<uint64_t> done;   ///< this rank finished reading peers' slots of round k
+  alignas(64) std::atomic<uint32_t> futex;  ///< bumped on every publish; waiters sleep on it
+  std::atomic<uint32_t> waiters;  ///< ranks sleeping on `futex` (publisher skips the wake if 0)
 };
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
               "process-shared counters must be lock-free (address-free)");
 
 /// Data starts one page in; the rest of the segment is two equal slots.
@@ -78,6 +79,7 @@ struct ShmWaitCtx {
 /// then yield, then sleep on the header's futex in short slices so the
 /// deadline and the abort flag are checked. Returns DOPT_OK, DOPT_ERR_ABORTED
 /// or DOPT_ERR_TIMEOUT.
-dopt_status shm_wait(ShmHeader* h, const std::atomic<uint64_t>& counter, uint64_t value, const ShmWaitCtx& ctx);
+dopt_status shm_wait(ShmHeader* h, const std::atomic<uint64_t>& counter, uint64_t value,
+                     const ShmWaitCtx& ctx);
 
 }  // namespace dopt_tcp

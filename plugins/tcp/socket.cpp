@@ -24,7 +24,8 @@ sockaddr_in resolve(const std::string& host, int port) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || !res) throw std::runtime_error("cannot resolve '" + host + "': " + gai_strerror(rc));
+  if (rc != 0 || !res)
+    throw std::runtime_error("cannot resolve '" + host + "': " + gai_strerror(rc));
   sockaddr_in a = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
   freeaddrinfo(res);
   a.sin_port = htons(static_cast<uint16_t>(port));
@@ -54,7 +55,8 @@ int listen_any(const std::string& host, const SocketOptions& so, int* port) {
   sockaddr_in a = resolve(host, 0);
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  set_buffers(fd, so);  // accepted sockets inherit the buffer sizes (needed before the handshake for window scaling)
+  set_buffers(fd, so);  // accepted sockets inherit the buffer sizes (needed before the handshake
+                        // for window scaling)
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd, 256) != 0) {
     int e = errno;
     close(fd);
@@ -66,7 +68,8 @@ int listen_any(const std::string& host, const SocketOptions& so, int* port) {
   return fd;
 }
 
-int connect_retry(const std::string& host, int port, const SocketOptions& so, Clock::time_point deadline) {
+int connect_retry(const std::string& host, int port, const SocketOptions& so,
+                  Clock::time_point deadline) {
   sockaddr_in a = resolve(host, port);
   auto backoff = std::chrono::milliseconds(5);
   while (true) {
@@ -80,7 +83,8 @@ int connect_retry(const std::string& host, int port, const SocketOptions& so, Cl
     int e = errno;
     close(fd);
     if (Clock::now() + backoff > deadline)
-      throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port) + ": " + std::strerror(e));
+      throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port) + ": " +
+                               std::strerror(e));
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
   }
@@ -103,7 +107,8 @@ int accept_until(int listen_fd, Clock::time_point deadline) {
 }
 
 int poll_ms(Clock::time_point deadline, int cap_ms) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   if (left <= 0) return 0;
   return left > cap_ms ? cap_ms : static_cast<int>(left) + 1;
 }

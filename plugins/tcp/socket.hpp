@@ -22,7 +22,8 @@ struct SocketOptions {
 int listen_any(const std::string& host, const SocketOptions& so, int* port);
 /// Connect to host:port, retrying refused connections until `deadline`.
 /// Throws std::runtime_error naming the address.
-int connect_retry(const std::string& host, int port, const SocketOptions& so, Clock::time_point deadline);
+int connect_retry(const std::string& host, int port, const SocketOptions& so,
+                  Clock::time_point deadline);
 /// Accept one connection, waiting until `deadline`; -1 on timeout.
 int accept_until(int listen_fd, Clock::time_point deadline);
 

@@ -2,6 +2,8 @@
 // a background process the test can signal, process liveness.
 #pragma once
 
+#include <dirent.h>
+#include <doctest/doctest.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -12,7 +14,6 @@
 
 #include <chrono>
 #include <cstring>  // multiproc.hpp uses strdup without including it
-#include <dirent.h>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -20,8 +21,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <doctest/doctest.h>
 
 #include "multiproc.hpp"
 
@@ -58,7 +57,8 @@ inline bool process_exists(pid_t pid) {
   std::string text;
   std::getline(stat, text);
   size_t close_paren = text.rfind(')');
-  if (close_paren == std::string::npos || close_paren + 2 >= text.size()) return false;  // gone meanwhile
+  if (close_paren == std::string::npos || close_paren + 2 >= text.size())
+    return false;  // gone meanwhile
   return text[close_paren + 2] != 'Z';
 }
 

@@ -1,4 +1,6 @@
 // The Fashion-MNIST IDX loader of `distopt train`: real files and broken ones.
+#include "train/dataset.hpp"
+
 #include <doctest/doctest.h>
 #include <zlib.h>
 
@@ -9,8 +11,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include "train/dataset.hpp"
 
 namespace fs = std::filesystem;
 using distopt::train::DataError;
@@ -33,9 +33,12 @@ std::vector<uint8_t> be32(uint32_t v) {
   return {uint8_t(v >> 24), uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
 }
 
-void append(std::vector<uint8_t>& a, const std::vector<uint8_t>& b) { a.insert(a.end(), b.begin(), b.end()); }
+void append(std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+}
 
-std::vector<uint8_t> images(uint32_t magic, uint32_t n, uint32_t rows, uint32_t cols, size_t payload) {
+std::vector<uint8_t> images(uint32_t magic, uint32_t n, uint32_t rows, uint32_t cols,
+                            size_t payload) {
   std::vector<uint8_t> b;
   append(b, be32(magic));
   append(b, be32(n));
@@ -61,7 +64,8 @@ void write_plain(const fs::path& p, const std::vector<uint8_t>& data) {
 void write_gz(const fs::path& p, const std::vector<uint8_t>& data) {
   gzFile f = gzopen(p.c_str(), "wb");
   REQUIRE(f != nullptr);
-  REQUIRE(gzwrite(f, data.data(), static_cast<unsigned>(data.size())) == static_cast<int>(data.size()));
+  REQUIRE(gzwrite(f, data.data(), static_cast<unsigned>(data.size())) ==
+          static_cast<int>(data.size()));
   REQUIRE(gzclose(f) == Z_OK);
 }
 

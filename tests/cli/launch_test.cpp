@@ -28,10 +28,11 @@ std::vector<pid_t> ready_pids(const std::string& out) {
 }  // namespace
 
 TEST_CASE("launch prefixes every output line with the rank and sets the rank environment") {
-  ProcResult r = run_command({cli(), "launch", "-n", "3", "--", "sh", "-c",
-                              "echo \"out r=$DISTOPT_RANK w=$DISTOPT_WORLD_SIZE lr=$DISTOPT_LOCAL_RANK "
-                              "lw=$DISTOPT_LOCAL_WORLD_SIZE rv=$DISTOPT_RENDEZVOUS tok=$DISTOPT_JOB_TOKEN "
-                              "cfg=${DISTOPT_CONFIG:-none}\"; echo \"err $DISTOPT_RANK\" >&2; printf tail"});
+  ProcResult r =
+      run_command({cli(), "launch", "-n", "3", "--", "sh", "-c",
+                   "echo \"out r=$DISTOPT_RANK w=$DISTOPT_WORLD_SIZE lr=$DISTOPT_LOCAL_RANK "
+                   "lw=$DISTOPT_LOCAL_WORLD_SIZE rv=$DISTOPT_RENDEZVOUS tok=$DISTOPT_JOB_TOKEN "
+                   "cfg=${DISTOPT_CONFIG:-none}\"; echo \"err $DISTOPT_RANK\" >&2; printf tail"});
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   CHECK(r.exit_code == 0);
@@ -63,7 +64,8 @@ TEST_CASE("launch prefixes every output line with the rank and sets the rank env
   CHECK(ports.size() == 1);
 
   // Another job gets another token.
-  ProcResult r2 = run_command({cli(), "launch", "-n", "1", "--", "sh", "-c", "echo tok=$DISTOPT_JOB_TOKEN"});
+  ProcResult r2 =
+      run_command({cli(), "launch", "-n", "1", "--", "sh", "-c", "echo tok=$DISTOPT_JOB_TOKEN"});
   REQUIRE(r2.exit_code == 0);
   std::smatch m;
   REQUIRE(std::regex_search(r2.output, m, std::regex("tok=([0-9a-f]{32})")));
@@ -71,21 +73,25 @@ TEST_CASE("launch prefixes every output line with the rank and sets the rank env
 }
 
 TEST_CASE("launch splits the cores between the ranks unless OMP_NUM_THREADS is set") {
-  ProcResult given = run_command({cli(), "launch", "-n", "2", "--", "sh", "-c", "echo omp=$OMP_NUM_THREADS"},
-                                 {"OMP_NUM_THREADS=3"});
+  ProcResult given =
+      run_command({cli(), "launch", "-n", "2", "--", "sh", "-c", "echo omp=$OMP_NUM_THREADS"},
+                  {"OMP_NUM_THREADS=3"});
   CHECK(given.exit_code == 0);
   CHECK(given.output.find("[rank 1] omp=3") != std::string::npos);
   if (std::getenv("OMP_NUM_THREADS")) return;  // cannot unset it for run_command
-  ProcResult dflt = run_command({cli(), "launch", "-n", "2", "--", "sh", "-c", "echo omp=$OMP_NUM_THREADS"});
+  ProcResult dflt =
+      run_command({cli(), "launch", "-n", "2", "--", "sh", "-c", "echo omp=$OMP_NUM_THREADS"});
   INFO(dflt.output);
   long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  CHECK(dflt.output.find("[rank 0] omp=" + std::to_string(std::max(1L, cores / 2)) + "\n") != std::string::npos);
+  CHECK(dflt.output.find("[rank 0] omp=" + std::to_string(std::max(1L, cores / 2)) + "\n") !=
+        std::string::npos);
 }
 
 TEST_CASE("launch --config and --port reach the ranks") {
   int port = distopt::test::random_port();
   ProcResult r = run_command({cli(), "launch", "-n", "2", "--config", "/some/job.yaml", "--port",
-                              std::to_string(port), "--", "sh", "-c", "echo $DISTOPT_CONFIG $DISTOPT_RENDEZVOUS"});
+                              std::to_string(port), "--", "sh", "-c",
+                              "echo $DISTOPT_CONFIG $DISTOPT_RENDEZVOUS"});
   INFO(r.output);
   CHECK(r.exit_code == 0);
   std::string want = "/some/job.yaml tcp://127.0.0.1:" + std::to_string(port);
@@ -97,23 +103,27 @@ TEST_CASE("launch --config without -n starts world.size ranks") {
   TempDir t;
   std::string cfg = t.file("job.yaml");
   std::ofstream(cfg) << "world: {size: 3}\n";
-  ProcResult r = run_command({cli(), "launch", "--config", cfg, "--", "sh", "-c", "echo ws=$DISTOPT_WORLD_SIZE"});
+  ProcResult r = run_command(
+      {cli(), "launch", "--config", cfg, "--", "sh", "-c", "echo ws=$DISTOPT_WORLD_SIZE"});
   INFO(r.output);
   CHECK(r.exit_code == 0);
-  for (int k = 0; k < 3; ++k) CHECK(r.output.find("[rank " + std::to_string(k) + "] ws=3") != std::string::npos);
+  for (int k = 0; k < 3; ++k)
+    CHECK(r.output.find("[rank " + std::to_string(k) + "] ws=3") != std::string::npos);
   std::ofstream(cfg) << "world: {size: many}\n";
   ProcResult bad = run_command({cli(), "launch", "--config", cfg, "--", "true"});
   CHECK(bad.exit_code == 1);
   CHECK(bad.output.find(cfg) != std::string::npos);  // the config error names the file
 }
 
-TEST_CASE("a rank exiting non-zero stops its sleeping siblings and fails the job, naming the rank") {
+TEST_CASE(
+    "a rank exiting non-zero stops its sleeping siblings and fails the job, naming the rank") {
   // Rank 1 fails at once; ranks 0 and 2 would sleep 60 s. The 30 s limit is a
   // hang guard: if the siblings were not stopped the command would take 60 s.
-  ProcResult r = run_command({cli(), "launch", "-n", "3", "--", "sh", "-c",
-                              "if [ $DISTOPT_RANK = 1 ]; then sleep 0.3; echo dying >&2; exit 3; fi; "
-                              "echo ready $$; exec sleep 60"},
-                             {}, std::chrono::seconds(30));
+  ProcResult r =
+      run_command({cli(), "launch", "-n", "3", "--", "sh", "-c",
+                   "if [ $DISTOPT_RANK = 1 ]; then sleep 0.3; echo dying >&2; exit 3; fi; "
+                   "echo ready $$; exec sleep 60"},
+                  {}, std::chrono::seconds(30));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   CHECK(r.exit_code == 1);
@@ -125,9 +135,10 @@ TEST_CASE("a rank exiting non-zero stops its sleeping siblings and fails the job
 }
 
 TEST_CASE("a rank killed by a signal fails the job, naming the rank and the signal") {
-  ProcResult r = run_command({cli(), "launch", "-n", "2", "--", "sh", "-c",
-                              "if [ $DISTOPT_RANK = 0 ]; then sleep 0.3; kill -9 $$; fi; exec sleep 60"},
-                             {}, std::chrono::seconds(30));
+  ProcResult r =
+      run_command({cli(), "launch", "-n", "2", "--", "sh", "-c",
+                   "if [ $DISTOPT_RANK = 0 ]; then sleep 0.3; kill -9 $$; fi; exec sleep 60"},
+                  {}, std::chrono::seconds(30));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   CHECK(r.exit_code == 1);
@@ -143,8 +154,8 @@ TEST_CASE("a program that cannot be executed fails the job") {
 }
 
 TEST_CASE("launch --timeout stops a job that runs too long") {
-  ProcResult r = run_command({cli(), "launch", "-n", "2", "--timeout", "1", "--", "sleep", "60"}, {},
-                             std::chrono::seconds(30));
+  ProcResult r = run_command({cli(), "launch", "-n", "2", "--timeout", "1", "--", "sleep", "60"},
+                             {}, std::chrono::seconds(30));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   CHECK(r.exit_code == 124);
@@ -166,7 +177,8 @@ TEST_CASE("launch rejects bad usage") {
 TEST_CASE("SIGINT to launch stops every rank and leaves no process behind") {
   SUBCASE("ranks that exit on SIGINT") {
     Background b({cli(), "launch", "-n", "2", "--", "sh", "-c", "echo ready $$; exec sleep 60"});
-    REQUIRE(b.read_until([](const std::string& o) { return ready_pids(o).size() == 2; }, std::chrono::seconds(30)));
+    REQUIRE(b.read_until([](const std::string& o) { return ready_pids(o).size() == 2; },
+                         std::chrono::seconds(30)));
     auto pids = ready_pids(b.output);
     REQUIRE(kill(b.pid, SIGINT) == 0);
     int rc = b.wait(std::chrono::seconds(30));
@@ -178,7 +190,8 @@ TEST_CASE("SIGINT to launch stops every rank and leaves no process behind") {
   SUBCASE("ranks that ignore SIGINT and SIGTERM are killed after the grace period") {
     Background b({cli(), "launch", "-n", "2", "--grace", "1", "--", "sh", "-c",
                   "trap '' INT TERM; sleep 60 & echo ready $!; wait"});
-    REQUIRE(b.read_until([](const std::string& o) { return ready_pids(o).size() == 2; }, std::chrono::seconds(30)));
+    REQUIRE(b.read_until([](const std::string& o) { return ready_pids(o).size() == 2; },
+                         std::chrono::seconds(30)));
     auto pids = ready_pids(b.output);  // the sleeps: grandchildren of the launcher
     REQUIRE(kill(b.pid, SIGINT) == 0);
     int rc = b.wait(std::chrono::seconds(30));

@@ -7,13 +7,12 @@
 #include <fstream>
 #include <future>
 #include <iterator>
-#include <set>
+#include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli_util.hpp"
 
@@ -40,13 +39,13 @@ struct Job {
 
 // A job file whose plugins come from the build tree ($DISTOPT_PLUGIN_DIR).
 // With `with_plugins` false the file names no plugin directory.
-std::string write_job(const TempDir& t, const Job& j, const std::string& name = "job.yaml", bool with_plugins = true) {
+std::string write_job(const TempDir& t, const Job& j, const std::string& name = "job.yaml",
+                      bool with_plugins = true) {
   std::string plugins = env_path("DISTOPT_PLUGIN_DIR");
   REQUIRE_MESSAGE(!plugins.empty(), "DISTOPT_PLUGIN_DIR is not set (run through ctest)");
   std::ostringstream y;
   if (with_plugins) y << "plugins: {paths: [" << plugins << "]}\n";
-  y
-    << "world: {size: " << j.world << ", timeout_s: " << j.timeout_s << "}\n"
+  y << "world: {size: " << j.world << ", timeout_s: " << j.timeout_s << "}\n"
     << "communicator: {name: tcp}\n"
     << "reducer: {name: mean}\n"
     << "algorithm: {name: allreduce}\n"
@@ -80,14 +79,16 @@ TEST_CASE("distopt train with 2 ranks trains, reports test accuracy, and writes 
   j.max_steps = 30;
   std::string cfg = write_job(t, j);
   std::string metrics = t.file("metrics.jsonl");
-  ProcResult r = run_command({cli(), "train", cfg, "--metrics", metrics}, {}, std::chrono::seconds(300));
+  ProcResult r =
+      run_command({cli(), "train", cfg, "--metrics", metrics}, {}, std::chrono::seconds(300));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);
   // The command launched its own ranks: their lines carry the prefix.
   CHECK(r.output.find("[rank 0] epoch 1/1 step 5/30 loss") != std::string::npos);
-  CHECK(std::regex_search(r.output, std::regex(R"(\[rank 0\] epoch 1/1: train loss [0-9.]+, test loss [0-9.]+, )"
-                                               R"(test accuracy [0-9.]+% \(10000 images\))")));
+  CHECK(std::regex_search(
+      r.output, std::regex(R"(\[rank 0\] epoch 1/1: train loss [0-9.]+, test loss [0-9.]+, )"
+                           R"(test accuracy [0-9.]+% \(10000 images\))")));
   CHECK(r.output.find("[rank 0] summary: 2 rank(s), 30 steps, 3840 samples") != std::string::npos);
   CHECK(r.output.find("final test accuracy") != std::string::npos);
   CHECK(r.output.find("[rank 1] epoch") == std::string::npos);  // only rank 0 reports
@@ -142,12 +143,16 @@ TEST_CASE("2 ranks with batch B follow a single process with batch 2B") {
   REQUIRE(b.size() == 2);
   CHECK(a[1]["samples"] == b[1]["samples"]);
   // Same samples in the same order, averaged the same way: equal up to float rounding.
-  CHECK(a[0]["train_loss"].get<double>() == doctest::Approx(b[0]["train_loss"].get<double>()).epsilon(1e-4));
-  CHECK(a[0]["test_loss"].get<double>() == doctest::Approx(b[0]["test_loss"].get<double>()).epsilon(1e-4));
-  CHECK(std::abs(a[0]["test_accuracy"].get<double>() - b[0]["test_accuracy"].get<double>()) <= 0.0005);
+  CHECK(a[0]["train_loss"].get<double>() ==
+        doctest::Approx(b[0]["train_loss"].get<double>()).epsilon(1e-4));
+  CHECK(a[0]["test_loss"].get<double>() ==
+        doctest::Approx(b[0]["test_loss"].get<double>()).epsilon(1e-4));
+  CHECK(std::abs(a[0]["test_accuracy"].get<double>() - b[0]["test_accuracy"].get<double>()) <=
+        0.0005);
 }
 
-TEST_CASE("a rank killed mid-training makes the other rank fail naming it, and the job exits non-zero") {
+TEST_CASE(
+    "a rank killed mid-training makes the other rank fail naming it, and the job exits non-zero") {
   if (!have_data()) {
     MESSAGE("dataset-fashion-mnist is not installed; skipping");
     return;
@@ -164,16 +169,20 @@ TEST_CASE("a rank killed mid-training makes the other rank fail naming it, and t
     // is a hang guard.
     int port = distopt::test::random_port();
     auto rank_env = [&](int r) {
-      return std::vector<std::string>{"DISTOPT_RANK=" + std::to_string(r), "DISTOPT_WORLD_SIZE=2",
-                                      "DISTOPT_LOCAL_RANK=" + std::to_string(r), "DISTOPT_LOCAL_WORLD_SIZE=2",
+      return std::vector<std::string>{"DISTOPT_RANK=" + std::to_string(r),
+                                      "DISTOPT_WORLD_SIZE=2",
+                                      "DISTOPT_LOCAL_RANK=" + std::to_string(r),
+                                      "DISTOPT_LOCAL_WORLD_SIZE=2",
                                       "DISTOPT_RENDEZVOUS=tcp://127.0.0.1:" + std::to_string(port),
                                       "DISTOPT_JOB_TOKEN=0123456789abcdef0123456789abcdef",
                                       "DISTOPT_FAULT_INJECT=exit:1:5"};
     };
-    auto f0 = std::async(std::launch::async,
-                         [&] { return run_command({cli(), "train", cfg}, rank_env(0), std::chrono::seconds(90)); });
-    auto f1 = std::async(std::launch::async,
-                         [&] { return run_command({cli(), "train", cfg}, rank_env(1), std::chrono::seconds(90)); });
+    auto f0 = std::async(std::launch::async, [&] {
+      return run_command({cli(), "train", cfg}, rank_env(0), std::chrono::seconds(90));
+    });
+    auto f1 = std::async(std::launch::async, [&] {
+      return run_command({cli(), "train", cfg}, rank_env(1), std::chrono::seconds(90));
+    });
     ProcResult r0 = f0.get(), r1 = f1.get();
     INFO("rank 0:\n" << r0.output << "\nrank 1:\n" << r1.output);
     CHECK(r1.exit_code == 137);
@@ -184,7 +193,8 @@ TEST_CASE("a rank killed mid-training makes the other rank fail naming it, and t
     CHECK(r0.output.find("rank 1") != std::string::npos);
   }
   SUBCASE("self-launched job: the launcher names the dead rank and exits non-zero") {
-    ProcResult r = run_command({cli(), "train", cfg}, {"DISTOPT_FAULT_INJECT=exit:1:5"}, std::chrono::seconds(90));
+    ProcResult r = run_command({cli(), "train", cfg}, {"DISTOPT_FAULT_INJECT=exit:1:5"},
+                               std::chrono::seconds(90));
     INFO(r.output);
     REQUIRE_FALSE(r.timed_out);
     CHECK(r.exit_code == 1);
@@ -213,13 +223,15 @@ TEST_CASE("a bad dataset directory gives a clear error naming the file") {
     if (!have_data()) return;
     std::string dir = t.file("broken");
     fs::create_directories(dir);
-    for (auto& e : fs::directory_iterator(kData)) fs::copy_file(e.path(), fs::path(dir) / e.path().filename());
+    for (auto& e : fs::directory_iterator(kData))
+      fs::copy_file(e.path(), fs::path(dir) / e.path().filename());
     std::string bad = dir + "/t10k-labels-idx1-ubyte.gz";
     fs::remove(bad);
     std::ofstream(bad) << "not an idx file";
     Job j2;
     std::string cfg2 = write_job(t, j2, "two.yaml");
-    ProcResult r = run_command({cli(), "train", cfg2, "--data", dir}, {}, std::chrono::seconds(120));
+    ProcResult r =
+        run_command({cli(), "train", cfg2, "--data", dir}, {}, std::chrono::seconds(120));
     INFO(r.output);
     REQUIRE_FALSE(r.timed_out);
     CHECK(r.exit_code == 1);
@@ -247,10 +259,12 @@ TEST_CASE("distopt train rejects bad usage and bad files") {
   ProcResult steps = run_command({cli(), "train", job, "--max-steps", "-3"});
   CHECK(steps.exit_code == 2);
   if (have_data()) {
-    ProcResult metrics = run_command({cli(), "train", job, "--metrics", "/nonexistent-dir/m.jsonl"});
+    ProcResult metrics =
+        run_command({cli(), "train", job, "--metrics", "/nonexistent-dir/m.jsonl"});
     INFO(metrics.output);
     CHECK(metrics.exit_code == 1);
-    CHECK(metrics.output.find("cannot open metrics file /nonexistent-dir/m.jsonl") != std::string::npos);
+    CHECK(metrics.output.find("cannot open metrics file /nonexistent-dir/m.jsonl") !=
+          std::string::npos);
   }
 }
 
@@ -264,8 +278,9 @@ TEST_CASE("--plugin-path adds a plugin directory the job file does not name") {
   j.world = 1;
   j.max_steps = 3;
   std::string cfg = write_job(t, j, "job.yaml", /*with_plugins=*/false);
-  ProcResult r = run_command({cli(), "train", cfg, "--plugin-path", env_path("DISTOPT_PLUGIN_DIR"), "--epochs", "1"},
-                             {"DISTOPT_PLUGIN_PATH="}, std::chrono::seconds(120));
+  ProcResult r = run_command(
+      {cli(), "train", cfg, "--plugin-path", env_path("DISTOPT_PLUGIN_DIR"), "--epochs", "1"},
+      {"DISTOPT_PLUGIN_PATH="}, std::chrono::seconds(120));
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("summary: 1 rank(s), 3 steps") != std::string::npos);
@@ -283,8 +298,11 @@ TEST_CASE("Ctrl-C (SIGINT) to distopt train stops every rank and exits 130") {
   std::string cfg = write_job(t, j);
   Background b({cli(), "train", cfg});
   // Wait until both ranks train (rank 0 prints progress lines).
-  REQUIRE(b.read_until([](const std::string& o) { return o.find("[rank 0] epoch 1/5 step 10/") != std::string::npos; },
-                       std::chrono::seconds(120)));
+  REQUIRE(b.read_until(
+      [](const std::string& o) {
+        return o.find("[rank 0] epoch 1/5 step 10/") != std::string::npos;
+      },
+      std::chrono::seconds(120)));
   auto ranks = children_of(b.pid);
   CHECK(ranks.size() == 2);
   REQUIRE(kill(b.pid, SIGINT) == 0);
@@ -307,7 +325,8 @@ TEST_CASE("the cnn model trains with Adam on 2 ranks") {
   j.optimizer = "{name: adam, lr: 1.0e-3}";
   j.max_steps = 15;
   std::string metrics = t.file("m.jsonl");
-  ProcResult r = run_command({cli(), "train", write_job(t, j), "--metrics", metrics}, {}, std::chrono::seconds(300));
+  ProcResult r = run_command({cli(), "train", write_job(t, j), "--metrics", metrics}, {},
+                             std::chrono::seconds(300));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("model cnn (215370 parameters)") != std::string::npos);
@@ -328,8 +347,10 @@ std::string expected_coretype() {
   while (std::getline(f, line)) {
     if (line.rfind("flags", 0) != 0) continue;
     std::istringstream is(line.substr(line.find(':') + 1));
-    std::set<std::string> flags{std::istream_iterator<std::string>(is), std::istream_iterator<std::string>()};
-    if (flags.count("avx512f") && flags.count("avx512bw") && flags.count("avx512vl") && flags.count("avx512dq"))
+    std::set<std::string> flags{std::istream_iterator<std::string>(is),
+                                std::istream_iterator<std::string>()};
+    if (flags.count("avx512f") && flags.count("avx512bw") && flags.count("avx512vl") &&
+        flags.count("avx512dq"))
       return "SkylakeX";
     if (flags.count("avx2") && flags.count("fma")) return "Haswell";
     return "";
@@ -344,7 +365,8 @@ std::string blas_kernels(const std::string& output) {
 }
 }  // namespace
 
-TEST_CASE("distopt runs OpenBLAS with the best kernel set the CPU has, and respects OPENBLAS_CORETYPE") {
+TEST_CASE(
+    "distopt runs OpenBLAS with the best kernel set the CPU has, and respects OPENBLAS_CORETYPE") {
   if (!have_data()) {
     MESSAGE("dataset-fashion-mnist is not installed; skipping");
     return;
@@ -354,7 +376,8 @@ TEST_CASE("distopt runs OpenBLAS with the best kernel set the CPU has, and respe
   j.world = 1;
   j.max_steps = 2;
   std::string cfg = write_job(t, j);
-  ProcResult r = run_command({"env", "-u", "OPENBLAS_CORETYPE", cli(), "train", cfg}, {}, std::chrono::seconds(120));
+  ProcResult r = run_command({"env", "-u", "OPENBLAS_CORETYPE", cli(), "train", cfg}, {},
+                             std::chrono::seconds(120));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   std::string kernels = blas_kernels(r.output);
@@ -369,7 +392,8 @@ TEST_CASE("distopt runs OpenBLAS with the best kernel set the CPU has, and respe
     CHECK(kernels == want);
   }
   // An explicit choice of the user is kept as it is.
-  ProcResult r2 = run_command({cli(), "train", cfg}, {"OPENBLAS_CORETYPE=Sandybridge"}, std::chrono::seconds(120));
+  ProcResult r2 = run_command({cli(), "train", cfg}, {"OPENBLAS_CORETYPE=Sandybridge"},
+                              std::chrono::seconds(120));
   INFO(r2.output);
   REQUIRE(r2.exit_code == 0);
   CHECK(blas_kernels(r2.output) == "Sandybridge");

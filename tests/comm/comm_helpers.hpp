@@ -52,8 +52,8 @@ inline int free_port() {
 
 /// Collective: rendezvous on 127.0.0.1:port and create communicator `name`
 /// with `options_yaml` (a YAML map as text). Throws on failure.
-inline std::unique_ptr<Endpoint> make_endpoint(const std::string& name, int rank, int world, int port,
-                                               const std::string& options_yaml = "{}",
+inline std::unique_ptr<Endpoint> make_endpoint(const std::string& name, int rank, int world,
+                                               int port, const std::string& options_yaml = "{}",
                                                const std::string& token = "test-token",
                                                const std::string& scope = "test") {
   auto ep = std::make_unique<Endpoint>();
@@ -66,7 +66,8 @@ inline std::unique_ptr<Endpoint> make_endpoint(const std::string& name, int rank
   so.token = token;
   so.timeout = std::chrono::seconds(60);
   ep->store = make_store(so);
-  ep->options = Options::validate(YAML::Load(options_yaml), info.options, "<test>", "communicator.options");
+  ep->options =
+      Options::validate(YAML::Load(options_yaml), info.options, "<test>", "communicator.options");
   dopt_create_args a{};
   a.struct_size = sizeof a;
   a.rank = rank;

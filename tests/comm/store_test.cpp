@@ -1,6 +1,9 @@
 // The rendezvous store (tcp://, env://, file://), Store::barrier, and the
 // host API table that hands the store, options, errors and metrics to plugins.
+#include "distopt/store.hpp"
+
 #include <arpa/inet.h>
+#include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -8,12 +11,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <doctest/doctest.h>
 #include <string>
 
 #include "distopt/error.hpp"
 #include "distopt/host.hpp"
-#include "distopt/store.hpp"
 #include "multiproc.hpp"
 
 using namespace distopt;
@@ -47,7 +48,8 @@ void shared_store_roundtrip(const std::function<StoreOptions(int)>& opts, int n)
     s->barrier("after-replace", n, 30s);
     if (s->get_string("key/" + std::to_string((r + 1) % n)) != "replaced") return 4;
     // Rank 0 hosts the tcp:// server: it stays up until every other rank is done with it.
-    if (r != 0) s->set("left/" + std::to_string(r), std::string("1"));
+    if (r != 0)
+      s->set("left/" + std::to_string(r), std::string("1"));
     else
       for (int p = 1; p < n; ++p) s->get("left/" + std::to_string(p), 30s);
     return 0;
@@ -159,7 +161,8 @@ TEST_CASE("the tcp store refuses clients without the job token") {
     while ((k = read(fd, buf, sizeof buf)) > 0) total += static_cast<size_t>(k);
     int err = errno;
     close(fd);
-    if (k < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return 4;  // timed out: the server kept it open
+    if (k < 0 && (err == EAGAIN || err == EWOULDBLOCK))
+      return 4;  // timed out: the server kept it open
     // The right token still works, and the server is still up.
     auto s = make_store(tcp_opts(port, 1, 2, "right"));
     s->set("done", std::string("1"));

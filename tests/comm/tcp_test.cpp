@@ -7,6 +7,7 @@
 // and with `shm: false` (the TCP ring).
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -15,7 +16,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <doctest/doctest.h>
 #include <thread>
 #include <vector>
 
@@ -36,13 +36,16 @@ struct TypeInfo {
   double tol;  // relative tolerance for averages of integer data
 };
 const TypeInfo kTypes[] = {
-    {"float32", {kDLFloat, 32, 1}, 4, 1e-6},  {"float64", {kDLFloat, 64, 1}, 8, 1e-12},
+    {"float32", {kDLFloat, 32, 1}, 4, 1e-6},   {"float64", {kDLFloat, 64, 1}, 8, 1e-12},
     {"bfloat16", {kDLBfloat, 16, 1}, 2, 1e-2}, {"float16", {kDLFloat, 16, 1}, 2, 2e-3},
     {"int32", {kDLInt, 32, 1}, 4, 0},          {"int64", {kDLInt, 64, 1}, 8, 0},
 };
 const dopt_reduce_op kOps[] = {DOPT_REDUCE_SUM, DOPT_REDUCE_AVG, DOPT_REDUCE_MIN, DOPT_REDUCE_MAX};
 const char* op_name(dopt_reduce_op op) {
-  return op == DOPT_REDUCE_SUM ? "sum" : op == DOPT_REDUCE_AVG ? "avg" : op == DOPT_REDUCE_MIN ? "min" : "max";
+  return op == DOPT_REDUCE_SUM   ? "sum"
+         : op == DOPT_REDUCE_AVG ? "avg"
+         : op == DOPT_REDUCE_MIN ? "min"
+                                 : "max";
 }
 
 uint32_t fbits(float f) {
@@ -84,22 +87,40 @@ float from_f16(uint16_t h) {
 
 void put(const TypeInfo& t, void* buf, size_t i, double v) {
   switch (t.dl.code == kDLInt ? t.size * 10 : t.dl.code == kDLBfloat ? 3 : t.size) {
-    case 4: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case 8: static_cast<double*>(buf)[i] = v; break;
-    case 3: static_cast<uint16_t*>(buf)[i] = to_bf16(static_cast<float>(v)); break;
-    case 2: static_cast<uint16_t*>(buf)[i] = to_f16(static_cast<float>(v)); break;
-    case 40: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); break;
-    default: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
+    case 4:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case 8:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    case 3:
+      static_cast<uint16_t*>(buf)[i] = to_bf16(static_cast<float>(v));
+      break;
+    case 2:
+      static_cast<uint16_t*>(buf)[i] = to_f16(static_cast<float>(v));
+      break;
+    case 40:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
+      break;
+    default:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      break;
   }
 }
 double get(const TypeInfo& t, const void* buf, size_t i) {
   switch (t.dl.code == kDLInt ? t.size * 10 : t.dl.code == kDLBfloat ? 3 : t.size) {
-    case 4: return static_cast<const float*>(buf)[i];
-    case 8: return static_cast<const double*>(buf)[i];
-    case 3: return from_bf16(static_cast<const uint16_t*>(buf)[i]);
-    case 2: return from_f16(static_cast<const uint16_t*>(buf)[i]);
-    case 40: return static_cast<const int32_t*>(buf)[i];
-    default: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case 4:
+      return static_cast<const float*>(buf)[i];
+    case 8:
+      return static_cast<const double*>(buf)[i];
+    case 3:
+      return from_bf16(static_cast<const uint16_t*>(buf)[i]);
+    case 2:
+      return from_f16(static_cast<const uint16_t*>(buf)[i]);
+    case 40:
+      return static_cast<const int32_t*>(buf)[i];
+    default:
+      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
   }
 }
 
@@ -111,21 +132,30 @@ uint64_t mix(uint64_t x) {
 }
 // Small integers in [-8, 8]: exact in every dtype, sums of 4 ranks too.
 double ival(uint64_t seed, int rank, size_t i) {
-  return static_cast<double>(static_cast<int>(mix(seed * 1315423911u + uint64_t(rank) * 0x10001ull + i * 7919u) % 17) - 8);
+  return static_cast<double>(
+      static_cast<int>(mix(seed * 1315423911u + uint64_t(rank) * 0x10001ull + i * 7919u) % 17) - 8);
 }
 // Uniform floats in [-1, 1) for the float32/float64 sums.
 double fval(uint64_t seed, int rank, size_t i) {
-  return static_cast<double>(mix(seed * 2654435761u + uint64_t(rank) * 0x20003ull + i * 104729u) >> 11) * 0x1.0p-52 - 1.0;
+  return static_cast<double>(mix(seed * 2654435761u + uint64_t(rank) * 0x20003ull + i * 104729u) >>
+                             11) *
+             0x1.0p-52 -
+         1.0;
 }
 
-double reference(const TypeInfo& t, dopt_reduce_op op, int n, uint64_t seed, size_t i, bool floats) {
+double reference(const TypeInfo& t, dopt_reduce_op op, int n, uint64_t seed, size_t i,
+                 bool floats) {
   double acc = 0;
   for (int r = 0; r < n; ++r) {
     double v = floats ? fval(seed, r, i) : ival(seed, r, i);
-    if (r == 0) acc = v;
-    else if (op == DOPT_REDUCE_MIN) acc = std::min(acc, v);
-    else if (op == DOPT_REDUCE_MAX) acc = std::max(acc, v);
-    else acc += v;
+    if (r == 0)
+      acc = v;
+    else if (op == DOPT_REDUCE_MIN)
+      acc = std::min(acc, v);
+    else if (op == DOPT_REDUCE_MAX)
+      acc = std::max(acc, v);
+    else
+      acc += v;
   }
   if (op == DOPT_REDUCE_AVG) {
     if (t.dl.code == kDLInt) return std::trunc(acc / n);  // integer average truncates toward zero
@@ -141,14 +171,16 @@ bool close_enough(const TypeInfo& t, double got, double want, bool floats, int n
 }
 
 // Returns "" on success, else a description of the first mismatch.
-std::string check_allreduce(Communicator& c, const TypeInfo& t, dopt_reduce_op op, size_t count, bool inplace,
-                            bool floats, uint64_t seed) {
+std::string check_allreduce(Communicator& c, const TypeInfo& t, dopt_reduce_op op, size_t count,
+                            bool inplace, bool floats, uint64_t seed) {
   const int n = c.world_size(), me = c.rank();
   std::vector<char> send(count * t.size + 1), recv(count * t.size + 1);
-  for (size_t i = 0; i < count; ++i) put(t, send.data(), i, floats ? fval(seed, me, i) : ival(seed, me, i));
+  for (size_t i = 0; i < count; ++i)
+    put(t, send.data(), i, floats ? fval(seed, me, i) : ival(seed, me, i));
   int64_t s1, s2;
   DLTensor st = make_dltensor(send.data(), static_cast<int64_t>(count), t.dl, &s1);
-  DLTensor rt = make_dltensor(inplace ? send.data() : recv.data(), static_cast<int64_t>(count), t.dl, &s2);
+  DLTensor rt =
+      make_dltensor(inplace ? send.data() : recv.data(), static_cast<int64_t>(count), t.dl, &s2);
   c.allreduce(st, rt, op).wait();
   const char* out = inplace ? send.data() : recv.data();
   for (size_t i = 0; i < count; ++i) {
@@ -156,7 +188,8 @@ std::string check_allreduce(Communicator& c, const TypeInfo& t, dopt_reduce_op o
     double got = get(t, out, i);
     if (!close_enough(t, got, want, floats, n)) {
       char msg[256];
-      snprintf(msg, sizeof msg, "allreduce %s %s count=%zu inplace=%d rank %d: element %zu = %.9g, expected %.9g",
+      snprintf(msg, sizeof msg,
+               "allreduce %s %s count=%zu inplace=%d rank %d: element %zu = %.9g, expected %.9g",
                t.name, op_name(op), count, inplace, me, i, got, want);
       return msg;
     }
@@ -164,7 +197,8 @@ std::string check_allreduce(Communicator& c, const TypeInfo& t, dopt_reduce_op o
   return "";
 }
 
-std::string check_reduce_scatter(Communicator& c, const TypeInfo& t, dopt_reduce_op op, size_t block, uint64_t seed) {
+std::string check_reduce_scatter(Communicator& c, const TypeInfo& t, dopt_reduce_op op,
+                                 size_t block, uint64_t seed) {
   const int n = c.world_size(), me = c.rank();
   std::vector<char> send(block * n * t.size + 1), recv(block * t.size + 1);
   for (size_t i = 0; i < block * n; ++i) put(t, send.data(), i, ival(seed, me, i));
@@ -176,9 +210,9 @@ std::string check_reduce_scatter(Communicator& c, const TypeInfo& t, dopt_reduce
     double want = reference(t, op, n, seed, me * block + i, false);
     double got = get(t, recv.data(), i);
     if (!close_enough(t, got, want, false, n))
-      return std::string("reduce_scatter ") + t.name + " " + op_name(op) + " block=" + std::to_string(block) +
-             " rank " + std::to_string(me) + ": element " + std::to_string(i) + " = " + std::to_string(got) +
-             ", expected " + std::to_string(want);
+      return std::string("reduce_scatter ") + t.name + " " + op_name(op) +
+             " block=" + std::to_string(block) + " rank " + std::to_string(me) + ": element " +
+             std::to_string(i) + " = " + std::to_string(got) + ", expected " + std::to_string(want);
   }
   return "";
 }
@@ -195,26 +229,29 @@ std::string check_allgather(Communicator& c, const TypeInfo& t, size_t block, ui
     for (size_t i = 0; i < block; ++i)
       if (get(t, recv.data(), r * block + i) != ival(seed, r, i))
         return std::string("allgather ") + t.name + " block=" + std::to_string(block) + " rank " +
-               std::to_string(me) + ": block " + std::to_string(r) + " element " + std::to_string(i) + " differs";
+               std::to_string(me) + ": block " + std::to_string(r) + " element " +
+               std::to_string(i) + " differs";
   return "";
 }
 
 std::string check_broadcast(Communicator& c, int root, size_t count, uint64_t seed) {
   const TypeInfo& t = kTypes[0];
   std::vector<char> buf(count * t.size + 1);
-  for (size_t i = 0; i < count; ++i) put(t, buf.data(), i, c.rank() == root ? ival(seed, root, i) : 99.0);
+  for (size_t i = 0; i < count; ++i)
+    put(t, buf.data(), i, c.rank() == root ? ival(seed, root, i) : 99.0);
   int64_t s;
   DLTensor bt = make_dltensor(buf.data(), static_cast<int64_t>(count), t.dl, &s);
   c.broadcast(bt, root).wait();
   for (size_t i = 0; i < count; ++i)
     if (get(t, buf.data(), i) != ival(seed, root, i))
-      return "broadcast root " + std::to_string(root) + " count " + std::to_string(count) + " rank " +
-             std::to_string(c.rank()) + ": element " + std::to_string(i) + " differs";
+      return "broadcast root " + std::to_string(root) + " count " + std::to_string(count) +
+             " rank " + std::to_string(c.rank()) + ": element " + std::to_string(i) + " differs";
   return "";
 }
 
 // Run fn on n forked ranks; each rank gets its endpoint. fn returns "" on success.
-void run_ranks(int n, const std::function<std::string(Endpoint&, int)>& fn, const std::string& opts = "{}",
+void run_ranks(int n, const std::function<std::string(Endpoint&, int)>& fn,
+               const std::string& opts = "{}",
                std::chrono::seconds limit = std::chrono::seconds(300)) {
   const int port = free_port();
   auto codes = fork_ranks(
@@ -253,125 +290,152 @@ std::vector<std::string> shm_entries_of(pid_t pid) {
 
 }  // namespace
 
-TEST_CASE("allreduce: every dtype x op, counts 0/1/7/not divisible/multi-chunk, 2-4 ranks, shm and tcp") {
+TEST_CASE(
+    "allreduce: every dtype x op, counts 0/1/7/not divisible/multi-chunk, 2-4 ranks, shm and tcp") {
   for (const char* opts : kTransports)
-  for (int n : {2, 3, 4}) {
-    CAPTURE(opts);
-    CAPTURE(n);
-    run_ranks(n, [](Endpoint& ep, int) -> std::string {
-      uint64_t seed = 1;
-      for (const auto& t : kTypes)
-        for (auto op : kOps)
-          for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(3 * 65536 + 5)}) {
-            std::string e = check_allreduce(*ep.comm, t, op, count, false, false, seed++);
-            if (!e.empty()) return e;
-          }
-      // In place, and real-valued random floats.
-      for (const auto& t : {kTypes[0], kTypes[1], kTypes[2], kTypes[4]})
-        for (auto op : kOps) {
-          std::string e = check_allreduce(*ep.comm, t, op, 1003, true, false, seed++);
-          if (!e.empty()) return e;
-        }
-      for (const auto& t : {kTypes[0], kTypes[1]})
-        for (auto op : kOps)
-          for (bool inplace : {false, true}) {
-            std::string e = check_allreduce(*ep.comm, t, op, 100003, inplace, true, seed++);
-            if (!e.empty()) return e;
-          }
-      return "";
-    }, opts);
-  }
+    for (int n : {2, 3, 4}) {
+      CAPTURE(opts);
+      CAPTURE(n);
+      run_ranks(
+          n,
+          [](Endpoint& ep, int) -> std::string {
+            uint64_t seed = 1;
+            for (const auto& t : kTypes)
+              for (auto op : kOps)
+                for (size_t count :
+                     {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(3 * 65536 + 5)}) {
+                  std::string e = check_allreduce(*ep.comm, t, op, count, false, false, seed++);
+                  if (!e.empty()) return e;
+                }
+            // In place, and real-valued random floats.
+            for (const auto& t : {kTypes[0], kTypes[1], kTypes[2], kTypes[4]})
+              for (auto op : kOps) {
+                std::string e = check_allreduce(*ep.comm, t, op, 1003, true, false, seed++);
+                if (!e.empty()) return e;
+              }
+            for (const auto& t : {kTypes[0], kTypes[1]})
+              for (auto op : kOps)
+                for (bool inplace : {false, true}) {
+                  std::string e = check_allreduce(*ep.comm, t, op, 100003, inplace, true, seed++);
+                  if (!e.empty()) return e;
+                }
+            return "";
+          },
+          opts);
+    }
 }
 
 TEST_CASE("allreduce: 64 MiB float32 sum on 2 and 4 ranks, shm (default segment) and tcp") {
   for (const char* opts : {"{}", "{shm: false}"})
-  for (int n : {2, 4}) {
-    CAPTURE(opts);
-    CAPTURE(n);
-    run_ranks(n, [](Endpoint& ep, int) { return check_allreduce(*ep.comm, kTypes[0], DOPT_REDUCE_SUM, 16u << 20, false, false, 77); }, opts);
-  }
+    for (int n : {2, 4}) {
+      CAPTURE(opts);
+      CAPTURE(n);
+      run_ranks(
+          n,
+          [](Endpoint& ep, int) {
+            return check_allreduce(*ep.comm, kTypes[0], DOPT_REDUCE_SUM, 16u << 20, false, false,
+                                   77);
+          },
+          opts);
+    }
 }
 
 TEST_CASE("reduce_scatter, allgather, broadcast, barrier on 2-4 ranks, shm and tcp") {
   for (const char* opts : kTransports)
-  for (int n : {2, 3, 4}) {
-    CAPTURE(opts);
-    CAPTURE(n);
-    run_ranks(n, [n](Endpoint& ep, int me) -> std::string {
-      uint64_t seed = 100;
-      for (const auto& t : kTypes)
-        for (auto op : kOps)
-          for (size_t block : {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(70001)}) {
-            std::string e = check_reduce_scatter(*ep.comm, t, op, block, seed++);
-            if (!e.empty()) return e;
-          }
-      for (const auto& t : kTypes)
-        for (size_t block : {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(70001)}) {
-          std::string e = check_allgather(*ep.comm, t, block, seed++);
-          if (!e.empty()) return e;
-        }
-      for (int root = 0; root < n; ++root)
-        for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(1 << 20)}) {
-          std::string e = check_broadcast(*ep.comm, root, count, seed++);
-          if (!e.empty()) return e;
-        }
-      // Barrier: after it, every rank's arrival is visible in the store.
-      for (int round = 1; round <= 3; ++round) {
-        ep.store->add("arrived", 1);
-        ep.comm->barrier().wait();
-        int64_t seen = ep.store->add("arrived", 0);
-        if (seen < round * n)
-          return "barrier round " + std::to_string(round) + " on rank " + std::to_string(me) + ": only " +
-                 std::to_string(seen) + " arrivals visible";
-        ep.comm->barrier().wait();  // keep rounds apart
-      }
-      return "";
-    }, opts);
-  }
-}
-
-TEST_CASE("asynchronous requests: several collectives in flight complete in issue order, shm and tcp") {
-  for (const char* opts : kTransports) {
-  CAPTURE(opts);
-  run_ranks(3, [](Endpoint& ep, int me) -> std::string {
-    std::vector<std::vector<float>> bufs(8, std::vector<float>(50000));
-    std::vector<int64_t> shapes(8);
-    std::vector<CommRequest> reqs;
-    for (int k = 0; k < 8; ++k) {
-      for (auto& x : bufs[k]) x = static_cast<float>(me + k);
-      DLTensor t = make_dltensor(bufs[k].data(), 50000, dl_f32(), &shapes[k]);
-      reqs.push_back(ep.comm->allreduce(t, t, DOPT_REDUCE_SUM));
+    for (int n : {2, 3, 4}) {
+      CAPTURE(opts);
+      CAPTURE(n);
+      run_ranks(
+          n,
+          [n](Endpoint& ep, int me) -> std::string {
+            uint64_t seed = 100;
+            for (const auto& t : kTypes)
+              for (auto op : kOps)
+                for (size_t block :
+                     {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(70001)}) {
+                  std::string e = check_reduce_scatter(*ep.comm, t, op, block, seed++);
+                  if (!e.empty()) return e;
+                }
+            for (const auto& t : kTypes)
+              for (size_t block : {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(70001)}) {
+                std::string e = check_allgather(*ep.comm, t, block, seed++);
+                if (!e.empty()) return e;
+              }
+            for (int root = 0; root < n; ++root)
+              for (size_t count :
+                   {size_t(0), size_t(1), size_t(7), size_t(1003), size_t(1 << 20)}) {
+                std::string e = check_broadcast(*ep.comm, root, count, seed++);
+                if (!e.empty()) return e;
+              }
+            // Barrier: after it, every rank's arrival is visible in the store.
+            for (int round = 1; round <= 3; ++round) {
+              ep.store->add("arrived", 1);
+              ep.comm->barrier().wait();
+              int64_t seen = ep.store->add("arrived", 0);
+              if (seen < round * n)
+                return "barrier round " + std::to_string(round) + " on rank " + std::to_string(me) +
+                       ": only " + std::to_string(seen) + " arrivals visible";
+              ep.comm->barrier().wait();  // keep rounds apart
+            }
+            return "";
+          },
+          opts);
     }
-    for (int k = 7; k >= 0; --k) reqs[k].wait();  // waiting out of order is fine
-    for (int k = 0; k < 8; ++k)
-      if (bufs[k][49999] != static_cast<float>(3 * k + 3)) return "request " + std::to_string(k) + " has a wrong sum";
-    bool done = reqs[0].test();
-    if (!done) return "test() on a completed request returned false";
-    // Mixed collectives back to back: the shared round counter stays in step.
-    std::vector<float> g(3 * 7001), b(7001, me == 1 ? 5.0f : 0.0f);
-    int64_t sg, sb, sm;
-    DLTensor tg = make_dltensor(g.data(), 3 * 7001, dl_f32(), &sg), tb = make_dltensor(b.data(), 7001, dl_f32(), &sb);
-    DLTensor tm = make_dltensor(bufs[0].data(), 7001, dl_f32(), &sm);
-    auto q1 = ep.comm->broadcast(tb, 1);
-    auto q2 = ep.comm->allgather(tm, tg);
-    auto q3 = ep.comm->reduce_scatter(tg, tb, DOPT_REDUCE_MAX);
-    q1.wait(), q2.wait(), q3.wait();
-    if (b[7000] != 3.0f) return "mixed collectives: reduce_scatter after allgather gave " + std::to_string(b[7000]);
-    return "";
-  }, opts);
+}
+
+TEST_CASE(
+    "asynchronous requests: several collectives in flight complete in issue order, shm and tcp") {
+  for (const char* opts : kTransports) {
+    CAPTURE(opts);
+    run_ranks(
+        3,
+        [](Endpoint& ep, int me) -> std::string {
+          std::vector<std::vector<float>> bufs(8, std::vector<float>(50000));
+          std::vector<int64_t> shapes(8);
+          std::vector<CommRequest> reqs;
+          for (int k = 0; k < 8; ++k) {
+            for (auto& x : bufs[k]) x = static_cast<float>(me + k);
+            DLTensor t = make_dltensor(bufs[k].data(), 50000, dl_f32(), &shapes[k]);
+            reqs.push_back(ep.comm->allreduce(t, t, DOPT_REDUCE_SUM));
+          }
+          for (int k = 7; k >= 0; --k) reqs[k].wait();  // waiting out of order is fine
+          for (int k = 0; k < 8; ++k)
+            if (bufs[k][49999] != static_cast<float>(3 * k + 3))
+              return "request " + std::to_string(k) + " has a wrong sum";
+          bool done = reqs[0].test();
+          if (!done) return "test() on a completed request returned false";
+          // Mixed collectives back to back: the shared round counter stays in step.
+          std::vector<float> g(3 * 7001), b(7001, me == 1 ? 5.0f : 0.0f);
+          int64_t sg, sb, sm;
+          DLTensor tg = make_dltensor(g.data(), 3 * 7001, dl_f32(), &sg),
+                   tb = make_dltensor(b.data(), 7001, dl_f32(), &sb);
+          DLTensor tm = make_dltensor(bufs[0].data(), 7001, dl_f32(), &sm);
+          auto q1 = ep.comm->broadcast(tb, 1);
+          auto q2 = ep.comm->allgather(tm, tg);
+          auto q3 = ep.comm->reduce_scatter(tg, tb, DOPT_REDUCE_MAX);
+          q1.wait(), q2.wait(), q3.wait();
+          if (b[7000] != 3.0f)
+            return "mixed collectives: reduce_scatter after allgather gave " +
+                   std::to_string(b[7000]);
+          return "";
+        },
+        opts);
   }
 }
 
-TEST_CASE("send/recv: tags match in order, out-of-order posting, zero bytes, size mismatch is an error") {
+TEST_CASE(
+    "send/recv: tags match in order, out-of-order posting, zero bytes, size mismatch is an error") {
   run_ranks(3, [](Endpoint& ep, int me) -> std::string {
     const int n = 3, next = (me + 1) % n, prev = (me + n - 1) % n;
     std::vector<int32_t> a(1000, me * 10 + 1), b(200000, me * 10 + 2), c(5, me * 10 + 3);
     std::vector<int32_t> ra(1000), rb(200000), rc(5);
     int64_t sa, sb, sc, sra, srb, src, sz, srz;
     DLDataType i32{kDLInt, 32, 1};
-    DLTensor ta = make_dltensor(a.data(), 1000, i32, &sa), tb = make_dltensor(b.data(), 200000, i32, &sb),
+    DLTensor ta = make_dltensor(a.data(), 1000, i32, &sa),
+             tb = make_dltensor(b.data(), 200000, i32, &sb),
              tc = make_dltensor(c.data(), 5, i32, &sc);
-    DLTensor tra = make_dltensor(ra.data(), 1000, i32, &sra), trb = make_dltensor(rb.data(), 200000, i32, &srb),
+    DLTensor tra = make_dltensor(ra.data(), 1000, i32, &sra),
+             trb = make_dltensor(rb.data(), 200000, i32, &srb),
              trc = make_dltensor(rc.data(), 5, i32, &src);
     DLTensor tz = make_dltensor(nullptr, 0, i32, &sz), trz = make_dltensor(nullptr, 0, i32, &srz);
     // Sent in order tag 7, 3, 3, 0(empty); received posting tag 3 first.
@@ -402,38 +466,45 @@ TEST_CASE("send/recv: tags match in order, out-of-order posting, zero bytes, siz
   });
 }
 
-TEST_CASE("split: colors, key ordering, color < 0, collectives in the sub-communicator, shm and tcp") {
+TEST_CASE(
+    "split: colors, key ordering, color < 0, collectives in the sub-communicator, shm and tcp") {
   for (const char* opts : kTransports) {
-  CAPTURE(opts);
-  run_ranks(4, [](Endpoint& ep, int me) -> std::string {
-    // Color by parity; key reverses the order inside each group; rank 3 opts out.
-    int color = me == 3 ? -1 : me % 2;
-    auto sub = ep.comm->split(color, -me);
-    int64_t s;
-    if (me == 3) {
-      if (sub) return "color -1 gave a communicator";
-    } else {
-      if (!sub) return "split returned no communicator";
-      int expect_size = me % 2 == 0 ? 2 : 1;  // {0,2} and {1}
-      int expect_rank = me == 0 ? 1 : 0;      // key -me: rank 2 comes first
-      if (sub->world_size() != expect_size || sub->rank() != expect_rank)
-        return "sub-communicator rank/size " + std::to_string(sub->rank()) + "/" + std::to_string(sub->world_size());
-      float v = static_cast<float>(me);
-      DLTensor t = make_dltensor(&v, 1, dl_f32(), &s);
-      sub->allreduce(t, t, DOPT_REDUCE_SUM).wait();
-      float want = me % 2 == 0 ? 2.0f : 1.0f;
-      if (v != want) return "allreduce in the sub-communicator gave " + std::to_string(v);
-    }
-    // The parent still works after the split, with every rank (the one that opted out too).
-    float w = 1;
-    DLTensor tw = make_dltensor(&w, 1, dl_f32(), &s);
-    ep.comm->allreduce(tw, tw, DOPT_REDUCE_SUM).wait();
-    return w == 4.0f ? "" : "parent allreduce after split gave " + std::to_string(w);
-  }, opts);
+    CAPTURE(opts);
+    run_ranks(
+        4,
+        [](Endpoint& ep, int me) -> std::string {
+          // Color by parity; key reverses the order inside each group; rank 3 opts out.
+          int color = me == 3 ? -1 : me % 2;
+          auto sub = ep.comm->split(color, -me);
+          int64_t s;
+          if (me == 3) {
+            if (sub) return "color -1 gave a communicator";
+          } else {
+            if (!sub) return "split returned no communicator";
+            int expect_size = me % 2 == 0 ? 2 : 1;  // {0,2} and {1}
+            int expect_rank = me == 0 ? 1 : 0;      // key -me: rank 2 comes first
+            if (sub->world_size() != expect_size || sub->rank() != expect_rank)
+              return "sub-communicator rank/size " + std::to_string(sub->rank()) + "/" +
+                     std::to_string(sub->world_size());
+            float v = static_cast<float>(me);
+            DLTensor t = make_dltensor(&v, 1, dl_f32(), &s);
+            sub->allreduce(t, t, DOPT_REDUCE_SUM).wait();
+            float want = me % 2 == 0 ? 2.0f : 1.0f;
+            if (v != want) return "allreduce in the sub-communicator gave " + std::to_string(v);
+          }
+          // The parent still works after the split, with every rank (the one that opted out too).
+          float w = 1;
+          DLTensor tw = make_dltensor(&w, 1, dl_f32(), &s);
+          ep.comm->allreduce(tw, tw, DOPT_REDUCE_SUM).wait();
+          return w == 4.0f ? "" : "parent allreduce after split gave " + std::to_string(w);
+        },
+        opts);
   }
 }
 
-TEST_CASE("shm: ranks with different shm options agree on one transport; no /dev/shm entry outlives create") {
+TEST_CASE(
+    "shm: ranks with different shm options agree on one transport; no /dev/shm entry outlives "
+    "create") {
   const int n = 3, port = free_port();
   auto codes = fork_ranks(n, [&](int me) {
     // Rank 1 turns shared memory off: the others must fall back to TCP too.
@@ -471,8 +542,10 @@ TEST_CASE("bad arguments return errors without crashing; the communicator stays 
   run_ranks(2, [](Endpoint& ep, int) -> std::string {
     std::vector<float> a(10), b(9);
     int64_t sa, sb;
-    DLTensor ta = make_dltensor(a.data(), 10, dl_f32(), &sa), tb = make_dltensor(b.data(), 9, dl_f32(), &sb);
-    auto expect = [](dopt_status want, const std::function<void()>& f, const char* what) -> std::string {
+    DLTensor ta = make_dltensor(a.data(), 10, dl_f32(), &sa),
+             tb = make_dltensor(b.data(), 9, dl_f32(), &sb);
+    auto expect = [](dopt_status want, const std::function<void()>& f,
+                     const char* what) -> std::string {
       try {
         f();
       } catch (const ComponentError& e) {
@@ -482,18 +555,29 @@ TEST_CASE("bad arguments return errors without crashing; the communicator stays 
       return std::string(what) + ": no error";
     };
     std::string e;
-    e += expect(DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->allreduce(ta, tb, DOPT_REDUCE_SUM); }, "count mismatch");
-    e += expect(DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->allreduce(ta, ta, static_cast<dopt_reduce_op>(42)); }, "bad op");
-    e += expect(DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->broadcast(ta, 5); }, "bad root");
-    e += expect(DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->send(ta, 7, 0); }, "bad peer");
-    e += expect(DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->reduce_scatter(ta, ta, DOPT_REDUCE_SUM); }, "rs sizes");
+    e += expect(
+        DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->allreduce(ta, tb, DOPT_REDUCE_SUM); },
+        "count mismatch");
+    e += expect(
+        DOPT_ERR_INVALID_ARGUMENT,
+        [&] { ep.comm->allreduce(ta, ta, static_cast<dopt_reduce_op>(42)); }, "bad op");
+    e += expect(
+        DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->broadcast(ta, 5); }, "bad root");
+    e += expect(
+        DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->send(ta, 7, 0); }, "bad peer");
+    e += expect(
+        DOPT_ERR_INVALID_ARGUMENT, [&] { ep.comm->reduce_scatter(ta, ta, DOPT_REDUCE_SUM); },
+        "rs sizes");
     std::vector<uint8_t> u(10);
     int64_t su;
     DLTensor tu = make_dltensor(u.data(), 10, DLDataType{kDLUInt, 8, 1}, &su);
-    e += expect(DOPT_ERR_UNSUPPORTED, [&] { ep.comm->allreduce(tu, tu, DOPT_REDUCE_SUM); }, "uint8 reduce");
+    e += expect(
+        DOPT_ERR_UNSUPPORTED, [&] { ep.comm->allreduce(tu, tu, DOPT_REDUCE_SUM); }, "uint8 reduce");
     DLTensor gpu = ta;
     gpu.device = DLDevice{kDLCUDA, 0};
-    e += expect(DOPT_ERR_UNSUPPORTED, [&] { ep.comm->allreduce(gpu, gpu, DOPT_REDUCE_SUM); }, "device memory");
+    e += expect(
+        DOPT_ERR_UNSUPPORTED, [&] { ep.comm->allreduce(gpu, gpu, DOPT_REDUCE_SUM); },
+        "device memory");
     if (!e.empty()) return e;
     std::fill(a.begin(), a.end(), 1.0f);
     ep.comm->allreduce(ta, ta, DOPT_REDUCE_SUM).wait();
@@ -501,7 +585,9 @@ TEST_CASE("bad arguments return errors without crashing; the communicator stays 
   });
 }
 
-TEST_CASE("timeouts: an unmatched recv and a collective a peer never joins fail with TIMEOUT naming the peer") {
+TEST_CASE(
+    "timeouts: an unmatched recv and a collective a peer never joins fail with TIMEOUT naming the "
+    "peer") {
   run_ranks(
       2,
       [](Endpoint& ep, int me) -> std::string {
@@ -520,7 +606,8 @@ TEST_CASE("timeouts: an unmatched recv and a collective a peer never joins fail 
             ep.comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();
             return "allreduce without the peer completed";
           } catch (const CommError& e) {
-            if (e.status() != DOPT_ERR_TIMEOUT || !std::strstr(e.what(), "allreduce") || !std::strstr(e.what(), "rank 1"))
+            if (e.status() != DOPT_ERR_TIMEOUT || !std::strstr(e.what(), "allreduce") ||
+                !std::strstr(e.what(), "rank 1"))
               return std::string("allreduce timeout: ") + e.what();
           }
           ep.store->set("rank0-done", std::string("1"));
@@ -542,60 +629,64 @@ TEST_CASE("timeouts: an unmatched recv and a collective a peer never joins fail 
       "{timeout_s: 1.0}");
 }
 
-TEST_CASE("a rank that dies mid-allreduce makes every other rank's wait fail, naming it (shm and tcp); no /dev/shm leak") {
+TEST_CASE(
+    "a rank that dies mid-allreduce makes every other rank's wait fail, naming it (shm and tcp); "
+    "no /dev/shm leak") {
   // Small shm segments: the 32 MiB allreduce takes many rounds, so rank 2
   // surely dies in the middle of it.
   for (const char* opts : {"{timeout_s: 600, shm_bytes: 65536}", "{timeout_s: 600, shm: false}"}) {
-  CAPTURE(opts);
-  const int n = 4, dead = 2;
-  const int port = free_port();
-  // The ranks' pids, to look for their segments after they are gone.
-  auto* pids = static_cast<pid_t*>(mmap(nullptr, sizeof(pid_t) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(pids != MAP_FAILED);
-  auto codes = fork_ranks(
-      n,
-      [&](int me) {
-        pids[me] = getpid();
-        // A long timeout: only failure detection, not the timeout, can end this in time.
-        auto ep = make_endpoint("tcp", me, n, port, opts);
-        std::vector<float> buf(8u << 20, 1.0f);
-        int64_t s;
-        DLTensor t = make_dltensor(buf.data(), static_cast<int64_t>(buf.size()), dl_f32(), &s);
-        ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();  // everyone is connected and working
-        auto req = ep->comm->allreduce(t, t, DOPT_REDUCE_SUM);
-        if (me == dead) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          _exit(0);  // no goodbye: like a crash
-        }
-        try {
-          req.wait();
-          fprintf(stderr, "rank %d: allreduce completed without rank %d\n", me, dead);
-          return 1;
-        } catch (const CommError& e) {
-          if (e.status() != DOPT_ERR_COMM || !std::strstr(e.what(), "rank 2") || !std::strstr(e.what(), "allreduce")) {
-            fprintf(stderr, "rank %d: unexpected error: %s\n", me, e.what());
-            return 2;
+    CAPTURE(opts);
+    const int n = 4, dead = 2;
+    const int port = free_port();
+    // The ranks' pids, to look for their segments after they are gone.
+    auto* pids = static_cast<pid_t*>(mmap(nullptr, sizeof(pid_t) * n, PROT_READ | PROT_WRITE,
+                                          MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(pids != MAP_FAILED);
+    auto codes = fork_ranks(
+        n,
+        [&](int me) {
+          pids[me] = getpid();
+          // A long timeout: only failure detection, not the timeout, can end this in time.
+          auto ep = make_endpoint("tcp", me, n, port, opts);
+          std::vector<float> buf(8u << 20, 1.0f);
+          int64_t s;
+          DLTensor t = make_dltensor(buf.data(), static_cast<int64_t>(buf.size()), dl_f32(), &s);
+          ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();  // everyone is connected and working
+          auto req = ep->comm->allreduce(t, t, DOPT_REDUCE_SUM);
+          if (me == dead) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            _exit(0);  // no goodbye: like a crash
           }
-        }
-        // Every later operation fails too, at once.
-        try {
-          ep->comm->barrier().wait();
-          return 3;
-        } catch (const CommError& e) {
-          if (!std::strstr(e.what(), "rank 2")) {
-            fprintf(stderr, "rank %d: later op: %s\n", me, e.what());
-            return 4;
+          try {
+            req.wait();
+            fprintf(stderr, "rank %d: allreduce completed without rank %d\n", me, dead);
+            return 1;
+          } catch (const CommError& e) {
+            if (e.status() != DOPT_ERR_COMM || !std::strstr(e.what(), "rank 2") ||
+                !std::strstr(e.what(), "allreduce")) {
+              fprintf(stderr, "rank %d: unexpected error: %s\n", me, e.what());
+              return 2;
+            }
           }
-        }
-        return 0;
-      },
-      std::chrono::seconds(60));
-  for (int r = 0; r < n; ++r) {
-    CAPTURE(r);
-    CHECK(codes[r] == 0);
-    CHECK(shm_entries_of(pids[r]).empty());
-  }
-  munmap(pids, sizeof(pid_t) * n);
+          // Every later operation fails too, at once.
+          try {
+            ep->comm->barrier().wait();
+            return 3;
+          } catch (const CommError& e) {
+            if (!std::strstr(e.what(), "rank 2")) {
+              fprintf(stderr, "rank %d: later op: %s\n", me, e.what());
+              return 4;
+            }
+          }
+          return 0;
+        },
+        std::chrono::seconds(60));
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CHECK(codes[r] == 0);
+      CHECK(shm_entries_of(pids[r]).empty());
+    }
+    munmap(pids, sizeof(pid_t) * n);
   }
 }
 

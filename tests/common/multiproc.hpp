@@ -22,8 +22,8 @@
 namespace distopt::test {
 
 struct ProcResult {
-  int exit_code = -1;   ///< exit status, or 128 + signal, or -1 on timeout (then killed)
-  std::string output;   ///< stdout and stderr together
+  int exit_code = -1;  ///< exit status, or 128 + signal, or -1 on timeout (then killed)
+  std::string output;  ///< stdout and stderr together
   bool timed_out = false;
 };
 

@@ -1,9 +1,9 @@
 // Bucket planning: reverse order, cap, alignment, one dtype per bucket.
+#include "optim/bucket_plan.hpp"
+
 #include <doctest/doctest.h>
 
 #include <stdexcept>
-
-#include "optim/bucket_plan.hpp"
 
 using distopt::optim::plan_buckets;
 using distopt::optim::PlanInput;

@@ -7,6 +7,11 @@
 // the single-process reference); they write their final parameters to files
 // that the parent compares, so the parent never forks after using torch's
 // thread pools.
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,16 +22,11 @@
 #include <string>
 #include <vector>
 
-#include "distopt/runtime.hpp"
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/sgd.h>
-
 #include "distopt/config.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host.hpp"
+#include "distopt/runtime.hpp"
 #include "distopt/sdk/optimizer_factory.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "multiproc.hpp"
@@ -103,7 +103,8 @@ void write_result(const std::string& path, Net& net, const std::vector<double>& 
     at::Tensor c = p.detach().to(at::kDouble).contiguous().view(-1);
     values.insert(values.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
   }
-  f.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(double)));
+  f.write(reinterpret_cast<const char*>(values.data()),
+          static_cast<std::streamsize>(values.size() * sizeof(double)));
 }
 
 struct Result {
@@ -132,7 +133,8 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
 std::string job_yaml(const Spec& s, int port) {
   std::ostringstream y;
   y << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-    << "world: {size: " << s.world << ", rendezvous: 'tcp://127.0.0.1:" << port << "', timeout_s: 60}\n"
+    << "world: {size: " << s.world << ", rendezvous: 'tcp://127.0.0.1:" << port
+    << "', timeout_s: 60}\n"
     << "communicator: {name: tcp}\n"
     << "reducer: {name: mean, options: " << s.reducer_options << "}\n"
     << "algorithm: {name: allreduce, options: " << s.algorithm_options << "}\n"
@@ -178,7 +180,8 @@ std::pair<std::vector<Result>, Result> run_case(const Spec& s) {
         proc.local_rank = rank;
         proc.local_world_size = s.world;
         proc.source = "test";
-        auto rt = distopt::Runtime::from_config(distopt::parse_job_config(yaml, "equivalence.yaml"), proc);
+        auto rt = distopt::Runtime::from_config(distopt::parse_job_config(yaml, "equivalence.yaml"),
+                                                proc);
         auto opt = rt.make_optimizer(*net);
         for (int step = 0; step < s.steps; ++step) {
           opt.zero_grad();
@@ -189,8 +192,8 @@ std::pair<std::vector<Result>, Result> run_case(const Spec& s) {
         }
         write_result(dir + "/rank" + std::to_string(rank) + ".bin", net,
                      {static_cast<double>(opt.num_buckets()), static_cast<double>(opt.bytes_sent()),
-                      static_cast<double>(opt.bytes_sent_plain_allreduce()), static_cast<double>(opt.steps()),
-                      static_cast<double>(opt.state_bytes())});
+                      static_cast<double>(opt.bytes_sent_plain_allreduce()),
+                      static_cast<double>(opt.steps()), static_cast<double>(opt.state_bytes())});
         rt.barrier();
         return 0;
       },
@@ -200,7 +203,8 @@ std::pair<std::vector<Result>, Result> run_case(const Spec& s) {
     REQUIRE(codes[r] == 0);
   }
   std::vector<Result> ranks;
-  for (int r = 0; r < s.world; ++r) ranks.push_back(read_result(dir + "/rank" + std::to_string(r) + ".bin"));
+  for (int r = 0; r < s.world; ++r)
+    ranks.push_back(read_result(dir + "/rank" + std::to_string(r) + ".bin"));
   Result ref = read_result(dir + "/ref.bin");
   std::system(("rm -rf '" + dir + "'").c_str());
   return {ranks, ref};
@@ -334,13 +338,15 @@ TEST_CASE("misuse fails loudly: zero_grad mid-step, bad group, second backward")
       opt.zero_grad();
       expect(false, "zero_grad after backward must throw");
     } catch (const distopt::Error& e) {
-      expect(std::string(e.what()).find("step()") != std::string::npos, "zero_grad message names step()");
+      expect(std::string(e.what()).find("step()") != std::string::npos,
+             "zero_grad message names step()");
     }
     try {
       loss_of(net, d.x, d.y).backward();
       expect(false, "second backward after launch must throw");
     } catch (const std::exception& e) {
-      expect(std::string(e.what()).find("second gradient") != std::string::npos, "second backward message");
+      expect(std::string(e.what()).find("second gradient") != std::string::npos,
+             "second backward message");
     }
     opt.step();
     expect(opt.steps() == 1, "one step");
@@ -354,11 +360,13 @@ TEST_CASE("misuse fails loudly: zero_grad mid-step, bad group, second backward")
     // a user's module.zero_grad() (grads set to None) is repaired
     net->zero_grad();
     opt.zero_grad();
-    expect(net->fc1->weight.grad().defined() && net->fc1->weight.grad().abs().sum().item<double>() == 0,
+    expect(net->fc1->weight.grad().defined() &&
+               net->fc1->weight.grad().abs().sum().item<double>() == 0,
            "zero_grad re-points grads at the zeroed bucket");
     loss_of(net, d.x, d.y).backward();
     opt.step();
-    expect(opt.bytes_sent() == 0 && opt.bytes_sent_plain_allreduce() == 0, "one rank sends nothing");
+    expect(opt.bytes_sent() == 0 && opt.bytes_sent_plain_allreduce() == 0,
+           "one rank sends nothing");
     return failures;
   });
   CHECK(codes[0] == 0);
@@ -373,7 +381,8 @@ TEST_CASE("a bad optimizer option fails make_optimizer with the plugin's message
   auto codes = fork_ranks(1, [&](int) {
     torch::set_num_threads(1);
     Net net;
-    auto rt = distopt::Runtime::from_config(distopt::parse_job_config(yaml, "bad.yaml"), distopt::ProcessInfo{});
+    auto rt = distopt::Runtime::from_config(distopt::parse_job_config(yaml, "bad.yaml"),
+                                            distopt::ProcessInfo{});
     try {
       rt.make_optimizer(*net);
     } catch (const distopt::ComponentError& e) {
@@ -397,7 +406,8 @@ TEST_CASE("BucketManager launches buckets in order during backward; unused ones 
   auto unused = at::randn({5}).requires_grad_(true);
   auto b = at::randn({4, 4}).requires_grad_(true);
   auto c = at::randn({4}).requires_grad_(true);
-  std::vector<std::pair<std::string, at::Tensor>> params = {{"a", a}, {"unused", unused}, {"b", b}, {"c", c}};
+  std::vector<std::pair<std::string, at::Tensor>> params = {
+      {"a", a}, {"unused", unused}, {"b", b}, {"c", c}};
   for (bool overlap : {true, false}) {
     CAPTURE(overlap);
     std::vector<int> launched;
@@ -471,12 +481,14 @@ TEST_CASE("optimizer factory: every optimizer, group overrides, state bytes, err
   distopt::sdk::set_host(distopt::host_api());
   for (const char* name : {"sgd", "adam", "adamw", "adagrad", "rmsprop"}) {
     CAPTURE(name);
-    auto opts = distopt::Options::validate(YAML::Load("{lr: 0.5}"), distopt::optimizer_option_specs(name), "<t>", "optimizer");
+    auto opts = distopt::Options::validate(
+        YAML::Load("{lr: 0.5}"), distopt::optimizer_option_specs(name), "<t>", "optimizer");
     at::Tensor p1 = at::ones({4}), p2 = at::ones({2});
     p1.mutable_grad() = at::ones({4});
     p2.mutable_grad() = at::ones({2});
     distopt::sdk::ParamGroupInput g0{{p1}}, g1{{p2}, 0.1, 0.0};
-    auto opt = distopt::sdk::make_optimizer(name, distopt::sdk::OptionsView(opts.c_handle()), {g0, g1});
+    auto opt =
+        distopt::sdk::make_optimizer(name, distopt::sdk::OptionsView(opts.c_handle()), {g0, g1});
     REQUIRE(opt->param_groups().size() == 2);
     CHECK(opt->param_groups()[0].options().get_lr() == doctest::Approx(0.5));
     CHECK(opt->param_groups()[1].options().get_lr() == doctest::Approx(0.1));
@@ -491,12 +503,15 @@ TEST_CASE("optimizer factory: every optimizer, group overrides, state bytes, err
     CHECK(opt->param_groups()[1].options().get_lr() == doctest::Approx(0.25));
     CHECK_THROWS_AS(distopt::sdk::set_group_lr(*opt, 2, 0.1), distopt::sdk::Error);
   }
-  auto adam = distopt::Options::validate(YAML::Node(), distopt::optimizer_option_specs("adam"), "<t>", "optimizer");
+  auto adam = distopt::Options::validate(YAML::Node(), distopt::optimizer_option_specs("adam"),
+                                         "<t>", "optimizer");
   at::Tensor p = at::zeros({10});
   p.mutable_grad() = at::ones({10});
-  auto opt = distopt::sdk::make_optimizer("adam", distopt::sdk::OptionsView(adam.c_handle()), {{{p}}});
+  auto opt =
+      distopt::sdk::make_optimizer("adam", distopt::sdk::OptionsView(adam.c_handle()), {{{p}}});
   opt->step();
   CHECK(distopt::sdk::optimizer_state_bytes(*opt) == 2 * 10 * 4);
-  CHECK_THROWS_AS(distopt::sdk::make_optimizer("lbfgs", distopt::sdk::OptionsView(adam.c_handle()), {}),
-                  distopt::sdk::Error);
+  CHECK_THROWS_AS(
+      distopt::sdk::make_optimizer("lbfgs", distopt::sdk::OptionsView(adam.c_handle()), {}),
+      distopt::sdk::Error);
 }

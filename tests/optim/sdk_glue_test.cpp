@@ -20,11 +20,16 @@ struct TestReducer : sdk::Reducer {
   static inline std::shared_ptr<sdk::Completion> last;
   TestReducer(const dopt_create_args& args, dopt_comm_ref, const dopt_bucket*, size_t) {
     switch (args.rank) {
-      case 1: throw std::invalid_argument("bad bucket layout");
-      case 2: throw std::bad_alloc();
-      case 3: throw sdk::Error(DOPT_ERR_COMM, "peer 3 died");
-      case 4: throw std::runtime_error("surprise");
-      default: break;
+      case 1:
+        throw std::invalid_argument("bad bucket layout");
+      case 2:
+        throw std::bad_alloc();
+      case 3:
+        throw sdk::Error(DOPT_ERR_COMM, "peer 3 died");
+      case 4:
+        throw std::runtime_error("surprise");
+      default:
+        break;
     }
     sdk::OptionsView o(args.options);
     factor_ = o.get_double("factor");
@@ -46,7 +51,8 @@ struct TestAlgorithm : sdk::Algorithm {
 };
 
 constexpr dopt_option_spec kTestOptions[] = {
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "factor", DOPT_OPTION_DOUBLE, "7", 0, 100, nullptr, "a factor"},
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "factor", DOPT_OPTION_DOUBLE, "7", 0, 100, nullptr,
+     "a factor"},
 };
 
 }  // namespace
@@ -99,7 +105,8 @@ TEST_CASE("the entry refuses another ABI major and a NULL info") {
 TEST_CASE("exceptions become statuses with the message in the error sink") {
   dopt_plugin_info info = init_plugin();
   auto* rvt = static_cast<const dopt_reducer_v1*>(info.components[0].vtable);
-  Options opts = Options::validate(YAML::Load("{factor: 3}"), specs_from_c(kTestOptions, 1), "<test>", "reducer.options");
+  Options opts = Options::validate(YAML::Load("{factor: 3}"), specs_from_c(kTestOptions, 1),
+                                   "<test>", "reducer.options");
   dopt_create_args args{};
   args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
   args.world_size = 8;
@@ -109,7 +116,8 @@ TEST_CASE("exceptions become statuses with the message in the error sink") {
     dopt_status status;
     const char* msg;
   };
-  for (Case c : {Case{1, DOPT_ERR_INVALID_ARGUMENT, "bad bucket layout"}, Case{2, DOPT_ERR_NO_MEMORY, "out of memory"},
+  for (Case c : {Case{1, DOPT_ERR_INVALID_ARGUMENT, "bad bucket layout"},
+                 Case{2, DOPT_ERR_NO_MEMORY, "out of memory"},
                  Case{3, DOPT_ERR_COMM, "peer 3 died"}, Case{4, DOPT_ERR_INTERNAL, "surprise"}}) {
     CAPTURE(c.rank);
     args.rank = c.rank;
@@ -120,7 +128,8 @@ TEST_CASE("exceptions become statuses with the message in the error sink") {
     CHECK(take_last_error() == c.msg);
   }
   // NULL arguments are refused before any C++ runs.
-  CHECK(rvt->create(nullptr, dopt_comm_ref{nullptr, nullptr}, nullptr, 0, nullptr) == DOPT_ERR_INVALID_ARGUMENT);
+  CHECK(rvt->create(nullptr, dopt_comm_ref{nullptr, nullptr}, nullptr, 0, nullptr) ==
+        DOPT_ERR_INVALID_ARGUMENT);
 
   auto* avt = static_cast<const dopt_algorithm_v1*>(info.components[1].vtable);
   dopt_algorithm_args aargs{};
@@ -137,7 +146,8 @@ TEST_CASE("exceptions become statuses with the message in the error sink") {
 TEST_CASE("requests: test, wait, failure and timeout through the glue") {
   dopt_plugin_info info = init_plugin();
   auto* rvt = static_cast<const dopt_reducer_v1*>(info.components[0].vtable);
-  Options opts = Options::validate(YAML::Node(), specs_from_c(kTestOptions, 1), "<test>", "reducer.options");
+  Options opts =
+      Options::validate(YAML::Node(), specs_from_c(kTestOptions, 1), "<test>", "reducer.options");
   dopt_create_args args{};
   args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
   args.world_size = 1;
@@ -176,7 +186,8 @@ TEST_CASE("requests: test, wait, failure and timeout through the glue") {
 
 TEST_CASE("OptionsView: typed getters and errors naming the option") {
   init_plugin();
-  Options opts = Options::validate(YAML::Load("{factor: 2.5}"), specs_from_c(kTestOptions, 1), "<test>", "x");
+  Options opts =
+      Options::validate(YAML::Load("{factor: 2.5}"), specs_from_c(kTestOptions, 1), "<test>", "x");
   sdk::OptionsView v(opts.c_handle());
   CHECK(v.get_double("factor") == doctest::Approx(2.5));
   try {

@@ -54,12 +54,13 @@ static dopt_status comm_destroy(dopt_comm* c) {
 }
 static int32_t comm_rank(const dopt_comm* c) { return c->rank; }
 static int32_t comm_world_size(const dopt_comm* c) { return c->world_size; }
-static dopt_status comm_allreduce(dopt_comm* c, const DLTensor* s, DLTensor* r, dopt_reduce_op op, dopt_request** q) {
+static dopt_status comm_allreduce(dopt_comm* c, const DLTensor* s, DLTensor* r, dopt_reduce_op op,
+                                  dopt_request** q) {
   (void)c, (void)s, (void)r, (void)op, (void)q;
   return unsupported();
 }
-static dopt_status comm_reduce_scatter(dopt_comm* c, const DLTensor* s, DLTensor* r, dopt_reduce_op op,
-                                       dopt_request** q) {
+static dopt_status comm_reduce_scatter(dopt_comm* c, const DLTensor* s, DLTensor* r,
+                                       dopt_reduce_op op, dopt_request** q) {
   (void)c, (void)s, (void)r, (void)op, (void)q;
   return unsupported();
 }
@@ -71,7 +72,8 @@ static dopt_status comm_broadcast(dopt_comm* c, DLTensor* b, int32_t root, dopt_
   (void)c, (void)b, (void)root, (void)q;
   return unsupported();
 }
-static dopt_status comm_send(dopt_comm* c, const DLTensor* b, int32_t p, int32_t t, dopt_request** q) {
+static dopt_status comm_send(dopt_comm* c, const DLTensor* b, int32_t p, int32_t t,
+                             dopt_request** q) {
   (void)c, (void)b, (void)p, (void)t, (void)q;
   return unsupported();
 }
@@ -98,18 +100,31 @@ static dopt_status comm_wait(dopt_request* q, int64_t t) {
 static void comm_request_free(dopt_request* q) { (void)q; }
 
 static const dopt_communicator_v1 k_comm_vt = {
-    DOPT_COMMUNICATOR_V1_STRUCT_SIZE, NULL, comm_create, comm_destroy, comm_rank, comm_world_size,
+    DOPT_COMMUNICATOR_V1_STRUCT_SIZE,
+    NULL,
+    comm_create,
+    comm_destroy,
+    comm_rank,
+    comm_world_size,
 #ifdef MOCK_NULL_FN
     NULL, /* allreduce: the required function this variant leaves out */
 #else
     comm_allreduce,
 #endif
-    comm_reduce_scatter, comm_allgather, comm_broadcast, comm_send, comm_recv, comm_barrier, comm_split,
-    comm_test, comm_wait, comm_request_free};
+    comm_reduce_scatter,
+    comm_allgather,
+    comm_broadcast,
+    comm_send,
+    comm_recv,
+    comm_barrier,
+    comm_split,
+    comm_test,
+    comm_wait,
+    comm_request_free};
 
 /* ---------------- reducer ---------------- */
-static dopt_status red_create(const dopt_create_args* a, dopt_comm_ref c, const dopt_bucket* b, size_t n,
-                              dopt_reducer** out) {
+static dopt_status red_create(const dopt_create_args* a, dopt_comm_ref c, const dopt_bucket* b,
+                              size_t n, dopt_reducer** out) {
   (void)a, (void)c, (void)b, (void)n, (void)out;
   return unsupported();
 }
@@ -134,8 +149,15 @@ static uint64_t red_bytes_sent(const dopt_reducer* r) {
   (void)r;
   return 0;
 }
-static const dopt_reducer_v1 k_red_vt = {DOPT_REDUCER_V1_STRUCT_SIZE, NULL, red_create, red_destroy, red_reduce,
-                                         red_test, red_wait, red_request_free, red_bytes_sent};
+static const dopt_reducer_v1 k_red_vt = {DOPT_REDUCER_V1_STRUCT_SIZE,
+                                         NULL,
+                                         red_create,
+                                         red_destroy,
+                                         red_reduce,
+                                         red_test,
+                                         red_wait,
+                                         red_request_free,
+                                         red_bytes_sent};
 
 /* ---------------- algorithm ---------------- */
 static dopt_status alg_create(const dopt_algorithm_args* a, dopt_algorithm** out) {
@@ -162,8 +184,9 @@ static uint64_t alg_state_bytes(const dopt_algorithm* a) {
   (void)a;
   return 0;
 }
-static const dopt_algorithm_v1 k_alg_vt = {DOPT_ALGORITHM_V1_STRUCT_SIZE, NULL, alg_create, alg_destroy,
-                                           alg_on_bucket_ready, alg_step, alg_set_lr, alg_state_bytes};
+static const dopt_algorithm_v1 k_alg_vt = {
+    DOPT_ALGORITHM_V1_STRUCT_SIZE, NULL,     alg_create, alg_destroy,
+    alg_on_bucket_ready,           alg_step, alg_set_lr, alg_state_bytes};
 
 /* ---------------- option schemas ---------------- */
 #define SPEC(NAME, TYPE, DEF, LO, HI, CHOICES, HELP) \
@@ -187,8 +210,11 @@ static const dopt_option_spec k_bad_default_options[] = {
 };
 #endif
 
-#define COMPONENT(KIND, NAME, OPTS, NOPTS, VT) \
-  { DOPT_COMPONENT_STRUCT_SIZE, NULL, KIND, NAME, "0.1.0", "mock for the loader tests", OPTS, NOPTS, VT }
+#define COMPONENT(KIND, NAME, OPTS, NOPTS, VT)                                                \
+  {                                                                                           \
+    DOPT_COMPONENT_STRUCT_SIZE, NULL, KIND, NAME, "0.1.0", "mock for the loader tests", OPTS, \
+        NOPTS, VT                                                                             \
+  }
 
 #if defined(MOCK_NEWER_MINOR)
 /* A plugin built against a future v1.1 whose structs gained a field each:
@@ -209,7 +235,8 @@ static const component_v1_1 k_components[] = {
     {{sizeof(component_v1_1), NULL, DOPT_KIND_COMMUNICATOR, "mock_minor", "1.1.0", "newer minor",
       &k_minor_options[0].v1, 2, &k_comm_vt},
      "https://example.invalid/a"},
-    {{sizeof(component_v1_1), NULL, DOPT_KIND_REDUCER, "mock_minor", "1.1.0", "newer minor", NULL, 0, &k_red_vt},
+    {{sizeof(component_v1_1), NULL, DOPT_KIND_REDUCER, "mock_minor", "1.1.0", "newer minor", NULL,
+      0, &k_red_vt},
      "https://example.invalid/b"},
 };
 #define COMPONENTS (&k_components[0].v1)

@@ -1,6 +1,8 @@
 // The plugin registry against mock plugins built from one source with -D
 // variants (tests/registry/mock_plugin.c): each broken library is skipped with
 // a message naming the file and the reason, the good ones still load.
+#include "distopt/registry.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -14,7 +16,6 @@
 
 #include "distopt/communicator.h"
 #include "distopt/error.hpp"
-#include "distopt/registry.hpp"
 #include "multiproc.hpp"
 
 namespace fs = std::filesystem;
@@ -86,8 +87,10 @@ TEST_CASE("discover: good mock plugins load, each broken one is skipped with its
       {"mock_noentry", {"missing the entry symbol dopt_plugin_init_v1"}},
       {"mock_nullfn", {"component 'mock_nullfn': communicator vtable field 'allreduce' is NULL"}},
       {"mock_dup", {"duplicate communicator 'mock': already provided by " + mock("mock")}},
-      {"mock_initfail", {"dopt_plugin_init_v1 failed (UNSUPPORTED)", "the required device is not present"}},
-      {"mock_baddefault", {"component 'mock_baddefault'", "option 'count' has an invalid default 'many'"}},
+      {"mock_initfail",
+       {"dopt_plugin_init_v1 failed (UNSUPPORTED)", "the required device is not present"}},
+      {"mock_baddefault",
+       {"component 'mock_baddefault'", "option 'count' has an invalid default 'many'"}},
       {"mock_small", {"struct_size 16 is smaller than the ABI v1.0 size"}},
       {"mock_missingdep", {"cannot be loaded", "libmock_dep.so"}},
   };
@@ -155,12 +158,14 @@ TEST_CASE("get() on an unavailable name says why") {
   CAPTURE(m);
   CHECK(m.find("no communicator named 'mock_nullfn'") != std::string::npos);
   CHECK(m.find("available communicators: mock, mock_minor") != std::string::npos);
-  CHECK(m.find("'mock_nullfn' is unavailable because " + mock("mock_nullfn") + " was skipped") != std::string::npos);
+  CHECK(m.find("'mock_nullfn' is unavailable because " + mock("mock_nullfn") + " was skipped") !=
+        std::string::npos);
   CHECK(m.find("vtable field 'allreduce' is NULL") != std::string::npos);
 
   m = message(DOPT_KIND_COMMUNICATOR, "mock_badmajor");
   CAPTURE(m);
-  CHECK(m.find("'mock_badmajor' is unavailable because " + mock("mock_badmajor")) != std::string::npos);
+  CHECK(m.find("'mock_badmajor' is unavailable because " + mock("mock_badmajor")) !=
+        std::string::npos);
   CHECK(m.find("ABI 2.0") != std::string::npos);
 
   // An unrelated name still lists every skipped library and its reason.
@@ -209,7 +214,8 @@ TEST_CASE("the same file reached twice loads once; a copy elsewhere is a duplica
   REQUIRE(reg.skipped().size() == 1);  // the copy; the symlink is the same file
   const auto& s = reg.skipped()[0];
   CHECK(s.file == (tmp.path / "libdistopt_copy.so").string());
-  CHECK(s.reason.find("duplicate communicator 'mock': already provided by " + mock("mock")) != std::string::npos);
+  CHECK(s.reason.find("duplicate communicator 'mock': already provided by " + mock("mock")) !=
+        std::string::npos);
 }
 
 TEST_CASE("load_file of a missing file is skipped naming it") {
@@ -221,7 +227,9 @@ TEST_CASE("load_file of a missing file is skipped naming it") {
   CHECK_THROWS_AS(reg.get(DOPT_KIND_COMMUNICATOR, "mock"), PluginError);
 }
 
-TEST_CASE("search_path: config paths, then $DISTOPT_PLUGIN_PATH, then the core's libdir, then the install dir") {
+TEST_CASE(
+    "search_path: config paths, then $DISTOPT_PLUGIN_PATH, then the core's libdir, then the "
+    "install dir") {
   const char* old = std::getenv("DISTOPT_PLUGIN_PATH");
   std::string saved = old ? old : "";
   setenv("DISTOPT_PLUGIN_PATH", "/env/a::/env/b:/cfg/one", 1);

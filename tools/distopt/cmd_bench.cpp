@@ -6,20 +6,19 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <boost/program_options.hpp>
-#include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include "command.hpp"
 #include "distopt/communicator.hpp"
@@ -39,10 +38,14 @@ size_t parse_size(const std::string& s) {
   double v = std::strtod(s.c_str(), &end);
   std::string unit(end);
   size_t mul = 1;
-  if (unit == "K" || unit == "k" || unit == "KiB") mul = 1 << 10;
-  else if (unit == "M" || unit == "m" || unit == "MiB") mul = 1 << 20;
-  else if (unit == "G" || unit == "g" || unit == "GiB") mul = 1 << 30;
-  else if (!unit.empty()) throw distopt::Error("bad size '" + s + "' (use e.g. 4096, 4K, 64M)");
+  if (unit == "K" || unit == "k" || unit == "KiB")
+    mul = 1 << 10;
+  else if (unit == "M" || unit == "m" || unit == "MiB")
+    mul = 1 << 20;
+  else if (unit == "G" || unit == "g" || unit == "GiB")
+    mul = 1 << 30;
+  else if (!unit.empty())
+    throw distopt::Error("bad size '" + s + "' (use e.g. 4096, 4K, 64M)");
   if (v <= 0) throw distopt::Error("size '" + s + "' must be positive");
   return static_cast<size_t>(v * static_cast<double>(mul));
 }
@@ -94,7 +97,8 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, int port, const st
   so.world_size = a.nranks;
   so.token = token;
   auto store = make_store(so);
-  Options opts = Options::validate(YAML::Load(a.options), info.options, "--options", "communicator.options");
+  Options opts =
+      Options::validate(YAML::Load(a.options), info.options, "--options", "communicator.options");
   dopt_create_args ca{};
   ca.struct_size = sizeof ca;
   ca.rank = rank;
@@ -138,12 +142,14 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, int port, const st
         tr = make_dltensor(recv.data(), static_cast<int64_t>(count), f32, &s2);
         return comm.broadcast(tr, 0);
       };
-      int iters = a.iters > 0 ? a.iters : static_cast<int>(std::clamp<size_t>((512u << 20) / bytes, 5, 200));
+      int iters = a.iters > 0 ? a.iters
+                              : static_cast<int>(std::clamp<size_t>((512u << 20) / bytes, 5, 200));
       for (int i = 0; i < a.warmup; ++i) issue().wait();
       comm.barrier().wait();
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iters; ++i) issue().wait();
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+      double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
       // Rank 0 reports the slowest rank's time (what a job would see).
       double worst = secs;
       std::vector<double> all(static_cast<size_t>(n));
@@ -160,16 +166,19 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, int port, const st
   if (rank != 0)
     store->set("bench/left/" + std::to_string(rank), std::string("1"));
   else
-    for (int p = 1; p < a.nranks; ++p) store->get("bench/left/" + std::to_string(p), std::chrono::seconds(60));
+    for (int p = 1; p < a.nranks; ++p)
+      store->get("bench/left/" + std::to_string(p), std::chrono::seconds(60));
   return rank == 0 ? rows : std::vector<Row>{};
 }
 
 void print_rows(const CommBenchArgs& a, const std::vector<Row>& rows) {
-  std::printf("# distopt bench comm: %s %s, %d ranks, float32 sum, loopback\n", a.communicator.c_str(), a.op.c_str(),
-              a.nranks);
-  std::printf("# %12s %12s %12s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+  std::printf("# distopt bench comm: %s %s, %d ranks, float32 sum, loopback\n",
+              a.communicator.c_str(), a.op.c_str(), a.nranks);
+  std::printf("# %12s %12s %12s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
+              "busbw(GB/s)");
   for (const auto& r : rows)
-    std::printf("  %12zu %12zu %12.1f %12.3f %12.3f\n", r.bytes, r.count, r.time_us, r.algbw, r.busbw);
+    std::printf("  %12zu %12zu %12.1f %12.3f %12.3f\n", r.bytes, r.count, r.time_us, r.algbw,
+                r.busbw);
   std::fflush(stdout);
   if (!a.json.empty()) {
     nlohmann::json j;
@@ -178,7 +187,10 @@ void print_rows(const CommBenchArgs& a, const std::vector<Row>& rows) {
     j["nranks"] = a.nranks;
     j["rows"] = nlohmann::json::array();
     for (const auto& r : rows)
-      j["rows"].push_back({{"bytes", r.bytes}, {"count", r.count}, {"time_us", r.time_us}, {"algbw_gbs", r.algbw},
+      j["rows"].push_back({{"bytes", r.bytes},
+                           {"count", r.count},
+                           {"time_us", r.time_us},
+                           {"algbw_gbs", r.algbw},
                            {"busbw_gbs", r.busbw}});
     std::ofstream out(a.json);
     out << j.dump(2) << "\n";
@@ -196,15 +208,19 @@ int bench_comm(int argc, char** argv) {
       "the operation for sizes doubling from min to max bytes (float32). Rank 0 prints\n"
       "size, count, time, algbw = bytes/time and busbw = algbw * factor (nccl-tests:\n"
       "2(n-1)/n for allreduce, (n-1)/n for reduce_scatter/allgather, 1 for broadcast).\n\noptions");
-  opts.add_options()("help,h", "show this help")("communicator,c", po::value(&a.communicator), "component name (tcp)")(
-      "nranks,n", po::value(&a.nranks), "number of local ranks (2)")("min-bytes", po::value(&min_s), "smallest size (4K)")(
-      "max-bytes", po::value(&max_s), "largest size (64M)")("iters", po::value(&a.iters),
-                                                             "timed iterations per size (default: by size, 5..200)")(
+  opts.add_options()("help,h", "show this help")("communicator,c", po::value(&a.communicator),
+                                                 "component name (tcp)")(
+      "nranks,n", po::value(&a.nranks), "number of local ranks (2)")(
+      "min-bytes", po::value(&min_s), "smallest size (4K)")("max-bytes", po::value(&max_s),
+                                                            "largest size (64M)")(
+      "iters", po::value(&a.iters), "timed iterations per size (default: by size, 5..200)")(
       "warmup", po::value(&a.warmup), "untimed iterations per size (2)")(
       "op", po::value(&a.op), "allreduce | reduce_scatter | allgather | broadcast")(
-      "options", po::value(&a.options), "communicator options as a YAML map, e.g. '{chunk_bytes: 131072}'")(
-      "plugin-path,P", po::value(&a.plugin_paths)->composing(), "also search DIR for plugins (repeatable)")(
-      "json", po::value(&a.json), "also write the table as JSON to FILE");
+      "options", po::value(&a.options),
+      "communicator options as a YAML map, e.g. '{chunk_bytes: 131072}'")(
+      "plugin-path,P", po::value(&a.plugin_paths)->composing(),
+      "also search DIR for plugins (repeatable)")("json", po::value(&a.json),
+                                                  "also write the table as JSON to FILE");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
@@ -222,7 +238,8 @@ int bench_comm(int argc, char** argv) {
     throw distopt::Error("bench comm: unknown --op '" + a.op + "'");
   a.min_bytes = parse_size(min_s);
   a.max_bytes = parse_size(max_s);
-  if (a.min_bytes > a.max_bytes) throw distopt::Error("bench comm: --min-bytes is above --max-bytes");
+  if (a.min_bytes > a.max_bytes)
+    throw distopt::Error("bench comm: --min-bytes is above --max-bytes");
 
   const int port = free_port();
   std::random_device rd;

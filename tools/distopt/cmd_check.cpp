@@ -1,10 +1,9 @@
 // `distopt check JOB.yaml`: validate a job file against the discovered
 // plugins' option schemas without starting anything.
+#include <boost/program_options.hpp>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <boost/program_options.hpp>
 
 #include "command.hpp"
 #include "distopt/config.hpp"
@@ -55,9 +54,9 @@ int run_check(int argc, char** argv) {
     distopt::PluginRegistry registry;
     registry.discover(dirs);
     distopt::validate_job(cfg, registry);
-    std::cout << path << ": OK (communicator " << cfg.communicator.name << ", reducer " << cfg.reducer.name
-              << ", algorithm " << cfg.algorithm.name << ", optimizer " << cfg.optimizer_name << ", world size "
-              << cfg.world_size << ")\n";
+    std::cout << path << ": OK (communicator " << cfg.communicator.name << ", reducer "
+              << cfg.reducer.name << ", algorithm " << cfg.algorithm.name << ", optimizer "
+              << cfg.optimizer_name << ", world size " << cfg.world_size << ")\n";
     return 0;
   } catch (const distopt::Error& e) {
     std::cerr << e.what() << "\n";
@@ -67,4 +66,5 @@ int run_check(int argc, char** argv) {
 
 }  // namespace
 
-DISTOPT_REGISTER_COMMAND("check", "validate a job YAML against the plugins' option schemas", run_check);
+DISTOPT_REGISTER_COMMAND("check", "validate a job YAML against the plugins' option schemas",
+                         run_check);

@@ -1,6 +1,5 @@
 // `distopt launch -n N [--config JOB.yaml] [--port P] [--timeout S] -- PROGRAM ARGS...`
 #include <boost/program_options.hpp>
-
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -27,7 +26,8 @@ int cmd_launch(int argc, char** argv) {
   launch::LaunchOptions lo;
   int nprocs = 0;
   po::options_description desc(
-      "usage: distopt launch -n N [--config JOB.yaml] [--port P] [--timeout S] -- PROGRAM ARGS...\n\n"
+      "usage: distopt launch -n N [--config JOB.yaml] [--port P] [--timeout S] -- PROGRAM "
+      "ARGS...\n\n"
       "Start N ranks of PROGRAM on this host. Each gets DISTOPT_RANK, DISTOPT_WORLD_SIZE,\n"
       "DISTOPT_LOCAL_RANK, DISTOPT_LOCAL_WORLD_SIZE, DISTOPT_RENDEZVOUS=tcp://127.0.0.1:PORT,\n"
       "DISTOPT_JOB_TOKEN (random per job), DISTOPT_CONFIG (with --config) and, unless already\n"
@@ -37,9 +37,12 @@ int cmd_launch(int argc, char** argv) {
   desc.add_options()("help,h", "show this help")(
       "nprocs,n", po::value<int>(&nprocs), "number of ranks (default: world.size of --config)")(
       "config", po::value<std::string>(&lo.config), "job YAML, exported as DISTOPT_CONFIG")(
-      "port", po::value<int>(&lo.port)->default_value(0), "rendezvous port on 127.0.0.1 (0 = a free one)")(
-      "timeout", po::value<double>(&lo.timeout_s)->default_value(0), "stop the job after S seconds (0 = never)")(
-      "grace", po::value<double>(&lo.grace_s)->default_value(5), "seconds between SIGTERM and SIGKILL");
+      "port", po::value<int>(&lo.port)->default_value(0),
+      "rendezvous port on 127.0.0.1 (0 = a free one)")(
+      "timeout", po::value<double>(&lo.timeout_s)->default_value(0),
+      "stop the job after S seconds (0 = never)")("grace",
+                                                  po::value<double>(&lo.grace_s)->default_value(5),
+                                                  "seconds between SIGTERM and SIGKILL");
   po::options_description hidden;
   hidden.add_options()("program", po::value<std::vector<std::string>>(), "");
   po::options_description all;
@@ -91,6 +94,7 @@ int cmd_launch(int argc, char** argv) {
 
 }  // namespace
 
-DISTOPT_REGISTER_COMMAND("launch", "start N local ranks of a program with the distopt environment", cmd_launch);
+DISTOPT_REGISTER_COMMAND("launch", "start N local ranks of a program with the distopt environment",
+                         cmd_launch);
 
 }  // namespace distopt::cli

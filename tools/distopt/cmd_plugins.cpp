@@ -1,15 +1,14 @@
 // `distopt plugins`: what plugin discovery found (kind, name, version, ABI,
 // file, option schemas) and what it skipped, and why.
+#include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <boost/program_options.hpp>
-#include <nlohmann/json.hpp>
 
 #include "command.hpp"
 #include "distopt/config.hpp"
@@ -24,10 +23,14 @@ namespace {
 
 const char* type_name(dopt_option_type t) {
   switch (t) {
-    case DOPT_OPTION_BOOL: return "bool";
-    case DOPT_OPTION_INT: return "int";
-    case DOPT_OPTION_DOUBLE: return "double";
-    case DOPT_OPTION_STRING: return "string";
+    case DOPT_OPTION_BOOL:
+      return "bool";
+    case DOPT_OPTION_INT:
+      return "int";
+    case DOPT_OPTION_DOUBLE:
+      return "double";
+    case DOPT_OPTION_STRING:
+      return "string";
   }
   return "?";
 }
@@ -61,7 +64,8 @@ std::string constraint(const distopt::OptionSpec& s) {
 }
 
 /// Left-aligned columns, two spaces apart; the last column is not padded.
-void print_table(std::ostream& os, const std::vector<std::vector<std::string>>& rows, const std::string& indent) {
+void print_table(std::ostream& os, const std::vector<std::vector<std::string>>& rows,
+                 const std::string& indent) {
   std::vector<size_t> w;
   for (const auto& r : rows)
     for (size_t i = 0; i < r.size(); ++i) {
@@ -91,10 +95,11 @@ json options_json(const std::vector<distopt::OptionSpec>& specs) {
 }
 
 void print_options(std::ostream& os, const std::vector<distopt::OptionSpec>& specs) {
-  std::vector<std::vector<std::string>> rows = {{"OPTION", "TYPE", "DEFAULT", "RANGE/CHOICES", "HELP"}};
+  std::vector<std::vector<std::string>> rows = {
+      {"OPTION", "TYPE", "DEFAULT", "RANGE/CHOICES", "HELP"}};
   for (const auto& s : specs)
-    rows.push_back({s.name, type_name(s.type), s.default_value ? *s.default_value : "(required)", constraint(s),
-                    s.help});
+    rows.push_back({s.name, type_name(s.type), s.default_value ? *s.default_value : "(required)",
+                    constraint(s), s.help});
   print_table(os, rows, "    ");
 }
 
@@ -104,8 +109,9 @@ int run_plugins(int argc, char** argv) {
       "List the components found by plugin discovery (searched in order: the job's\n"
       "plugins.paths, $DISTOPT_PLUGIN_PATH, the install dir, then --plugin-path), their\n"
       "options, and the plugin files that were skipped with the reason.\n\noptions");
-  desc.add_options()("help,h", "show this help")(
-      "plugin-path,P", po::value<std::vector<std::string>>()->composing(), "also search DIR (repeatable)")(
+  desc.add_options()("help,h", "show this help")("plugin-path,P",
+                                                 po::value<std::vector<std::string>>()->composing(),
+                                                 "also search DIR (repeatable)")(
       "config,c", po::value<std::string>(), "use the plugins.paths of this job file")(
       "json", "print JSON instead of tables");
   po::variables_map vm;
@@ -122,7 +128,8 @@ int run_plugins(int argc, char** argv) {
   }
 
   std::vector<std::string> config_paths;
-  if (vm.count("config")) config_paths = distopt::load_job_config(vm["config"].as<std::string>()).plugin_paths;
+  if (vm.count("config"))
+    config_paths = distopt::load_job_config(vm["config"].as<std::string>()).plugin_paths;
   std::vector<std::string> dirs = distopt::PluginRegistry::search_path(config_paths);
   if (vm.count("plugin-path"))
     for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>()) dirs.push_back(d);
@@ -135,28 +142,32 @@ int run_plugins(int argc, char** argv) {
   if (vm.count("json")) {
     json out;
     out["search_path"] = json::array();
-    for (const auto& d : dirs) out["search_path"].push_back({{"dir", d}, {"exists", std::filesystem::is_directory(d)}});
+    for (const auto& d : dirs)
+      out["search_path"].push_back({{"dir", d}, {"exists", std::filesystem::is_directory(d)}});
     out["components"] = json::array();
     for (const auto& c : reg.components())
-      out["components"].push_back({{"kind", distopt::kind_name(c.kind)},
-                                   {"name", c.name},
-                                   {"version", c.version},
-                                   {"description", c.description},
-                                   {"plugin", c.plugin_name},
-                                   {"plugin_version", c.plugin_version},
-                                   {"abi", std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor)},
-                                   {"file", c.file},
-                                   {"options", options_json(c.options)}});
+      out["components"].push_back(
+          {{"kind", distopt::kind_name(c.kind)},
+           {"name", c.name},
+           {"version", c.version},
+           {"description", c.description},
+           {"plugin", c.plugin_name},
+           {"plugin_version", c.plugin_version},
+           {"abi", std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor)},
+           {"file", c.file},
+           {"options", options_json(c.options)}});
     out["reducer_bucket_options"] = options_json(distopt::bucket_option_specs());
     out["skipped"] = json::array();
-    for (const auto& s : reg.skipped()) out["skipped"].push_back({{"file", s.file}, {"reason", s.reason}});
+    for (const auto& s : reg.skipped())
+      out["skipped"].push_back({{"file", s.file}, {"reason", s.reason}});
     std::cout << out.dump(2) << "\n";
     return 0;
   }
 
   std::ostream& os = std::cout;
   os << "Search path:\n";
-  for (const auto& d : dirs) os << "  " << d << (std::filesystem::is_directory(d) ? "" : "  (does not exist)") << "\n";
+  for (const auto& d : dirs)
+    os << "  " << d << (std::filesystem::is_directory(d) ? "" : "  (does not exist)") << "\n";
 
   os << "\nComponents (" << reg.components().size() << "):\n";
   if (reg.components().empty()) {
@@ -193,4 +204,6 @@ int run_plugins(int argc, char** argv) {
 
 }  // namespace
 
-DISTOPT_REGISTER_COMMAND("plugins", "list discovered plugin components, their options, and skipped files", run_plugins);
+DISTOPT_REGISTER_COMMAND("plugins",
+                         "list discovered plugin components, their options, and skipped files",
+                         run_plugins);

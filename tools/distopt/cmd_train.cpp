@@ -1,9 +1,9 @@
-// `distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... [--epochs N] [--max-steps N]
+// `distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... [--epochs N]
+// [--max-steps N]
 //  [--threads N]`
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
-
 #include <climits>
 #include <cstdio>
 #include <filesystem>
@@ -37,21 +37,26 @@ int cmd_train(int argc, char** argv) {
   std::vector<std::string> plugin_paths;
   int64_t epochs = 0, max_steps = -1, threads = 0;
   po::options_description desc(
-      "usage: distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... [--epochs N] "
+      "usage: distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... "
+      "[--epochs N] "
       "[--max-steps N] [--threads N]\n\n"
       "Train the job's model on Fashion-MNIST with its distributed optimizer. Started without a\n"
       "launcher and with world.size > 1, it starts world.size local ranks itself (as\n"
       "`distopt launch` does); under a launcher (distopt launch, torchrun, srun, mpirun) it\n"
-      "runs as the rank the environment names. Test-only: DISTOPT_FAULT_INJECT=exit:RANK:STEP makes\n"
+      "runs as the rank the environment names. Test-only: DISTOPT_FAULT_INJECT=exit:RANK:STEP "
+      "makes\n"
       "rank RANK exit with code 137 at global step STEP.\n\noptions");
   desc.add_options()("help,h", "show this help")(
       "data", po::value<std::string>(&data), "Fashion-MNIST directory (default: train.data_dir)")(
-      "metrics", po::value<std::string>(&metrics), "write per-epoch and summary metrics as JSON lines")(
+      "metrics", po::value<std::string>(&metrics),
+      "write per-epoch and summary metrics as JSON lines")(
       "plugin-path", po::value<std::vector<std::string>>(&plugin_paths)->composing(),
       "extra plugin directory, searched before plugins.paths (repeatable)")(
       "epochs", po::value<int64_t>(&epochs), "override train.epochs")(
-      "max-steps", po::value<int64_t>(&max_steps), "override train.max_steps (steps per epoch, 0 = all)")(
-      "threads", po::value<int64_t>(&threads), "override train.threads (intra-op threads per rank, 0 = auto)");
+      "max-steps", po::value<int64_t>(&max_steps),
+      "override train.max_steps (steps per epoch, 0 = all)")(
+      "threads", po::value<int64_t>(&threads),
+      "override train.threads (intra-op threads per rank, 0 = auto)");
   po::options_description hidden;
   hidden.add_options()("config", po::value<std::string>(&config), "");
   po::options_description all;
@@ -115,6 +120,8 @@ int cmd_train(int argc, char** argv) {
 
 }  // namespace
 
-DISTOPT_REGISTER_COMMAND("train", "train a model on Fashion-MNIST with the job's distributed optimizer", cmd_train);
+DISTOPT_REGISTER_COMMAND("train",
+                         "train a model on Fashion-MNIST with the job's distributed optimizer",
+                         cmd_train);
 
 }  // namespace distopt::cli

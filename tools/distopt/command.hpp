@@ -20,5 +20,5 @@ const std::vector<Command>& commands();
 }  // namespace distopt::cli
 
 #define DISTOPT_REGISTER_COMMAND(NAME, SUMMARY, FN) \
-  static const bool distopt_cmd_registered_##FN =  \
+  static const bool distopt_cmd_registered_##FN =   \
       ::distopt::cli::register_command({NAME, SUMMARY, FN})

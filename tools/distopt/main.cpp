@@ -22,7 +22,8 @@ const std::vector<Command>& commands() { return registry(); }
 static void usage(std::ostream& os) {
   os << "usage: distopt <command> [options]\n\ncommands:\n";
   for (const auto& c : commands()) {
-    os << "  " << c.name << std::string(c.name && std::strlen(c.name) < 12 ? 12 - std::strlen(c.name) : 1, ' ')
+    os << "  " << c.name
+       << std::string(c.name && std::strlen(c.name) < 12 ? 12 - std::strlen(c.name) : 1, ' ')
        << c.summary << "\n";
   }
   os << "\n`distopt <command> --help` shows a command's options.\n";

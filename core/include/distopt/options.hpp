@@ -2,14 +2,14 @@
 // the host hands back through dopt_options.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "distopt/abi.h"
 
@@ -52,7 +52,9 @@ class Options {
   const std::map<std::string, Value>& values() const { return values_; }
 
   const dopt_options* c_handle() const { return reinterpret_cast<const dopt_options*>(this); }
-  static const Options* from_c(const dopt_options* o) { return reinterpret_cast<const Options*>(o); }
+  static const Options* from_c(const dopt_options* o) {
+    return reinterpret_cast<const Options*>(o);
+  }
 
  private:
   std::map<std::string, Value> values_;

@@ -17,8 +17,8 @@ struct ComponentInfo {
   std::string plugin_name, plugin_version, file;
   uint32_t abi_major = 0, abi_minor = 0;
   std::vector<OptionSpec> options;
-  const void* vtable = nullptr;  ///< dopt_communicator_v1* / dopt_reducer_v1* / dopt_algorithm_v1*
-  std::shared_ptr<void> library; ///< keeps the .so loaded while any copy lives
+  const void* vtable = nullptr;   ///< dopt_communicator_v1* / dopt_reducer_v1* / dopt_algorithm_v1*
+  std::shared_ptr<void> library;  ///< keeps the .so loaded while any copy lives
 };
 
 /// A library that was not loaded, and why (names the file).

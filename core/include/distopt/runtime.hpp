@@ -2,12 +2,12 @@
 // and the optimizer it builds. See DESIGN.md "Embedding".
 #pragma once
 
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/nn/module.h>
-#include <torch/types.h>
 
 #include "distopt/config.hpp"
 #include "distopt/process.hpp"
@@ -51,8 +51,9 @@ class Runtime {
   /// Build the distributed optimizer for these parameters (the algorithm,
   /// reducer and inner optimizer of the config). Collective. Parameters are
   /// broadcast from rank 0 first so every rank starts equal. Throws as above.
-  DistributedOptimizer make_optimizer(const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
-                                      const std::vector<ParamGroupSpec>& groups = {});
+  DistributedOptimizer make_optimizer(
+      const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
+      const std::vector<ParamGroupSpec>& groups = {});
   /// Convenience: named_parameters() of a module, and its buffers broadcast from rank 0.
   DistributedOptimizer make_optimizer(torch::nn::Module& module,
                                       const std::vector<ParamGroupSpec>& groups = {});

@@ -41,8 +41,8 @@ class Store {
 };
 
 struct StoreOptions {
-  std::string url;    ///< "tcp://HOST:PORT", "env://" (MASTER_ADDR/MASTER_PORT), "file://PATH"
-  int rank = 0;       ///< rank 0 hosts the tcp:// server
+  std::string url;  ///< "tcp://HOST:PORT", "env://" (MASTER_ADDR/MASTER_PORT), "file://PATH"
+  int rank = 0;     ///< rank 0 hosts the tcp:// server
   int world_size = 1;
   std::string token;  ///< job secret; the tcp server refuses clients without it
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};

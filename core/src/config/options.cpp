@@ -16,20 +16,28 @@ using namespace yamlutil;
 
 const char* type_name(dopt_option_type t) {
   switch (t) {
-    case DOPT_OPTION_BOOL: return "bool";
-    case DOPT_OPTION_INT: return "int";
-    case DOPT_OPTION_DOUBLE: return "double";
-    case DOPT_OPTION_STRING: return "string";
+    case DOPT_OPTION_BOOL:
+      return "bool";
+    case DOPT_OPTION_INT:
+      return "int";
+    case DOPT_OPTION_DOUBLE:
+      return "double";
+    case DOPT_OPTION_STRING:
+      return "string";
   }
   return "unknown";
 }
 
 const char* value_type_name(const Options::Value& v) {
   switch (v.index()) {
-    case 0: return "bool";
-    case 1: return "int";
-    case 2: return "double";
-    default: return "string";
+    case 0:
+      return "bool";
+    case 1:
+      return "int";
+    case 2:
+      return "double";
+    default:
+      return "string";
   }
 }
 
@@ -68,16 +76,17 @@ std::vector<std::string> split_choices(const char* s) {
 
 // Convert `node` to the spec's type and check range / choices. `key` is the
 // dotted path used in messages ("reducer.options.level").
-Options::Value convert_value(const YAML::Node& node, const OptionSpec& spec, const std::string& file,
-                             const YAML::Mark& mark, const std::string& key) {
+Options::Value convert_value(const YAML::Node& node, const OptionSpec& spec,
+                             const std::string& file, const YAML::Mark& mark,
+                             const std::string& key) {
   auto wrong = [&](const char* expected) {
     fail(file, mark, key + ": expected " + expected + ", got " + describe(node));
   };
   auto check_range = [&](double v) {
     if (spec.min_value <= spec.max_value && (v < spec.min_value || v > spec.max_value))
       fail(file, mark,
-           key + ": value " + node.Scalar() + " is out of range [" + fmt_number(spec.min_value) + ", " +
-               fmt_number(spec.max_value) + "]");
+           key + ": value " + node.Scalar() + " is out of range [" + fmt_number(spec.min_value) +
+               ", " + fmt_number(spec.max_value) + "]");
   };
   switch (spec.type) {
     case DOPT_OPTION_BOOL: {
@@ -119,8 +128,8 @@ std::vector<OptionSpec> specs_from_c(const dopt_option_spec* specs, size_t n) {
   // An array of extensible structs: its stride is the plugin's sizeof, which
   // is its struct_size rounded up to the alignment (larger for a newer minor).
   size_t stride = specs[0].struct_size >= DOPT_OPTION_SPEC_STRUCT_SIZE
-                      ? (specs[0].struct_size + alignof(dopt_option_spec) - 1) / alignof(dopt_option_spec) *
-                            alignof(dopt_option_spec)
+                      ? (specs[0].struct_size + alignof(dopt_option_spec) - 1) /
+                            alignof(dopt_option_spec) * alignof(dopt_option_spec)
                       : sizeof(dopt_option_spec);
   const char* base = reinterpret_cast<const char*>(specs);
   for (size_t i = 0; i < n; ++i) {
@@ -158,7 +167,8 @@ Options Options::validate(const YAML::Node& node, const std::vector<OptionSpec>&
       const YAML::Node k = kv.first;  // copies: the iterator's pair is a temporary
       const YAML::Node v = kv.second;
       const YAML::Mark kmark = mark_of(k, section_mark);
-      if (!k.IsScalar()) fail(file, kmark, where + ": option names must be strings, got " + describe(k));
+      if (!k.IsScalar())
+        fail(file, kmark, where + ": option names must be strings, got " + describe(k));
       const std::string key = k.Scalar();
       if (!seen.insert(key).second) fail(file, kmark, where + ": duplicate key '" + key + "'");
       const OptionSpec* spec = nullptr;
@@ -173,11 +183,13 @@ Options Options::validate(const YAML::Node& node, const std::vector<OptionSpec>&
   for (const auto& s : schema) {
     if (opts.values_.count(s.name)) continue;
     if (!s.default_value)
-      fail(file, section_mark, where + ": missing required option '" + s.name + "' (" + type_name(s.type) +
-                                   (s.help.empty() ? "" : ": " + s.help) + ")");
+      fail(file, section_mark,
+           where + ": missing required option '" + s.name + "' (" + type_name(s.type) +
+               (s.help.empty() ? "" : ": " + s.help) + ")");
     YAML::Node def(*s.default_value);  // a plain scalar, as the schema's YAML text
     try {
-      opts.values_[s.name] = convert_value(def, s, file, section_mark, where + "." + s.name + " (default)");
+      opts.values_[s.name] =
+          convert_value(def, s, file, section_mark, where + "." + s.name + " (default)");
     } catch (const ConfigError& e) {
       throw ConfigError(std::string(e.what()) + " [the component's schema declares a bad default]");
     }
@@ -192,12 +204,17 @@ const T& get_typed(const std::map<std::string, Options::Value>& values, const st
   auto it = values.find(name);
   if (it == values.end()) throw ConfigError("option '" + name + "' is not set");
   if (const T* v = std::get_if<T>(&it->second)) return *v;
-  throw ConfigError("option '" + name + "' is a " + value_type_name(it->second) + ", not a " + wanted);
+  throw ConfigError("option '" + name + "' is a " + value_type_name(it->second) + ", not a " +
+                    wanted);
 }
 }  // namespace
 
-bool Options::get_bool(const std::string& name) const { return get_typed<bool>(values_, name, "bool"); }
-int64_t Options::get_int(const std::string& name) const { return get_typed<int64_t>(values_, name, "int"); }
+bool Options::get_bool(const std::string& name) const {
+  return get_typed<bool>(values_, name, "bool");
+}
+int64_t Options::get_int(const std::string& name) const {
+  return get_typed<int64_t>(values_, name, "int");
+}
 double Options::get_double(const std::string& name) const {
   auto it = values_.find(name);
   if (it != values_.end())

@@ -2,23 +2,24 @@
 // "FILE:LINE:COLUMN: " form (1-based) and strict YAML scalar conversion.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "distopt/error.hpp"
 
 namespace distopt::yamlutil {
 
 /// node's mark, or `fallback` when node is undefined (a missing key) or has no mark.
-inline YAML::Mark mark_of(const YAML::Node& node, const YAML::Mark& fallback = YAML::Mark::null_mark()) {
+inline YAML::Mark mark_of(const YAML::Node& node,
+                          const YAML::Mark& fallback = YAML::Mark::null_mark()) {
   if (!node.IsDefined()) return fallback;
   YAML::Mark m = node.Mark();
   return m.is_null() ? fallback : m;
@@ -30,7 +31,8 @@ inline std::string location(const std::string& file, const YAML::Mark& m) {
   return file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
 }
 
-[[noreturn]] inline void fail(const std::string& file, const YAML::Mark& m, const std::string& msg) {
+[[noreturn]] inline void fail(const std::string& file, const YAML::Mark& m,
+                              const std::string& msg) {
   throw ConfigError(location(file, m) + ": " + msg);
 }
 
@@ -94,7 +96,8 @@ inline size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;
     for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      cur[j] =
+          std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
     prev.swap(cur);
   }
   return prev[b.size()];
@@ -103,8 +106,8 @@ inline size_t edit_distance(const std::string& a, const std::string& b) {
 /// "unknown key 'K' in SECTION; valid keys: a, b (did you mean 'a'?)"
 inline std::string unknown_key_message(const std::string& key, const std::string& section,
                                        const std::vector<std::string>& valid) {
-  std::string msg = "unknown key '" + key + "' in " + section + "; valid keys: " +
-                    (valid.empty() ? std::string("(none)") : join(valid));
+  std::string msg = "unknown key '" + key + "' in " + section +
+                    "; valid keys: " + (valid.empty() ? std::string("(none)") : join(valid));
   const std::string* best = nullptr;
   size_t best_d = 3;  // suggest only close matches
   for (const auto& v : valid) {

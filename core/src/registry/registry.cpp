@@ -4,12 +4,11 @@
 #include "distopt/registry.hpp"
 
 #include <algorithm>
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-
-#include <boost/dll/runtime_symbol_info.hpp>
-#include <boost/dll/shared_library.hpp>
 
 #include "config/yaml_util.hpp"
 #include "distopt/algorithm.h"
@@ -97,14 +96,19 @@ std::vector<std::string> null_fields(dopt_component_kind kind, const void* vtabl
 
 size_t vtable_min_size(dopt_component_kind kind) {
   switch (kind) {
-    case DOPT_KIND_COMMUNICATOR: return DOPT_COMMUNICATOR_V1_STRUCT_SIZE;
-    case DOPT_KIND_REDUCER: return DOPT_REDUCER_V1_STRUCT_SIZE;
-    case DOPT_KIND_ALGORITHM: return DOPT_ALGORITHM_V1_STRUCT_SIZE;
+    case DOPT_KIND_COMMUNICATOR:
+      return DOPT_COMMUNICATOR_V1_STRUCT_SIZE;
+    case DOPT_KIND_REDUCER:
+      return DOPT_REDUCER_V1_STRUCT_SIZE;
+    case DOPT_KIND_ALGORITHM:
+      return DOPT_ALGORITHM_V1_STRUCT_SIZE;
   }
   return 0;
 }
 
-bool valid_kind(int k) { return k == DOPT_KIND_COMMUNICATOR || k == DOPT_KIND_REDUCER || k == DOPT_KIND_ALGORITHM; }
+bool valid_kind(int k) {
+  return k == DOPT_KIND_COMMUNICATOR || k == DOPT_KIND_REDUCER || k == DOPT_KIND_ALGORITHM;
+}
 
 /// The loader's own words from a Boost.DLL exception ("...: invalid ELF header").
 std::string loader_message(const std::exception& e) {
@@ -122,23 +126,26 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
                             ComponentInfo& out) {
   const std::string at = "component #" + std::to_string(index);
   if (c->struct_size < DOPT_COMPONENT_STRUCT_SIZE)
-    return at + ": struct_size " + std::to_string(c->struct_size) + " is smaller than the ABI v1.0 size " +
-           std::to_string(DOPT_COMPONENT_STRUCT_SIZE);
+    return at + ": struct_size " + std::to_string(c->struct_size) +
+           " is smaller than the ABI v1.0 size " + std::to_string(DOPT_COMPONENT_STRUCT_SIZE);
   if (!c->name || !*c->name) return at + ": has no name";
   const std::string who = "component '" + std::string(c->name) + "'";
   if (!valid_kind(static_cast<int>(c->kind)))
     return who + ": unknown kind " + std::to_string(static_cast<int>(c->kind));
   const char* kn = kind_name(c->kind);
   if (!c->vtable) return who + ": " + kn + " vtable is NULL";
-  const size_t vt_size = *static_cast<const size_t*>(c->vtable);  // every vtable begins with struct_size
+  const size_t vt_size =
+      *static_cast<const size_t*>(c->vtable);  // every vtable begins with struct_size
   if (vt_size < vtable_min_size(c->kind))
-    return who + ": " + kn + " vtable struct_size " + std::to_string(vt_size) + " is smaller than the ABI v1.0 size " +
-           std::to_string(vtable_min_size(c->kind));
+    return who + ": " + kn + " vtable struct_size " + std::to_string(vt_size) +
+           " is smaller than the ABI v1.0 size " + std::to_string(vtable_min_size(c->kind));
   auto missing = null_fields(c->kind, c->vtable);
   if (missing.size() == 1) return who + ": " + kn + " vtable field '" + missing[0] + "' is NULL";
-  if (!missing.empty()) return who + ": " + kn + " vtable fields '" + yamlutil::join(missing, "', '") + "' are NULL";
+  if (!missing.empty())
+    return who + ": " + kn + " vtable fields '" + yamlutil::join(missing, "', '") + "' are NULL";
 
-  if (c->num_options > kMaxOptions) return who + ": implausible num_options " + std::to_string(c->num_options);
+  if (c->num_options > kMaxOptions)
+    return who + ": implausible num_options " + std::to_string(c->num_options);
   if (c->num_options > 0 && !c->options)
     return who + ": declares " + std::to_string(c->num_options) + " options but options is NULL";
   if (c->num_options > 0 && c->options->struct_size < DOPT_OPTION_SPEC_STRUCT_SIZE)
@@ -149,18 +156,20 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
     for (size_t i = 0; i < c->num_options; ++i) {
       const dopt_option_spec* s = element(c->options, stride, i);
       if (s->struct_size < DOPT_OPTION_SPEC_STRUCT_SIZE)
-        return who + ": option #" + std::to_string(i) + " struct_size " + std::to_string(s->struct_size) +
-               " is smaller than the ABI v1.0 size";
+        return who + ": option #" + std::to_string(i) + " struct_size " +
+               std::to_string(s->struct_size) + " is smaller than the ABI v1.0 size";
       if (!s->name || !*s->name) return who + ": option #" + std::to_string(i) + " has no name";
       if (s->type < DOPT_OPTION_BOOL || s->type > DOPT_OPTION_STRING)
-        return who + ": option '" + s->name + "' has unknown type " + std::to_string(static_cast<int>(s->type));
+        return who + ": option '" + s->name + "' has unknown type " +
+               std::to_string(static_cast<int>(s->type));
     }
   }
   out.kind = c->kind;
   out.name = c->name;
   out.version = c->version ? c->version : "";
   out.description = c->description ? c->description : "";
-  out.options = c->num_options ? specs_from_c(c->options, c->num_options) : std::vector<OptionSpec>{};
+  out.options =
+      c->num_options ? specs_from_c(c->options, c->num_options) : std::vector<OptionSpec>{};
   out.vtable = c->vtable;
   out.file = file;
   // Option names must be unique and every default must be valid for its own schema.
@@ -178,7 +187,8 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
       const std::string tag = "(default): ";
       if (size_t p = why.find(tag); p != std::string::npos) why = why.substr(p + tag.size());
       if (size_t p = why.find(" [the component's schema"); p != std::string::npos) why.resize(p);
-      return who + ": option '" + s.name + "' has an invalid default '" + *s.default_value + "': " + why;
+      return who + ": option '" + s.name + "' has an invalid default '" + *s.default_value +
+             "': " + why;
     }
   }
   return "";
@@ -194,9 +204,12 @@ bool same_file(const std::string& a, const std::string& b) {
 
 const char* kind_name(dopt_component_kind kind) {
   switch (kind) {
-    case DOPT_KIND_COMMUNICATOR: return "communicator";
-    case DOPT_KIND_REDUCER: return "reducer";
-    case DOPT_KIND_ALGORITHM: return "algorithm";
+    case DOPT_KIND_COMMUNICATOR:
+      return "communicator";
+    case DOPT_KIND_REDUCER:
+      return "reducer";
+    case DOPT_KIND_ALGORITHM:
+      return "algorithm";
   }
   return "unknown-kind";
 }
@@ -217,7 +230,8 @@ void PluginRegistry::discover(const std::vector<std::string>& dirs) {
       std::error_code fec;
       if (p.extension() == ".so" && fs::is_regular_file(p, fec)) files.push_back(p.string());
     }
-    if (ec) log(DOPT_LOG_WARN, "registry", "cannot list plugin directory " + dir + ": " + ec.message());
+    if (ec)
+      log(DOPT_LOG_WARN, "registry", "cannot list plugin directory " + dir + ": " + ec.message());
     std::sort(files.begin(), files.end());
     for (const auto& f : files) load_file(f);
   }
@@ -256,10 +270,12 @@ bool PluginRegistry::load_file(const std::string& path) {
       const std::string other = "dopt_plugin_init_v" + std::to_string(major);
       if (lib->has(other))
         return skip("exports " + other + " (plugin ABI major " + std::to_string(major) +
-                    ") but this host speaks ABI " + version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
+                    ") but this host speaks ABI " +
+                    version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
                     " and needs " DOPT_PLUGIN_ENTRY_V1);
     }
-    return skip("missing the entry symbol " DOPT_PLUGIN_ENTRY_V1 " (not a distopt plugin, or the symbol is not exported)");
+    return skip("missing the entry symbol " DOPT_PLUGIN_ENTRY_V1
+                " (not a distopt plugin, or the symbol is not exported)");
   }
   auto init = lib->get<dopt_status(const dopt_host_api*, dopt_plugin_info*)>(DOPT_PLUGIN_ENTRY_V1);
 
@@ -279,17 +295,24 @@ bool PluginRegistry::load_file(const std::string& path) {
                 (detail.empty() ? "" : ": " + detail));
   }
   if (info.abi_major != DOPT_ABI_VERSION_MAJOR)
-    return skip("built for plugin ABI " + version_string(info.abi_major, info.abi_minor) + ", but this host speaks ABI " +
-                version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) + " (the major version must match)");
+    return skip("built for plugin ABI " + version_string(info.abi_major, info.abi_minor) +
+                ", but this host speaks ABI " +
+                version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
+                " (the major version must match)");
   if (info.abi_minor > DOPT_ABI_VERSION_MINOR)
     log(DOPT_LOG_DEBUG, "registry",
-        file + " was built for plugin ABI " + version_string(info.abi_major, info.abi_minor) + ", newer than the host's " +
-            version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) + "; loading it (same major)");
+        file + " was built for plugin ABI " + version_string(info.abi_major, info.abi_minor) +
+            ", newer than the host's " +
+            version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
+            "; loading it (same major)");
 
   if (info.num_components == 0) return skip("declares no components");
   if (info.num_components > kMaxComponents)
-    return skip("declares an implausible number of components (" + std::to_string(info.num_components) + ")");
-  if (!info.components) return skip("declares " + std::to_string(info.num_components) + " components but components is NULL");
+    return skip("declares an implausible number of components (" +
+                std::to_string(info.num_components) + ")");
+  if (!info.components)
+    return skip("declares " + std::to_string(info.num_components) +
+                " components but components is NULL");
   if (info.components->struct_size < DOPT_COMPONENT_STRUCT_SIZE)
     return skip("component struct_size " + std::to_string(info.components->struct_size) +
                 " is smaller than the ABI v1.0 size " + std::to_string(DOPT_COMPONENT_STRUCT_SIZE));
@@ -305,8 +328,8 @@ bool PluginRegistry::load_file(const std::string& path) {
         return skip(std::string("declares ") + kind_name(ci.kind) + " '" + ci.name + "' twice");
     for (const auto& c : components_)
       if (c.kind == ci.kind && c.name == ci.name)
-        return skip(std::string("duplicate ") + kind_name(ci.kind) + " '" + ci.name + "': already provided by " +
-                    c.file);
+        return skip(std::string("duplicate ") + kind_name(ci.kind) + " '" + ci.name +
+                    "': already provided by " + c.file);
     ci.plugin_name = info.plugin_name ? info.plugin_name : "";
     ci.plugin_version = info.plugin_version ? info.plugin_version : "";
     ci.abi_major = info.abi_major;
@@ -315,7 +338,8 @@ bool PluginRegistry::load_file(const std::string& path) {
     found.push_back(std::move(ci));
   }
   for (auto& c : found) {
-    log(DOPT_LOG_DEBUG, "registry", std::string("loaded ") + kind_name(c.kind) + " '" + c.name + "' from " + file);
+    log(DOPT_LOG_DEBUG, "registry",
+        std::string("loaded ") + kind_name(c.kind) + " '" + c.name + "' from " + file);
     components_.push_back(std::move(c));
   }
   return true;
@@ -333,24 +357,27 @@ const ComponentInfo& PluginRegistry::get(dopt_component_kind kind, const std::st
   std::vector<std::string> names;
   for (const auto& c : components_)
     if (c.kind == kind) names.push_back(c.name);
-  std::string msg = "no " + kn + " named '" + name + "' is available; available " + kn + "s: " +
-                    (names.empty() ? std::string("(none)") : yamlutil::join(names));
+  std::string msg = "no " + kn + " named '" + name + "' is available; available " + kn +
+                    "s: " + (names.empty() ? std::string("(none)") : yamlutil::join(names));
   // A skipped library that names the component (in its reason or its file
   // name, libdistopt_<name>.so) is the likely reason: put it first.
   std::vector<const SkippedPlugin*> likely, other;
   for (const auto& s : skipped_) {
     const std::string stem = fs::path(s.file).stem().string();
-    bool match = s.reason.find("'" + name + "'") != std::string::npos || stem == "libdistopt_" + name ||
-                 stem == "lib" + name || stem == name;
+    bool match = s.reason.find("'" + name + "'") != std::string::npos ||
+                 stem == "libdistopt_" + name || stem == "lib" + name || stem == name;
     (match ? likely : other).push_back(&s);
   }
-  for (const auto* s : likely) msg += "\n  '" + name + "' is unavailable because " + s->file + " was skipped: " + s->reason;
+  for (const auto* s : likely)
+    msg += "\n  '" + name + "' is unavailable because " + s->file + " was skipped: " + s->reason;
   if (!other.empty()) {
     msg += "\n  other skipped plugin libraries:";
     for (const auto* s : other) msg += "\n    " + s->file + ": " + s->reason;
   }
   if (components_.empty() && skipped_.empty())
-    msg += "\n  (no plugin libraries were found: check plugins.paths, $DISTOPT_PLUGIN_PATH or --plugin-path)";
+    msg +=
+        "\n  (no plugin libraries were found: check plugins.paths, $DISTOPT_PLUGIN_PATH or "
+        "--plugin-path)";
   throw PluginError(msg);
 }
 

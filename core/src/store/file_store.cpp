@@ -24,7 +24,8 @@ void mkdirs(const std::string& dir) {
     pos = dir.find('/', pos + 1);
     cur = dir.substr(0, pos);
     if (!cur.empty() && mkdir(cur.c_str(), 0700) != 0 && errno != EEXIST)
-      throw RendezvousError("file store: cannot create directory '" + cur + "': " + std::strerror(errno));
+      throw RendezvousError("file store: cannot create directory '" + cur +
+                            "': " + std::strerror(errno));
   }
 }
 
@@ -32,7 +33,8 @@ void write_atomic(const std::string& path, const void* data, size_t n) {
   static std::atomic<unsigned> seq{0};
   std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(seq++);
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) throw RendezvousError("file store: cannot write '" + tmp + "': " + std::strerror(errno));
+  if (fd < 0)
+    throw RendezvousError("file store: cannot write '" + tmp + "': " + std::strerror(errno));
   const char* c = static_cast<const char*>(data);
   while (n > 0) {
     ssize_t k = write(fd, c, n);
@@ -57,7 +59,8 @@ void write_atomic(const std::string& path, const void* data, size_t n) {
 
 }  // namespace
 
-FileStore::FileStore(const std::string& dir, std::chrono::milliseconds timeout) : dir_(dir), timeout_(timeout) {
+FileStore::FileStore(const std::string& dir, std::chrono::milliseconds timeout)
+    : dir_(dir), timeout_(timeout) {
   if (dir_.empty()) throw RendezvousError("file store: empty directory in file:// URL");
   mkdirs(dir_);
 }
@@ -106,7 +109,8 @@ std::vector<uint8_t> FileStore::get(const std::string& key, std::chrono::millise
 int64_t FileStore::add(const std::string& key, int64_t delta) {
   std::string lock_path = dir_ + "/.lock";
   int lfd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lfd < 0) throw RendezvousError("file store: cannot open '" + lock_path + "': " + std::strerror(errno));
+  if (lfd < 0)
+    throw RendezvousError("file store: cannot open '" + lock_path + "': " + std::strerror(errno));
   while (flock(lfd, LOCK_EX) != 0 && errno == EINTR) {
   }
   int64_t cur = 0;

@@ -56,8 +56,8 @@ int listen_on(const std::string& host, int port, int* bound_port) {
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, 128) != 0) {
     int e = errno;
     close(fd);
-    throw RendezvousError("store server: cannot listen on " + host + ":" + std::to_string(port) + ": " +
-                          std::strerror(e));
+    throw RendezvousError("store server: cannot listen on " + host + ":" + std::to_string(port) +
+                          ": " + std::strerror(e));
   }
   socklen_t len = sizeof addr;
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
@@ -86,7 +86,8 @@ int connect_to(const std::string& host, int port, std::string* err) {
 // Milliseconds to the deadline for poll(): -1 (forever) for time_point::max().
 static int ms_left(Clock::time_point deadline) {
   if (deadline == Clock::time_point::max()) return -1;
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   if (left < 0) return 0;
   return left > 1000000 ? 1000000 : static_cast<int>(left);
 }
@@ -134,24 +135,32 @@ bool read_all(int fd, void* p, size_t n, Clock::time_point deadline, std::string
       continue;
     }
     if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    if (err) *err = k == 0 ? "connection closed by peer" : std::string("recv failed: ") + std::strerror(errno);
+    if (err)
+      *err = k == 0 ? "connection closed by peer"
+                    : std::string("recv failed: ") + std::strerror(errno);
     return false;
   }
   return true;
 }
 
-bool write_frame(int fd, const std::vector<uint8_t>& payload, Clock::time_point deadline, std::string* err) {
+bool write_frame(int fd, const std::vector<uint8_t>& payload, Clock::time_point deadline,
+                 std::string* err) {
   uint32_t len = static_cast<uint32_t>(payload.size());
   uint8_t hdr[4] = {uint8_t(len), uint8_t(len >> 8), uint8_t(len >> 16), uint8_t(len >> 24)};
-  return write_all(fd, hdr, 4, deadline, err) && write_all(fd, payload.data(), payload.size(), deadline, err);
+  return write_all(fd, hdr, 4, deadline, err) &&
+         write_all(fd, payload.data(), payload.size(), deadline, err);
 }
 
-bool read_frame(int fd, std::vector<uint8_t>& payload, Clock::time_point deadline, std::string* err) {
+bool read_frame(int fd, std::vector<uint8_t>& payload, Clock::time_point deadline,
+                std::string* err) {
   uint8_t hdr[4];
   if (!read_all(fd, hdr, 4, deadline, err)) return false;
-  uint32_t len = uint32_t(hdr[0]) | uint32_t(hdr[1]) << 8 | uint32_t(hdr[2]) << 16 | uint32_t(hdr[3]) << 24;
+  uint32_t len =
+      uint32_t(hdr[0]) | uint32_t(hdr[1]) << 8 | uint32_t(hdr[2]) << 16 | uint32_t(hdr[3]) << 24;
   if (len > kMaxFrame) {
-    if (err) *err = "frame of " + std::to_string(len) + " bytes exceeds the limit of " + std::to_string(kMaxFrame);
+    if (err)
+      *err = "frame of " + std::to_string(len) + " bytes exceeds the limit of " +
+             std::to_string(kMaxFrame);
     return false;
   }
   payload.resize(len);
@@ -202,7 +211,8 @@ std::vector<uint8_t> Reader::bytes() {
     ok = false;
     return {};
   }
-  uint32_t len = uint32_t(b[pos]) | uint32_t(b[pos + 1]) << 8 | uint32_t(b[pos + 2]) << 16 | uint32_t(b[pos + 3]) << 24;
+  uint32_t len = uint32_t(b[pos]) | uint32_t(b[pos + 1]) << 8 | uint32_t(b[pos + 2]) << 16 |
+                 uint32_t(b[pos + 3]) << 24;
   pos += 4;
   if (len > b.size() - pos) {
     ok = false;

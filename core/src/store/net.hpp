@@ -25,8 +25,10 @@ bool read_all(int fd, void* p, size_t n, Clock::time_point deadline, std::string
 
 /// Frames: u32 little-endian length, then that many bytes (at most kMaxFrame).
 constexpr uint32_t kMaxFrame = 64u << 20;
-bool write_frame(int fd, const std::vector<uint8_t>& payload, Clock::time_point deadline, std::string* err);
-bool read_frame(int fd, std::vector<uint8_t>& payload, Clock::time_point deadline, std::string* err);
+bool write_frame(int fd, const std::vector<uint8_t>& payload, Clock::time_point deadline,
+                 std::string* err);
+bool read_frame(int fd, std::vector<uint8_t>& payload, Clock::time_point deadline,
+                std::string* err);
 
 /// "ip:port" of the remote end of fd, for log messages.
 std::string peer_name(int fd);

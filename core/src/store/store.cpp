@@ -1,8 +1,9 @@
 // make_store (URL dispatch) and Store::barrier.
+#include "distopt/store.hpp"
+
 #include <cstdlib>
 
 #include "distopt/error.hpp"
-#include "distopt/store.hpp"
 #include "store/file_store.hpp"
 #include "store/net.hpp"
 #include "store/tcp_store.hpp"
@@ -21,8 +22,9 @@ void Store::barrier(const std::string& name, int world_size, std::chrono::millis
     get(done, timeout);
   } catch (const RendezvousError&) {
     int64_t arrived = add(base + "/count", 0) - gen * world_size;
-    throw RendezvousError("barrier '" + name + "': only " + std::to_string(std::min<int64_t>(arrived, world_size)) +
-                          " of " + std::to_string(world_size) + " ranks arrived within " +
+    throw RendezvousError("barrier '" + name + "': only " +
+                          std::to_string(std::min<int64_t>(arrived, world_size)) + " of " +
+                          std::to_string(world_size) + " ranks arrived within " +
                           std::to_string(timeout.count()) + " ms");
   }
 }

@@ -175,7 +175,8 @@ std::vector<uint8_t> TcpStoreServer::handle(const std::vector<uint8_t>& req, boo
 
 // ----------------------------------------------------------------- client ---
 
-TcpStore::TcpStore(const std::string& host, int port, const StoreOptions& opts) : timeout_(opts.timeout) {
+TcpStore::TcpStore(const std::string& host, int port, const StoreOptions& opts)
+    : timeout_(opts.timeout) {
   if (opts.rank == 0) {
     server_ = std::make_unique<TcpStoreServer>(host, port, opts.token);
     port = server_->port();
@@ -197,8 +198,8 @@ TcpStore::TcpStore(const std::string& host, int port, const StoreOptions& opts) 
   put_str(hello, kMagic);
   put_str(hello, opts.token);
   std::vector<uint8_t> rep;
-  if (!write_frame(fd_, hello, deadline, &err) || !read_frame(fd_, rep, deadline, &err) || rep.empty() ||
-      rep[0] != kOk) {
+  if (!write_frame(fd_, hello, deadline, &err) || !read_frame(fd_, rep, deadline, &err) ||
+      rep.empty() || rep[0] != kOk) {
     close(fd_);
     fd_ = -1;
     bool refused = !rep.empty() && rep[0] == kRefused;
@@ -220,13 +221,15 @@ std::vector<uint8_t> TcpStore::call(const std::vector<uint8_t>& req, std::chrono
   // The server answers a get within `wait`; allow for scheduling on top.
   auto deadline = Clock::now() + wait + std::max(timeout_, std::chrono::milliseconds(5000));
   std::vector<uint8_t> rep;
-  if (!write_frame(fd_, req, deadline, &err) || !read_frame(fd_, rep, deadline, &err) || rep.empty()) {
+  if (!write_frame(fd_, req, deadline, &err) || !read_frame(fd_, rep, deadline, &err) ||
+      rep.empty()) {
     close(fd_);
     fd_ = -1;
     throw RendezvousError("rendezvous store at " + where_ + ": " + what + " failed: " + err);
   }
   if (rep[0] == kBad || rep[0] == kRefused)
-    throw RendezvousError("rendezvous store at " + where_ + ": " + what + " rejected by the server");
+    throw RendezvousError("rendezvous store at " + where_ + ": " + what +
+                          " rejected by the server");
   return rep;
 }
 

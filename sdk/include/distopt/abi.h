@@ -20,10 +20,9 @@
 #ifndef DISTOPT_ABI_H
 #define DISTOPT_ABI_H
 
+#include <dlpack/dlpack.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include <dlpack/dlpack.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,31 +48,45 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 typedef int32_t dopt_status;
 
-#define DOPT_OK 0                    /* success */
-#define DOPT_IN_PROGRESS 1           /* not an error: an async request has not completed yet */
-#define DOPT_ERR_INVALID_ARGUMENT -1 /* a caller passed a bad pointer, shape, dtype, option or rank */
-#define DOPT_ERR_UNSUPPORTED -2      /* the operation, dtype or op is not implemented by this component */
-#define DOPT_ERR_COMM -3             /* a peer died, a connection broke, or a frame was malformed */
-#define DOPT_ERR_TIMEOUT -4          /* the operation did not complete within its timeout */
-#define DOPT_ERR_NO_MEMORY -5        /* an allocation failed */
-#define DOPT_ERR_INTERNAL -6         /* a bug or an unexpected C++ exception inside the component */
-#define DOPT_ERR_ABORTED -7          /* the operation was cancelled (communicator destroyed, job stopping) */
-#define DOPT_ERR_STATE -8            /* the call is not valid in the component's current state */
+#define DOPT_OK 0          /* success */
+#define DOPT_IN_PROGRESS 1 /* not an error: an async request has not completed yet */
+#define DOPT_ERR_INVALID_ARGUMENT \
+  -1 /* a caller passed a bad pointer, shape, dtype, option or rank */
+#define DOPT_ERR_UNSUPPORTED \
+  -2                          /* the operation, dtype or op is not implemented by this component */
+#define DOPT_ERR_COMM -3      /* a peer died, a connection broke, or a frame was malformed */
+#define DOPT_ERR_TIMEOUT -4   /* the operation did not complete within its timeout */
+#define DOPT_ERR_NO_MEMORY -5 /* an allocation failed */
+#define DOPT_ERR_INTERNAL -6  /* a bug or an unexpected C++ exception inside the component */
+#define DOPT_ERR_ABORTED -7 /* the operation was cancelled (communicator destroyed, job stopping) \
+                             */
+#define DOPT_ERR_STATE -8   /* the call is not valid in the component's current state */
 
 /** Human-readable name of a status code; never NULL, static lifetime. */
 static inline const char* dopt_status_string(dopt_status s) {
   switch (s) {
-    case DOPT_OK: return "OK";
-    case DOPT_IN_PROGRESS: return "IN_PROGRESS";
-    case DOPT_ERR_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case DOPT_ERR_UNSUPPORTED: return "UNSUPPORTED";
-    case DOPT_ERR_COMM: return "COMM_ERROR";
-    case DOPT_ERR_TIMEOUT: return "TIMEOUT";
-    case DOPT_ERR_NO_MEMORY: return "NO_MEMORY";
-    case DOPT_ERR_INTERNAL: return "INTERNAL";
-    case DOPT_ERR_ABORTED: return "ABORTED";
-    case DOPT_ERR_STATE: return "STATE";
-    default: return "UNKNOWN_STATUS";
+    case DOPT_OK:
+      return "OK";
+    case DOPT_IN_PROGRESS:
+      return "IN_PROGRESS";
+    case DOPT_ERR_INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case DOPT_ERR_UNSUPPORTED:
+      return "UNSUPPORTED";
+    case DOPT_ERR_COMM:
+      return "COMM_ERROR";
+    case DOPT_ERR_TIMEOUT:
+      return "TIMEOUT";
+    case DOPT_ERR_NO_MEMORY:
+      return "NO_MEMORY";
+    case DOPT_ERR_INTERNAL:
+      return "INTERNAL";
+    case DOPT_ERR_ABORTED:
+      return "ABORTED";
+    case DOPT_ERR_STATE:
+      return "STATE";
+    default:
+      return "UNKNOWN_STATUS";
   }
 }
 
@@ -91,13 +104,13 @@ typedef enum {
 typedef struct dopt_option_spec {
   size_t struct_size;
   void* ext;
-  const char* name;          /* YAML key, e.g. "bucket_cap_mb" */
+  const char* name; /* YAML key, e.g. "bucket_cap_mb" */
   dopt_option_type type;
   const char* default_value; /* as YAML text ("25", "true", "greedy"); NULL = required */
   double min_value;          /* INT/DOUBLE: inclusive range, checked when min_value <= max_value */
   double max_value;
-  const char* choices;       /* STRING: '|'-separated allowed values, or NULL for any */
-  const char* help;          /* one line, shown by `distopt plugins` */
+  const char* choices; /* STRING: '|'-separated allowed values, or NULL for any */
+  const char* help;    /* one line, shown by `distopt plugins` */
 } dopt_option_spec;
 #define DOPT_OPTION_SPEC_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_option_spec, help)
 
@@ -160,9 +173,9 @@ typedef struct dopt_host_api {
 typedef struct dopt_create_args {
   size_t struct_size;
   void* ext;
-  int32_t rank;             /* this process's rank in the job, 0..world_size-1 */
+  int32_t rank; /* this process's rank in the job, 0..world_size-1 */
   int32_t world_size;
-  int32_t local_rank;       /* rank among the processes on this host */
+  int32_t local_rank; /* rank among the processes on this host */
   int32_t local_world_size;
   const dopt_options* options; /* validated against the component's schema */
   dopt_store* store;           /* rendezvous store shared by the job */

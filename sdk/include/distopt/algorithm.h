@@ -52,12 +52,13 @@ typedef struct dopt_algorithm_args {
   size_t num_params;
   const dopt_param_group* groups;
   size_t num_groups;
-  const dopt_bucket* buckets;     /* borrowed, stable until destroy */
+  const dopt_bucket* buckets; /* borrowed, stable until destroy */
   size_t num_buckets;
-  const char* optimizer_name;          /* "sgd", "adam", "adamw", "adagrad", "rmsprop" */
+  const char* optimizer_name;            /* "sgd", "adam", "adamw", "adagrad", "rmsprop" */
   const dopt_options* optimizer_options; /* validated against the SDK's optimizer schema */
 } dopt_algorithm_args;
-#define DOPT_ALGORITHM_ARGS_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_args, optimizer_options)
+#define DOPT_ALGORITHM_ARGS_STRUCT_SIZE \
+  DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_args, optimizer_options)
 
 typedef struct dopt_algorithm dopt_algorithm;
 

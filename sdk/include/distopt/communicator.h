@@ -51,8 +51,8 @@ typedef struct dopt_communicator_v1 {
 
   /** recv[i] = op over ranks of send[i]; send and recv have the same dtype and
    * element count; send == recv (same data pointer) is in-place. */
-  dopt_status (*allreduce)(dopt_comm* comm, const DLTensor* send, DLTensor* recv,
-                           dopt_reduce_op op, dopt_request** req);
+  dopt_status (*allreduce)(dopt_comm* comm, const DLTensor* send, DLTensor* recv, dopt_reduce_op op,
+                           dopt_request** req);
   /** send holds world_size * n elements; recv (n elements) gets the op over
    * ranks of block `rank` of send. */
   dopt_status (*reduce_scatter)(dopt_comm* comm, const DLTensor* send, DLTensor* recv,

@@ -22,26 +22,26 @@ extern "C" {
 typedef struct dopt_bucket_entry {
   size_t struct_size;
   void* ext;
-  const char* name;      /* parameter name ("fc1.weight") */
-  int32_t param_index;   /* index into the algorithm's parameter list */
-  size_t offset;         /* in elements from the start of the bucket's flat buffer */
+  const char* name;    /* parameter name ("fc1.weight") */
+  int32_t param_index; /* index into the algorithm's parameter list */
+  size_t offset;       /* in elements from the start of the bucket's flat buffer */
   size_t numel;
-  int32_t ndim;          /* PowerSGD folds dims 1.. into a matrix */
-  const int64_t* shape;  /* ndim entries */
+  int32_t ndim;         /* PowerSGD folds dims 1.. into a matrix */
+  const int64_t* shape; /* ndim entries */
 } dopt_bucket_entry;
 #define DOPT_BUCKET_ENTRY_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_bucket_entry, shape)
 
 typedef struct dopt_bucket {
   size_t struct_size;
   void* ext;
-  int32_t index;          /* 0 = first bucket to become ready in backward */
-  DLTensor* flat;         /* 1-D, contiguous, all entries' dtype; length includes padding */
+  int32_t index;  /* 0 = first bucket to become ready in backward */
+  DLTensor* flat; /* 1-D, contiguous, all entries' dtype; length includes padding */
   const dopt_bucket_entry* entries;
   size_t num_entries;
 } dopt_bucket;
 #define DOPT_BUCKET_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_bucket, num_entries)
 
-typedef struct dopt_reducer dopt_reducer;           /* one reducer instance */
+typedef struct dopt_reducer dopt_reducer;               /* one reducer instance */
 typedef struct dopt_reduce_request dopt_reduce_request; /* one bucket reduction in flight */
 
 typedef struct dopt_reducer_v1 {

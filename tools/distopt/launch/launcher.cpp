@@ -67,8 +67,8 @@ void write_all(int fd, const std::string& buf) {
 
 // One output stream of one rank: bytes not yet ending in a newline.
 struct Stream {
-  int fd = -1;       // read end, -1 once closed
-  int out_fd = 1;    // where the launcher copies it
+  int fd = -1;     // read end, -1 once closed
+  int out_fd = 1;  // where the launcher copies it
   std::string partial;
 };
 
@@ -138,7 +138,8 @@ struct SignalGuard {
   struct sigaction old[3];
   struct sigaction old_pipe;
   SignalGuard() {
-    if (pipe(g_signal_pipe) != 0) throw std::runtime_error("pipe() failed: " + std::string(strerror(errno)));
+    if (pipe(g_signal_pipe) != 0)
+      throw std::runtime_error("pipe() failed: " + std::string(strerror(errno)));
     set_cloexec_nonblock(g_signal_pipe[0]);
     set_cloexec_nonblock(g_signal_pipe[1]);
     struct sigaction sa {};
@@ -167,7 +168,9 @@ std::string seconds(double s) {
   return os.str();
 }
 
-void message(const LaunchOptions& o, const std::string& text) { write_all(2, o.name + ": " + text + "\n"); }
+void message(const LaunchOptions& o, const std::string& text) {
+  write_all(2, o.name + ": " + text + "\n");
+}
 
 }  // namespace
 
@@ -176,7 +179,8 @@ std::string describe_status(int st) {
   if (WIFSIGNALED(st)) {
     int sig = WTERMSIG(st);
     const char* name = sigabbrev_np(sig);
-    return "killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+    return "killed by signal " + std::to_string(sig) +
+           (name ? std::string(" (SIG") + name + ")" : "");
   }
   return "unknown status " + std::to_string(st);
 }
@@ -313,11 +317,12 @@ int run(const LaunchOptions& o) {
 
   const auto never = Clock::time_point::max();
   auto after = [](double s) {
-    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+    return Clock::now() +
+           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   };
   auto job_deadline = o.timeout_s > 0 ? after(o.timeout_s) : never;
-  auto term_at = never;   // when to send SIGTERM to the survivors
-  auto kill_at = never;   // when to send SIGKILL to the survivors
+  auto term_at = never;  // when to send SIGTERM to the survivors
+  auto kill_at = never;  // when to send SIGKILL to the survivors
   bool terminating = false;
   bool timed_out = false;
   int failed_rank = -1;
@@ -346,7 +351,8 @@ int run(const LaunchOptions& o) {
     if (running == 0 && (pfds.size() == 1 || Clock::now() >= drain_deadline)) break;
 
     int pr = ::poll(pfds.data(), pfds.size(), 50);
-    if (pr < 0 && errno != EINTR) throw std::runtime_error("poll() failed: " + std::string(strerror(errno)));
+    if (pr < 0 && errno != EINTR)
+      throw std::runtime_error("poll() failed: " + std::string(strerror(errno)));
     for (size_t i = 1; pr > 0 && i < pfds.size(); ++i)
       if (pfds[i].revents) pump(who[i].first, ranks[who[i].first].streams[who[i].second]);
 
@@ -358,7 +364,9 @@ int run(const LaunchOptions& o) {
         if (!interrupted) {
           interrupted = sigbuf[i];
           const char* abbrev = sigabbrev_np(interrupted);
-          message(o, "got " + (abbrev ? "SIG" + std::string(abbrev) : "signal " + std::to_string(interrupted)) +
+          message(o, "got " +
+                         (abbrev ? "SIG" + std::string(abbrev)
+                                 : "signal " + std::to_string(interrupted)) +
                          ", stopping " + std::to_string(running) + " rank(s)");
           // Forward the very signal (Ctrl-C reaches the ranks as SIGINT).
           if (!terminating) {

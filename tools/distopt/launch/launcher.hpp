@@ -12,10 +12,10 @@
 namespace distopt::launch {
 
 /// Exit codes of run() (also the exit codes of `distopt launch`).
-constexpr int kExitOk = 0;           ///< every rank exited 0
-constexpr int kExitRankFailed = 1;   ///< a rank exited non-zero or was killed by a signal
-constexpr int kExitTimeout = 124;    ///< the job ran past LaunchOptions::timeout_s
-constexpr int kExitInterrupted = 130;///< the launcher got SIGINT / SIGTERM / SIGHUP
+constexpr int kExitOk = 0;             ///< every rank exited 0
+constexpr int kExitRankFailed = 1;     ///< a rank exited non-zero or was killed by a signal
+constexpr int kExitTimeout = 124;      ///< the job ran past LaunchOptions::timeout_s
+constexpr int kExitInterrupted = 130;  ///< the launcher got SIGINT / SIGTERM / SIGHUP
 
 struct LaunchOptions {
   int nprocs = 1;                 ///< ranks to start (>= 1)
@@ -27,7 +27,7 @@ struct LaunchOptions {
   /// own (so a surviving rank can report, e.g., which peer died) before
   /// they are sent SIGTERM. Interrupts are forwarded without this wait.
   double failure_wait_s = 1.0;
-  double grace_s = 5.0;           ///< SIGTERM -> SIGKILL delay, seconds
+  double grace_s = 5.0;  ///< SIGTERM -> SIGKILL delay, seconds
   std::vector<std::pair<std::string, std::string>> extra_env;  ///< set in every rank
   std::string name = "distopt launch";  ///< prefix of the launcher's own messages
 };
@@ -37,13 +37,12 @@ struct LaunchOptions {
 /// DISTOPT_LOCAL_RANK, DISTOPT_LOCAL_WORLD_SIZE, DISTOPT_RENDEZVOUS
 /// (tcp://127.0.0.1:port), DISTOPT_JOB_TOKEN, DISTOPT_CONFIG (if set), and,
 /// unless the launcher's environment sets it, OMP_NUM_THREADS = max(1, cores / N)
-/// so ranks do not oversubscribe the cores (torchrun does the same). Every rank runs in its own process group (so a rank's
-/// own children are stopped with it) with stdin from /dev/null, and dies with
-/// the launcher (PR_SET_PDEATHSIG) if the launcher itself is killed. Each line
-/// a rank writes to stdout / stderr is copied to the launcher's stdout / stderr
-/// prefixed with "[rank r] ". While it runs, SIGINT / SIGTERM / SIGHUP are
-/// caught and forwarded to the ranks (a second one sends SIGKILL); the previous
-/// handlers are restored before returning. Messages about the job ("rank 1
+/// so ranks do not oversubscribe the cores (torchrun does the same). Every rank runs in its own
+/// process group (so a rank's own children are stopped with it) with stdin from /dev/null, and dies
+/// with the launcher (PR_SET_PDEATHSIG) if the launcher itself is killed. Each line a rank writes
+/// to stdout / stderr is copied to the launcher's stdout / stderr prefixed with "[rank r] ". While
+/// it runs, SIGINT / SIGTERM / SIGHUP are caught and forwarded to the ranks (a second one sends
+/// SIGKILL); the previous handlers are restored before returning. Messages about the job ("rank 1
 /// failed (exit code 3)") go to stderr prefixed with `name`. Throws
 /// std::runtime_error if the job cannot be started (no pipes, bad options).
 /// Not thread-safe: call from the main thread of a process that has one launcher.

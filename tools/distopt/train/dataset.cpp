@@ -16,7 +16,8 @@ bool is_file(const std::string& path) {
 }
 
 uint32_t be32(const std::vector<uint8_t>& b, size_t off) {
-  return (uint32_t(b[off]) << 24) | (uint32_t(b[off + 1]) << 16) | (uint32_t(b[off + 2]) << 8) | uint32_t(b[off + 3]);
+  return (uint32_t(b[off]) << 24) | (uint32_t(b[off + 1]) << 16) | (uint32_t(b[off + 2]) << 8) |
+         uint32_t(b[off + 3]);
 }
 
 std::string hex(uint32_t v) {
@@ -57,11 +58,13 @@ std::vector<uint8_t> read_maybe_gzip(const std::string& path) {
   }
   // gzread stops quietly at a truncated gzip stream; gzclose_r reports it.
   int rc = gzclose(f);
-  if (rc != Z_OK) throw DataError("malformed data file " + path + ": truncated or corrupt gzip stream");
+  if (rc != Z_OK)
+    throw DataError("malformed data file " + path + ": truncated or corrupt gzip stream");
   return out;
 }
 
-ImageSet load_idx_pair(const std::string& images_path, const std::string& labels_path, int num_classes) {
+ImageSet load_idx_pair(const std::string& images_path, const std::string& labels_path,
+                       int num_classes) {
   ImageSet set;
   std::vector<uint8_t> img = read_maybe_gzip(images_path);
   if (img.size() < 16)
@@ -78,9 +81,10 @@ ImageSet load_idx_pair(const std::string& images_path, const std::string& labels
                     std::to_string(set.rows) + "x" + std::to_string(set.cols));
   const uint64_t want = uint64_t(set.count) * uint64_t(set.rows) * uint64_t(set.cols);
   if (img.size() - 16 != want)
-    throw DataError("malformed IDX image file " + images_path + ": header says " + std::to_string(set.count) +
-                    " images of " + std::to_string(set.rows) + "x" + std::to_string(set.cols) + " (" +
-                    std::to_string(want) + " bytes) but the file holds " + std::to_string(img.size() - 16) +
+    throw DataError("malformed IDX image file " + images_path + ": header says " +
+                    std::to_string(set.count) + " images of " + std::to_string(set.rows) + "x" +
+                    std::to_string(set.cols) + " (" + std::to_string(want) +
+                    " bytes) but the file holds " + std::to_string(img.size() - 16) +
                     " bytes of pixels");
   set.pixels.assign(img.begin() + 16, img.end());
 
@@ -93,16 +97,18 @@ ImageSet load_idx_pair(const std::string& images_path, const std::string& labels
                     ", expected 0x00000801 (uint8, 1 dimension)");
   const uint64_t nlab = be32(lab, 4);
   if (nlab != uint64_t(set.count))
-    throw DataError("malformed IDX label file " + labels_path + ": " + std::to_string(nlab) + " labels for " +
-                    std::to_string(set.count) + " images in " + images_path);
+    throw DataError("malformed IDX label file " + labels_path + ": " + std::to_string(nlab) +
+                    " labels for " + std::to_string(set.count) + " images in " + images_path);
   if (lab.size() - 8 != nlab)
-    throw DataError("malformed IDX label file " + labels_path + ": header says " + std::to_string(nlab) +
-                    " labels but the file holds " + std::to_string(lab.size() - 8));
+    throw DataError("malformed IDX label file " + labels_path + ": header says " +
+                    std::to_string(nlab) + " labels but the file holds " +
+                    std::to_string(lab.size() - 8));
   set.labels.assign(lab.begin() + 8, lab.end());
   for (size_t i = 0; i < set.labels.size(); ++i)
     if (set.labels[i] >= num_classes)
-      throw DataError("malformed IDX label file " + labels_path + ": label " + std::to_string(set.labels[i]) +
-                      " at index " + std::to_string(i) + " is not below " + std::to_string(num_classes));
+      throw DataError("malformed IDX label file " + labels_path + ": label " +
+                      std::to_string(set.labels[i]) + " at index " + std::to_string(i) +
+                      " is not below " + std::to_string(num_classes));
   return set;
 }
 
@@ -116,8 +122,9 @@ FashionMnist load_fashion_mnist(const std::string& dir) {
   ds.train = load_idx_pair(train_images, train_labels, FashionMnist::kNumClasses);
   ds.test = load_idx_pair(test_images, test_labels, FashionMnist::kNumClasses);
   if (ds.train.rows != ds.test.rows || ds.train.cols != ds.test.cols)
-    throw DataError("Fashion-MNIST in " + dir + ": train images are " + std::to_string(ds.train.rows) + "x" +
-                    std::to_string(ds.train.cols) + " but test images are " + std::to_string(ds.test.rows) + "x" +
+    throw DataError("Fashion-MNIST in " + dir + ": train images are " +
+                    std::to_string(ds.train.rows) + "x" + std::to_string(ds.train.cols) +
+                    " but test images are " + std::to_string(ds.test.rows) + "x" +
                     std::to_string(ds.test.cols));
   return ds;
 }

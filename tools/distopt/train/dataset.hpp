@@ -43,7 +43,8 @@ std::vector<uint8_t> read_maybe_gzip(const std::string& path);
 /// label file (magic 0x00000801) of the same count; labels must be
 /// < num_classes. Throws DataError naming the offending file and what is wrong
 /// (bad magic, truncated, count mismatch, label out of range).
-ImageSet load_idx_pair(const std::string& images_path, const std::string& labels_path, int num_classes);
+ImageSet load_idx_pair(const std::string& images_path, const std::string& labels_path,
+                       int num_classes);
 
 /// Load both splits from `dir`: train-images-idx3-ubyte[.gz],
 /// train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz],

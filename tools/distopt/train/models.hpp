@@ -1,13 +1,13 @@
 // The models `distopt train` trains on Fashion-MNIST (torch::nn).
 #pragma once
 
-#include <cstdint>
-#include <memory>
-#include <string>
-
 #include <torch/nn/module.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
 
 namespace distopt::train {
 
@@ -46,8 +46,8 @@ class Cnn : public Classifier {
 /// torch::manual_seed(seed), so every rank that passes the same seed starts
 /// from the same parameters. Throws distopt::Error for an unknown name
 /// (listing the known ones).
-std::shared_ptr<Classifier> make_model(const std::string& name, int64_t rows, int64_t cols, int64_t classes,
-                                       int64_t seed);
+std::shared_ptr<Classifier> make_model(const std::string& name, int64_t rows, int64_t cols,
+                                       int64_t classes, int64_t seed);
 
 /// Number of scalar parameters of a module.
 int64_t parameter_count(const torch::nn::Module& m);

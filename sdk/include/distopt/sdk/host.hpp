@@ -67,7 +67,9 @@ inline void log(int32_t level, const char* who, const std::string& msg) noexcept
     std::fprintf(stderr, "[%s] %s\n", who, msg.c_str());
   }
 }
-inline void log_debug(const char* who, const std::string& m) noexcept { log(DOPT_LOG_DEBUG, who, m); }
+inline void log_debug(const char* who, const std::string& m) noexcept {
+  log(DOPT_LOG_DEBUG, who, m);
+}
 inline void log_info(const char* who, const std::string& m) noexcept { log(DOPT_LOG_INFO, who, m); }
 inline void log_warn(const char* who, const std::string& m) noexcept { log(DOPT_LOG_WARN, who, m); }
 
@@ -79,7 +81,9 @@ inline void metric_add(const char* name, double value) noexcept {
 /// Throw Error::reported(status) when a nested ABI call failed: its detail is
 /// already in the error sink. `what` is used for what() only.
 inline void check(dopt_status status, const char* what) {
-  if (status < 0) throw Error::reported(status, std::string(what) + " failed (" + dopt_status_string(status) + ")");
+  if (status < 0)
+    throw Error::reported(status,
+                          std::string(what) + " failed (" + dopt_status_string(status) + ")");
 }
 
 /// The exception barrier: run f() and map what it throws to a status, with

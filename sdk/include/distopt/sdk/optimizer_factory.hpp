@@ -3,19 +3,19 @@
 // validated by the host against optimizer_schema.hpp) and parameter groups.
 #pragma once
 
-#include <cmath>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <tuple>
-#include <vector>
-
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "distopt/sdk/host.hpp"
 #include "distopt/sdk/optimizer_schema.hpp"
@@ -34,8 +34,8 @@ struct ParamGroupInput {
 
 namespace detail {
 template <class Opt, class Options>
-std::unique_ptr<torch::optim::Optimizer> build_optimizer(const Options& defaults,
-                                                         const std::vector<ParamGroupInput>& groups) {
+std::unique_ptr<torch::optim::Optimizer> build_optimizer(
+    const Options& defaults, const std::vector<ParamGroupInput>& groups) {
   std::vector<torch::optim::OptimizerParamGroup> pgs;
   for (const auto& g : groups) {
     auto o = std::make_unique<Options>(defaults);
@@ -53,10 +53,11 @@ std::unique_ptr<torch::optim::Optimizer> build_optimizer(const Options& defaults
 /// a group may be empty). Throws sdk::Error(INVALID_ARGUMENT) for an unknown
 /// name or an inconsistent combination (nesterov without momentum or with
 /// dampening), naming it.
-inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name, const OptionsView& opts,
-                                                               const std::vector<ParamGroupInput>& groups) {
+inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(
+    const std::string& name, const OptionsView& opts, const std::vector<ParamGroupInput>& groups) {
   for (const auto& g : groups) {
-    if ((g.lr >= 0 && !std::isfinite(g.lr)) || (g.weight_decay >= 0 && !std::isfinite(g.weight_decay)))
+    if ((g.lr >= 0 && !std::isfinite(g.lr)) ||
+        (g.weight_decay >= 0 && !std::isfinite(g.weight_decay)))
       throw Error(DOPT_ERR_INVALID_ARGUMENT, "parameter group lr / weight_decay must be finite");
   }
   if (name == "sgd") {
@@ -66,7 +67,8 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string
         .weight_decay(opts.get_double("weight_decay"))
         .nesterov(opts.get_bool("nesterov"));
     if (o.nesterov() && (o.momentum() <= 0 || o.dampening() != 0))
-      throw Error(DOPT_ERR_INVALID_ARGUMENT, "optimizer sgd: nesterov needs momentum > 0 and dampening 0");
+      throw Error(DOPT_ERR_INVALID_ARGUMENT,
+                  "optimizer sgd: nesterov needs momentum > 0 and dampening 0");
     return detail::build_optimizer<torch::optim::SGD>(o, groups);
   }
   if (name == "adam" || name == "adamw") {
@@ -110,10 +112,12 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string
 /// Set the learning rate of param group `group`; throws INVALID_ARGUMENT for a
 /// group out of range or a negative / non-finite lr.
 inline void set_group_lr(torch::optim::Optimizer& opt, size_t group, double lr) {
-  if (!(lr >= 0) || !std::isfinite(lr)) throw Error(DOPT_ERR_INVALID_ARGUMENT, "lr must be finite and >= 0");
+  if (!(lr >= 0) || !std::isfinite(lr))
+    throw Error(DOPT_ERR_INVALID_ARGUMENT, "lr must be finite and >= 0");
   if (group >= opt.param_groups().size())
-    throw Error(DOPT_ERR_INVALID_ARGUMENT, "param group " + std::to_string(group) + " out of range (" +
-                                               std::to_string(opt.param_groups().size()) + " groups)");
+    throw Error(DOPT_ERR_INVALID_ARGUMENT,
+                "param group " + std::to_string(group) + " out of range (" +
+                    std::to_string(opt.param_groups().size()) + " groups)");
   opt.param_groups()[group].options().set_lr(lr);
 }
 

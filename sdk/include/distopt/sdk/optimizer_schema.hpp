@@ -14,22 +14,24 @@ namespace detail {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr dopt_option_spec opt(const char* name, dopt_option_type type, const char* def, double lo,
                                double hi, const char* help) {
-  return dopt_option_spec{DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, name, type, def, lo, hi, nullptr,
-                          help};
+  return dopt_option_spec{
+      DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, name, type, def, lo, hi, nullptr, help};
 }
 inline constexpr dopt_option_spec kSgd[] = {
     opt("lr", DOPT_OPTION_DOUBLE, "0.01", 0, kInf, "learning rate"),
     opt("momentum", DOPT_OPTION_DOUBLE, "0", 0, kInf, "momentum factor"),
     opt("dampening", DOPT_OPTION_DOUBLE, "0", 0, 1, "dampening for momentum"),
     opt("weight_decay", DOPT_OPTION_DOUBLE, "0", 0, kInf, "L2 penalty"),
-    opt("nesterov", DOPT_OPTION_BOOL, "false", 0, -1, "Nesterov momentum (needs momentum > 0, dampening 0)"),
+    opt("nesterov", DOPT_OPTION_BOOL, "false", 0, -1,
+        "Nesterov momentum (needs momentum > 0, dampening 0)"),
 };
 inline constexpr dopt_option_spec kAdam[] = {
     opt("lr", DOPT_OPTION_DOUBLE, "0.001", 0, kInf, "learning rate"),
     opt("beta1", DOPT_OPTION_DOUBLE, "0.9", 0, 1, "first-moment decay"),
     opt("beta2", DOPT_OPTION_DOUBLE, "0.999", 0, 1, "second-moment decay"),
     opt("eps", DOPT_OPTION_DOUBLE, "1e-8", 0, kInf, "denominator epsilon"),
-    opt("weight_decay", DOPT_OPTION_DOUBLE, "0", 0, kInf, "L2 penalty (adam) / decoupled decay (adamw)"),
+    opt("weight_decay", DOPT_OPTION_DOUBLE, "0", 0, kInf,
+        "L2 penalty (adam) / decoupled decay (adamw)"),
     opt("amsgrad", DOPT_OPTION_BOOL, "false", 0, -1, "AMSGrad variant"),
 };
 inline constexpr dopt_option_spec kAdamW[] = {
@@ -64,10 +66,10 @@ inline constexpr const char* kOptimizerNames = "sgd|adam|adamw|adagrad|rmsprop";
 /// count. Returns nullptr for an unknown name.
 inline const dopt_option_spec* optimizer_schema(const char* name, size_t* n) {
   using namespace detail;
-#define DOPT_SCHEMA_CASE(STR, ARR)                      \
-  if (std::strcmp(name, STR) == 0) {                    \
-    *n = sizeof(ARR) / sizeof(ARR[0]);                  \
-    return ARR;                                         \
+#define DOPT_SCHEMA_CASE(STR, ARR)     \
+  if (std::strcmp(name, STR) == 0) {   \
+    *n = sizeof(ARR) / sizeof(ARR[0]); \
+    return ARR;                        \
   }
   DOPT_SCHEMA_CASE("sgd", kSgd)
   DOPT_SCHEMA_CASE("adam", kAdam)

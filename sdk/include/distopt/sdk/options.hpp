@@ -19,7 +19,8 @@ class OptionsView {
  public:
   /// `h` defaults to the plugin's host (sdk::host()); pass one explicitly when
   /// the view is used outside a plugin (e.g. the host's own tests).
-  explicit OptionsView(const dopt_options* opts, const dopt_host_api* h = host()) : opts_(opts), host_(h) {}
+  explicit OptionsView(const dopt_options* opts, const dopt_host_api* h = host())
+      : opts_(opts), host_(h) {}
 
   bool get_bool(const char* name) const {
     int32_t v = 0;

@@ -45,7 +45,8 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int32_t rank() const = 0;
   virtual int32_t world_size() const = 0;
-  virtual std::unique_ptr<Request> allreduce(const DLTensor& send, DLTensor& recv, dopt_reduce_op op) = 0;
+  virtual std::unique_ptr<Request> allreduce(const DLTensor& send, DLTensor& recv,
+                                             dopt_reduce_op op) = 0;
   virtual std::unique_ptr<Request> broadcast(DLTensor& buf, int32_t root) = 0;
   virtual std::unique_ptr<Request> barrier() = 0;
   virtual std::unique_ptr<Request> reduce_scatter(const DLTensor&, DLTensor&, dopt_reduce_op) {
@@ -137,7 +138,9 @@ dopt_status hand_out(std::unique_ptr<Request> req, R** out) {
 template <class T>
 struct CommGlue {
   static Communicator* c(dopt_comm* h) { return reinterpret_cast<Communicator*>(h); }
-  static const Communicator* c(const dopt_comm* h) { return reinterpret_cast<const Communicator*>(h); }
+  static const Communicator* c(const dopt_comm* h) {
+    return reinterpret_cast<const Communicator*>(h);
+  }
   static dopt_comm* h(Communicator* c) { return reinterpret_cast<dopt_comm*>(c); }
 
   static dopt_status create(const dopt_create_args* args, dopt_comm** out) noexcept {
@@ -149,39 +152,51 @@ struct CommGlue {
     return guard([&] { delete c(comm); });
   }
   static int32_t rank(const dopt_comm* comm) noexcept {
-    try { return c(comm)->rank(); } catch (...) { return -1; }
+    try {
+      return c(comm)->rank();
+    } catch (...) {
+      return -1;
+    }
   }
   static int32_t world_size(const dopt_comm* comm) noexcept {
-    try { return c(comm)->world_size(); } catch (...) { return -1; }
+    try {
+      return c(comm)->world_size();
+    } catch (...) {
+      return -1;
+    }
   }
-  static dopt_status allreduce(dopt_comm* comm, const DLTensor* send, DLTensor* recv, dopt_reduce_op op,
-                               dopt_request** req) noexcept {
+  static dopt_status allreduce(dopt_comm* comm, const DLTensor* send, DLTensor* recv,
+                               dopt_reduce_op op, dopt_request** req) noexcept {
     if (!comm || !send || !recv || !req) return null_arg("comm, send, recv or req");
     *req = nullptr;
     return guard([&] { return hand_out(c(comm)->allreduce(*send, *recv, op), req); });
   }
-  static dopt_status reduce_scatter(dopt_comm* comm, const DLTensor* send, DLTensor* recv, dopt_reduce_op op,
-                                    dopt_request** req) noexcept {
+  static dopt_status reduce_scatter(dopt_comm* comm, const DLTensor* send, DLTensor* recv,
+                                    dopt_reduce_op op, dopt_request** req) noexcept {
     if (!comm || !send || !recv || !req) return null_arg("comm, send, recv or req");
     *req = nullptr;
     return guard([&] { return hand_out(c(comm)->reduce_scatter(*send, *recv, op), req); });
   }
-  static dopt_status allgather(dopt_comm* comm, const DLTensor* send, DLTensor* recv, dopt_request** req) noexcept {
+  static dopt_status allgather(dopt_comm* comm, const DLTensor* send, DLTensor* recv,
+                               dopt_request** req) noexcept {
     if (!comm || !send || !recv || !req) return null_arg("comm, send, recv or req");
     *req = nullptr;
     return guard([&] { return hand_out(c(comm)->allgather(*send, *recv), req); });
   }
-  static dopt_status broadcast(dopt_comm* comm, DLTensor* buf, int32_t root, dopt_request** req) noexcept {
+  static dopt_status broadcast(dopt_comm* comm, DLTensor* buf, int32_t root,
+                               dopt_request** req) noexcept {
     if (!comm || !buf || !req) return null_arg("comm, buf or req");
     *req = nullptr;
     return guard([&] { return hand_out(c(comm)->broadcast(*buf, root), req); });
   }
-  static dopt_status send(dopt_comm* comm, const DLTensor* buf, int32_t peer, int32_t tag, dopt_request** req) noexcept {
+  static dopt_status send(dopt_comm* comm, const DLTensor* buf, int32_t peer, int32_t tag,
+                          dopt_request** req) noexcept {
     if (!comm || !buf || !req) return null_arg("comm, buf or req");
     *req = nullptr;
     return guard([&] { return hand_out(c(comm)->send(*buf, peer, tag), req); });
   }
-  static dopt_status recv(dopt_comm* comm, DLTensor* buf, int32_t peer, int32_t tag, dopt_request** req) noexcept {
+  static dopt_status recv(dopt_comm* comm, DLTensor* buf, int32_t peer, int32_t tag,
+                          dopt_request** req) noexcept {
     if (!comm || !buf || !req) return null_arg("comm, buf or req");
     *req = nullptr;
     return guard([&] { return hand_out(c(comm)->recv(*buf, peer, tag), req); });
@@ -203,12 +218,29 @@ struct CommGlue {
     return request_wait(reinterpret_cast<Request*>(r), timeout_ms);
   }
   static void request_free(dopt_request* r) noexcept {
-    try { delete reinterpret_cast<Request*>(r); } catch (...) {}
+    try {
+      delete reinterpret_cast<Request*>(r);
+    } catch (...) {
+    }
   }
 
-  static constexpr dopt_communicator_v1 vtable = {
-      DOPT_COMMUNICATOR_V1_STRUCT_SIZE, nullptr, &create, &destroy, &rank, &world_size, &allreduce,
-      &reduce_scatter, &allgather, &broadcast, &send, &recv, &barrier, &split, &test, &wait, &request_free};
+  static constexpr dopt_communicator_v1 vtable = {DOPT_COMMUNICATOR_V1_STRUCT_SIZE,
+                                                  nullptr,
+                                                  &create,
+                                                  &destroy,
+                                                  &rank,
+                                                  &world_size,
+                                                  &allreduce,
+                                                  &reduce_scatter,
+                                                  &allgather,
+                                                  &broadcast,
+                                                  &send,
+                                                  &recv,
+                                                  &barrier,
+                                                  &split,
+                                                  &test,
+                                                  &wait,
+                                                  &request_free};
 };
 
 template <class T>
@@ -216,18 +248,21 @@ struct ReducerGlue {
   static Reducer* r(dopt_reducer* h) { return reinterpret_cast<Reducer*>(h); }
   static const Reducer* r(const dopt_reducer* h) { return reinterpret_cast<const Reducer*>(h); }
 
-  static dopt_status create(const dopt_create_args* args, dopt_comm_ref comm, const dopt_bucket* buckets,
-                            size_t num_buckets, dopt_reducer** out) noexcept {
+  static dopt_status create(const dopt_create_args* args, dopt_comm_ref comm,
+                            const dopt_bucket* buckets, size_t num_buckets,
+                            dopt_reducer** out) noexcept {
     if (!args || !out || (!buckets && num_buckets)) return null_arg("args, out or buckets");
     *out = nullptr;
     return guard([&] {
-      *out = reinterpret_cast<dopt_reducer*>(static_cast<Reducer*>(new T(*args, comm, buckets, num_buckets)));
+      *out = reinterpret_cast<dopt_reducer*>(
+          static_cast<Reducer*>(new T(*args, comm, buckets, num_buckets)));
     });
   }
   static dopt_status destroy(dopt_reducer* h) noexcept {
     return guard([&] { delete r(h); });
   }
-  static dopt_status reduce(dopt_reducer* h, const dopt_bucket* bucket, dopt_reduce_request** req) noexcept {
+  static dopt_status reduce(dopt_reducer* h, const dopt_bucket* bucket,
+                            dopt_reduce_request** req) noexcept {
     if (!h || !bucket || !req) return null_arg("reducer, bucket or req");
     *req = nullptr;
     return guard([&] { return hand_out(r(h)->reduce(*bucket), req); });
@@ -239,25 +274,42 @@ struct ReducerGlue {
     return request_wait(reinterpret_cast<Request*>(q), timeout_ms);
   }
   static void request_free(dopt_reduce_request* q) noexcept {
-    try { delete reinterpret_cast<Request*>(q); } catch (...) {}
+    try {
+      delete reinterpret_cast<Request*>(q);
+    } catch (...) {
+    }
   }
   static uint64_t bytes_sent(const dopt_reducer* h) noexcept {
-    try { return r(h)->bytes_sent(); } catch (...) { return 0; }
+    try {
+      return r(h)->bytes_sent();
+    } catch (...) {
+      return 0;
+    }
   }
 
-  static constexpr dopt_reducer_v1 vtable = {DOPT_REDUCER_V1_STRUCT_SIZE, nullptr, &create, &destroy, &reduce,
-                                             &test, &wait, &request_free, &bytes_sent};
+  static constexpr dopt_reducer_v1 vtable = {DOPT_REDUCER_V1_STRUCT_SIZE,
+                                             nullptr,
+                                             &create,
+                                             &destroy,
+                                             &reduce,
+                                             &test,
+                                             &wait,
+                                             &request_free,
+                                             &bytes_sent};
 };
 
 template <class T>
 struct AlgorithmGlue {
   static Algorithm* a(dopt_algorithm* h) { return reinterpret_cast<Algorithm*>(h); }
-  static const Algorithm* a(const dopt_algorithm* h) { return reinterpret_cast<const Algorithm*>(h); }
+  static const Algorithm* a(const dopt_algorithm* h) {
+    return reinterpret_cast<const Algorithm*>(h);
+  }
 
   static dopt_status create(const dopt_algorithm_args* args, dopt_algorithm** out) noexcept {
     if (!args || !out) return null_arg("args or out");
     *out = nullptr;
-    return guard([&] { *out = reinterpret_cast<dopt_algorithm*>(static_cast<Algorithm*>(new T(*args))); });
+    return guard(
+        [&] { *out = reinterpret_cast<dopt_algorithm*>(static_cast<Algorithm*>(new T(*args))); });
   }
   static dopt_status destroy(dopt_algorithm* h) noexcept {
     return guard([&] { delete a(h); });
@@ -275,17 +327,29 @@ struct AlgorithmGlue {
     return guard([&] { a(h)->set_lr(group, lr); });
   }
   static uint64_t state_bytes(const dopt_algorithm* h) noexcept {
-    try { return a(h)->state_bytes(); } catch (...) { return 0; }
+    try {
+      return a(h)->state_bytes();
+    } catch (...) {
+      return 0;
+    }
   }
 
-  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_STRUCT_SIZE, nullptr, &create, &destroy,
-                                               &on_bucket_ready, &step, &set_lr, &state_bytes};
+  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_STRUCT_SIZE,
+                                               nullptr,
+                                               &create,
+                                               &destroy,
+                                               &on_bucket_ready,
+                                               &step,
+                                               &set_lr,
+                                               &state_bytes};
 };
 
-inline dopt_status plugin_init(const dopt_host_api* h, dopt_plugin_info* info, const char* plugin_name,
-                               const char* plugin_version, const dopt_component* components, size_t n) noexcept {
+inline dopt_status plugin_init(const dopt_host_api* h, dopt_plugin_info* info,
+                               const char* plugin_name, const char* plugin_version,
+                               const dopt_component* components, size_t n) noexcept {
   if (!h || !info) return DOPT_ERR_INVALID_ARGUMENT;
-  if (h->struct_size < DOPT_STRUCT_SIZE_UPTO(dopt_host_api, abi_minor)) return DOPT_ERR_INVALID_ARGUMENT;
+  if (h->struct_size < DOPT_STRUCT_SIZE_UPTO(dopt_host_api, abi_minor))
+    return DOPT_ERR_INVALID_ARGUMENT;
   if (h->abi_major != DOPT_ABI_VERSION_MAJOR) {
     // set_error's position is fixed within major 1 only; a host of another
     // major gets the status without a message.
@@ -293,11 +357,15 @@ inline dopt_status plugin_init(const dopt_host_api* h, dopt_plugin_info* info, c
   }
   if (h->struct_size < DOPT_HOST_API_STRUCT_SIZE) {
     if (h->set_error && DOPT_HAS_FIELD(h, dopt_host_api, set_error))
-      h->set_error((std::string("plugin '") + plugin_name + "': host API table is smaller than ABI 1.0's").c_str());
+      h->set_error(
+          (std::string("plugin '") + plugin_name + "': host API table is smaller than ABI 1.0's")
+              .c_str());
     return DOPT_ERR_UNSUPPORTED;
   }
   if (info->struct_size < DOPT_STRUCT_SIZE_UPTO(dopt_plugin_info, num_components)) {
-    h->set_error((std::string("plugin '") + plugin_name + "': dopt_plugin_info is smaller than ABI 1.0's").c_str());
+    h->set_error(
+        (std::string("plugin '") + plugin_name + "': dopt_plugin_info is smaller than ABI 1.0's")
+            .c_str());
     return DOPT_ERR_INVALID_ARGUMENT;
   }
   set_host(h);
@@ -317,17 +385,40 @@ template <class T>
 constexpr dopt_component component(const char* name, const char* version, const char* description,
                                    SchemaRef schema) noexcept {
   static_assert(std::is_base_of_v<Communicator, T> + std::is_base_of_v<Reducer, T> +
-                        std::is_base_of_v<Algorithm, T> == 1,
-                "a component class derives from exactly one of sdk::Communicator, sdk::Reducer, sdk::Algorithm");
+                        std::is_base_of_v<Algorithm, T> ==
+                    1,
+                "a component class derives from exactly one of sdk::Communicator, sdk::Reducer, "
+                "sdk::Algorithm");
   if constexpr (std::is_base_of_v<Communicator, T>) {
-    return {DOPT_COMPONENT_STRUCT_SIZE, nullptr, DOPT_KIND_COMMUNICATOR, name, version, description,
-            schema.specs, schema.count, &detail::CommGlue<T>::vtable};
+    return {DOPT_COMPONENT_STRUCT_SIZE,
+            nullptr,
+            DOPT_KIND_COMMUNICATOR,
+            name,
+            version,
+            description,
+            schema.specs,
+            schema.count,
+            &detail::CommGlue<T>::vtable};
   } else if constexpr (std::is_base_of_v<Reducer, T>) {
-    return {DOPT_COMPONENT_STRUCT_SIZE, nullptr, DOPT_KIND_REDUCER, name, version, description,
-            schema.specs, schema.count, &detail::ReducerGlue<T>::vtable};
+    return {DOPT_COMPONENT_STRUCT_SIZE,
+            nullptr,
+            DOPT_KIND_REDUCER,
+            name,
+            version,
+            description,
+            schema.specs,
+            schema.count,
+            &detail::ReducerGlue<T>::vtable};
   } else {
-    return {DOPT_COMPONENT_STRUCT_SIZE, nullptr, DOPT_KIND_ALGORITHM, name, version, description,
-            schema.specs, schema.count, &detail::AlgorithmGlue<T>::vtable};
+    return {DOPT_COMPONENT_STRUCT_SIZE,
+            nullptr,
+            DOPT_KIND_ALGORITHM,
+            name,
+            version,
+            description,
+            schema.specs,
+            schema.count,
+            &detail::AlgorithmGlue<T>::vtable};
   }
 }
 
@@ -340,10 +431,11 @@ constexpr dopt_component component(const char* name, const char* version, const 
 
 /// Define the plugin's exported entry dopt_plugin_init_v1 with its components
 /// (one or more DOPT_COMPONENT(...)). Use once per plugin, at namespace scope.
-#define DOPT_PLUGIN(PLUGIN_NAME, PLUGIN_VERSION, ...)                                                      \
-  extern "C" DOPT_EXPORT dopt_status dopt_plugin_init_v1(const dopt_host_api* host, dopt_plugin_info* info) \
-      noexcept {                                                                                           \
-    static const dopt_component dopt_components_[] = {__VA_ARGS__};                                        \
-    return ::distopt::sdk::detail::plugin_init(host, info, PLUGIN_NAME, PLUGIN_VERSION, dopt_components_,  \
-                                               sizeof(dopt_components_) / sizeof(dopt_components_[0]));   \
+#define DOPT_PLUGIN(PLUGIN_NAME, PLUGIN_VERSION, ...)                                       \
+  extern "C" DOPT_EXPORT dopt_status dopt_plugin_init_v1(const dopt_host_api* host,         \
+                                                         dopt_plugin_info* info) noexcept { \
+    static const dopt_component dopt_components_[] = {__VA_ARGS__};                         \
+    return ::distopt::sdk::detail::plugin_init(                                             \
+        host, info, PLUGIN_NAME, PLUGIN_VERSION, dopt_components_,                          \
+        sizeof(dopt_components_) / sizeof(dopt_components_[0]));                            \
   }

@@ -69,7 +69,8 @@ class Completion {
 
  private:
   void rethrow_locked() const {
-    if (status_ < 0) throw Error(status_, message_.empty() ? dopt_status_string(status_) : message_);
+    if (status_ < 0)
+      throw Error(status_, message_.empty() ? dopt_status_string(status_) : message_);
   }
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
@@ -85,7 +86,9 @@ class CompletionRequest : public Request {
   explicit CompletionRequest(std::shared_ptr<Completion> c, int64_t default_timeout_ms = -1)
       : c_(std::move(c)), default_timeout_ms_(default_timeout_ms) {}
   bool test() override { return c_->test(); }
-  bool wait(int64_t timeout_ms) override { return c_->wait(timeout_ms < 0 ? default_timeout_ms_ : timeout_ms); }
+  bool wait(int64_t timeout_ms) override {
+    return c_->wait(timeout_ms < 0 ? default_timeout_ms_ : timeout_ms);
+  }
   const std::shared_ptr<Completion>& completion() const { return c_; }
 
  private:

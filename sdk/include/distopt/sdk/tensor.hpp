@@ -9,12 +9,12 @@
 // Devices: kDLCPU and kDLCUDA (device_id = CUDA index).
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "distopt/abi.h"
 #include "distopt/sdk/host.hpp"
@@ -46,33 +46,47 @@ inline at::ScalarType to_scalar_type(DLDataType t) {
         break;
     }
   }
-  throw Error(DOPT_ERR_UNSUPPORTED, "unsupported DLPack dtype (code " + std::to_string(t.code) + ", bits " +
-                                        std::to_string(t.bits) + ", lanes " + std::to_string(t.lanes) + ")");
+  throw Error(DOPT_ERR_UNSUPPORTED, "unsupported DLPack dtype (code " + std::to_string(t.code) +
+                                        ", bits " + std::to_string(t.bits) + ", lanes " +
+                                        std::to_string(t.lanes) + ")");
 }
 
 /// DLPack dtype of an at::ScalarType; throws sdk::Error(UNSUPPORTED) otherwise.
 inline DLDataType to_dl_dtype(at::ScalarType s) {
   switch (s) {
-    case at::kHalf: return {kDLFloat, 16, 1};
-    case at::kFloat: return {kDLFloat, 32, 1};
-    case at::kDouble: return {kDLFloat, 64, 1};
-    case at::kBFloat16: return {kDLBfloat, 16, 1};
-    case at::kChar: return {kDLInt, 8, 1};
-    case at::kShort: return {kDLInt, 16, 1};
-    case at::kInt: return {kDLInt, 32, 1};
-    case at::kLong: return {kDLInt, 64, 1};
-    case at::kByte: return {kDLUInt, 8, 1};
+    case at::kHalf:
+      return {kDLFloat, 16, 1};
+    case at::kFloat:
+      return {kDLFloat, 32, 1};
+    case at::kDouble:
+      return {kDLFloat, 64, 1};
+    case at::kBFloat16:
+      return {kDLBfloat, 16, 1};
+    case at::kChar:
+      return {kDLInt, 8, 1};
+    case at::kShort:
+      return {kDLInt, 16, 1};
+    case at::kInt:
+      return {kDLInt, 32, 1};
+    case at::kLong:
+      return {kDLInt, 64, 1};
+    case at::kByte:
+      return {kDLUInt, 8, 1};
     default:
-      throw Error(DOPT_ERR_UNSUPPORTED, std::string("unsupported tensor dtype ") + c10::toString(s));
+      throw Error(DOPT_ERR_UNSUPPORTED,
+                  std::string("unsupported tensor dtype ") + c10::toString(s));
   }
 }
 
 inline at::Device to_device(DLDevice d) {
   switch (d.device_type) {
-    case kDLCPU: return at::Device(at::kCPU);
-    case kDLCUDA: return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(d.device_id));
+    case kDLCPU:
+      return at::Device(at::kCPU);
+    case kDLCUDA:
+      return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(d.device_id));
     default:
-      throw Error(DOPT_ERR_UNSUPPORTED, "unsupported DLPack device type " + std::to_string(d.device_type));
+      throw Error(DOPT_ERR_UNSUPPORTED,
+                  "unsupported DLPack device type " + std::to_string(d.device_type));
   }
 }
 
@@ -116,7 +130,10 @@ class DLView {
     fix();
   }
   DLView(DLView&& o) noexcept
-      : t_(std::move(o.t_)), shape_(std::move(o.shape_)), strides_(std::move(o.strides_)), dl_(o.dl_) {
+      : t_(std::move(o.t_)),
+        shape_(std::move(o.shape_)),
+        strides_(std::move(o.strides_)),
+        dl_(o.dl_) {
     fix();
   }
   DLView& operator=(DLView&& o) noexcept {
