@@ -1,0 +1,191 @@
+#include "compress_common.hpp"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstring>
+
+namespace distopt::plugins::compress {
+namespace {
+
+bool is_dtype(DLDataType a, DLDataType b) { return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes; }
+
+bool supported(DLDataType t) {
+  return t.lanes == 1 && ((t.code == kDLFloat && (t.bits == 16 || t.bits == 32 || t.bits == 64)) ||
+                          (t.code == kDLBfloat && t.bits == 16));
+}
+
+template <class T>
+void load_as(const void* src, float* dst, size_t n) {
+  const T* s = static_cast<const T*>(src);
+  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+}
+template <class T>
+void store_as(const float* src, void* dst, size_t n) {
+  T* d = static_cast<T*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(src[i]);
+}
+
+void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
+
+}  // namespace
+
+size_t numel(const DLTensor& t) {
+  size_t n = 1;
+  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
+  return n;
+}
+
+std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* buckets, size_t n) {
+  std::vector<BucketLayout> out(n);
+  for (size_t b = 0; b < n; ++b) {
+    const dopt_bucket& bk = buckets[b];
+    const std::string where = std::string(who) + ": bucket " + std::to_string(b);
+    if (bk.index < 0 || static_cast<size_t>(bk.index) != b)
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, where + " has index " + std::to_string(bk.index));
+    if (!bk.flat || bk.flat->ndim != 1 || !bk.flat->data)
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, where + ": flat buffer must be a 1-D tensor");
+    if (bk.flat->device.device_type != kDLCPU)
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED, where + ": only host (kDLCPU) buckets are supported");
+    if (bk.flat->strides && bk.flat->strides[0] != 1)
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, where + ": flat buffer is not contiguous");
+    if (!supported(bk.flat->dtype))
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED, where + ": dtype must be float32, float64, float16 or bfloat16");
+    BucketLayout& l = out[b];
+    l.length = numel(*bk.flat);
+    l.dtype = bk.flat->dtype;
+    for (size_t e = 0; e < bk.num_entries; ++e) {
+      const dopt_bucket_entry& en = bk.entries[e];
+      if (en.offset + en.numel > l.length)
+        throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, where + ": entry " + std::to_string(e) + " ends past the buffer");
+      if (en.numel == 0) continue;
+      l.entries.push_back({en.offset, en.numel});
+      l.payload += en.numel;
+    }
+    if (l.length >= (size_t{1} << 32))
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED, where + ": more than 2^32 elements");
+  }
+  return out;
+}
+
+const BucketLayout& layout_of(const char* who, const std::vector<BucketLayout>& layouts, const dopt_bucket& bucket) {
+  if (bucket.index < 0 || static_cast<size_t>(bucket.index) >= layouts.size())
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) + ": bucket " + std::to_string(bucket.index) +
+                                                    " was not among the " + std::to_string(layouts.size()) +
+                                                    " buckets given to create");
+  const BucketLayout& l = layouts[static_cast<size_t>(bucket.index)];
+  if (!bucket.flat || numel(*bucket.flat) != l.length || !is_dtype(bucket.flat->dtype, l.dtype))
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     std::string(who) + ": bucket " + std::to_string(bucket.index) + " changed length or dtype");
+  return l;
+}
+
+void load_float(const DLTensor& flat, std::vector<float>& out) {
+  const size_t n = numel(flat);
+  out.resize(n);
+  const void* src = data_of(flat);
+  if (flat.dtype.code == kDLBfloat) {
+    load_as<c10::BFloat16>(src, out.data(), n);
+  } else if (flat.dtype.bits == 16) {
+    load_as<c10::Half>(src, out.data(), n);
+  } else if (flat.dtype.bits == 64) {
+    load_as<double>(src, out.data(), n);
+  } else {
+    std::memcpy(out.data(), src, n * sizeof(float));
+  }
+}
+
+void store_float(const std::vector<float>& in, DLTensor& flat) {
+  const size_t n = numel(flat);
+  if (in.size() != n) throw sdk::Error(DOPT_ERR_INTERNAL, "store_float: length mismatch");
+  void* dst = data_of(flat);
+  if (flat.dtype.code == kDLBfloat) {
+    store_as<c10::BFloat16>(in.data(), dst, n);
+  } else if (flat.dtype.bits == 16) {
+    store_as<c10::Half>(in.data(), dst, n);
+  } else if (flat.dtype.bits == 64) {
+    store_as<double>(in.data(), dst, n);
+  } else {
+    std::memcpy(dst, in.data(), n * sizeof(float));
+  }
+}
+
+DLTensor host_tensor(void* data, int64_t count, DLDataType dtype, int64_t* shape) {
+  *shape = count;
+  DLTensor t{};
+  t.data = data;
+  t.device = {kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  return t;
+}
+
+uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world) {
+  if (world <= 1) return 0;
+  return 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
+}
+
+uint64_t allgather_bytes(uint64_t bytes, int32_t world) {
+  return world <= 1 ? 0 : bytes * static_cast<uint64_t>(world - 1);
+}
+
+bool StagedRequest::test() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (done_) return true;
+  if (!h_.test()) return false;
+  finish_();
+  done_ = true;
+  return true;
+}
+
+bool StagedRequest::wait(int64_t timeout_ms) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (done_) return true;
+  // CommHandle::wait throws (status + the communicator's detail) on failure
+  // and on timeout, so returning from it means the collective succeeded.
+  h_.wait(timeout_ms);
+  finish_();
+  done_ = true;
+  return true;
+}
+
+CompressReducer::CompressReducer(const char* who, const dopt_create_args& args, dopt_comm_ref comm,
+                                 const dopt_bucket* buckets, size_t num_buckets)
+    : who_(who), comm_(comm), world_size_(args.world_size) {
+  if (!comm.vt || !comm.comm) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) + ": no communicator");
+  if (comm_.world_size() != args.world_size)
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) + ": communicator has " +
+                                                    std::to_string(comm_.world_size()) + " ranks, job has " +
+                                                    std::to_string(args.world_size));
+  layouts_ = read_layouts(who, buckets, num_buckets);
+}
+
+void CompressReducer::count_sent(uint64_t bytes) {
+  bytes_sent_ += bytes;
+  sdk::metric_add("reducer.bytes_sent", static_cast<double>(bytes));
+}
+
+}  // namespace distopt::plugins::compress
+
+#include <algorithm>
+#include <cmath>
+
+namespace distopt::plugins::compress {
+
+size_t keep_count(double ratio, size_t n) {
+  const double k = std::ceil(ratio * static_cast<double>(n));
+  return std::min(n, std::max<size_t>(1, static_cast<size_t>(k)));
+}
+
+double read_ratio(const char* who, const dopt_options* options) {
+  const double r = sdk::OptionsView(options).get_double("ratio");
+  if (!(r > 0.0 && r <= 1.0))
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     std::string(who) + ": option ratio must be in (0, 1], got " + std::to_string(r));
+  return r;
+}
+
+}  // namespace distopt::plugins::compress

@@ -1,0 +1,115 @@
+// Shared pieces of the `compress` reducers: the per-bucket layout copied at
+// create time, float32 working copies of a bucket whatever its dtype, the
+// request that finishes (decompresses) a reduction once its collective is
+// done, and the byte formulas every reducer reports through bytes_sent.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "distopt/sdk/sdk.hpp"
+
+namespace distopt::plugins::compress {
+
+/// One parameter's slice of a bucket (elements, from the flat buffer's start).
+struct Slice {
+  size_t offset = 0;
+  size_t numel = 0;
+};
+
+/// What a reducer remembers of one bucket from create(): its flat length,
+/// dtype and entries. reduce() checks the bucket it gets against it.
+struct BucketLayout {
+  size_t length = 0;  ///< elements of the flat buffer, padding included
+  DLDataType dtype{};
+  std::vector<Slice> entries;
+  size_t payload = 0;  ///< sum of entries' numel (padding excluded)
+};
+
+/// Layouts of the buckets handed to create(); throws sdk::Error
+/// (INVALID_ARGUMENT / UNSUPPORTED) naming `who` for a bucket that is not
+/// 1-D, contiguous host memory of float32/64, float16 or bfloat16, or whose
+/// entries do not fit its flat buffer.
+std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* buckets, size_t n);
+
+/// The layout of `bucket` (by index), checked against what reduce() got.
+const BucketLayout& layout_of(const char* who, const std::vector<BucketLayout>& layouts,
+                              const dopt_bucket& bucket);
+
+/// Element count of a 1-D (or any) DLTensor.
+size_t numel(const DLTensor& t);
+
+/// Copy the bucket's flat buffer into `out` as float32 (resized to length).
+void load_float(const DLTensor& flat, std::vector<float>& out);
+/// Write `in` (float32, the flat length) back into the bucket's dtype (RNE).
+void store_float(const std::vector<float>& in, DLTensor& flat);
+
+/// A 1-D DLTensor over `count` elements of host memory at `data`.
+/// `shape` must outlive it.
+DLTensor host_tensor(void* data, int64_t count, DLDataType dtype, int64_t* shape);
+
+inline constexpr DLDataType kU8{kDLUInt, 8, 1};
+inline constexpr DLDataType kF32{kDLFloat, 32, 1};
+inline constexpr DLDataType kF16{kDLFloat, 16, 1};
+inline constexpr DLDataType kBF16{kDLBfloat, 16, 1};
+
+/// Bytes one rank sends in a ring allreduce of `bytes` over `world` ranks:
+/// 2 (W-1)/W x bytes (the `mean` reducer's formula; 0 on one rank).
+uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world);
+/// Bytes one rank sends in an allgather of its `bytes` (ring or direct:
+/// each other rank needs them once): (W-1) x bytes.
+uint64_t allgather_bytes(uint64_t bytes, int32_t world);
+
+/// A bucket reduction: one collective in flight, then `finish` (decompress
+/// into the bucket) runs exactly once, on the first thread whose test() or
+/// wait() sees the collective complete. Thread-safe.
+class StagedRequest : public sdk::Request {
+ public:
+  StagedRequest(sdk::CommHandle h, std::function<void()> finish)
+      : h_(std::move(h)), finish_(std::move(finish)) {}
+  bool test() override;
+  bool wait(int64_t timeout_ms) override;
+
+ private:
+  std::mutex mu_;
+  bool done_ = false;
+  sdk::CommHandle h_;
+  std::function<void()> finish_;
+};
+
+/// Base of the compress reducers: communicator, world, layouts, byte count.
+class CompressReducer : public sdk::Reducer {
+ public:
+  CompressReducer(const char* who, const dopt_create_args& args, dopt_comm_ref comm,
+                  const dopt_bucket* buckets, size_t num_buckets);
+  uint64_t bytes_sent() const override { return bytes_sent_.load(); }
+
+ protected:
+  /// Add to this reducer's count and to the job metric reducer.bytes_sent.
+  void count_sent(uint64_t bytes);
+
+  const char* who_;
+  sdk::CommView comm_;
+  int32_t world_size_;
+  std::vector<BucketLayout> layouts_;
+  std::atomic<uint64_t> bytes_sent_{0};
+};
+
+}  // namespace distopt::plugins::compress
+
+namespace distopt::plugins::compress {
+
+/// Entries kept per tensor by topk / randomk: k = max(1, ceil(ratio x n)),
+/// at most n (ratio in (0, 1]; computed in double).
+size_t keep_count(double ratio, size_t n);
+
+/// Read and check the `ratio` option (0 < ratio <= 1); throws INVALID_ARGUMENT.
+double read_ratio(const char* who, const dopt_options* options);
+
+}  // namespace distopt::plugins::compress

@@ -1,0 +1,95 @@
+#include "randomk_reducer.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+namespace distopt::plugins::compress {
+namespace {
+
+struct SplitMix64 {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [0, n) (Lemire's multiply-shift; bias < n / 2^64).
+  uint64_t below(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64); }
+};
+
+}  // namespace
+
+std::vector<uint32_t> random_subset(uint64_t seed, uint64_t bucket, uint64_t step, uint64_t entry, size_t n,
+                                    size_t k) {
+  SplitMix64 g{seed};
+  for (uint64_t v : {bucket, step, entry}) g.s = g.next() ^ v;
+  std::vector<uint32_t> out;
+  if (2 * k > n) {  // dense: partial Fisher-Yates
+    std::vector<uint32_t> a(n);
+    std::iota(a.begin(), a.end(), 0u);
+    for (size_t j = 0; j < k; ++j) std::swap(a[j], a[j + g.below(n - j)]);
+    out.assign(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(k));
+  } else {  // sparse: rejection (expected < 2 draws per index)
+    std::vector<uint8_t> taken(n, 0);
+    out.reserve(k);
+    while (out.size() < k) {
+      auto i = static_cast<uint32_t>(g.below(n));
+      if (!taken[i]) {
+        taken[i] = 1;
+        out.push_back(i);
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+RandomkReducer::RandomkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
+                               size_t num_buckets)
+    : CompressReducer("randomk", args, comm, buckets, num_buckets),
+      ratio_(read_ratio("randomk", args.options)),
+      error_feedback_(sdk::OptionsView(args.options).get_bool("error_feedback")),
+      seed_(static_cast<uint64_t>(sdk::OptionsView(args.options).get_int("seed"))),
+      state_(layouts_.size()) {
+  for (size_t b = 0; b < layouts_.size(); ++b) {
+    size_t k = 0;
+    for (const Slice& e : layouts_[b].entries) k += keep_count(ratio_, e.numel);
+    state_[b].values.resize(k);
+    state_[b].index.resize(k);
+    if (error_feedback_) state_[b].residual.assign(layouts_[b].length, 0.0f);
+  }
+}
+
+std::unique_ptr<sdk::Request> RandomkReducer::reduce(const dopt_bucket& bucket) {
+  const BucketLayout& l = layout_of(who_, layouts_, bucket);
+  const size_t b = static_cast<size_t>(bucket.index);
+  State& s = state_[b];
+  load_float(*bucket.flat, s.work);
+  size_t j = 0;
+  for (size_t t = 0; t < l.entries.size(); ++t) {
+    const Slice& e = l.entries[t];
+    float* p = s.work.data() + e.offset;
+    float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
+    if (res)
+      for (size_t i = 0; i < e.numel; ++i) p[i] += res[i];
+    for (uint32_t i : random_subset(seed_, b, s.step, t, e.numel, keep_count(ratio_, e.numel))) {
+      s.index[j] = static_cast<uint32_t>(e.offset + i);
+      s.values[j++] = p[i];
+      p[i] = 0.0f;  // p becomes what was not sent
+    }
+    if (res) std::copy(p, p + e.numel, res);
+  }
+  ++s.step;
+  s.dl = host_tensor(s.values.data(), static_cast<int64_t>(s.values.size()), kF32, &s.shape);
+  auto handle = comm_.allreduce(s.dl, s.dl, DOPT_REDUCE_AVG);
+  count_sent(ring_allreduce_bytes(4 * static_cast<uint64_t>(s.values.size()), world_size_));
+  DLTensor* flat = bucket.flat;
+  return std::make_unique<StagedRequest>(std::move(handle), [&s, flat] {
+    std::fill(s.work.begin(), s.work.end(), 0.0f);
+    for (size_t q = 0; q < s.index.size(); ++q) s.work[s.index[q]] = s.values[q];
+    store_float(s.work, *flat);
+  });
+}
+
+}  // namespace distopt::plugins::compress

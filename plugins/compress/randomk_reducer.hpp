@@ -1,0 +1,52 @@
+// `randomk` reducer: random-k sparsification with error feedback, after
+// mlbench's SparsifiedSGD / CentralizedSparsifiedSGD with random selection
+// (Stich, Cordonnier, Jaggi, "Sparsified SGD with memory", NeurIPS 2018).
+//
+// Per bucket entry t (n_t elements), k = max(1, ceil(ratio x n_t)). Every
+// rank draws the SAME k distinct indices S (splitmix64 seeded from the
+// `seed` option, the bucket index, the bucket's reduction count and t;
+// sorted ascending), so only the values travel:
+//   p = g + e;  v = p[S];  e = p with S set to 0 (error_feedback: true)
+//   one allreduce (DOPT_REDUCE_AVG, float32) of all entries' v;
+//   out = 0 everywhere except out[S] = mean_r v_r.
+// No n/k rescaling (the memory variant: what is not sent now is sent later).
+//
+// bytes_sent per bucket: a ring allreduce of 4 x sum_t k_t bytes,
+// 2 (W-1)/W x 4 x sum_t k_t.
+// Options: ratio (double in (0, 1], default 0.01), error_feedback (bool,
+// default true), seed (int >= 0, default 0; must match on every rank).
+// Bucket dtypes and thread safety as topk.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "compress_common.hpp"
+
+namespace distopt::plugins::compress {
+
+/// The k distinct indices in [0, n) randomk draws, sorted (deterministic in
+/// its arguments on every machine). Exposed for the tests.
+std::vector<uint32_t> random_subset(uint64_t seed, uint64_t bucket, uint64_t step, uint64_t entry, size_t n,
+                                    size_t k);
+
+class RandomkReducer : public CompressReducer {
+ public:
+  RandomkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets, size_t num_buckets);
+  std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
+
+ private:
+  struct State {
+    std::vector<float> work, residual, values;
+    std::vector<uint32_t> index;  // flat-buffer index of each value
+    uint64_t step = 0;            // reductions of this bucket so far
+    int64_t shape = 0;
+    DLTensor dl{};
+  };
+  double ratio_;
+  bool error_feedback_;
+  uint64_t seed_;
+  std::vector<State> state_;
+};
+
+}  // namespace distopt::plugins::compress

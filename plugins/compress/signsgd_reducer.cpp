@@ -1,0 +1,87 @@
+#include "signsgd_reducer.hpp"
+
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+
+#include "bitpack.hpp"
+
+namespace distopt::plugins::compress {
+
+SignSgdReducer::SignSgdReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
+                               size_t num_buckets)
+    : CompressReducer("signsgd", args, comm, buckets, num_buckets),
+      error_feedback_(sdk::OptionsView(args.options).get_bool("error_feedback")),
+      state_(layouts_.size()) {
+  for (size_t b = 0; b < layouts_.size(); ++b) {
+    if (error_feedback_) state_[b].residual.assign(layouts_[b].length, 0.0f);
+    state_[b].send.resize(message_bytes(layouts_[b]));
+    state_[b].recv.resize(state_[b].send.size() * static_cast<size_t>(world_size_));
+  }
+}
+
+size_t SignSgdReducer::message_bytes(const BucketLayout& l) {
+  size_t bytes = 4 * l.entries.size();
+  for (const Slice& e : l.entries) bytes += packed_bytes(e.numel);
+  return bytes;
+}
+
+std::unique_ptr<sdk::Request> SignSgdReducer::reduce(const dopt_bucket& bucket) {
+  const BucketLayout& l = layout_of(who_, layouts_, bucket);
+  const size_t b = static_cast<size_t>(bucket.index);
+  State& s = state_[b];
+  load_float(*bucket.flat, s.work);
+  uint8_t* scales = s.send.data();
+  uint8_t* bits = scales + 4 * l.entries.size();
+  for (size_t t = 0; t < l.entries.size(); ++t) {
+    const Slice& e = l.entries[t];
+    float* p = s.work.data() + e.offset;
+    float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
+    if (res)
+      for (size_t i = 0; i < e.numel; ++i) p[i] += res[i];
+    double sum = 0;
+    for (size_t i = 0; i < e.numel; ++i) sum += std::fabs(p[i]);
+    const float scale = static_cast<float>(sum / static_cast<double>(e.numel));
+    std::memcpy(scales + 4 * t, &scale, 4);
+    pack_signs(p, e.numel, bits);
+    if (res) std::copy(p, p + e.numel, res);  // p; finish() subtracts what was applied
+    bits += packed_bytes(e.numel);
+  }
+  s.send_dl = host_tensor(s.send.data(), static_cast<int64_t>(s.send.size()), kU8, &s.send_shape);
+  s.recv_dl = host_tensor(s.recv.data(), static_cast<int64_t>(s.recv.size()), kU8, &s.recv_shape);
+  auto handle = comm_.allgather(s.send_dl, s.recv_dl);
+  count_sent(allgather_bytes(s.send.size(), world_size_));
+  DLTensor* flat = bucket.flat;
+  return std::make_unique<StagedRequest>(std::move(handle), [this, b, flat] { finish(b, flat); });
+}
+
+void SignSgdReducer::finish(size_t b, DLTensor* flat) {
+  const BucketLayout& l = layouts_[b];
+  State& s = state_[b];
+  const size_t msg = s.send.size(), ne = l.entries.size();
+  const auto w = static_cast<size_t>(world_size_);
+  std::fill(s.work.begin(), s.work.end(), 0.0f);
+  size_t bit_base = 4 * ne;
+  for (size_t t = 0; t < ne; ++t) {
+    const Slice& e = l.entries[t];
+    float scale = 0;
+    for (size_t r = 0; r < w; ++r) {
+      float sr;
+      std::memcpy(&sr, s.recv.data() + r * msg + 4 * t, 4);
+      scale += sr;
+    }
+    scale /= static_cast<float>(w);
+    float* out = s.work.data() + e.offset;
+    float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
+    for (size_t i = 0; i < e.numel; ++i) {
+      float votes = 0;
+      for (size_t r = 0; r < w; ++r) votes += unpack_sign(s.recv.data() + r * msg + bit_base, i);
+      out[i] = votes > 0 ? scale : (votes < 0 ? -scale : 0.0f);
+      if (res) res[i] -= out[i];
+    }
+    bit_base += packed_bytes(e.numel);
+  }
+  store_float(s.work, *flat);
+}
+
+}  // namespace distopt::plugins::compress

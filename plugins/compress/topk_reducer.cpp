@@ -1,0 +1,87 @@
+#include "topk_reducer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+namespace distopt::plugins::compress {
+
+TopkReducer::TopkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
+                         size_t num_buckets)
+    : CompressReducer("topk", args, comm, buckets, num_buckets),
+      ratio_(read_ratio("topk", args.options)),
+      error_feedback_(sdk::OptionsView(args.options).get_bool("error_feedback")),
+      state_(layouts_.size()) {
+  static_assert(sizeof(Pair) == 8, "pairs travel as 8 bytes");
+  for (size_t b = 0; b < layouts_.size(); ++b) {
+    size_t k = 0;
+    for (const Slice& e : layouts_[b].entries) k += keep_count(ratio_, e.numel);
+    state_[b].send.resize(k);
+    state_[b].recv.resize(k * static_cast<size_t>(world_size_));
+    if (error_feedback_) state_[b].residual.assign(layouts_[b].length, 0.0f);
+  }
+}
+
+std::unique_ptr<sdk::Request> TopkReducer::reduce(const dopt_bucket& bucket) {
+  const BucketLayout& l = layout_of(who_, layouts_, bucket);
+  const size_t b = static_cast<size_t>(bucket.index);
+  State& s = state_[b];
+  load_float(*bucket.flat, s.work);
+  Pair* out = s.send.data();
+  for (const Slice& e : l.entries) {
+    float* p = s.work.data() + e.offset;
+    float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
+    if (res)
+      for (size_t i = 0; i < e.numel; ++i) p[i] += res[i];
+    const size_t k = keep_count(ratio_, e.numel);
+    // Threshold = the k-th largest |p|; take everything above it, then ties
+    // at it in index order until k are taken.
+    float thr = 0;
+    if (k < e.numel) {
+      s.scratch.resize(e.numel);
+      for (size_t i = 0; i < e.numel; ++i) s.scratch[i] = std::fabs(p[i]);
+      std::nth_element(s.scratch.begin(), s.scratch.begin() + static_cast<std::ptrdiff_t>(k - 1),
+                       s.scratch.end(), std::greater<float>());
+      thr = s.scratch[k - 1];
+    }
+    size_t above = 0;
+    if (k < e.numel)
+      for (size_t i = 0; i < e.numel; ++i) above += std::fabs(p[i]) > thr;
+    size_t ties = k - above, taken = 0;
+    for (size_t i = 0; i < e.numel && taken < k; ++i) {
+      const float a = std::fabs(p[i]);
+      bool take = k == e.numel || a > thr;
+      if (!take && a == thr && ties > 0) {
+        take = true;
+        --ties;
+      }
+      if (!take) continue;
+      *out++ = {static_cast<uint32_t>(e.offset + i), p[i]};
+      ++taken;
+      if (res) p[i] = 0.0f;  // p becomes what was not sent
+    }
+    if (res) std::copy(p, p + e.numel, res);
+  }
+  s.send_dl = host_tensor(s.send.data(), static_cast<int64_t>(8 * s.send.size()), kU8, &s.send_shape);
+  s.recv_dl = host_tensor(s.recv.data(), static_cast<int64_t>(8 * s.recv.size()), kU8, &s.recv_shape);
+  auto handle = comm_.allgather(s.send_dl, s.recv_dl);
+  count_sent(allgather_bytes(8 * static_cast<uint64_t>(s.send.size()), world_size_));
+  DLTensor* flat = bucket.flat;
+  return std::make_unique<StagedRequest>(std::move(handle), [this, b, flat] { finish(b, flat); });
+}
+
+void TopkReducer::finish(size_t b, DLTensor* flat) {
+  State& s = state_[b];
+  std::fill(s.work.begin(), s.work.end(), 0.0f);
+  for (const Pair& q : s.recv) {  // rank order
+    if (q.index >= s.work.size())
+      throw sdk::Error(DOPT_ERR_COMM, "topk: a peer sent index " + std::to_string(q.index) + " past bucket " +
+                                          std::to_string(b) + "'s " + std::to_string(s.work.size()) + " elements");
+    s.work[q.index] += q.value;
+  }
+  const float w = static_cast<float>(world_size_);
+  for (float& v : s.work) v /= w;
+  store_float(s.work, *flat);
+}
+
+}  // namespace distopt::plugins::compress

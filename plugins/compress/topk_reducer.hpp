@@ -1,0 +1,54 @@
+// `topk` reducer: top-k sparsification with error feedback, after mlbench's
+// SparsifiedSGD / CentralizedSparsifiedSGD (sparsified SGD with memory:
+// Stich, Cordonnier, Jaggi, "Sparsified SGD with memory", NeurIPS 2018).
+//
+// Per bucket entry t (one parameter, n_t elements) on every rank:
+//   p  = g + e                      (e = 0 without error feedback)
+//   k  = max(1, ceil(ratio x n_t))  (keep_count)
+//   S  = the k indices of largest |p_i| (ties: lower index first)
+//   e  = p with S set to 0          (error_feedback: true): exactly what was
+//        not sent is added to the next step's gradient
+// One allgather moves every rank's (index, value) pairs, 8 bytes each
+// (uint32 index into the bucket's flat buffer, float32 value); each rank
+// scatter-adds all of them in rank order into a zeroed buffer and divides by
+// W, so every rank ends with the same (1/W) sum_r sparse(p_r). With ratio 1
+// this is the exact mean.
+//
+// bytes_sent per bucket: (W-1) x 8 x sum_t k_t.
+// Options: ratio (double in (0, 1], default 0.01), error_feedback (bool,
+// default true). The residual is float32, one per parameter element, kept in
+// this reducer (not checkpointed). Bucket dtypes: float32, float64, float16,
+// bfloat16 (computed in float32). Thread safety: as every reducer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "compress_common.hpp"
+
+namespace distopt::plugins::compress {
+
+class TopkReducer : public CompressReducer {
+ public:
+  TopkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets, size_t num_buckets);
+  std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
+
+ private:
+  void finish(size_t b, DLTensor* flat);
+
+  struct Pair {
+    uint32_t index;
+    float value;
+  };
+  struct State {
+    std::vector<float> work, residual, scratch;
+    std::vector<Pair> send, recv;
+    int64_t send_shape = 0, recv_shape = 0;
+    DLTensor send_dl{}, recv_dl{};
+  };
+  double ratio_;
+  bool error_feedback_;
+  std::vector<State> state_;
+};
+
+}  // namespace distopt::plugins::compress
