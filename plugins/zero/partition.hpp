@@ -1,0 +1,72 @@
+// Partitioning the trainable parameters of a ZeRO optimizer across W ranks.
+// Torch-free, so it is unit-testable on its own (tests/zero/partition_test.cpp).
+//
+// Two layouts (after PyTorch's ZeroRedundancyOptimizer and ZeRO / FSDP):
+//   greedy_partition     whole parameters; PyTorch's
+//                        ZeroRedundancyOptimizer._partition_parameters: per
+//                        param group, parameters sorted by numel (descending,
+//                        stable), each given to the rank with the smallest
+//                        running total (ties: the lowest rank); the totals
+//                        carry over from group to group.
+//   split_range          a flat range of `length` elements (the parameters laid
+//                        back to back, or one gradient bucket with its entries
+//                        at their offsets) cut into W equal chunks of
+//                        ceil(length / W) elements; rank r owns
+//                        [r * chunk, (r + 1) * chunk). A segment that crosses a
+//                        chunk boundary is split into several pieces. The range
+//                        is padded to W * chunk so allgather / reduce_scatter
+//                        see equal counts.
+// All functions are pure; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace distopt::plugins::zero {
+
+/// One parameter as the greedy partition sees it.
+struct ParamSize {
+  size_t numel = 0;
+  int32_t group = 0;  // param group index (groups are processed in increasing order)
+};
+
+/// Owner rank of each parameter (result[i] for sizes[i]). world >= 1, else
+/// throws std::invalid_argument.
+std::vector<int32_t> greedy_partition(const std::vector<ParamSize>& sizes, int32_t world);
+
+/// Elements each rank owns under `owners` (size `world`).
+std::vector<size_t> rank_totals(const std::vector<ParamSize>& sizes,
+                                const std::vector<int32_t>& owners, int32_t world);
+
+/// A segment of a flat range: elements [offset, offset + numel) belong to
+/// item `id` (e.g. a parameter index).
+struct Segment {
+  size_t id = 0;
+  size_t offset = 0;
+  size_t numel = 0;
+};
+
+/// The part of a segment one rank owns.
+struct Piece {
+  size_t id = 0;            // the segment's id
+  size_t item_offset = 0;   // first element within the segment's item
+  size_t numel = 0;
+  int32_t owner = 0;
+  size_t chunk_offset = 0;  // first element within the owner's chunk
+};
+
+struct RangeSplit {
+  size_t chunk = 0;           // elements per rank: ceil(length / world)
+  std::vector<Piece> pieces;  // ordered by offset in the range
+};
+
+/// Split a flat range of `length` elements holding `segments` (non-overlapping,
+/// within [0, length); gaps are padding) into `world` equal chunks. Throws
+/// std::invalid_argument for world < 1 or a segment outside the range.
+RangeSplit split_range(const std::vector<Segment>& segments, size_t length, int32_t world);
+
+/// Segments for items of the given sizes laid back to back (ids 0..n-1).
+std::vector<Segment> back_to_back(const std::vector<size_t>& numels);
+
+}  // namespace distopt::plugins::zero

@@ -1,0 +1,246 @@
+#include "zero_algorithm.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "distopt/sdk/optimizer_factory.hpp"
+#include "distopt/sdk/tensor.hpp"
+
+namespace distopt::plugins::zero {
+namespace {
+
+// A leaf tensor over elements [offset, offset + numel) of a contiguous 1-D
+// tensor's memory (the optimizer needs leaves whose .grad it can read).
+at::Tensor flat_slice(const at::Tensor& flat, size_t offset, size_t numel) {
+  auto* base = static_cast<char*>(flat.data_ptr()) + offset * flat.element_size();
+  return at::from_blob(base, {static_cast<int64_t>(numel)}, flat.options());
+}
+
+[[noreturn]] void fail(dopt_status s, const std::string& msg) { throw sdk::Error(s, "zero: " + msg); }
+
+}  // namespace
+
+ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args) : comm_(args.comm), reducer_(args.reducer) {
+  if (!args.common) fail(DOPT_ERR_INVALID_ARGUMENT, "needs common args");
+  rank_ = args.common->rank;
+  world_ = args.common->world_size;
+  if (world_ < 1 || rank_ < 0 || rank_ >= world_) fail(DOPT_ERR_INVALID_ARGUMENT, "bad rank / world size");
+  sdk::OptionsView opts(args.common->options);
+  stage_ = opts.get_int("stage");
+  partition_ = opts.get_string("partition");
+  bucket_view_ = opts.get_bool("parameters_as_bucket_view");
+  if (stage_ != 1 && stage_ != 2) fail(DOPT_ERR_INVALID_ARGUMENT, "stage must be 1 or 2");
+  if (partition_ != "greedy" && partition_ != "contiguous")
+    fail(DOPT_ERR_INVALID_ARGUMENT, "partition must be greedy or contiguous, not " + partition_);
+  if (stage_ == 1 && (!args.reducer.vt || !args.reducer.reducer))
+    fail(DOPT_ERR_INVALID_ARGUMENT, "stage 1 needs a reducer");
+  if (world_ > 1 && (!args.comm.vt || !args.comm.comm))
+    fail(DOPT_ERR_INVALID_ARGUMENT, "needs a communicator");
+
+  at::NoGradGuard ng;
+  // Trainable parameters, as flat aliases of the host's memory.
+  params_.resize(args.num_params);
+  grads_.resize(args.num_params);
+  std::vector<size_t> trainable;
+  c10::optional<at::ScalarType> dtype;
+  for (size_t i = 0; i < args.num_params; ++i) {
+    const dopt_param& p = args.params[i];
+    if (!p.requires_grad || !p.grad) continue;  // frozen: never updated, in no partition
+    if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
+      fail(DOPT_ERR_INVALID_ARGUMENT, std::string("parameter ") + (p.name ? p.name : "?") +
+                                          " has group " + std::to_string(p.group) + " of " +
+                                          std::to_string(args.num_groups));
+    params_[i] = sdk::as_tensor(*p.data).view(-1);
+    grads_[i] = sdk::as_tensor(*p.grad).view(-1);
+    if (!params_[i].is_contiguous() || !grads_[i].is_contiguous())
+      fail(DOPT_ERR_INVALID_ARGUMENT, std::string("parameter ") + (p.name ? p.name : "?") +
+                                          " or its gradient is not contiguous");
+    if (dtype && *dtype != params_[i].scalar_type())
+      fail(DOPT_ERR_UNSUPPORTED, "all trainable parameters must have one dtype (flat buffers)");
+    dtype = params_[i].scalar_type();
+    trainable.push_back(i);
+  }
+
+  for (size_t b = 0; b < args.num_buckets; ++b) buckets_.push_back(&args.buckets[b]);
+  if (stage_ == 1) {
+    reduce_pending_.resize(buckets_.size());
+    Layout layout;
+    if (partition_ == "greedy") {
+      std::vector<ParamSize> sizes;
+      for (size_t i : trainable)
+        sizes.push_back({static_cast<size_t>(params_[i].numel()), args.params[i].group});
+      auto owners = greedy_partition(sizes, world_);
+      std::vector<size_t> fill(static_cast<size_t>(world_), 0);
+      for (size_t k = 0; k < trainable.size(); ++k) {
+        auto r = static_cast<size_t>(owners[k]);
+        layout.pieces.push_back({trainable[k], 0, sizes[k].numel, owners[k], fill[r]});
+        fill[r] += sizes[k].numel;
+      }
+      layout.chunk = *std::max_element(fill.begin(), fill.end());
+    } else {
+      std::vector<size_t> numels;
+      for (size_t i : trainable) numels.push_back(static_cast<size_t>(params_[i].numel()));
+      RangeSplit split = split_range(back_to_back(numels), std::accumulate(numels.begin(), numels.end(), size_t{0}), world_);
+      for (auto& pc : split.pieces) pc.id = trainable[pc.id];
+      layout.chunk = split.chunk;
+      layout.pieces = std::move(split.pieces);
+    }
+    layouts_.push_back(std::move(layout));
+  } else {
+    shards_.resize(buckets_.size());
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const dopt_bucket& bk = *buckets_[b];
+      if (bk.index != static_cast<int32_t>(b))
+        fail(DOPT_ERR_INVALID_ARGUMENT, "bucket " + std::to_string(b) + " has index " +
+                                            std::to_string(bk.index));
+      BucketShard& s = shards_[b];
+      s.flat = sdk::as_tensor(*bk.flat).view(-1);
+      std::vector<Segment> segs;
+      for (size_t e = 0; e < bk.num_entries; ++e) {
+        const auto pi = static_cast<size_t>(bk.entries[e].param_index);
+        if (pi >= params_.size() || !params_[pi].defined()) continue;
+        segs.push_back({pi, bk.entries[e].offset, bk.entries[e].numel});
+      }
+      RangeSplit split = split_range(segs, static_cast<size_t>(s.flat.numel()), world_);
+      s.shard = at::zeros({static_cast<int64_t>(split.chunk)}, s.flat.options());
+      s.shard_view = sdk::DLView(s.shard);
+      layouts_.push_back({split.chunk, std::move(split.pieces)});
+    }
+  }
+
+  // The inner optimizer over this rank's pieces; every group exists (maybe
+  // empty) so set_lr works on every rank.
+  std::vector<sdk::ParamGroupInput> groups(args.num_groups);
+  group_slot_.resize(args.num_groups);
+  for (size_t g = 0; g < args.num_groups; ++g) {
+    group_slot_[g] = static_cast<int32_t>(g);
+    groups[g].lr = args.groups[g].lr;
+    groups[g].weight_decay = args.groups[g].weight_decay;
+  }
+  for (size_t l = 0; l < layouts_.size(); ++l) {
+    for (const auto& pc : layouts_[l].pieces) {
+      if (pc.owner != rank_) continue;
+      at::Tensor t = flat_slice(params_[pc.id], pc.item_offset, pc.numel);
+      t.mutable_grad() = stage_ == 1 ? flat_slice(grads_[pc.id], pc.item_offset, pc.numel)
+                                     : flat_slice(shards_[l].shard, pc.chunk_offset, pc.numel);
+      groups[static_cast<size_t>(args.params[pc.id].group)].params.push_back(t);
+    }
+  }
+  optimizer_ = sdk::make_optimizer(args.optimizer_name ? args.optimizer_name : "",
+                                   sdk::OptionsView(args.optimizer_options), groups);
+}
+
+size_t ZeroAlgorithm::bucket_slot(const dopt_bucket& bucket) const {
+  if (bucket.index < 0 || static_cast<size_t>(bucket.index) >= buckets_.size())
+    fail(DOPT_ERR_INVALID_ARGUMENT, "unknown bucket " + std::to_string(bucket.index));
+  return static_cast<size_t>(bucket.index);
+}
+
+void ZeroAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
+  const size_t b = bucket_slot(bucket);
+  if (stage_ == 1) {
+    if (reduce_pending_[b].valid())
+      fail(DOPT_ERR_STATE, "bucket " + std::to_string(b) + " is ready twice in one step");
+    reduce_pending_[b] = reducer_.reduce(*buckets_[b]);
+    return;
+  }
+  BucketShard& s = shards_[b];
+  if (s.pending.valid())
+    fail(DOPT_ERR_STATE, "bucket " + std::to_string(b) + " is ready twice in one step");
+  at::NoGradGuard ng;
+  if (world_ == 1) {
+    s.shard.copy_(s.flat);
+    return;
+  }
+  const int64_t padded = static_cast<int64_t>(layouts_[b].chunk) * world_;
+  if (padded == s.flat.numel()) {
+    s.send_view = sdk::DLView(s.flat);
+  } else {  // reduce_scatter wants W equal blocks: pad a copy with zeros
+    if (!s.send.defined()) s.send = at::zeros({padded}, s.flat.options());
+    s.send.narrow(0, 0, s.flat.numel()).copy_(s.flat);
+    s.send_view = sdk::DLView(s.send);
+  }
+  s.pending = comm_.reduce_scatter(*s.send_view.get(), *s.shard_view.get(), DOPT_REDUCE_AVG);
+}
+
+void ZeroAlgorithm::step() {
+  at::NoGradGuard ng;
+  try {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (stage_ == 1) {
+        if (!reduce_pending_[b].valid())
+          fail(DOPT_ERR_STATE, "step() before bucket " + std::to_string(b) + " was ready");
+        reduce_pending_[b].wait();
+        reduce_pending_[b].reset();
+      } else if (world_ > 1) {
+        if (!shards_[b].pending.valid())
+          fail(DOPT_ERR_STATE, "step() before bucket " + std::to_string(b) + " was ready");
+        shards_[b].pending.wait();
+        shards_[b].pending.reset();
+      }
+    }
+  } catch (...) {
+    for (auto& p : reduce_pending_) p.reset();  // a failed step leaves no stale requests
+    for (auto& s : shards_) s.pending.reset();
+    throw;
+  }
+  optimizer_->step();
+  sync_parameters();
+  sdk::metric_add("algorithm.steps", 1);
+}
+
+void ZeroAlgorithm::sync_parameters() {
+  if (world_ == 1) return;
+  for (const auto& layout : layouts_) {
+    if (bucket_view_)
+      sync_by_allgather(layout);
+    else
+      sync_by_broadcast(layout);
+  }
+}
+
+at::Tensor ZeroAlgorithm::param_slice(size_t param, size_t offset, size_t numel) const {
+  return params_[param].narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(numel));
+}
+
+void ZeroAlgorithm::sync_by_allgather(const Layout& layout) {
+  if (layout.chunk == 0) return;
+  const auto chunk = static_cast<int64_t>(layout.chunk);
+  const at::Tensor& any = params_[layout.pieces.front().id];
+  at::Tensor send = at::zeros({chunk}, any.options());
+  at::Tensor recv = at::empty({chunk * world_}, any.options());
+  for (const auto& pc : layout.pieces)
+    if (pc.owner == rank_)
+      send.narrow(0, static_cast<int64_t>(pc.chunk_offset), static_cast<int64_t>(pc.numel))
+          .copy_(param_slice(pc.id, pc.item_offset, pc.numel));
+  sdk::DLView sv(send), rv(recv);
+  comm_.allgather(*sv.get(), *rv.get()).wait();
+  for (const auto& pc : layout.pieces)
+    if (pc.owner != rank_)
+      param_slice(pc.id, pc.item_offset, pc.numel)
+          .copy_(recv.narrow(0, pc.owner * chunk + static_cast<int64_t>(pc.chunk_offset),
+                             static_cast<int64_t>(pc.numel)));
+}
+
+void ZeroAlgorithm::sync_by_broadcast(const Layout& layout) {
+  // All broadcasts in flight at once, in the same order on every rank.
+  std::vector<sdk::DLView> views;
+  std::vector<sdk::CommHandle> pending;
+  views.reserve(layout.pieces.size());
+  for (const auto& pc : layout.pieces) {
+    views.emplace_back(param_slice(pc.id, pc.item_offset, pc.numel));
+    pending.push_back(comm_.broadcast(*views.back().get(), pc.owner));
+  }
+  for (auto& h : pending) h.wait();
+}
+
+void ZeroAlgorithm::set_lr(int32_t group, double lr) {
+  if (group < 0 || static_cast<size_t>(group) >= group_slot_.size())
+    fail(DOPT_ERR_INVALID_ARGUMENT, "no parameter group " + std::to_string(group));
+  sdk::set_group_lr(*optimizer_, static_cast<size_t>(group_slot_[group]), lr);
+}
+
+uint64_t ZeroAlgorithm::state_bytes() const { return sdk::optimizer_state_bytes(*optimizer_); }
+
+}  // namespace distopt::plugins::zero

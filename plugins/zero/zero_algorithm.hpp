@@ -1,0 +1,106 @@
+// The `zero` algorithm: ZeRO stages 1 and 2 (Rajbhandari et al., "ZeRO:
+// Memory Optimizations Toward Training Trillion Parameter Models", SC'20),
+// with the options of PyTorch's ZeroRedundancyOptimizer
+// (torch.distributed.optim.ZeroRedundancyOptimizer).
+//
+// Stage 1 (optimizer state sharded): every gradient bucket is averaged with
+// the job's reducer as soon as it is complete (as `allreduce` does); at step()
+// each rank runs the inner optimizer only over what it owns, so it keeps the
+// optimizer state (momentum, Adam moments, ...) of 1/W of the parameters;
+// then the updated parameters reach every rank: one broadcast per owned
+// parameter (or parameter slice) from its owner, or, with
+// `parameters_as_bucket_view: true`, one allgather of a buffer into which each
+// rank packs its parameters.
+//
+// Stage 2 (gradients sharded too): each bucket is reduce-scattered (AVG) with
+// the communicator as soon as it is complete, during backward, straight into
+// this rank's shard of that bucket, so a rank holds the reduced gradients of
+// 1/W of the elements only. The job's reducer is not used (its bytes_sent
+// stays 0). Ownership follows the bucket layout: each bucket's flat range is
+// cut into W equal chunks (padded to a multiple of W), whatever `partition`
+// says; parameters may be split across ranks, the inner optimizer runs over
+// the owned slices. Parameters are synchronised per bucket (allgather, or one
+// broadcast per slice when parameters_as_bucket_view is false).
+//
+// Partition (stage 1): `greedy` = PyTorch's sorted-greedy over whole
+// parameters (state per rank within one largest parameter of 1/W);
+// `contiguous` = the trainable parameters laid back to back, cut into W equal
+// ranges (state per rank = 1/W of the whole, up to W - 1 padding elements).
+// See partition.hpp.
+//
+// Inner optimizers: every one of the SDK factory (sgd, adam, adamw, adagrad,
+// rmsprop) with its param groups (per-group lr and weight decay). All are
+// elementwise, so updating slices gives exactly the unsharded result.
+//
+// Parameters without a gradient in a step (unused in forward) have a zero
+// gradient in their bucket (core's BucketManager) and are stepped with it, as
+// by `allreduce`: libtorch would skip them instead (undefined .grad). The
+// results agree while such a parameter has no optimizer history (zero
+// momentum / moments) and no weight decay; they differ for a parameter that
+// was used in earlier steps (its momentum keeps moving it). Frozen
+// parameters (requires_grad == 0) are in no partition and never touched.
+//
+// Thread safety: on_bucket_ready may run on the autograd thread, the other
+// methods on the training thread; the host never runs them concurrently for
+// one step's bucket (it waits in step()).
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distopt/sdk/sdk.hpp"
+#include "distopt/sdk/tensor.hpp"
+#include "partition.hpp"
+
+namespace distopt::plugins::zero {
+
+class ZeroAlgorithm : public sdk::Algorithm {
+ public:
+  explicit ZeroAlgorithm(const dopt_algorithm_args& args);
+  void on_bucket_ready(const dopt_bucket& bucket) override;
+  void step() override;
+  void set_lr(int32_t group, double lr) override;
+  uint64_t state_bytes() const override;
+
+ private:
+  // A flat layout that is synchronised as a unit: `pieces` (ids = parameter
+  // indices) of every rank, rank r's packed into a chunk of `chunk` elements.
+  struct Layout {
+    size_t chunk = 0;
+    std::vector<Piece> pieces;
+  };
+  // Stage 2 state of one bucket.
+  struct BucketShard {
+    at::Tensor flat;         // the host's flat gradient buffer
+    at::Tensor shard;        // this rank's reduced chunk (owned)
+    at::Tensor send;         // padded copy of flat while it is reduced (when needed)
+    sdk::DLView send_view, shard_view;
+    sdk::CommHandle pending;
+  };
+
+  size_t bucket_slot(const dopt_bucket& bucket) const;
+  void sync_parameters();
+  void sync_by_allgather(const Layout& layout);
+  void sync_by_broadcast(const Layout& layout);
+  at::Tensor param_slice(size_t param, size_t offset, size_t numel) const;
+
+  int32_t rank_ = 0, world_ = 1;
+  int64_t stage_ = 1;
+  std::string partition_;
+  bool bucket_view_ = false;
+  sdk::CommView comm_;
+  sdk::ReducerView reducer_;
+  std::vector<const dopt_bucket*> buckets_;
+  std::vector<sdk::ReduceHandle> reduce_pending_;  // stage 1, per bucket
+  std::vector<BucketShard> shards_;                // stage 2, per bucket
+  std::vector<at::Tensor> params_;                 // per parameter: flat alias of the host's data
+  std::vector<at::Tensor> grads_;                  // per parameter: flat alias of its bucket slot
+  std::vector<Layout> layouts_;                    // stage 1: one; stage 2: one per bucket
+  std::vector<int32_t> group_slot_;                // dopt group -> optimizer param group
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+}  // namespace distopt::plugins::zero
