@@ -68,7 +68,8 @@ struct Spec {
   std::string optimizer = "sgd";  // sgd (momentum 0.9), adam, adamw
   std::string zero_options = "{}";
   std::string reducer_options = "{}";
-  bool groups = false;  // fc3 in a second group: lr 0.02, weight_decay 0.05
+  bool groups = false;  // fc3 in a second group: lr 0.02, weight_decay 0.05; its
+                        // lr set to 0.005 (set_lr) from step 10 on
 };
 
 std::string optimizer_yaml(const std::string& name) {
@@ -160,6 +161,7 @@ Outcome run_case(const Spec& s) {
     write_doubles(dir + "/init.bin", flatten(net));
     auto opt = reference(s, net);
     for (int step = 0; step < s.steps; ++step) {
+      if (s.groups && step == 10) opt->param_groups()[1].options().set_lr(0.005);
       opt->zero_grad();
       loss_of(net, x.narrow(0, step * global, global), y.narrow(0, step * global, global)).backward();
       // distopt gives an unused parameter a zero gradient (zero_algorithm.hpp);
@@ -199,6 +201,7 @@ Outcome run_case(const Spec& s) {
         if (s.groups) groups = {{{}, -1, -1}, {{"fc3.weight", "fc3.bias"}, 0.02, 0.05}};
         auto opt = rt.make_optimizer(*net, groups);
         for (int step = 0; step < s.steps; ++step) {
+          if (s.groups && step == 10) opt.set_lr(0.005, 1);
           opt.zero_grad();
           auto off = step * global + rank * s.batch;
           loss_of(net, x.narrow(0, off, s.batch), y.narrow(0, off, s.batch)).backward();
