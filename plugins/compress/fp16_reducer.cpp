@@ -5,7 +5,59 @@
 
 #include <type_traits>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DOPT_HAVE_F16C_PATH 1
+#endif
+
 namespace distopt::plugins::compress {
+namespace {
+
+// float <-> IEEE half for the whole bucket. c10::Half converts one element
+// at a time in software (~4 ms for the 0.5 M-element mlp bucket here); the
+// F16C instructions (any x86-64 CPU since 2012) do 8 per instruction, with
+// the same round-to-nearest-even result.
+#ifdef DOPT_HAVE_F16C_PATH
+__attribute__((target("avx,f16c"))) void to_half_f16c(const float* x, float div, uint16_t* h, size_t n) {
+  const __m256 d = _mm256_set1_ps(div);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i v = _mm256_cvtps_ph(_mm256_div_ps(_mm256_loadu_ps(x + i), d), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), v);
+  }
+  for (; i < n; ++i) h[i] = static_cast<c10::Half>(x[i] / div).x;
+}
+__attribute__((target("avx,f16c"))) void from_half_f16c(const uint16_t* h, float* x, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  for (; i < n; ++i) x[i] = static_cast<float>(c10::Half(h[i], c10::Half::from_bits()));
+}
+bool has_f16c() {
+  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+#endif
+
+template <bool Bf16>
+void to_wire(const float* x, float div, uint16_t* h, size_t n) {
+#ifdef DOPT_HAVE_F16C_PATH
+  if (!Bf16 && has_f16c()) return to_half_f16c(x, div, h, n);
+#endif
+  using Half = std::conditional_t<Bf16, c10::BFloat16, c10::Half>;
+  for (size_t i = 0; i < n; ++i) h[i] = static_cast<Half>(x[i] / div).x;
+}
+
+template <bool Bf16>
+void from_wire(const uint16_t* h, float* x, size_t n) {
+#ifdef DOPT_HAVE_F16C_PATH
+  if (!Bf16 && has_f16c()) return from_half_f16c(h, x, n);
+#endif
+  using Half = std::conditional_t<Bf16, c10::BFloat16, c10::Half>;
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(Half(h[i], typename Half::from_bits_t()));
+}
+
+}  // namespace
 
 template <bool Bf16>
 HalfCastReducer<Bf16>::HalfCastReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
@@ -14,21 +66,17 @@ HalfCastReducer<Bf16>::HalfCastReducer(const dopt_create_args& args, dopt_comm_r
 
 template <bool Bf16>
 std::unique_ptr<sdk::Request> HalfCastReducer<Bf16>::reduce(const dopt_bucket& bucket) {
-  using Half = std::conditional_t<Bf16, c10::BFloat16, c10::Half>;
-  static_assert(sizeof(Half) == sizeof(uint16_t));
   const BucketLayout& l = layout_of(who_, layouts_, bucket);
   State& s = state_[static_cast<size_t>(bucket.index)];
   load_float(*bucket.flat, s.work);
   s.wire.resize(l.length);
-  auto* h = reinterpret_cast<Half*>(s.wire.data());
-  const float w = static_cast<float>(world_size_);
-  for (size_t i = 0; i < l.length; ++i) h[i] = static_cast<Half>(s.work[i] / w);
+  to_wire<Bf16>(s.work.data(), static_cast<float>(world_size_), s.wire.data(), l.length);
   s.dl = host_tensor(s.wire.data(), static_cast<int64_t>(l.length), Bf16 ? kBF16 : kF16, &s.shape);
   auto handle = comm_.allreduce(s.dl, s.dl, DOPT_REDUCE_SUM);
   count_sent(ring_allreduce_bytes(2 * static_cast<uint64_t>(l.length), world_size_));
   DLTensor* flat = bucket.flat;
-  return std::make_unique<StagedRequest>(std::move(handle), [&s, flat, h, n = l.length] {
-    for (size_t i = 0; i < n; ++i) s.work[i] = static_cast<float>(h[i]);
+  return std::make_unique<StagedRequest>(std::move(handle), [&s, flat, n = l.length] {
+    from_wire<Bf16>(s.wire.data(), s.work.data(), n);
     store_float(s.work, *flat);
   });
 }

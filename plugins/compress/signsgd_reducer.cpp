@@ -73,12 +73,23 @@ void SignSgdReducer::finish(size_t b, DLTensor* flat) {
     scale /= static_cast<float>(w);
     float* out = s.work.data() + e.offset;
     float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
-    for (size_t i = 0; i < e.numel; ++i) {
-      float votes = 0;
-      for (size_t r = 0; r < w; ++r) votes += unpack_sign(s.recv.data() + r * msg + bit_base, i);
-      out[i] = votes > 0 ? scale : (votes < 0 ? -scale : 0.0f);
-      if (res) res[i] -= out[i];
+    // Byte-wise: count the negative votes of 8 elements over all ranks at
+    // once (same result as unpack_sign per element, several times faster).
+    const uint8_t* run = s.recv.data() + bit_base;
+    for (size_t byte = 0; byte < packed_bytes(e.numel); ++byte) {
+      int neg[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (size_t r = 0; r < w; ++r) {
+        const unsigned v = run[r * msg + byte];
+        for (int k = 0; k < 8; ++k) neg[k] += static_cast<int>((v >> k) & 1u);
+      }
+      const size_t base = 8 * byte, m = std::min<size_t>(8, e.numel - base);
+      for (size_t k = 0; k < m; ++k) {
+        const int votes = static_cast<int>(w) - 2 * neg[k];  // (+1 votes) - (-1 votes)
+        out[base + k] = votes > 0 ? scale : (votes < 0 ? -scale : 0.0f);
+      }
     }
+    if (res)
+      for (size_t i = 0; i < e.numel; ++i) res[i] -= out[i];
     bit_base += packed_bytes(e.numel);
   }
   store_float(s.work, *flat);

@@ -5,6 +5,38 @@
 #include <functional>
 
 namespace distopt::plugins::compress {
+namespace {
+
+// The k-th largest |p_i| (exact). A strided sample first gives a lower bound
+// that about 2k elements clear; selecting among those candidates only is
+// ~10x cheaper than std::nth_element over all n for k = 1% of n. When the
+// bound lets fewer than k through (possible for adversarial orderings) the
+// full selection runs instead.
+float kth_largest_abs(const float* p, size_t n, size_t k, std::vector<float>& scratch) {
+  auto select = [&](size_t count) {
+    std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(k - 1),
+                     scratch.begin() + static_cast<std::ptrdiff_t>(count), std::greater<float>());
+    return scratch[k - 1];
+  };
+  const size_t stride = n / 4096;
+  if (stride >= 4) {
+    scratch.clear();
+    for (size_t i = 0; i < n; i += stride) scratch.push_back(std::fabs(p[i]));
+    const size_t ks = std::min(scratch.size(), 2 * k / stride + 8);
+    std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(ks - 1), scratch.end(),
+                     std::greater<float>());
+    const float bound = scratch[ks - 1];
+    scratch.clear();
+    for (size_t i = 0; i < n; ++i)
+      if (std::fabs(p[i]) >= bound) scratch.push_back(std::fabs(p[i]));
+    if (scratch.size() >= k) return select(scratch.size());
+  }
+  scratch.resize(n);
+  for (size_t i = 0; i < n; ++i) scratch[i] = std::fabs(p[i]);
+  return select(n);
+}
+
+}  // namespace
 
 TopkReducer::TopkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
                          size_t num_buckets)
@@ -36,14 +68,7 @@ std::unique_ptr<sdk::Request> TopkReducer::reduce(const dopt_bucket& bucket) {
     const size_t k = keep_count(ratio_, e.numel);
     // Threshold = the k-th largest |p|; take everything above it, then ties
     // at it in index order until k are taken.
-    float thr = 0;
-    if (k < e.numel) {
-      s.scratch.resize(e.numel);
-      for (size_t i = 0; i < e.numel; ++i) s.scratch[i] = std::fabs(p[i]);
-      std::nth_element(s.scratch.begin(), s.scratch.begin() + static_cast<std::ptrdiff_t>(k - 1),
-                       s.scratch.end(), std::greater<float>());
-      thr = s.scratch[k - 1];
-    }
+    const float thr = k < e.numel ? kth_largest_abs(p, e.numel, k, s.scratch) : 0.0f;
     size_t above = 0;
     if (k < e.numel)
       for (size_t i = 0; i < e.numel; ++i) above += std::fabs(p[i]) > thr;

@@ -30,8 +30,9 @@ namespace pc = distopt::plugins::compress;
 using Grad = std::vector<std::vector<float>>;  // per bucket, the flat buffer
 
 // Two buckets; entries of odd lengths (bit packing tails) at 4-element
-// aligned offsets, so there is padding between them.
-const std::vector<std::vector<size_t>> kEntries = {{13, 1, 100, 9}, {7, 64}};
+// aligned offsets, so there is padding between them; one large enough for
+// topk's sampled threshold path (n / 4096 >= 4).
+const std::vector<std::vector<size_t>> kEntries = {{13, 1, 100, 9}, {7, 64, 20000}};
 
 struct Layout {
   std::vector<std::vector<size_t>> offsets;
