@@ -156,8 +156,8 @@ void ZeroAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
   const int64_t padded = static_cast<int64_t>(layouts_[b].chunk) * world_;
   if (padded == s.flat.numel()) {
     s.send_view = sdk::DLView(s.flat);
-  } else {  // reduce_scatter wants W equal blocks: pad a copy with zeros
-    if (!s.send.defined()) s.send = at::zeros({padded}, s.flat.options());
+  } else {  // reduce_scatter wants W equal blocks: a zero-padded copy, freed at step()
+    s.send = at::zeros({padded}, s.flat.options());
     s.send.narrow(0, 0, s.flat.numel()).copy_(s.flat);
     s.send_view = sdk::DLView(s.send);
   }
@@ -178,11 +178,17 @@ void ZeroAlgorithm::step() {
           fail(DOPT_ERR_STATE, "step() before bucket " + std::to_string(b) + " was ready");
         shards_[b].pending.wait();
         shards_[b].pending.reset();
+        shards_[b].send_view = sdk::DLView();
+        shards_[b].send = at::Tensor();
       }
     }
   } catch (...) {
     for (auto& p : reduce_pending_) p.reset();  // a failed step leaves no stale requests
-    for (auto& s : shards_) s.pending.reset();
+    for (auto& s : shards_) {
+      s.pending.reset();
+      s.send_view = sdk::DLView();
+      s.send = at::Tensor();
+    }
     throw;
   }
   optimizer_->step();

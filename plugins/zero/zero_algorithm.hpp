@@ -15,8 +15,12 @@
 // Stage 2 (gradients sharded too): each bucket is reduce-scattered (AVG) with
 // the communicator as soon as it is complete, during backward, straight into
 // this rank's shard of that bucket, so a rank holds the reduced gradients of
-// 1/W of the elements only. The job's reducer is not used (its bytes_sent
-// stays 0). Ownership follows the bucket layout: each bucket's flat range is
+// 1/W of the elements only (the host's bucket buffers still hold this rank's
+// local, unreduced gradients: the host owns them; a bucket whose length is
+// not a multiple of W is sent through a zero-padded copy that lives until
+// step()). The job's reducer is not used, so its bytes_sent (what `distopt
+// train` reports as bytes sent) stays 0; parameter synchronisation traffic
+// is not counted by bytes_sent in either stage. Ownership follows the bucket layout: each bucket's flat range is
 // cut into W equal chunks (padded to a multiple of W), whatever `partition`
 // says; parameters may be split across ranks, the inner optimizer runs over
 // the owned slices. Parameters are synchronised per bucket (allgather, or one
