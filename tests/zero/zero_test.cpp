@@ -4,8 +4,10 @@
 // each rank holds ~1/W of Adam's state. Pattern of tests/optim/equivalence_test.cpp:
 // forked children do all torch work and write results to files.
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
 #include <cmath>
@@ -65,7 +67,7 @@ struct Spec {
   int world = 2;
   int batch = 8;
   int steps = 20;
-  std::string optimizer = "sgd";  // sgd (momentum 0.9), adam, adamw
+  std::string optimizer = "sgd";  // sgd (momentum 0.9), adam, adamw, adagrad, rmsprop
   std::string zero_options = "{}";
   std::string reducer_options = "{}";
   bool groups = false;  // fc3 in a second group: lr 0.02, weight_decay 0.05; its
@@ -75,6 +77,8 @@ struct Spec {
 std::string optimizer_yaml(const std::string& name) {
   if (name == "sgd") return "{name: sgd, lr: 0.05, momentum: 0.9}";
   if (name == "adam") return "{name: adam, lr: 0.01}";
+  if (name == "adagrad") return "{name: adagrad, lr: 0.05}";
+  if (name == "rmsprop") return "{name: rmsprop, lr: 0.001, momentum: 0.5, centered: true}";
   return "{name: adamw, lr: 0.01, weight_decay: 0.1}";
 }
 
@@ -101,6 +105,14 @@ std::unique_ptr<torch::optim::Optimizer> reference(const Spec& s, Net& net) {
   if (s.optimizer == "adam") {
     auto d = torch::optim::AdamOptions(0.01);
     return std::make_unique<torch::optim::Adam>(build(d, tweak), d);
+  }
+  if (s.optimizer == "adagrad") {
+    auto d = torch::optim::AdagradOptions(0.05);
+    return std::make_unique<torch::optim::Adagrad>(build(d, tweak), d);
+  }
+  if (s.optimizer == "rmsprop") {
+    auto d = torch::optim::RMSpropOptions(0.001).momentum(0.5).centered(true);
+    return std::make_unique<torch::optim::RMSprop>(build(d, tweak), d);
   }
   auto d = torch::optim::AdamWOptions(0.01).weight_decay(0.1);
   return std::make_unique<torch::optim::AdamW>(build(d, tweak), d);
@@ -240,7 +252,9 @@ void check(const Spec& s, const Outcome& o, bool exact_balance) {
     CHECK(max_abs_diff(o.params[r], o.ref) <= 1e-5);
     CHECK(max_abs_diff(o.params[r], o.params[0]) == 0);
   }
-  const double per_elem = s.optimizer == "sgd" ? 4 : 8;  // momentum / Adam's two moments, fp32
+  // fp32 state per element: SGD momentum, Adagrad sum (1); Adam's moments (2);
+  // centered RMSprop with momentum: square_avg, grad_avg, momentum_buffer (3)
+  const double per_elem = 4.0 * (s.optimizer == "sgd" || s.optimizer == "adagrad" ? 1 : s.optimizer == "rmsprop" ? 3 : 2);
   const double total = per_elem * kTrainable;
   double sum = 0;
   for (int r = 0; r < s.world; ++r) {
@@ -331,4 +345,15 @@ TEST_CASE("zero stage 2, contiguous, AdamW, overlap: false, 4 ranks") {
   s.zero_options = "{stage: 2, partition: contiguous}";
   s.reducer_options = "{overlap: false}";
   check(s, run_case(s), true);
+}
+
+TEST_CASE("zero stage 1 greedy Adagrad and stage 2 contiguous RMSprop (centered, momentum), 2 ranks") {
+  Spec s;
+  s.optimizer = "adagrad";
+  s.zero_options = "{stage: 1, partition: greedy, parameters_as_bucket_view: true}";
+  check(s, run_case(s), false);
+  Spec r;
+  r.optimizer = "rmsprop";
+  r.zero_options = "{stage: 2, partition: contiguous}";
+  check(r, run_case(r), true);
 }
