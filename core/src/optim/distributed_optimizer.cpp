@@ -237,6 +237,18 @@ void DistributedOptimizer::step() {
     return;
   }
   m.buckets->finish();
+  // A parameter whose .data user code replaced (set_data, same size and
+  // dtype) now lives elsewhere: re-point its descriptor so algorithms that
+  // check (fused's check_flatten) update the memory the model uses.
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const at::Tensor& t = m.build.params[i].second;
+    DLTensor* d = m.params[i].data;
+    if (t.data_ptr() != static_cast<char*>(d->data) + d->byte_offset && t.is_contiguous() && t.numel() == sdk::as_tensor(*d).numel() &&
+        t.scalar_type() == sdk::as_tensor(*d).scalar_type()) {
+      d->data = t.data_ptr();
+      d->byte_offset = 0;
+    }
+  }
   check_status(m.avt->step(m.algorithm), m.algorithm_who, "step");
   ++m.steps;
   metric_add("optim.steps", 1);

@@ -1,0 +1,236 @@
+#include "fused_algorithm.hpp"
+
+#include <string>
+
+namespace distopt::plugins {
+namespace {
+
+bool is_f32_cpu(const DLTensor& t) {
+  return t.dtype.code == kDLFloat && t.dtype.bits == 32 && t.dtype.lanes == 1 &&
+         t.device.device_type == kDLCPU;
+}
+int64_t numel_of(const DLTensor& t) {
+  int64_t n = 1;
+  for (int32_t d = 0; d < t.ndim; ++d) n *= t.shape[d];
+  return n;
+}
+void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
+std::string name_of(const dopt_param& p) { return p.name ? p.name : "?"; }
+
+}  // namespace
+
+FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
+    : reducer_(args.reducer), world_size_(args.common ? args.common->world_size : 0) {
+  if (!args.common || !args.reducer.vt || !args.reducer.reducer)
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: needs common args and a reducer");
+  if (world_size_ < 1) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: world_size < 1");
+  sdk::OptionsView opts(args.common->options);
+  do_flatten_ = opts.get_bool("do_flatten");
+  check_flatten_ = opts.get_bool("check_flatten");
+
+  optimizer_ = args.optimizer_name ? args.optimizer_name : "";
+  sdk::OptionsView o(args.optimizer_options);
+  if (optimizer_ == "sgd") {
+    momentum_ = o.get_double("momentum");
+    dampening_ = o.get_double("dampening");
+    nesterov_ = o.get_bool("nesterov");
+    if (nesterov_ && (momentum_ <= 0 || dampening_ != 0))
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                       "optimizer sgd: nesterov needs momentum > 0 and dampening 0");
+  } else if (optimizer_ == "adam" || optimizer_ == "adamw") {
+    beta1_ = o.get_double("beta1");
+    beta2_ = o.get_double("beta2");
+    eps_ = o.get_double("eps");
+    amsgrad_ = o.get_bool("amsgrad");
+  } else {
+    throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                     "fused: optimizer '" + optimizer_ +
+                         "' has no fused kernel (fused supports sgd, adam, adamw; use the "
+                         "allreduce algorithm for others)");
+  }
+  const double lr = o.get_double("lr"), wd = o.get_double("weight_decay");
+  groups_.resize(args.num_groups);
+  for (size_t g = 0; g < args.num_groups; ++g) {
+    groups_[g].lr = args.groups[g].lr >= 0 ? args.groups[g].lr : lr;
+    groups_[g].weight_decay = args.groups[g].weight_decay >= 0 ? args.groups[g].weight_decay : wd;
+  }
+
+  // Slots in the buckets' layout order, so each group's state mirrors the
+  // order its gradients sit in the buckets.
+  std::vector<int64_t> group_size(args.num_groups, 0);
+  std::vector<bool> seen(args.num_params, false);
+  for (size_t b = 0; b < args.num_buckets; ++b) {
+    const dopt_bucket& bk = args.buckets[b];
+    buckets_.push_back(&bk);
+    if (!is_f32_cpu(*bk.flat))
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED, "fused: buckets must be fp32 CPU tensors");
+    const float* flat = static_cast<const float*>(data_of(*bk.flat));
+    for (size_t e = 0; e < bk.num_entries; ++e) {
+      const dopt_bucket_entry& en = bk.entries[e];
+      if (en.param_index < 0 || static_cast<size_t>(en.param_index) >= args.num_params)
+        throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: bucket entry with a bad param_index");
+      const dopt_param& p = args.params[en.param_index];
+      if (!p.requires_grad || !p.grad) continue;
+      if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
+        throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: parameter " + name_of(p) +
+                                                        " has group " + std::to_string(p.group));
+      if (!is_f32_cpu(*p.data))
+        throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                         "fused: parameter " + name_of(p) + " is not an fp32 CPU tensor");
+      if (numel_of(*p.data) != static_cast<int64_t>(en.numel))
+        throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                         "fused: bucket entry of " + name_of(p) + " has the wrong numel");
+      seen[en.param_index] = true;
+      Slot s{&p, flat + en.offset, static_cast<int64_t>(en.numel), p.group,
+             group_size[p.group], data_of(*p.data)};
+      group_size[p.group] += s.numel;
+      slots_.push_back(s);
+    }
+  }
+  for (size_t i = 0; i < args.num_params; ++i)
+    if (args.params[i].requires_grad && args.params[i].grad && !seen[i])
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                       "fused: parameter " + name_of(args.params[i]) + " is in no bucket");
+  pending_.resize(buckets_.size());
+
+  const int nstate = optimizer_ == "sgd" ? (momentum_ != 0 ? 1 : 0) : (amsgrad_ ? 3 : 2);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const size_t n = static_cast<size_t>(group_size[g]);
+    if (nstate > 0) groups_[g].state0.assign(n, 0.0f);
+    if (nstate > 1) groups_[g].state1.assign(n, 0.0f);
+    if (nstate > 2) groups_[g].state2.assign(n, 0.0f);
+  }
+  flatten();
+}
+
+void FusedAlgorithm::flatten() {
+  chunks_.clear();
+  // do_flatten: one chunk per group, every slot at its group state offset.
+  // Otherwise a slot joins the previous chunk only when its parameter and
+  // gradient memory directly follow the previous slot's (same group).
+  std::vector<int> chunk_of_group(groups_.size(), -1);
+  for (const Slot& s : slots_) {
+    float* param = static_cast<float*>(data_of(*s.param->data));
+    FusedChunk* c = nullptr;
+    if (do_flatten_) {
+      if (chunk_of_group[s.group] >= 0) c = &chunks_[chunk_of_group[s.group]];
+    } else if (!chunks_.empty() && chunks_.back().group == s.group) {
+      const fused::Segment& last = chunks_.back().chunk.segments.back();
+      if (last.param + last.n == param && last.grad + last.n == s.grad) c = &chunks_.back();
+    }
+    if (!c) {
+      Group& g = groups_[s.group];
+      FusedChunk fc;
+      fc.group = s.group;
+      // A chunk's state starts at its first slot's offset (0 for a whole group).
+      const int64_t base = do_flatten_ ? 0 : s.state_offset;
+      fc.chunk.state0 = g.state0.empty() ? nullptr : g.state0.data() + base;
+      fc.chunk.state1 = g.state1.empty() ? nullptr : g.state1.data() + base;
+      fc.chunk.state2 = g.state2.empty() ? nullptr : g.state2.data() + base;
+      if (do_flatten_) chunk_of_group[s.group] = static_cast<int>(chunks_.size());
+      chunks_.push_back(fc);
+      c = &chunks_.back();
+    }
+    fused::Chunk& ch = c->chunk;
+    // Slots are visited in state order, so a group's (or run's) state
+    // offsets tile [0, total) in visiting order.
+    const int64_t rel = ch.total;
+    if (!ch.segments.empty()) {
+      fused::Segment& last = ch.segments.back();
+      if (last.param + last.n == param && last.grad + last.n == s.grad) {
+        last.n += s.numel;  // adjacent parameter, gradient and state: one segment
+        ch.total += s.numel;
+        continue;
+      }
+    }
+    ch.segments.push_back({param, s.grad, s.numel, rel});
+    ch.total += s.numel;
+  }
+}
+
+bool FusedAlgorithm::layout_changed() {
+  bool changed = false;
+  for (Slot& s : slots_) {
+    const DLTensor& t = *s.param->data;
+    void* now = data_of(t);
+    if (now == s.snapshot) continue;
+    if (!is_f32_cpu(t) || numel_of(t) != s.numel)
+      throw sdk::Error(DOPT_ERR_STATE, "fused: parameter " + name_of(*s.param) +
+                                           " changed dtype, device or size since it was "
+                                           "flattened; its optimizer state cannot be mapped");
+    sdk::log_warn("fused", "check_flatten: parameter " + name_of(*s.param) +
+                               " no longer aliases the flattened layout (its .data was "
+                               "replaced); re-flattening, optimizer state kept");
+    s.snapshot = now;
+    changed = true;
+  }
+  return changed;
+}
+
+void FusedAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
+  if (bucket.index < 0 || static_cast<size_t>(bucket.index) >= buckets_.size())
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     "fused: unknown bucket " + std::to_string(bucket.index));
+  auto& slot = pending_[static_cast<size_t>(bucket.index)];
+  if (slot.valid())
+    throw sdk::Error(DOPT_ERR_STATE, "fused: bucket " + std::to_string(bucket.index) +
+                                         " is ready twice in one step");
+  // The reducer averages the host's bucket in place: the very memory the
+  // kernels read as gradients.
+  slot = reducer_.reduce(*buckets_[static_cast<size_t>(bucket.index)]);
+}
+
+void FusedAlgorithm::step() {
+  try {
+    for (size_t b = 0; b < pending_.size(); ++b) {
+      if (!pending_[b].valid())
+        throw sdk::Error(DOPT_ERR_STATE,
+                         "fused: step() before bucket " + std::to_string(b) + " was ready");
+      pending_[b].wait();
+      pending_[b].reset();
+    }
+  } catch (...) {
+    for (auto& p : pending_) p.reset();
+    throw;
+  }
+  if (check_flatten_ && layout_changed()) {
+    flatten();
+    ++reflattens_;
+    sdk::metric_add("fused.reflattens", 1);
+  }
+  run_optimizer();
+  sdk::metric_add("algorithm.steps", 1);
+}
+
+void FusedAlgorithm::run_optimizer() {
+  ++steps_;
+  for (const FusedChunk& fc : chunks_) {
+    const Group& g = groups_[fc.group];
+    if (optimizer_ == "sgd") {
+      fused::sgd_step(fc.chunk,
+                      {g.lr, momentum_, dampening_, g.weight_decay, nesterov_, steps_ == 1});
+    } else {
+      fused::adam_step(fc.chunk, {g.lr, beta1_, beta2_, eps_, g.weight_decay, amsgrad_,
+                                  optimizer_ == "adamw", steps_});
+    }
+  }
+}
+
+void FusedAlgorithm::set_lr(int32_t group, double lr) {
+  if (group < 0 || static_cast<size_t>(group) >= groups_.size())
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: no parameter group " + std::to_string(group));
+  if (!(lr >= 0) || !(lr < 1e300))
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "lr must be finite and >= 0");
+  groups_[static_cast<size_t>(group)].lr = lr;
+}
+
+uint64_t FusedAlgorithm::state_bytes() const {
+  // Like sdk::optimizer_state_bytes: 0 before the first step (libtorch
+  // creates its state lazily), then the state tensors' bytes.
+  if (steps_ == 0) return 0;
+  uint64_t n = 0;
+  for (const Group& g : groups_) n += g.state0.size() + g.state1.size() + g.state2.size();
+  return n * sizeof(float);
+}
+
+}  // namespace distopt::plugins
