@@ -30,6 +30,9 @@
 
 namespace po = boost::program_options;
 
+// bench_step.cpp: `distopt bench step` (inner-optimizer step, unfused vs fused).
+int distopt_bench_step(int argc, char** argv);
+
 namespace {
 
 // "4096", "4K", "64M", "1G" -> bytes.
@@ -289,6 +292,8 @@ struct Bench {
 // `bench step` (optimizer-step throughput) is added here by its owner.
 const Bench kBenches[] = {
     {"comm", "communicator bandwidth: time, algbw, busbw per size", bench_comm},
+    {"step", "optimizer step: unfused libtorch vs fused, time and GB/s vs copy bandwidth",
+     distopt_bench_step},
 };
 
 int run_bench(int argc, char** argv) {
