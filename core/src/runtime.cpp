@@ -19,8 +19,8 @@
 #include "distopt/host.hpp"
 #include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
-#include "distopt/store.hpp"
 #include "distopt/sdk/tensor.hpp"
+#include "distopt/store.hpp"
 #include "optim/optimizer_builder.hpp"
 
 namespace distopt {
@@ -42,7 +42,8 @@ struct Runtime::Impl {
 namespace {
 
 bool is_loopback(const std::string& host) {
-  return host.empty() || host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+  return host.empty() || host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" ||
+         host == "[::1]";
 }
 
 /// The host part of a rendezvous URL ("" when it has none, e.g. file://).
@@ -80,7 +81,8 @@ std::string local_address_towards(const std::string& host) {
   }
   if (fd >= 0) close(fd);
   freeaddrinfo(res);
-  if (out.empty()) throw RendezvousError("no local interface routes to rendezvous host '" + host + "'");
+  if (out.empty())
+    throw RendezvousError("no local interface routes to rendezvous host '" + host + "'");
   return out;
 }
 
@@ -100,14 +102,16 @@ Runtime Runtime::from_config(const JobConfig& cfg) {
   if (proc.source == "default" && cfg.world_size > 1)
     log(DOPT_LOG_WARN, "runtime",
         "world.size is " + std::to_string(cfg.world_size) +
-            " but no launcher environment (DISTOPT_RANK, RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK) is set: "
+            " but no launcher environment (DISTOPT_RANK, RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK) "
+            "is set: "
             "running as a single process (use `distopt launch` or `distopt train`)");
   return from_config(cfg, proc);
 }
 
 Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   if (proc.world_size < 1 || proc.rank < 0 || proc.rank >= proc.world_size)
-    throw ConfigError("rank " + std::to_string(proc.rank) + " is not in [0, " + std::to_string(proc.world_size) + ")");
+    throw ConfigError("rank " + std::to_string(proc.rank) + " is not in [0, " +
+                      std::to_string(proc.world_size) + ")");
   auto impl = std::make_shared<Impl>();
   Impl& m = *impl;
   m.cfg = cfg;
@@ -118,8 +122,10 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   check_precision_supported(cfg);
   if (std::string fix = openblas_coretype_fix(); !fix.empty() && proc.rank == 0)
     log(DOPT_LOG_WARN, "runtime",
-        "OpenBLAS runs its generic " + openblas_core_name() + " kernels on this CPU; start the program with "
-        "OPENBLAS_CORETYPE=" + fix + " (training is several times faster; `distopt` does this itself)");
+        "OpenBLAS runs its generic " + openblas_core_name() +
+            " kernels on this CPU; start the program with "
+            "OPENBLAS_CORETYPE=" +
+            fix + " (training is several times faster; `distopt` does this itself)");
 
   // The launcher's rendezvous wins over the file's. A single process needs no
   // fixed port: let the store pick one, so two local jobs cannot collide.
@@ -152,11 +158,12 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   if (m.comm->world_size() != proc.world_size || m.comm->rank() != proc.rank)
     throw ComponentError(DOPT_ERR_INTERNAL, ci.name, "create",
                          "communicator reports rank " + std::to_string(m.comm->rank()) + " of " +
-                             std::to_string(m.comm->world_size()) + ", expected " + std::to_string(proc.rank) +
-                             " of " + std::to_string(proc.world_size));
+                             std::to_string(m.comm->world_size()) + ", expected " +
+                             std::to_string(proc.rank) + " of " + std::to_string(proc.world_size));
   log(DOPT_LOG_DEBUG, "runtime",
-      "rank " + std::to_string(proc.rank) + "/" + std::to_string(proc.world_size) + " connected via " +
-          ci.name + " (rendezvous " + m.rendezvous + ", bind " + m.bind_address + ")");
+      "rank " + std::to_string(proc.rank) + "/" + std::to_string(proc.world_size) +
+          " connected via " + ci.name + " (rendezvous " + m.rendezvous + ", bind " +
+          m.bind_address + ")");
   return Runtime(std::move(impl));
 }
 
@@ -173,8 +180,8 @@ void Runtime::broadcast(const std::vector<torch::Tensor>& tensors, int root) {
     throw ConfigError("broadcast root " + std::to_string(root) + " is not a rank");
   if (world_size() == 1) return;
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> work;  // contiguous stand-ins for non-contiguous tensors
-  std::deque<sdk::DLView> views; // stable addresses while requests are in flight
+  std::vector<at::Tensor> work;   // contiguous stand-ins for non-contiguous tensors
+  std::deque<sdk::DLView> views;  // stable addresses while requests are in flight
   std::vector<CommRequest> reqs;
   for (const auto& t : tensors) {
     if (!t.defined() || t.numel() == 0) continue;
@@ -204,7 +211,8 @@ void Runtime::allreduce(torch::Tensor& t, bool average) {
 void Runtime::barrier() { impl_->comm->barrier().wait(); }
 
 DistributedOptimizer Runtime::make_optimizer(
-    const std::vector<std::pair<std::string, torch::Tensor>>& named_params, const std::vector<ParamGroupSpec>& groups) {
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
+    const std::vector<ParamGroupSpec>& groups) {
   Impl& m = *impl_;
   // Every rank starts from rank 0's parameters.
   std::vector<torch::Tensor> tensors;
@@ -235,7 +243,8 @@ DistributedOptimizer Runtime::make_optimizer(
   return optim::build_optimizer(std::move(b));
 }
 
-DistributedOptimizer Runtime::make_optimizer(torch::nn::Module& module, const std::vector<ParamGroupSpec>& groups) {
+DistributedOptimizer Runtime::make_optimizer(torch::nn::Module& module,
+                                             const std::vector<ParamGroupSpec>& groups) {
   std::vector<torch::Tensor> buffers = module.buffers();
   broadcast(buffers, 0);
   std::vector<std::pair<std::string, torch::Tensor>> named;

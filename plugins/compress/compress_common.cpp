@@ -8,7 +8,9 @@
 namespace distopt::plugins::compress {
 namespace {
 
-bool is_dtype(DLDataType a, DLDataType b) { return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes; }
+bool is_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
 
 bool supported(DLDataType t) {
   return t.lanes == 1 && ((t.code == kDLFloat && (t.bits == 16 || t.bits == 32 || t.bits == 64)) ||
@@ -50,14 +52,16 @@ std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* bucke
     if (bk.flat->strides && bk.flat->strides[0] != 1)
       throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, where + ": flat buffer is not contiguous");
     if (!supported(bk.flat->dtype))
-      throw sdk::Error(DOPT_ERR_UNSUPPORTED, where + ": dtype must be float32, float64, float16 or bfloat16");
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                       where + ": dtype must be float32, float64, float16 or bfloat16");
     BucketLayout& l = out[b];
     l.length = numel(*bk.flat);
     l.dtype = bk.flat->dtype;
     for (size_t e = 0; e < bk.num_entries; ++e) {
       const dopt_bucket_entry& en = bk.entries[e];
       if (en.offset + en.numel > l.length)
-        throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, where + ": entry " + std::to_string(e) + " ends past the buffer");
+        throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                         where + ": entry " + std::to_string(e) + " ends past the buffer");
       if (en.numel == 0) continue;
       l.entries.push_back({en.offset, en.numel});
       l.payload += en.numel;
@@ -68,15 +72,18 @@ std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* bucke
   return out;
 }
 
-const BucketLayout& layout_of(const char* who, const std::vector<BucketLayout>& layouts, const dopt_bucket& bucket) {
+const BucketLayout& layout_of(const char* who, const std::vector<BucketLayout>& layouts,
+                              const dopt_bucket& bucket) {
   if (bucket.index < 0 || static_cast<size_t>(bucket.index) >= layouts.size())
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) + ": bucket " + std::to_string(bucket.index) +
-                                                    " was not among the " + std::to_string(layouts.size()) +
-                                                    " buckets given to create");
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     std::string(who) + ": bucket " + std::to_string(bucket.index) +
+                         " was not among the " + std::to_string(layouts.size()) +
+                         " buckets given to create");
   const BucketLayout& l = layouts[static_cast<size_t>(bucket.index)];
   if (!bucket.flat || numel(*bucket.flat) != l.length || !is_dtype(bucket.flat->dtype, l.dtype))
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     std::string(who) + ": bucket " + std::to_string(bucket.index) + " changed length or dtype");
+    throw sdk::Error(
+        DOPT_ERR_INVALID_ARGUMENT,
+        std::string(who) + ": bucket " + std::to_string(bucket.index) + " changed length or dtype");
   return l;
 }
 
@@ -155,11 +162,12 @@ bool StagedRequest::wait(int64_t timeout_ms) {
 CompressReducer::CompressReducer(const char* who, const dopt_create_args& args, dopt_comm_ref comm,
                                  const dopt_bucket* buckets, size_t num_buckets)
     : who_(who), comm_(comm), world_size_(args.world_size) {
-  if (!comm.vt || !comm.comm) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) + ": no communicator");
+  if (!comm.vt || !comm.comm)
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) + ": no communicator");
   if (comm_.world_size() != args.world_size)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) + ": communicator has " +
-                                                    std::to_string(comm_.world_size()) + " ranks, job has " +
-                                                    std::to_string(args.world_size));
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     std::string(who) + ": communicator has " + std::to_string(comm_.world_size()) +
+                         " ranks, job has " + std::to_string(args.world_size));
   layouts_ = read_layouts(who, buckets, num_buckets);
 }
 
@@ -183,8 +191,9 @@ size_t keep_count(double ratio, size_t n) {
 double read_ratio(const char* who, const dopt_options* options) {
   const double r = sdk::OptionsView(options).get_double("ratio");
   if (!(r > 0.0 && r <= 1.0))
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     std::string(who) + ": option ratio must be in (0, 1], got " + std::to_string(r));
+    throw sdk::Error(
+        DOPT_ERR_INVALID_ARGUMENT,
+        std::string(who) + ": option ratio must be in (0, 1], got " + std::to_string(r));
   return r;
 }
 

@@ -18,11 +18,13 @@ namespace {
 // F16C instructions (any x86-64 CPU since 2012) do 8 per instruction, with
 // the same round-to-nearest-even result.
 #ifdef DOPT_HAVE_F16C_PATH
-__attribute__((target("avx,f16c"))) void to_half_f16c(const float* x, float div, uint16_t* h, size_t n) {
+__attribute__((target("avx,f16c"))) void to_half_f16c(const float* x, float div, uint16_t* h,
+                                                      size_t n) {
   const __m256 d = _mm256_set1_ps(div);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m128i v = _mm256_cvtps_ph(_mm256_div_ps(_mm256_loadu_ps(x + i), d), _MM_FROUND_TO_NEAREST_INT);
+    __m128i v =
+        _mm256_cvtps_ph(_mm256_div_ps(_mm256_loadu_ps(x + i), d), _MM_FROUND_TO_NEAREST_INT);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), v);
   }
   for (; i < n; ++i) h[i] = static_cast<c10::Half>(x[i] / div).x;
@@ -30,7 +32,8 @@ __attribute__((target("avx,f16c"))) void to_half_f16c(const float* x, float div,
 __attribute__((target("avx,f16c"))) void from_half_f16c(const uint16_t* h, float* x, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+    _mm256_storeu_ps(x + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
   for (; i < n; ++i) x[i] = static_cast<float>(c10::Half(h[i], c10::Half::from_bits()));
 }
 bool has_f16c() {
@@ -54,15 +57,17 @@ void from_wire(const uint16_t* h, float* x, size_t n) {
   if (!Bf16 && has_f16c()) return from_half_f16c(h, x, n);
 #endif
   using Half = std::conditional_t<Bf16, c10::BFloat16, c10::Half>;
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(Half(h[i], typename Half::from_bits_t()));
+  for (size_t i = 0; i < n; ++i)
+    x[i] = static_cast<float>(Half(h[i], typename Half::from_bits_t()));
 }
 
 }  // namespace
 
 template <bool Bf16>
-HalfCastReducer<Bf16>::HalfCastReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
-                                       size_t num_buckets)
-    : CompressReducer(Bf16 ? "bf16" : "fp16", args, comm, buckets, num_buckets), state_(layouts_.size()) {}
+HalfCastReducer<Bf16>::HalfCastReducer(const dopt_create_args& args, dopt_comm_ref comm,
+                                       const dopt_bucket* buckets, size_t num_buckets)
+    : CompressReducer(Bf16 ? "bf16" : "fp16", args, comm, buckets, num_buckets),
+      state_(layouts_.size()) {}
 
 template <bool Bf16>
 std::unique_ptr<sdk::Request> HalfCastReducer<Bf16>::reduce(const dopt_bucket& bucket) {

@@ -33,7 +33,8 @@ namespace distopt::plugins::compress {
 template <bool Bf16>
 class HalfCastReducer : public CompressReducer {
  public:
-  HalfCastReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets, size_t num_buckets);
+  HalfCastReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
+                  size_t num_buckets);
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
 
  private:

@@ -9,16 +9,27 @@ namespace {
 namespace c = distopt::plugins::compress;
 
 constexpr dopt_option_spec kSignOptions[] = {
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "error_feedback", DOPT_OPTION_BOOL, "false", 0, -1, nullptr,
-     "EF-SignSGD (Karimireddy et al. 2019): keep e = p - mean|p| sign(p) per parameter, add it next step"},
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "error_feedback", DOPT_OPTION_BOOL, "false", 0, -1,
+     nullptr,
+     "EF-SignSGD (Karimireddy et al. 2019): keep e = p - mean|p| sign(p) per parameter, add it "
+     "next step"},
 };
 
-#define DOPT_SPARSE_OPTIONS                                                                                      \
-  {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "ratio", DOPT_OPTION_DOUBLE, "0.01", 0, 1, nullptr,                  \
-   "fraction of each tensor's elements sent per step, in (0, 1]: k = max(1, ceil(ratio x numel))"},           \
-  {                                                                                                            \
-    DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "error_feedback", DOPT_OPTION_BOOL, "true", 0, -1, nullptr,         \
-        "keep what was not sent (per parameter element) and add it to the next step's gradient"                \
+#define DOPT_SPARSE_OPTIONS                                                                     \
+  {DOPT_OPTION_SPEC_STRUCT_SIZE,                                                                \
+   nullptr,                                                                                     \
+   "ratio",                                                                                     \
+   DOPT_OPTION_DOUBLE,                                                                          \
+   "0.01",                                                                                      \
+   0,                                                                                           \
+   1,                                                                                           \
+   nullptr,                                                                                     \
+   "fraction of each tensor's elements sent per step, in (0, 1]: k = max(1, ceil(ratio x "      \
+   "numel))"},                                                                                  \
+  {                                                                                             \
+    DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "error_feedback", DOPT_OPTION_BOOL, "true", 0, -1,   \
+        nullptr,                                                                                \
+        "keep what was not sent (per parameter element) and add it to the next step's gradient" \
   }
 
 constexpr dopt_option_spec kTopkOptions[] = {DOPT_SPARSE_OPTIONS};
@@ -30,17 +41,23 @@ constexpr dopt_option_spec kRandomkOptions[] = {
 
 }  // namespace
 
-DOPT_PLUGIN("compress", "1.0.0",
-            DOPT_COMPONENT(c::Fp16Reducer, "fp16", "1.0.0",
-                           "cast each bucket to IEEE half, allreduce, cast back (DDP fp16_compress_hook)", nullptr),
-            DOPT_COMPONENT(c::Bf16Reducer, "bf16", "1.0.0",
-                           "cast each bucket to bfloat16, allreduce, cast back (DDP bf16_compress_hook)", nullptr),
-            DOPT_COMPONENT(c::SignSgdReducer, "signsgd", "1.0.0",
-                           "1-bit signs + per-tensor mean |g|, majority vote over ranks (Bernstein et al. 2018/19)",
-                           kSignOptions),
-            DOPT_COMPONENT(c::TopkReducer, "topk", "1.0.0",
-                           "top-k |g| per tensor, allgather (index, value), average; error feedback (mlbench)",
-                           kTopkOptions),
-            DOPT_COMPONENT(c::RandomkReducer, "randomk", "1.0.0",
-                           "k shared random indices per tensor, allreduce the values; error feedback (mlbench)",
-                           kRandomkOptions))
+DOPT_PLUGIN(
+    "compress", "1.0.0",
+    DOPT_COMPONENT(c::Fp16Reducer, "fp16", "1.0.0",
+                   "cast each bucket to IEEE half, allreduce, cast back (DDP fp16_compress_hook)",
+                   nullptr),
+    DOPT_COMPONENT(c::Bf16Reducer, "bf16", "1.0.0",
+                   "cast each bucket to bfloat16, allreduce, cast back (DDP bf16_compress_hook)",
+                   nullptr),
+    DOPT_COMPONENT(
+        c::SignSgdReducer, "signsgd", "1.0.0",
+        "1-bit signs + per-tensor mean |g|, majority vote over ranks (Bernstein et al. 2018/19)",
+        kSignOptions),
+    DOPT_COMPONENT(
+        c::TopkReducer, "topk", "1.0.0",
+        "top-k |g| per tensor, allgather (index, value), average; error feedback (mlbench)",
+        kTopkOptions),
+    DOPT_COMPONENT(
+        c::RandomkReducer, "randomk", "1.0.0",
+        "k shared random indices per tensor, allreduce the values; error feedback (mlbench)",
+        kRandomkOptions))

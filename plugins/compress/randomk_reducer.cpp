@@ -15,13 +15,15 @@ struct SplitMix64 {
     return z ^ (z >> 31);
   }
   /// Uniform in [0, n) (Lemire's multiply-shift; bias < n / 2^64).
-  uint64_t below(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64); }
+  uint64_t below(uint64_t n) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
+  }
 };
 
 }  // namespace
 
-std::vector<uint32_t> random_subset(uint64_t seed, uint64_t bucket, uint64_t step, uint64_t entry, size_t n,
-                                    size_t k) {
+std::vector<uint32_t> random_subset(uint64_t seed, uint64_t bucket, uint64_t step, uint64_t entry,
+                                    size_t n, size_t k) {
   SplitMix64 g{seed};
   for (uint64_t v : {bucket, step, entry}) g.s = g.next() ^ v;
   std::vector<uint32_t> out;
@@ -45,8 +47,8 @@ std::vector<uint32_t> random_subset(uint64_t seed, uint64_t bucket, uint64_t ste
   return out;
 }
 
-RandomkReducer::RandomkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
-                               size_t num_buckets)
+RandomkReducer::RandomkReducer(const dopt_create_args& args, dopt_comm_ref comm,
+                               const dopt_bucket* buckets, size_t num_buckets)
     : CompressReducer("randomk", args, comm, buckets, num_buckets),
       ratio_(read_ratio("randomk", args.options)),
       error_feedback_(sdk::OptionsView(args.options).get_bool("error_feedback")),

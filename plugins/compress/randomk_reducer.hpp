@@ -27,12 +27,13 @@ namespace distopt::plugins::compress {
 
 /// The k distinct indices in [0, n) randomk draws, sorted (deterministic in
 /// its arguments on every machine). Exposed for the tests.
-std::vector<uint32_t> random_subset(uint64_t seed, uint64_t bucket, uint64_t step, uint64_t entry, size_t n,
-                                    size_t k);
+std::vector<uint32_t> random_subset(uint64_t seed, uint64_t bucket, uint64_t step, uint64_t entry,
+                                    size_t n, size_t k);
 
 class RandomkReducer : public CompressReducer {
  public:
-  RandomkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets, size_t num_buckets);
+  RandomkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
+                 size_t num_buckets);
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
 
  private:

@@ -1,15 +1,15 @@
 #include "signsgd_reducer.hpp"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "bitpack.hpp"
 
 namespace distopt::plugins::compress {
 
-SignSgdReducer::SignSgdReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
-                               size_t num_buckets)
+SignSgdReducer::SignSgdReducer(const dopt_create_args& args, dopt_comm_ref comm,
+                               const dopt_bucket* buckets, size_t num_buckets)
     : CompressReducer("signsgd", args, comm, buckets, num_buckets),
       error_feedback_(sdk::OptionsView(args.options).get_bool("error_feedback")),
       state_(layouts_.size()) {

@@ -43,7 +43,8 @@ namespace distopt::plugins::compress {
 
 class SignSgdReducer : public CompressReducer {
  public:
-  SignSgdReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets, size_t num_buckets);
+  SignSgdReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
+                 size_t num_buckets);
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
 
   /// Size in bytes of one rank's message for a bucket with this layout.

@@ -23,8 +23,8 @@ float kth_largest_abs(const float* p, size_t n, size_t k, std::vector<float>& sc
     scratch.clear();
     for (size_t i = 0; i < n; i += stride) scratch.push_back(std::fabs(p[i]));
     const size_t ks = std::min(scratch.size(), 2 * k / stride + 8);
-    std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(ks - 1), scratch.end(),
-                     std::greater<float>());
+    std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(ks - 1),
+                     scratch.end(), std::greater<float>());
     const float bound = scratch[ks - 1];
     scratch.clear();
     for (size_t i = 0; i < n; ++i)
@@ -38,8 +38,8 @@ float kth_largest_abs(const float* p, size_t n, size_t k, std::vector<float>& sc
 
 }  // namespace
 
-TopkReducer::TopkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
-                         size_t num_buckets)
+TopkReducer::TopkReducer(const dopt_create_args& args, dopt_comm_ref comm,
+                         const dopt_bucket* buckets, size_t num_buckets)
     : CompressReducer("topk", args, comm, buckets, num_buckets),
       ratio_(read_ratio("topk", args.options)),
       error_feedback_(sdk::OptionsView(args.options).get_bool("error_feedback")),
@@ -87,8 +87,10 @@ std::unique_ptr<sdk::Request> TopkReducer::reduce(const dopt_bucket& bucket) {
     }
     if (res) std::copy(p, p + e.numel, res);
   }
-  s.send_dl = host_tensor(s.send.data(), static_cast<int64_t>(8 * s.send.size()), kU8, &s.send_shape);
-  s.recv_dl = host_tensor(s.recv.data(), static_cast<int64_t>(8 * s.recv.size()), kU8, &s.recv_shape);
+  s.send_dl =
+      host_tensor(s.send.data(), static_cast<int64_t>(8 * s.send.size()), kU8, &s.send_shape);
+  s.recv_dl =
+      host_tensor(s.recv.data(), static_cast<int64_t>(8 * s.recv.size()), kU8, &s.recv_shape);
   auto handle = comm_.allgather(s.send_dl, s.recv_dl);
   count_sent(allgather_bytes(8 * static_cast<uint64_t>(s.send.size()), world_size_));
   DLTensor* flat = bucket.flat;
@@ -100,8 +102,9 @@ void TopkReducer::finish(size_t b, DLTensor* flat) {
   std::fill(s.work.begin(), s.work.end(), 0.0f);
   for (const Pair& q : s.recv) {  // rank order
     if (q.index >= s.work.size())
-      throw sdk::Error(DOPT_ERR_COMM, "topk: a peer sent index " + std::to_string(q.index) + " past bucket " +
-                                          std::to_string(b) + "'s " + std::to_string(s.work.size()) + " elements");
+      throw sdk::Error(DOPT_ERR_COMM, "topk: a peer sent index " + std::to_string(q.index) +
+                                          " past bucket " + std::to_string(b) + "'s " +
+                                          std::to_string(s.work.size()) + " elements");
     s.work[q.index] += q.value;
   }
   const float w = static_cast<float>(world_size_);

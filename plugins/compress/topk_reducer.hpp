@@ -30,7 +30,8 @@ namespace distopt::plugins::compress {
 
 class TopkReducer : public CompressReducer {
  public:
-  TopkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets, size_t num_buckets);
+  TopkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
+              size_t num_buckets);
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
 
  private:

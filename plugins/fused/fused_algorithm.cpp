@@ -81,8 +81,8 @@ FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
         throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
                          "fused: bucket entry of " + name_of(p) + " has the wrong numel");
       seen[en.param_index] = true;
-      Slot s{&p, flat + en.offset, static_cast<int64_t>(en.numel), p.group,
-             group_size[p.group], data_of(*p.data)};
+      Slot s{&p,      flat + en.offset,    static_cast<int64_t>(en.numel),
+             p.group, group_size[p.group], data_of(*p.data)};
       group_size[p.group] += s.numel;
       slots_.push_back(s);
     }
@@ -218,7 +218,8 @@ void FusedAlgorithm::run_optimizer() {
 
 void FusedAlgorithm::set_lr(int32_t group, double lr) {
   if (group < 0 || static_cast<size_t>(group) >= groups_.size())
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: no parameter group " + std::to_string(group));
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     "fused: no parameter group " + std::to_string(group));
   if (!(lr >= 0) || !(lr < 1e300))
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "lr must be finite and >= 0");
   groups_[static_cast<size_t>(group)].lr = lr;

@@ -50,11 +50,10 @@ class FusedAlgorithm : public sdk::Algorithm {
   void set_lr(int32_t group, double lr) override;
   uint64_t state_bytes() const override;
 
-
  private:
-  struct Slot {            // one trainable parameter
+  struct Slot {  // one trainable parameter
     const dopt_param* param;
-    const float* grad;     // into its bucket
+    const float* grad;  // into its bucket
     int64_t numel;
     int32_t group;
     int64_t state_offset;  // into its group's state buffers
@@ -70,7 +69,7 @@ class FusedAlgorithm : public sdk::Algorithm {
   };
 
   void flatten();         // (re)build chunks_ from slots_ (state kept)
-  bool layout_changed();     // check_flatten's test
+  bool layout_changed();  // check_flatten's test
   void run_optimizer();
 
   sdk::ReducerView reducer_;

@@ -41,7 +41,9 @@ void gram_schmidt(T* a, int64_t rows, int64_t cols, double tiny) {
 
 }  // namespace
 
-void orthogonalize_columns(float* a, int64_t rows, int64_t cols, double tiny) { gram_schmidt(a, rows, cols, tiny); }
+void orthogonalize_columns(float* a, int64_t rows, int64_t cols, double tiny) {
+  gram_schmidt(a, rows, cols, tiny);
+}
 void orthogonalize_columns(double* a, int64_t rows, int64_t cols, double tiny) {
   gram_schmidt(a, rows, cols, tiny);
 }

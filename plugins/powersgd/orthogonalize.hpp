@@ -12,12 +12,11 @@
 namespace distopt::plugins::powersgd {
 
 /// Orthonormalise in place the `cols` columns of the row-major `rows` x `cols`
-/// matrix `a` (Gram-Schmidt with re-orthogonalisation, left to right, double accumulation). A column whose norm
-/// after removing the earlier columns is not above `tiny` times its norm
-/// before (a linearly dependent column, e.g. of an all-zero gradient) is set
-/// to zero instead of being divided by ~0: it then adds nothing to P P^T M,
-/// which is exact for such a column. Needs rows >= cols for a full basis.
-/// Deterministic: same input bits, same output bits. Thread-safe (no state).
+/// matrix `a` (Gram-Schmidt with re-orthogonalisation, left to right, double accumulation). A
+/// column whose norm after removing the earlier columns is not above `tiny` times its norm before
+/// (a linearly dependent column, e.g. of an all-zero gradient) is set to zero instead of being
+/// divided by ~0: it then adds nothing to P P^T M, which is exact for such a column. Needs rows >=
+/// cols for a full basis. Deterministic: same input bits, same output bits. Thread-safe (no state).
 void orthogonalize_columns(float* a, int64_t rows, int64_t cols, double tiny = 1e-6);
 void orthogonalize_columns(double* a, int64_t rows, int64_t cols, double tiny = 1e-12);
 

@@ -14,17 +14,23 @@ constexpr dopt_option_spec kOptions[] = {
      "(false: fresh random Q every step)"},
     {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "reuse_query", DOPT_OPTION_BOOL, "true", 0, -1, nullptr,
      "mlbench's name for warm_start; warm start is on only if both are true"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "start_iter", DOPT_OPTION_INT, "10", 0, 2147483647.0, nullptr,
-     "steps of plain average allreduce before compression starts (per bucket; PyTorch's start_powerSGD_iter)"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "min_compression_rate", DOPT_OPTION_DOUBLE, "2", 0, kInf, nullptr,
-     "a matrix is compressed only if (n + m) r x this < n m, else sent uncompressed with the 1-D tensors "
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "start_iter", DOPT_OPTION_INT, "10", 0, 2147483647.0,
+     nullptr,
+     "steps of plain average allreduce before compression starts (per bucket; PyTorch's "
+     "start_powerSGD_iter)"},
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "min_compression_rate", DOPT_OPTION_DOUBLE, "2", 0,
+     kInf, nullptr,
+     "a matrix is compressed only if (n + m) r x this < n m, else sent uncompressed with the 1-D "
+     "tensors "
      "(0: compress every matrix)"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "seed", DOPT_OPTION_INT, "0", 0, 9007199254740992.0, nullptr,
-     "seed of the random Q's (the same on every rank)"},
+    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "seed", DOPT_OPTION_INT, "0", 0, 9007199254740992.0,
+     nullptr, "seed of the random Q's (the same on every rank)"},
 };
 }  // namespace
 
-DOPT_PLUGIN("powersgd", "1.0.0",
-            DOPT_COMPONENT(distopt::plugins::powersgd::PowerSgdReducer, "powersgd", "1.0.0",
-                           "PowerSGD low-rank gradient compression with error feedback (Vogels et al., NeurIPS 2019)",
-                           kOptions))
+DOPT_PLUGIN(
+    "powersgd", "1.0.0",
+    DOPT_COMPONENT(
+        distopt::plugins::powersgd::PowerSgdReducer, "powersgd", "1.0.0",
+        "PowerSGD low-rank gradient compression with error feedback (Vogels et al., NeurIPS 2019)",
+        kOptions))

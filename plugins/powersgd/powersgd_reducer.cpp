@@ -1,11 +1,11 @@
 #include "powersgd_reducer.hpp"
 
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cstdio>
 #include <string>
 #include <utility>
-
-#include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include "distopt/sdk/tensor.hpp"
 #include "orthogonalize.hpp"
@@ -16,7 +16,9 @@ namespace {
 
 constexpr const char* kWho = "powersgd";
 
-sdk::Error bad(const std::string& msg) { return sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string("powersgd: ") + msg); }
+sdk::Error bad(const std::string& msg) {
+  return sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string("powersgd: ") + msg);
+}
 
 size_t dl_numel(const DLTensor& t) {
   size_t n = 1;
@@ -27,7 +29,9 @@ size_t dl_numel(const DLTensor& t) {
 size_t dtype_bytes(at::ScalarType t) { return static_cast<size_t>(c10::elementSize(t)); }
 
 // Math dtype for a bucket dtype: float64 stays, everything else is float32.
-at::ScalarType compute_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+at::ScalarType compute_dtype(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : at::kFloat;
+}
 
 void orthogonalize(at::Tensor& a) {  // a: contiguous CPU (rows x cols)
   if (a.scalar_type() == at::kDouble)
@@ -45,13 +49,15 @@ uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world) {
 
 BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts) {
   if (!bucket.flat) throw bad("bucket " + std::to_string(bucket.index) + " has no flat buffer");
-  if (bucket.num_entries && !bucket.entries) throw bad("bucket " + std::to_string(bucket.index) + " has no entries");
+  if (bucket.num_entries && !bucket.entries)
+    throw bad("bucket " + std::to_string(bucket.index) + " has no entries");
   BucketPlan plan;
   plan.flat_numel = dl_numel(*bucket.flat);
   std::vector<size_t> uncompressed;
   for (size_t i = 0; i < bucket.num_entries; ++i) {
     const dopt_bucket_entry& e = bucket.entries[i];
-    const std::string what = "bucket " + std::to_string(bucket.index) + " entry " + std::to_string(i) +
+    const std::string what = "bucket " + std::to_string(bucket.index) + " entry " +
+                             std::to_string(i) +
                              (e.name ? " ('" + std::string(e.name) + "')" : std::string());
     if (e.offset > plan.flat_numel || e.numel > plan.flat_numel - e.offset)
       throw bad(what + ": elements [" + std::to_string(e.offset) + ", +" + std::to_string(e.numel) +
@@ -103,9 +109,9 @@ BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts) {
 struct PowerSgdReducer::BucketState {
   int32_t index = 0;
   BucketPlan plan;
-  int64_t steps = 0;      // reductions done (plain ones included)
-  bool have_q = false;    // Q's hold last step's values (warm start)
-  at::Tensor p, q, e;     // packed P(+uncompressed), Q's, residuals (compute dtype)
+  int64_t steps = 0;    // reductions done (plain ones included)
+  bool have_q = false;  // Q's hold last step's values (warm start)
+  at::Tensor p, q, e;   // packed P(+uncompressed), Q's, residuals (compute dtype)
 };
 
 struct PowerSgdReducer::Job {
@@ -114,8 +120,8 @@ struct PowerSgdReducer::Job {
   std::shared_ptr<sdk::Completion> done;
 };
 
-PowerSgdReducer::PowerSgdReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
-                                 size_t num_buckets)
+PowerSgdReducer::PowerSgdReducer(const dopt_create_args& args, dopt_comm_ref comm,
+                                 const dopt_bucket* buckets, size_t num_buckets)
     : comm_(comm), world_size_(args.world_size) {
   if (!comm.vt || !comm.comm) throw bad("no communicator");
   if (comm_.world_size() != args.world_size)
@@ -172,10 +178,14 @@ PowerSgdReducer::BucketState& PowerSgdReducer::state_for(const dopt_bucket& buck
   } else {
     // Same index, same layout: the state (residuals, Q's) belongs to it.
     const BucketPlan& p = states_[i]->plan;
-    bool same = bucket.flat && dl_numel(*bucket.flat) == p.flat_numel && bucket.num_entries == p.entries.size();
+    bool same = bucket.flat && dl_numel(*bucket.flat) == p.flat_numel &&
+                bucket.num_entries == p.entries.size();
     for (size_t k = 0; same && k < bucket.num_entries; ++k)
-      same = bucket.entries[k].offset == p.entries[k].offset && bucket.entries[k].numel == p.entries[k].numel;
-    if (!same) throw bad("bucket " + std::to_string(bucket.index) + " changed its layout since it was first seen");
+      same = bucket.entries[k].offset == p.entries[k].offset &&
+             bucket.entries[k].numel == p.entries[k].numel;
+    if (!same)
+      throw bad("bucket " + std::to_string(bucket.index) +
+                " changed its layout since it was first seen");
   }
   return *states_[i];
 }
@@ -185,13 +195,14 @@ std::unique_ptr<sdk::Request> PowerSgdReducer::reduce(const dopt_bucket& bucket)
   const DLTensor& dl = *bucket.flat;
   if (dl.device.device_type != kDLCPU)
     throw sdk::Error(DOPT_ERR_UNSUPPORTED, "powersgd: only CPU buckets are supported");
-  if (dl.ndim != 1 || (dl.strides && dl.strides[0] != 1)) throw bad("the bucket's flat buffer must be 1-D contiguous");
+  if (dl.ndim != 1 || (dl.strides && dl.strides[0] != 1))
+    throw bad("the bucket's flat buffer must be 1-D contiguous");
   auto job = std::make_unique<Job>();
   job->flat = sdk::as_tensor(dl);  // throws UNSUPPORTED for other dtypes
   const auto st = job->flat.scalar_type();
   if (st != at::kFloat && st != at::kDouble && st != at::kHalf && st != at::kBFloat16)
-    throw sdk::Error(DOPT_ERR_UNSUPPORTED,
-                     std::string("powersgd: bucket dtype ") + c10::toString(st) + " is not floating point");
+    throw sdk::Error(DOPT_ERR_UNSUPPORTED, std::string("powersgd: bucket dtype ") +
+                                               c10::toString(st) + " is not floating point");
   job->state = &state_for(bucket);
   job->done = std::make_shared<sdk::Completion>();
   auto req = std::make_unique<sdk::CompletionRequest>(job->done);
@@ -211,7 +222,8 @@ void PowerSgdReducer::worker_loop() {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
       if (stop_) {
-        for (auto& j : queue_) j->done->complete(DOPT_ERR_ABORTED, "powersgd: reducer destroyed before the bucket ran");
+        for (auto& j : queue_)
+          j->done->complete(DOPT_ERR_ABORTED, "powersgd: reducer destroyed before the bucket ran");
         queue_.clear();
         return;
       }
@@ -222,11 +234,12 @@ void PowerSgdReducer::worker_loop() {
       run_job(*job);
       job->done->complete(DOPT_OK);
     } catch (const sdk::Error& e) {
-      job->done->complete(e.status(), std::string("powersgd: bucket ") + std::to_string(job->state->index) +
-                                          ": " + e.what());
+      job->done->complete(e.status(), std::string("powersgd: bucket ") +
+                                          std::to_string(job->state->index) + ": " + e.what());
     } catch (const std::exception& e) {
-      job->done->complete(DOPT_ERR_INTERNAL,
-                          std::string("powersgd: bucket ") + std::to_string(job->state->index) + ": " + e.what());
+      job->done->complete(
+          DOPT_ERR_INTERNAL,
+          std::string("powersgd: bucket ") + std::to_string(job->state->index) + ": " + e.what());
     }
   }
 }
@@ -246,7 +259,8 @@ void PowerSgdReducer::run_job(Job& job) {
     // (PyTorch's hook starts error feedback with compression too).
     sdk::DLView v(flat);
     comm_.allreduce(*v.get(), *v.get(), DOPT_REDUCE_AVG).wait();
-    bytes_sent_ += ring_allreduce_bytes(plan.flat_numel * dtype_bytes(flat.scalar_type()), world_size_);
+    bytes_sent_ +=
+        ring_allreduce_bytes(plan.flat_numel * dtype_bytes(flat.scalar_type()), world_size_);
     ++s.steps;
     return;
   }
@@ -275,7 +289,8 @@ void PowerSgdReducer::run_job(Job& job) {
   for (const EntryPlan& ep : plan.entries) {
     const auto nn = static_cast<int64_t>(ep.numel);
     if (!ep.compressed) {
-      s.p.narrow(0, static_cast<int64_t>(ep.p_off), nn).copy_(work.narrow(0, static_cast<int64_t>(ep.offset), nn));
+      s.p.narrow(0, static_cast<int64_t>(ep.p_off), nn)
+          .copy_(work.narrow(0, static_cast<int64_t>(ep.offset), nn));
       continue;
     }
     Mats x;
@@ -301,13 +316,14 @@ void PowerSgdReducer::run_job(Job& job) {
   for (const EntryPlan& ep : plan.entries)
     if (!ep.compressed) {
       const auto nn = static_cast<int64_t>(ep.numel);
-      work.narrow(0, static_cast<int64_t>(ep.offset), nn).copy_(s.p.narrow(0, static_cast<int64_t>(ep.p_off), nn));
+      work.narrow(0, static_cast<int64_t>(ep.offset), nn)
+          .copy_(s.p.narrow(0, static_cast<int64_t>(ep.p_off), nn));
     }
 
   if (!mats.empty()) {
     for (Mats& x : mats) {
-      orthogonalize(x.p);                  // bit-identical on every rank (same allreduced P)
-      at::mm_out(x.q, x.m.t(), x.p);       // Q = M^T P
+      orthogonalize(x.p);             // bit-identical on every rank (same allreduced P)
+      at::mm_out(x.q, x.m.t(), x.p);  // Q = M^T P
     }
     at::Tensor qs = s.q.narrow(0, 0, static_cast<int64_t>(plan.q_numel));
     sdk::DLView v(qs);
@@ -321,7 +337,8 @@ void PowerSgdReducer::run_job(Job& job) {
   if (!work.is_same(flat)) {
     for (const EntryPlan& ep : plan.entries) {
       const auto nn = static_cast<int64_t>(ep.numel);
-      flat.narrow(0, static_cast<int64_t>(ep.offset), nn).copy_(work.narrow(0, static_cast<int64_t>(ep.offset), nn));
+      flat.narrow(0, static_cast<int64_t>(ep.offset), nn)
+          .copy_(work.narrow(0, static_cast<int64_t>(ep.offset), nn));
     }
   }
   ++s.steps;

@@ -35,7 +35,8 @@ std::vector<size_t> rank_totals(const std::vector<ParamSize>& sizes,
                                 const std::vector<int32_t>& owners, int32_t world) {
   std::vector<size_t> totals(static_cast<size_t>(std::max(world, 0)), 0);
   for (size_t i = 0; i < sizes.size() && i < owners.size(); ++i)
-    if (owners[i] >= 0 && owners[i] < world) totals[static_cast<size_t>(owners[i])] += sizes[i].numel;
+    if (owners[i] >= 0 && owners[i] < world)
+      totals[static_cast<size_t>(owners[i])] += sizes[i].numel;
   return totals;
 }
 

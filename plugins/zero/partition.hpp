@@ -49,8 +49,8 @@ struct Segment {
 
 /// The part of a segment one rank owns.
 struct Piece {
-  size_t id = 0;            // the segment's id
-  size_t item_offset = 0;   // first element within the segment's item
+  size_t id = 0;           // the segment's id
+  size_t item_offset = 0;  // first element within the segment's item
   size_t numel = 0;
   int32_t owner = 0;
   size_t chunk_offset = 0;  // first element within the owner's chunk

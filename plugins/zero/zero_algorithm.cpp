@@ -17,15 +17,19 @@ at::Tensor flat_slice(const at::Tensor& flat, size_t offset, size_t numel) {
   return at::from_blob(base, {static_cast<int64_t>(numel)}, flat.options());
 }
 
-[[noreturn]] void fail(dopt_status s, const std::string& msg) { throw sdk::Error(s, "zero: " + msg); }
+[[noreturn]] void fail(dopt_status s, const std::string& msg) {
+  throw sdk::Error(s, "zero: " + msg);
+}
 
 }  // namespace
 
-ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args) : comm_(args.comm), reducer_(args.reducer) {
+ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
+    : comm_(args.comm), reducer_(args.reducer) {
   if (!args.common) fail(DOPT_ERR_INVALID_ARGUMENT, "needs common args");
   rank_ = args.common->rank;
   world_ = args.common->world_size;
-  if (world_ < 1 || rank_ < 0 || rank_ >= world_) fail(DOPT_ERR_INVALID_ARGUMENT, "bad rank / world size");
+  if (world_ < 1 || rank_ < 0 || rank_ >= world_)
+    fail(DOPT_ERR_INVALID_ARGUMENT, "bad rank / world size");
   sdk::OptionsView opts(args.common->options);
   stage_ = opts.get_int("stage");
   partition_ = opts.get_string("partition");
@@ -81,7 +85,8 @@ ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args) : comm_(args.comm)
     } else {
       std::vector<size_t> numels;
       for (size_t i : trainable) numels.push_back(static_cast<size_t>(params_[i].numel()));
-      RangeSplit split = split_range(back_to_back(numels), std::accumulate(numels.begin(), numels.end(), size_t{0}), world_);
+      RangeSplit split = split_range(
+          back_to_back(numels), std::accumulate(numels.begin(), numels.end(), size_t{0}), world_);
       for (auto& pc : split.pieces) pc.id = trainable[pc.id];
       layout.chunk = split.chunk;
       layout.pieces = std::move(split.pieces);
@@ -92,8 +97,8 @@ ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args) : comm_(args.comm)
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const dopt_bucket& bk = *buckets_[b];
       if (bk.index != static_cast<int32_t>(b))
-        fail(DOPT_ERR_INVALID_ARGUMENT, "bucket " + std::to_string(b) + " has index " +
-                                            std::to_string(bk.index));
+        fail(DOPT_ERR_INVALID_ARGUMENT,
+             "bucket " + std::to_string(b) + " has index " + std::to_string(bk.index));
       BucketShard& s = shards_[b];
       s.flat = sdk::as_tensor(*bk.flat).view(-1);
       std::vector<Segment> segs;

@@ -20,11 +20,11 @@
 // not a multiple of W is sent through a zero-padded copy that lives until
 // step()). The job's reducer is not used, so its bytes_sent (what `distopt
 // train` reports as bytes sent) stays 0; parameter synchronisation traffic
-// is not counted by bytes_sent in either stage. Ownership follows the bucket layout: each bucket's flat range is
-// cut into W equal chunks (padded to a multiple of W), whatever `partition`
-// says; parameters may be split across ranks, the inner optimizer runs over
-// the owned slices. Parameters are synchronised per bucket (allgather, or one
-// broadcast per slice when parameters_as_bucket_view is false).
+// is not counted by bytes_sent in either stage. Ownership follows the bucket layout: each bucket's
+// flat range is cut into W equal chunks (padded to a multiple of W), whatever `partition` says;
+// parameters may be split across ranks, the inner optimizer runs over the owned slices. Parameters
+// are synchronised per bucket (allgather, or one broadcast per slice when parameters_as_bucket_view
+// is false).
 //
 // Partition (stage 1): `greedy` = PyTorch's sorted-greedy over whole
 // parameters (state per rank within one largest parameter of 1/W);
@@ -78,9 +78,9 @@ class ZeroAlgorithm : public sdk::Algorithm {
   };
   // Stage 2 state of one bucket.
   struct BucketShard {
-    at::Tensor flat;         // the host's flat gradient buffer
-    at::Tensor shard;        // this rank's reduced chunk (owned)
-    at::Tensor send;         // padded copy of flat while it is reduced (when needed)
+    at::Tensor flat;   // the host's flat gradient buffer
+    at::Tensor shard;  // this rank's reduced chunk (owned)
+    at::Tensor send;   // padded copy of flat while it is reduced (when needed)
     sdk::DLView send_view, shard_view;
     sdk::CommHandle pending;
   };

@@ -3,9 +3,12 @@
 // of hanging ctest.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,11 +30,25 @@ struct ProcResult {
   bool timed_out = false;
 };
 
-/// A free-ish TCP port for a rendezvous (random in 20000..59999; collisions
-/// between concurrent tests are unlikely and fail loudly, never silently).
+/// A TCP port for a test's rendezvous: random below Linux's ephemeral range
+/// (32768+, where the kernel picks the source ports of our own connections),
+/// and bindable on 127.0.0.1 right now. A collision with a concurrent test is
+/// still possible but rare, and fails loudly, never silently.
 inline int random_port() {
   std::random_device rd;
-  return 20000 + static_cast<int>(rd() % 40000);
+  for (int attempt = 0;; ++attempt) {
+    int port = 20000 + static_cast<int>(rd() % 12000);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the store server binds
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    if (ok || attempt > 50) return port;
+  }
 }
 
 /// Fork `n` children; child r runs fn(r) and exits with its return value (an

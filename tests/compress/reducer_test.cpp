@@ -3,12 +3,14 @@
 // the buckets, reduce every bucket, wait. Each rank writes what its buckets
 // held after every step; the parent compares against references it computes
 // itself from all ranks' gradients. Torch-free.
+#include "distopt/reducer.h"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -18,7 +20,6 @@
 #include "bitpack.hpp"  // plugins/compress: the signsgd wire format
 #include "comm_helpers.hpp"
 #include "distopt/host.hpp"
-#include "distopt/reducer.h"
 
 namespace {
 
@@ -75,8 +76,9 @@ struct RankResult {
 };
 
 // Run `name` with `options` on `world` ranks for `steps` steps.
-std::vector<RankResult> run(const std::string& name, const std::string& options, int world, int steps,
-                            int zero_from = 1 << 30, DLDataType dtype = {kDLFloat, 32, 1}) {
+std::vector<RankResult> run(const std::string& name, const std::string& options, int world,
+                            int steps, int zero_from = 1 << 30,
+                            DLDataType dtype = {kDLFloat, 32, 1}) {
   char tmpl[] = "/tmp/distopt_compress_XXXXXX";
   REQUIRE(mkdtemp(tmpl) != nullptr);
   const std::string dir = tmpl;
@@ -84,7 +86,8 @@ std::vector<RankResult> run(const std::string& name, const std::string& options,
   auto codes = fork_ranks(world, [&](int rank) {
     auto ep = make_endpoint("tcp", rank, world, port);
     const distopt::ComponentInfo& info = ep->registry.get(DOPT_KIND_REDUCER, name);
-    auto opts = distopt::Options::validate(YAML::Load(options), info.options, "<test>", "reducer.options");
+    auto opts =
+        distopt::Options::validate(YAML::Load(options), info.options, "<test>", "reducer.options");
     Layout l = layout();
     const size_t nb = kEntries.size();
     std::vector<std::vector<uint16_t>> half(nb);  // storage for 16-bit buckets
@@ -136,7 +139,8 @@ std::vector<RankResult> run(const std::string& name, const std::string& options,
     a.bind_address = "127.0.0.1";
     auto* vt = static_cast<const dopt_reducer_v1*>(info.vtable);
     dopt_reducer* red = nullptr;
-    distopt::check_status(vt->create(&a, ep->comm->ref(), buckets.data(), nb, &red), name, "create");
+    distopt::check_status(vt->create(&a, ep->comm->ref(), buckets.data(), nb, &red), name,
+                          "create");
     std::ofstream out(dir + "/rank" + std::to_string(rank), std::ios::binary);
     for (int s = 0; s < steps; ++s) {
       Grad g = gradient(rank, s, zero_from);
@@ -182,7 +186,8 @@ std::vector<RankResult> run(const std::string& name, const std::string& options,
       Grad g(kEntries.size());
       for (size_t b = 0; b < kEntries.size(); ++b) {
         g[b].resize(l.lengths[b]);
-        in.read(reinterpret_cast<char*>(g[b].data()), static_cast<std::streamsize>(g[b].size() * sizeof(float)));
+        in.read(reinterpret_cast<char*>(g[b].data()),
+                static_cast<std::streamsize>(g[b].size() * sizeof(float)));
       }
       res[static_cast<size_t>(r)].steps.push_back(g);
     }
@@ -196,7 +201,8 @@ std::vector<RankResult> run(const std::string& name, const std::string& options,
 double max_diff(const Grad& a, const Grad& b) {
   double m = 0;
   for (size_t x = 0; x < a.size(); ++x)
-    for (size_t i = 0; i < a[x].size(); ++i) m = std::max(m, std::fabs(double(a[x][i]) - double(b[x][i])));
+    for (size_t i = 0; i < a[x].size(); ++i)
+      m = std::max(m, std::fabs(double(a[x][i]) - double(b[x][i])));
   return m;
 }
 
@@ -226,10 +232,13 @@ Grad exact_mean(int world, int step, int zero_from = 1 << 30) {
 }
 
 size_t keep(double ratio, size_t n) {  // the documented k = max(1, ceil(ratio x n))
-  return std::min(n, std::max<size_t>(1, static_cast<size_t>(std::ceil(ratio * static_cast<double>(n)))));
+  return std::min(
+      n, std::max<size_t>(1, static_cast<size_t>(std::ceil(ratio * static_cast<double>(n)))));
 }
 
-uint64_t ring(uint64_t bytes, int w) { return 2 * bytes * static_cast<uint64_t>(w - 1) / static_cast<uint64_t>(w); }
+uint64_t ring(uint64_t bytes, int w) {
+  return 2 * bytes * static_cast<uint64_t>(w - 1) / static_cast<uint64_t>(w);
+}
 
 }  // namespace
 
@@ -245,7 +254,8 @@ TEST_CASE("signsgd packing round-trips, odd lengths included") {
     pc::pack_signs(x.data(), n, packed.data());
     CHECK(pc::packed_bytes(n) == (n + 7) / 8);
     CHECK(packed[pc::packed_bytes(n)] == 0xAB);  // nothing written past the run
-    for (size_t i = 0; i < n; ++i) CHECK(pc::unpack_sign(packed.data(), i) == (x[i] < 0 ? -1.0f : 1.0f));
+    for (size_t i = 0; i < n; ++i)
+      CHECK(pc::unpack_sign(packed.data(), i) == (x[i] < 0 ? -1.0f : 1.0f));
     if (n % 8) CHECK((packed[n / 8] >> (n % 8)) == 0);  // unused tail bits are 0
   }
 }
@@ -269,7 +279,8 @@ std::vector<Grad> sign_reference(int world, int steps, bool ef) {
         for (int r = 0; r < world; ++r) {
           Grad g = gradient(r, s, 1 << 30);
           auto& pr = p[static_cast<size_t>(r)];
-          for (size_t i = 0; i < n; ++i) pr.push_back(g[b][off + i] + (ef ? resid[static_cast<size_t>(r)][b][off + i] : 0));
+          for (size_t i = 0; i < n; ++i)
+            pr.push_back(g[b][off + i] + (ef ? resid[static_cast<size_t>(r)][b][off + i] : 0));
           double a = 0;
           for (float v : pr) a += std::fabs(v);
           float sc = static_cast<float>(a / static_cast<double>(n));
@@ -282,7 +293,9 @@ std::vector<Grad> sign_reference(int world, int steps, bool ef) {
           out[b][off + i] = votes > 0 ? scale : (votes < 0 ? -scale : 0.0f);
           // the residual is exactly what the applied update did not carry
           if (ef)
-            for (int r = 0; r < world; ++r) resid[static_cast<size_t>(r)][b][off + i] = p[static_cast<size_t>(r)][i] - out[b][off + i];
+            for (int r = 0; r < world; ++r)
+              resid[static_cast<size_t>(r)][b][off + i] =
+                  p[static_cast<size_t>(r)][i] - out[b][off + i];
         }
       }
     outs.push_back(out);
@@ -299,13 +312,16 @@ uint64_t sign_bytes_per_step(int world) {
   return msg * static_cast<uint64_t>(world - 1);
 }
 
-TEST_CASE("signsgd: majority vote over 3 ranks equals a local reference; same on every rank; bytes") {
+TEST_CASE(
+    "signsgd: majority vote over 3 ranks equals a local reference; same on every rank; bytes") {
   const int w = 3, steps = 2;
   auto res = run("signsgd", "{}", w, steps);
   auto ref = sign_reference(w, steps, false);
-  for (int s = 0; s < steps; ++s) CHECK(max_diff(res[0].steps[static_cast<size_t>(s)], ref[static_cast<size_t>(s)]) <= 1e-6);
+  for (int s = 0; s < steps; ++s)
+    CHECK(max_diff(res[0].steps[static_cast<size_t>(s)], ref[static_cast<size_t>(s)]) <= 1e-6);
   check_same_on_every_rank(res);
-  for (const auto& r : res) CHECK(r.bytes_sent == static_cast<double>(steps * sign_bytes_per_step(w)));
+  for (const auto& r : res)
+    CHECK(r.bytes_sent == static_cast<double>(steps * sign_bytes_per_step(w)));
   // it is lossy: not the mean
   CHECK(max_diff(res[0].steps[0], exact_mean(w, 0)) > 0.1);
 }
@@ -330,7 +346,8 @@ TEST_CASE("signsgd error_feedback: 2 ranks (ties vote 0) follow EF-SignSGD exact
 TEST_CASE("topk with ratio 1 equals the mean; bytes = (W-1) x 8 x numel") {
   const int w = 3;
   auto res = run("topk", "{ratio: 1.0}", w, 2);
-  for (int s = 0; s < 2; ++s) CHECK(max_diff(res[0].steps[static_cast<size_t>(s)], exact_mean(w, s)) <= 1e-6);
+  for (int s = 0; s < 2; ++s)
+    CHECK(max_diff(res[0].steps[static_cast<size_t>(s)], exact_mean(w, s)) <= 1e-6);
   check_same_on_every_rank(res);
   uint64_t n = 0;
   for (const auto& b : kEntries)
@@ -349,7 +366,8 @@ void check_drains(const std::string& name, double ratio, int drain_steps, bool s
   Grad sum = res[0].steps[0];
   for (int s = 1; s < steps; ++s)
     for (size_t b = 0; b < sum.size(); ++b)
-      for (size_t i = 0; i < sum[b].size(); ++i) sum[b][i] += res[0].steps[static_cast<size_t>(s)][b][i];
+      for (size_t i = 0; i < sum[b].size(); ++i)
+        sum[b][i] += res[0].steps[static_cast<size_t>(s)][b][i];
   CHECK(max_diff(sum, exact_mean(w, 0)) <= 1e-6);
   // step 0 is sparse: at most k per tensor per rank (exactly k with shared indices)
   Layout l = layout();
@@ -358,7 +376,8 @@ void check_drains(const std::string& name, double ratio, int drain_steps, bool s
     for (size_t e = 0; e < kEntries[b].size(); ++e) {
       size_t k = keep(ratio, kEntries[b][e]), nz = 0;
       k_total += k;
-      for (size_t i = 0; i < kEntries[b][e]; ++i) nz += res[0].steps[0][b][l.offsets[b][e] + i] != 0.0f;
+      for (size_t i = 0; i < kEntries[b][e]; ++i)
+        nz += res[0].steps[0][b][l.offsets[b][e] + i] != 0.0f;
       CAPTURE(e);
       if (shared_support)
         CHECK(nz == k);
@@ -375,10 +394,13 @@ TEST_CASE("topk error feedback: the residual is exactly what was not sent") {
 }
 
 TEST_CASE("randomk error feedback: shared indices, exactly k values per tensor, residual drains") {
-  check_drains("randomk", 0.5, 40, true);  // P(an element never drawn in 40 steps) ~ 2^-40 per element
+  check_drains("randomk", 0.5, 40,
+               true);  // P(an element never drawn in 40 steps) ~ 2^-40 per element
 }
 
-TEST_CASE("topk step 1 is the local top-k of each rank averaged; without error feedback nothing is kept") {
+TEST_CASE(
+    "topk step 1 is the local top-k of each rank averaged; without error feedback nothing is "
+    "kept") {
   const int w = 2;
   const double ratio = 0.2;
   auto res = run("topk", "{ratio: 0.2, error_feedback: false}", w, 2, 1);
@@ -393,7 +415,8 @@ TEST_CASE("topk step 1 is the local top-k of each rank averaged; without error f
         for (size_t i = 0; i < n; ++i) a.push_back(std::fabs(g[b][off + i]));
         std::sort(a.begin(), a.end(), std::greater<float>());
         for (size_t i = 0; i < n; ++i)
-          if (std::fabs(g[b][off + i]) >= a[k - 1]) ref[b][off + i] += g[b][off + i] / static_cast<float>(w);
+          if (std::fabs(g[b][off + i]) >= a[k - 1])
+            ref[b][off + i] += g[b][off + i] / static_cast<float>(w);
       }
   }
   CHECK(max_diff(res[0].steps[0], ref) <= 1e-6);
@@ -447,7 +470,8 @@ TEST_CASE("a ratio of 0 is refused at create with a message") {
   auto codes = fork_ranks(1, [&](int) {
     auto ep = make_endpoint("tcp", 0, 1, port);
     const distopt::ComponentInfo& info = ep->registry.get(DOPT_KIND_REDUCER, "topk");
-    auto opts = distopt::Options::validate(YAML::Load("{ratio: 0}"), info.options, "<test>", "reducer.options");
+    auto opts = distopt::Options::validate(YAML::Load("{ratio: 0}"), info.options, "<test>",
+                                           "reducer.options");
     dopt_create_args a{};
     a.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
     a.world_size = 1;
@@ -458,7 +482,10 @@ TEST_CASE("a ratio of 0 is refused at create with a message") {
     auto* vt = static_cast<const dopt_reducer_v1*>(info.vtable);
     dopt_status st = vt->create(&a, ep->comm->ref(), nullptr, 0, &red);
     std::string msg = distopt::take_last_error();
-    return (st == DOPT_ERR_INVALID_ARGUMENT && msg.find("ratio must be in (0, 1]") != std::string::npos) ? 0 : 1;
+    return (st == DOPT_ERR_INVALID_ARGUMENT &&
+            msg.find("ratio must be in (0, 1]") != std::string::npos)
+               ? 0
+               : 1;
   });
   CHECK(codes[0] == 0);
 }

@@ -29,7 +29,8 @@ struct Outcome {
   double bytes = -1;  // rank 0, whole run
 };
 
-Outcome train(const std::string& dir, const std::string& name, const std::string& reducer, double lr = 0.1) {
+Outcome train(const std::string& dir, const std::string& name, const std::string& reducer,
+              double lr = 0.1) {
   const std::string plugins = env_path("DISTOPT_PLUGIN_DIR"), cli = env_path("DISTOPT_CLI");
   REQUIRE_MESSAGE(!plugins.empty(), "DISTOPT_PLUGIN_DIR is not set (run through ctest)");
   REQUIRE_MESSAGE(!cli.empty(), "DISTOPT_CLI is not set (run through ctest)");

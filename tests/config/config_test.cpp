@@ -3,19 +3,19 @@
 // Options schema checks, and the `distopt check` / `distopt plugins` CLI run
 // as real processes. Plugin schemas come from the mock plugins of
 // tests/registry (built into a test-only directory).
+#include "distopt/config.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstring>  // multiproc.hpp uses strdup without including it
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "distopt/config.hpp"
 #include "distopt/error.hpp"
 #include "distopt/options.hpp"
 #include "distopt/registry.hpp"
@@ -52,7 +52,8 @@ std::vector<BadCase> bad_corpus() {
     }
     out.push_back(c);
   }
-  std::sort(out.begin(), out.end(), [](const BadCase& a, const BadCase& b) { return a.file < b.file; });
+  std::sort(out.begin(), out.end(),
+            [](const BadCase& a, const BadCase& b) { return a.file < b.file; });
   return out;
 }
 
@@ -122,7 +123,8 @@ TEST_CASE("a full good config parses with the expected values") {
   CHECK(cfg.path == file);
   REQUIRE(cfg.plugin_paths.size() == 2);
   // Relative plugin paths resolve against the YAML file's directory.
-  CHECK(cfg.plugin_paths[0] == (kTestDir / "good" / "../../../build-nowhere/plugins").lexically_normal().string());
+  CHECK(cfg.plugin_paths[0] ==
+        (kTestDir / "good" / "../../../build-nowhere/plugins").lexically_normal().string());
   CHECK(cfg.plugin_paths[1] == "/opt/distopt/plugins");
   CHECK(cfg.world_size == 3);
   CHECK(cfg.rendezvous == "file:///tmp/distopt-rdzv");
@@ -172,8 +174,9 @@ TEST_CASE("defaults: an empty job, and sections left out") {
   CHECK(cfg.train.model == "mlp");
   CHECK(cfg.train.batch_size == 256);
 
-  cfg = distopt::parse_job_config("world: {size: 4}\nplugins: {paths: rel/dir}\nreducer: {name: mock}\n"
-                                  "communicator: {name: mock}\nalgorithm: {name: mock}\n");
+  cfg = distopt::parse_job_config(
+      "world: {size: 4}\nplugins: {paths: rel/dir}\nreducer: {name: mock}\n"
+      "communicator: {name: mock}\nalgorithm: {name: mock}\n");
   CHECK(cfg.world_size == 4);
   REQUIRE(cfg.plugin_paths.size() == 1);
   CHECK(cfg.plugin_paths[0] == "rel/dir");  // no file: kept as written
@@ -197,19 +200,20 @@ TEST_CASE("errors from text use the given name, and a missing file is named") {
 }
 
 TEST_CASE("validate_job: unknown names list what is available, at the name's line") {
-  auto cfg = distopt::parse_job_config("communicator: {name: mock}\nreducer: {name: mock}\nalgorithm:\n  name: zero\n",
-                                       "job.yaml");
+  auto cfg = distopt::parse_job_config(
+      "communicator: {name: mock}\nreducer: {name: mock}\nalgorithm:\n  name: zero\n", "job.yaml");
   std::string m = error_of([&] { distopt::validate_job(cfg, mock_registry()); });
   CAPTURE(m);
-  CHECK(m.rfind("job.yaml:4:9: algorithm.name: no algorithm named 'zero' is available; available algorithms: mock, "
+  CHECK(m.rfind("job.yaml:4:9: algorithm.name: no algorithm named 'zero' is available; available "
+                "algorithms: mock, "
                 "mock_req",
                 0) == 0);
   CHECK(m.find("libdistopt_junk.so: cannot be loaded") != std::string::npos);
   // An empty registry says so and suggests where plugins come from.
   distopt::PluginRegistry empty;
   m = error_of([&] { distopt::validate_job(distopt::parse_job_config(""), empty); });
-  CHECK(m.find("communicator (not set in the file; the default is 'tcp'): no communicator named 'tcp'") !=
-        std::string::npos);
+  CHECK(m.find("communicator (not set in the file; the default is 'tcp'): no communicator named "
+               "'tcp'") != std::string::npos);
   CHECK(m.find("no plugin libraries were found") != std::string::npos);
 }
 
@@ -221,7 +225,8 @@ TEST_CASE("Options::validate: types, ranges, choices, defaults, getters") {
   schema[3] = {"s", DOPT_OPTION_STRING, std::string("a"), 0, -1, {"a", "b"}, "a choice"};
   schema[4] = {"free", DOPT_OPTION_STRING, std::nullopt, 0, -1, {}, "required"};
 
-  auto o = Options::validate(YAML::Load("{n: 8, x: 1, b: no, s: b, free: anything}"), schema, "f.yaml", "sec");
+  auto o = Options::validate(YAML::Load("{n: 8, x: 1, b: no, s: b, free: anything}"), schema,
+                             "f.yaml", "sec");
   CHECK(o.get_int("n") == 8);
   CHECK(o.get_double("n") == 8.0);  // an INT reads as a double too
   CHECK(o.get_double("x") == 1.0);
@@ -243,18 +248,23 @@ TEST_CASE("Options::validate: types, ranges, choices, defaults, getters") {
     return error_of([&] { Options::validate(YAML::Load(yaml), schema, "f.yaml", "sec"); });
   };
   CHECK(err("{free: z, n: 9}").rfind("f.yaml:1:14: sec.n: value 9 is out of range [1, 8]", 0) == 0);
-  CHECK(Options::validate(YAML::Load("{free: z, n: 08}"), schema, "f", "sec").get_int("n") == 8);  // decimal, not octal
-  CHECK(Options::validate(YAML::Load("{free: z, n: +2, x: 1e-1}"), schema, "f", "sec").get_double("x") == 0.1);
-  CHECK(err("{free: z, n: 0x4}").find("sec.n: expected an integer, got '0x4'") != std::string::npos);
+  CHECK(Options::validate(YAML::Load("{free: z, n: 08}"), schema, "f", "sec").get_int("n") ==
+        8);  // decimal, not octal
+  CHECK(Options::validate(YAML::Load("{free: z, n: +2, x: 1e-1}"), schema, "f", "sec")
+            .get_double("x") == 0.1);
+  CHECK(err("{free: z, n: 0x4}").find("sec.n: expected an integer, got '0x4'") !=
+        std::string::npos);
   CHECK(err("{free: z, n: 99999999999999999999}").find("expected an integer") != std::string::npos);
-  CHECK(err("{free: z, n: 1.5}").find("sec.n: expected an integer, got '1.5'") != std::string::npos);
+  CHECK(err("{free: z, n: 1.5}").find("sec.n: expected an integer, got '1.5'") !=
+        std::string::npos);
   CHECK(err("{free: z, x: .nan}").find("sec.x: expected a number") != std::string::npos);
   CHECK(err("{free: z, x: -0.1}").find("out of range [0, 1]") != std::string::npos);
   CHECK(err("{free: z, b: maybe}").find("sec.b: expected a bool") != std::string::npos);
   CHECK(err("{free: z, s: c}").find("sec.s: 'c' is not one of a|b") != std::string::npos);
   CHECK(err("{free: [1]}").find("sec.free: expected a string, got a list") != std::string::npos);
   CHECK(err("{n: 2}").find("sec: missing required option 'free'") != std::string::npos);
-  CHECK(err("{free: z, nn: 2}").find("unknown key 'nn' in sec; valid keys: n, x, b, s, free (did you mean 'n'?)") !=
+  CHECK(err("{free: z, nn: 2}")
+            .find("unknown key 'nn' in sec; valid keys: n, x, b, s, free (did you mean 'n'?)") !=
         std::string::npos);
   CHECK(err("[1, 2]").find("sec: expected a map of options, got a list") != std::string::npos);
   CHECK(err("{free: z, free: y}").find("duplicate key 'free'") != std::string::npos);
@@ -262,8 +272,10 @@ TEST_CASE("Options::validate: types, ranges, choices, defaults, getters") {
 
 TEST_CASE("specs_from_c reads only the fields struct_size covers") {
   dopt_option_spec specs[2] = {
-      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "full", DOPT_OPTION_STRING, "a", 0, -1, "a|b", "help text"},
-      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "n", DOPT_OPTION_INT, nullptr, 2, 3, nullptr, nullptr},
+      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "full", DOPT_OPTION_STRING, "a", 0, -1, "a|b",
+       "help text"},
+      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "n", DOPT_OPTION_INT, nullptr, 2, 3, nullptr,
+       nullptr},
   };
   auto v = distopt::specs_from_c(specs, 2);
   REQUIRE(v.size() == 2);
@@ -309,15 +321,18 @@ TEST_CASE("distopt check accepts good configs and prints the summary") {
   auto r = cli({"check", full, "--plugin-path", kMockDir});
   CAPTURE(r.output);
   CHECK(r.exit_code == 0);
-  CHECK(r.output.find(full + ": OK (communicator mock, reducer mock, algorithm mock, optimizer adam, world size 3)") !=
-        std::string::npos);
+  CHECK(
+      r.output.find(
+          full +
+          ": OK (communicator mock, reducer mock, algorithm mock, optimizer adam, world size 3)") !=
+      std::string::npos);
 
   const std::string req = (kTestDir / "good" / "required.yaml").string();
   r = cli({"check", req, "--plugin-path", kMockDir});
   CAPTURE(r.output);
   CHECK(r.exit_code == 0);
-  CHECK(r.output.find("OK (communicator mock_minor, reducer mock, algorithm mock_req, optimizer sgd, world size 1)") !=
-        std::string::npos);
+  CHECK(r.output.find("OK (communicator mock_minor, reducer mock, algorithm mock_req, optimizer "
+                      "sgd, world size 1)") != std::string::npos);
 
   // The plugin dir can also come from $DISTOPT_PLUGIN_PATH.
   r = distopt::test::run_command({distopt::test::env_path("DISTOPT_CLI"), "check", req},
@@ -337,7 +352,8 @@ TEST_CASE("distopt check: usage errors") {
   // Without the mock plugins the default components are not found either.
   r = cli({"check", (kTestDir / "good" / "full.yaml").string()});
   CHECK(r.exit_code == 1);
-  CHECK(r.output.find("full.yaml:8:22: communicator.name: no communicator named 'mock'") != std::string::npos);
+  CHECK(r.output.find("full.yaml:8:22: communicator.name: no communicator named 'mock'") !=
+        std::string::npos);
 }
 
 TEST_CASE("distopt plugins lists components, options and skipped files") {
@@ -351,8 +367,10 @@ TEST_CASE("distopt plugins lists components, options and skipped files") {
   CHECK(r.output.find("(required)") != std::string::npos);
   CHECK(r.output.find("bucket_cap_mb") != std::string::npos);
   CHECK(r.output.find("Skipped (9)") != std::string::npos);
-  CHECK(r.output.find(kMockDir + "/libdistopt_mock_nullfn.so: component 'mock_nullfn': communicator vtable field "
-                                 "'allreduce' is NULL") != std::string::npos);
+  CHECK(r.output.find(
+            kMockDir +
+            "/libdistopt_mock_nullfn.so: component 'mock_nullfn': communicator vtable field "
+            "'allreduce' is NULL") != std::string::npos);
 
   r = cli({"plugins", "--plugin-path", kMockDir, "--json"});
   REQUIRE(r.exit_code == 0);
@@ -383,7 +401,8 @@ TEST_CASE("distopt plugins lists components, options and skipped files") {
   // --config uses the job's plugins.paths (relative to the job file).
   fs::path tmp = fs::temp_directory_path() / ("distopt-cfg-" + std::to_string(::getpid()));
   fs::create_directories(tmp);
-  std::ofstream(tmp / "job.yaml") << "plugins: {paths: [" << fs::relative(kMockDir, tmp).string() << "]}\n";
+  std::ofstream(tmp / "job.yaml") << "plugins: {paths: [" << fs::relative(kMockDir, tmp).string()
+                                  << "]}\n";
   r = cli({"plugins", "--config", (tmp / "job.yaml").string(), "--json"});
   fs::remove_all(tmp);
   REQUIRE(r.exit_code == 0);
@@ -391,12 +410,13 @@ TEST_CASE("distopt plugins lists components, options and skipped files") {
 }
 
 TEST_CASE("the shipped example jobs pass distopt check against the project's plugins") {
-  const fs::path examples = fs::path(distopt::test::env_path("DISTOPT_SOURCE_DIR")) / "share/distopt/examples";
+  const fs::path examples =
+      fs::path(distopt::test::env_path("DISTOPT_SOURCE_DIR")) / "share/distopt/examples";
   const std::string plugins = distopt::test::env_path("DISTOPT_PLUGIN_DIR");
   distopt::PluginRegistry reg;
   reg.discover({plugins});
-  if (!fs::is_directory(examples) || !reg.find(DOPT_KIND_COMMUNICATOR, "tcp") || !reg.find(DOPT_KIND_REDUCER, "mean") ||
-      !reg.find(DOPT_KIND_ALGORITHM, "allreduce")) {
+  if (!fs::is_directory(examples) || !reg.find(DOPT_KIND_COMMUNICATOR, "tcp") ||
+      !reg.find(DOPT_KIND_REDUCER, "mean") || !reg.find(DOPT_KIND_ALGORITHM, "allreduce")) {
     MESSAGE("examples or the tcp/mean/allreduce plugins are not built here; nothing to check");
     return;
   }

@@ -85,11 +85,12 @@ std::vector<Report> train(const std::string& reducer, const std::string& algorit
   const std::string plugins = distopt::test::env_path("DISTOPT_PLUGIN_DIR");
   const std::string dir = "/tmp/distopt_conformance_" + std::to_string(getpid());
   std::system(("mkdir -p '" + dir + "'").c_str());
-  const std::string yaml = "plugins: {paths: ['" + plugins + "']}\n" +
-                           "world: {size: 2, rendezvous: 'tcp://127.0.0.1:" + std::to_string(random_port()) +
-                           "', timeout_s: 60}\n" + "communicator: {name: tcp}\n" + "reducer: {name: " + reducer +
-                           "}\n" + "algorithm: {name: " + algorithm + "}\n" +
-                           "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
+  const std::string yaml =
+      "plugins: {paths: ['" + plugins + "']}\n" +
+      "world: {size: 2, rendezvous: 'tcp://127.0.0.1:" + std::to_string(random_port()) +
+      "', timeout_s: 60}\n" + "communicator: {name: tcp}\n" + "reducer: {name: " + reducer + "}\n" +
+      "algorithm: {name: " + algorithm + "}\n" +
+      "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
   auto codes = fork_ranks(
       kWorld,
       [&](int rank) {
@@ -98,14 +99,15 @@ std::vector<Report> train(const std::string& reducer, const std::string& algorit
         at::Tensor x = at::randn({kWorld * kBatch * 4, kIn});
         at::Tensor w = at::randn({kIn, kClasses});
         at::Tensor y = at::argmax(at::matmul(x, w), 1);  // a learnable labelling
-        torch::manual_seed(100 + rank);                   // ranks start apart: make_optimizer syncs them
+        torch::manual_seed(100 + rank);  // ranks start apart: make_optimizer syncs them
         Net net;
         distopt::ProcessInfo proc;
         proc.rank = rank;
         proc.world_size = kWorld;
         proc.local_rank = rank;
         proc.local_world_size = kWorld;
-        auto rt = distopt::Runtime::from_config(distopt::parse_job_config(yaml, "conformance.yaml"), proc);
+        auto rt = distopt::Runtime::from_config(distopt::parse_job_config(yaml, "conformance.yaml"),
+                                                proc);
         auto opt = rt.make_optimizer(*net);
         auto full_loss = [&] {
           at::NoGradGuard ng;
@@ -117,7 +119,8 @@ std::vector<Report> train(const std::string& reducer, const std::string& algorit
         for (int s = 0; s < kSteps; ++s) {
           int64_t off = ((s % shards) * kWorld + rank) * kBatch;
           opt.zero_grad();
-          at::nll_loss(at::log_softmax(net->forward(x.narrow(0, off, kBatch)), 1), y.narrow(0, off, kBatch))
+          at::nll_loss(at::log_softmax(net->forward(x.narrow(0, off, kBatch)), 1),
+                       y.narrow(0, off, kBatch))
               .backward();
           opt.step();
         }
@@ -174,7 +177,8 @@ TEST_CASE("every reducer: trains, identical results on every rank, bytes counted
     }
     auto reps = train(c.name, "allreduce");
     check_trains(reps);
-    CHECK(reps[0].params == reps[1].params);  // bitwise: every rank applied the same reduced gradient
+    CHECK(reps[0].params ==
+          reps[1].params);  // bitwise: every rank applied the same reduced gradient
     CHECK(reps[0].bytes_sent > 0);
     ++tested;
   }

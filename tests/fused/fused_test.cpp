@@ -112,7 +112,8 @@ std::vector<double> run_job(const Job& j) {
         proc.local_rank = rank;
         proc.local_world_size = j.world;
         proc.source = "test";
-        auto rt = distopt::Runtime::from_config(distopt::parse_job_config(yaml, "fused.yaml"), proc);
+        auto rt =
+            distopt::Runtime::from_config(distopt::parse_job_config(yaml, "fused.yaml"), proc);
         // group 1: fc2 with its own lr and weight decay
         distopt::ParamGroupSpec g1;
         g1.names = {"fc2.weight", "fc2.bias"};

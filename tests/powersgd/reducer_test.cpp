@@ -7,6 +7,10 @@
 // bucket and bytes_sent to a file; the parent (which never touches torch, so
 // it can keep forking) recomputes the true averages from the same
 // deterministic gradients and asserts.
+#include "distopt/reducer.h"
+
+#include <yaml-cpp/yaml.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -19,13 +23,10 @@
 #include <thread>
 #include <vector>
 
-#include <yaml-cpp/yaml.h>
-
 #include "distopt/communicator.hpp"
 #include "distopt/config.hpp"
 #include "distopt/host.hpp"
 #include "distopt/options.hpp"
-#include "distopt/reducer.h"
 #include "distopt/registry.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
@@ -46,15 +47,15 @@ using distopt::test::fork_ranks;
 using distopt::test::random_port;
 
 constexpr int kWorld = 2;
-constexpr size_t kGap = 3;          // padding between entries (must stay untouched)
-constexpr float kPadding = 7.0f;    // value of the padding on every rank
+constexpr size_t kGap = 3;        // padding between entries (must stay untouched)
+constexpr float kPadding = 7.0f;  // value of the padding on every rank
 
 struct Spec {
   std::vector<std::vector<int64_t>> shapes;
   std::string options = "{}";  // powersgd options (YAML)
   int steps = 3;
-  float base = 0;         // weight of a gradient part fixed over steps and ranks
-  int delay_rank1_ms = 0; // rank 1 reduces this late (asynchrony check)
+  float base = 0;          // weight of a gradient part fixed over steps and ranks
+  int delay_rank1_ms = 0;  // rank 1 reduces this late (asynchrony check)
 };
 
 struct Layout {
@@ -84,14 +85,16 @@ float uniform(uint64_t key) {
 
 // Gradient element `i` (flat index) of `rank` at `step`.
 float grad(const Spec& s, int rank, int step, size_t i) {
-  float noise = uniform((static_cast<uint64_t>(rank) << 48) ^ (static_cast<uint64_t>(step) << 32) ^ i);
+  float noise =
+      uniform((static_cast<uint64_t>(rank) << 48) ^ (static_cast<uint64_t>(step) << 32) ^ i);
   return s.base * uniform(0xABCDEF0000000000ull ^ i) + noise;
 }
 
 std::vector<float> bucket_of(const Spec& s, const Layout& l, int rank, int step) {
   std::vector<float> b(l.total, kPadding);
   for (size_t k = 0; k < l.offset.size(); ++k)
-    for (size_t j = 0; j < l.numel[k]; ++j) b[l.offset[k] + j] = grad(s, rank, step, l.offset[k] + j);
+    for (size_t j = 0; j < l.numel[k]; ++j)
+      b[l.offset[k] + j] = grad(s, rank, step, l.offset[k] + j);
   return b;
 }
 
@@ -103,8 +106,8 @@ std::vector<float> mean_of(const Spec& s, const Layout& l, int step) {
 }
 
 struct StepOut {
-  double bytes_sent = 0;   // cumulative
-  double reduce_ms = 0;    // how long reduce() took
+  double bytes_sent = 0;  // cumulative
+  double reduce_ms = 0;   // how long reduce() took
   bool done_at_once = false;
   std::vector<float> flat;
 };
@@ -119,7 +122,8 @@ int child(const Spec& s, int rank, int port, const std::string& out_path) {
   using namespace distopt;
   std::ostringstream y;
   y << "plugins: {paths: ['" << test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-    << "world: {size: " << kWorld << ", rendezvous: 'tcp://127.0.0.1:" << port << "', timeout_s: 60}\n"
+    << "world: {size: " << kWorld << ", rendezvous: 'tcp://127.0.0.1:" << port
+    << "', timeout_s: 60}\n"
     << "communicator: {name: tcp}\n"
     << "reducer: {name: powersgd, options: " << s.options << "}\n";
   ProcessInfo proc;
@@ -130,12 +134,14 @@ int child(const Spec& s, int rank, int port, const std::string& out_path) {
   proc.source = "test";
   Runtime rt = Runtime::from_config(parse_job_config(y.str(), "powersgd_test.yaml"), proc);
   const ComponentInfo& info = rt.registry().get(DOPT_KIND_REDUCER, "powersgd");
-  Options opts = Options::validate(YAML::Load(s.options), info.options, "powersgd_test.yaml", "reducer.options");
+  Options opts = Options::validate(YAML::Load(s.options), info.options, "powersgd_test.yaml",
+                                   "reducer.options");
 
   const Layout l = layout_of(s);
   std::vector<float> flat(l.total);
   int64_t flat_shape = 0;
-  DLTensor dl = make_dltensor(flat.data(), static_cast<int64_t>(l.total), DLDataType{kDLFloat, 32, 1}, &flat_shape);
+  DLTensor dl = make_dltensor(flat.data(), static_cast<int64_t>(l.total),
+                              DLDataType{kDLFloat, 32, 1}, &flat_shape);
   std::vector<dopt_bucket_entry> entries(s.shapes.size());
   std::vector<std::string> names;
   for (size_t k = 0; k < s.shapes.size(); ++k) names.push_back("p" + std::to_string(k));
@@ -172,18 +178,21 @@ int child(const Spec& s, int rank, int port, const std::string& out_path) {
   for (int step = 1; step <= s.steps; ++step) {
     auto g = bucket_of(s, l, rank, step);
     std::copy(g.begin(), g.end(), flat.begin());
-    if (rank == 1 && s.delay_rank1_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(s.delay_rank1_ms));
+    if (rank == 1 && s.delay_rank1_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(s.delay_rank1_ms));
     dopt_reduce_request* req = nullptr;
     auto t0 = std::chrono::steady_clock::now();
     check_status(vt->reduce(red, &bucket, &req), "powersgd", "reduce");
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     int32_t done = 0;
     check_status(vt->test(req, &done), "powersgd", "test");
     check_status(vt->wait(req, 60000), "powersgd", "wait");
     vt->request_free(req);
     double hdr[3] = {static_cast<double>(vt->bytes_sent(red)), ms, static_cast<double>(done)};
     out.write(reinterpret_cast<const char*>(hdr), sizeof hdr);
-    out.write(reinterpret_cast<const char*>(flat.data()), static_cast<std::streamsize>(flat.size() * sizeof(float)));
+    out.write(reinterpret_cast<const char*>(flat.data()),
+              static_cast<std::streamsize>(flat.size() * sizeof(float)));
   }
   out.close();
   check_status(vt->destroy(red), "powersgd", "destroy");
@@ -217,7 +226,8 @@ std::vector<std::vector<StepOut>> run(const Spec& s) {
       o.reduce_ms = hdr[1];
       o.done_at_once = hdr[2] != 0;
       o.flat.resize(l.total);
-      REQUIRE(in.read(reinterpret_cast<char*>(o.flat.data()), static_cast<std::streamsize>(l.total * sizeof(float))));
+      REQUIRE(in.read(reinterpret_cast<char*>(o.flat.data()),
+                      static_cast<std::streamsize>(l.total * sizeof(float))));
       res[r].push_back(std::move(o));
     }
     std::remove((dir + "/rank" + std::to_string(r) + ".bin").c_str());
@@ -228,7 +238,8 @@ std::vector<std::vector<StepOut>> run(const Spec& s) {
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  for (size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
   return m;
 }
 double norm(const std::vector<double>& a) {
@@ -240,7 +251,8 @@ double norm(const std::vector<double>& a) {
 void check_same_on_every_rank(const std::vector<std::vector<StepOut>>& res) {
   for (size_t t = 0; t < res[0].size(); ++t) {
     CAPTURE(t);
-    CHECK(std::memcmp(res[0][t].flat.data(), res[1][t].flat.data(), res[0][t].flat.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(res[0][t].flat.data(), res[1][t].flat.data(),
+                      res[0][t].flat.size() * sizeof(float)) == 0);
     CHECK(res[0][t].bytes_sent == res[1][t].bytes_sent);
   }
 }
@@ -255,7 +267,8 @@ void check_padding_untouched(const Spec& s, const std::vector<std::vector<StepOu
 
 }  // namespace
 
-TEST_CASE("powersgd with rank >= min(n, m) reproduces the mean; bytes are the P, Q and 1-D traffic") {
+TEST_CASE(
+    "powersgd with rank >= min(n, m) reproduces the mean; bytes are the P, Q and 1-D traffic") {
   Spec s;
   // n < m, n > m, a 3-D weight folded to 4 x 6, a bias.
   s.shapes = {{6, 10}, {12, 5}, {4, 3, 2}, {7}};
@@ -274,7 +287,8 @@ TEST_CASE("powersgd with rank >= min(n, m) reproduces the mean; bytes are the P,
   // P's: 6x6 + 12x5 + 4x4 (r clamped to min(n, m)) and the bias (7) in one
   // buffer; Q's: 10x6 + 5x5 + 6x4.
   const double per_step = ((36 + 60 + 16 + 7) + (60 + 25 + 24)) * 4.0;
-  for (int t = 1; t <= s.steps; ++t) CHECK(res[0][t - 1].bytes_sent == doctest::Approx(per_step * t));
+  for (int t = 1; t <= s.steps; ++t)
+    CHECK(res[0][t - 1].bytes_sent == doctest::Approx(per_step * t));
 }
 
 TEST_CASE("powersgd start_iter steps are the exact mean, then compression starts") {
@@ -289,11 +303,13 @@ TEST_CASE("powersgd start_iter steps are the exact mean, then compression starts
     CAPTURE(t);
     auto mean = mean_of(s, l, t);
     for (int r = 0; r < kWorld; ++r) CHECK(res[r][t - 1].flat == mean);  // bit for bit
-    CHECK(res[0][t - 1].bytes_sent == doctest::Approx(l.total * 4.0 * t));  // whole flat buffer per step
+    CHECK(res[0][t - 1].bytes_sent ==
+          doctest::Approx(l.total * 4.0 * t));  // whole flat buffer per step
   }
   for (int t = 4; t <= 5; ++t) {
     CAPTURE(t);
-    CHECK(max_abs_diff(res[0][t - 1].flat, mean_of(s, l, t)) > 1e-2);  // rank 2 of a 32 x 24 matrix: lossy
+    CHECK(max_abs_diff(res[0][t - 1].flat, mean_of(s, l, t)) >
+          1e-2);  // rank 2 of a 32 x 24 matrix: lossy
   }
   // From step 4: P (32x2) + bias (16), then Q (24x2).
   CHECK(res[0][3].bytes_sent - res[0][2].bytes_sent == doctest::Approx((64 + 16 + 48) * 4.0));
@@ -301,7 +317,8 @@ TEST_CASE("powersgd start_iter steps are the exact mean, then compression starts
   check_padding_untouched(s, res);
 }
 
-TEST_CASE("powersgd error feedback: the sum of compressed updates tracks the sum of true averages") {
+TEST_CASE(
+    "powersgd error feedback: the sum of compressed updates tracks the sum of true averages") {
   Spec s;
   s.shapes = {{32, 24}, {16}};
   s.options = "{rank: 2, start_iter: 0}";
@@ -339,8 +356,9 @@ TEST_CASE("powersgd error feedback: the sum of compressed updates tracks the sum
   double peak_first = 0, peak_second = 0;
   for (int t = 1; t <= s.steps / 2; ++t) peak_first = std::max(peak_first, gap[t]);
   for (int t = s.steps / 2 + 1; t <= s.steps; ++t) peak_second = std::max(peak_second, gap[t]);
-  INFO("gap after step 1: " << gap[1] << ", peak in the first half: " << peak_first << ", in the second: " << peak_second
-                            << ", final: " << gap[s.steps] << ", |sum of true|: " << norm(sum_true)
+  INFO("gap after step 1: " << gap[1] << ", peak in the first half: " << peak_first
+                            << ", in the second: " << peak_second << ", final: " << gap[s.steps]
+                            << ", |sum of true|: " << norm(sum_true)
                             << ", sum of per-step errors: " << per_step_errors);
   CHECK(peak_second <= 1.5 * peak_first);
   // so the compressed sum follows the true sum ever more closely,

@@ -28,13 +28,14 @@ TEST_CASE("distopt train: powersgd rank 4 on the mlp, 2 ranks x 2 epochs") {
   char tmpl[] = "/tmp/distopt_powersgd_train_XXXXXX";
   REQUIRE(mkdtemp(tmpl) != nullptr);
   const fs::path dir = tmpl;
-  std::ofstream(dir / "job.yaml") << "plugins: {paths: [" << plugins << "]}\n"
-                                  << "world: {size: 2, timeout_s: 60}\n"
-                                  << "communicator: {name: tcp}\n"
-                                  << "reducer: {name: powersgd, options: {rank: 4, start_iter: 10}}\n"
-                                  << "algorithm: {name: allreduce}\n"
-                                  << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
-                                  << "train: {model: mlp, epochs: 2, batch_size: 256, seed: 0, threads: 1}\n";
+  std::ofstream(dir / "job.yaml")
+      << "plugins: {paths: [" << plugins << "]}\n"
+      << "world: {size: 2, timeout_s: 60}\n"
+      << "communicator: {name: tcp}\n"
+      << "reducer: {name: powersgd, options: {rank: 4, start_iter: 10}}\n"
+      << "algorithm: {name: allreduce}\n"
+      << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
+      << "train: {model: mlp, epochs: 2, batch_size: 256, seed: 0, threads: 1}\n";
   const std::string metrics = (dir / "metrics.jsonl").string();
   auto r = run_command({cli, "train", (dir / "job.yaml").string(), "--metrics", metrics}, {},
                        std::chrono::seconds(300));
@@ -58,7 +59,8 @@ TEST_CASE("distopt train: powersgd rank 4 on the mlp, 2 ranks x 2 epochs") {
     // 10 plain steps, then per step P's + Q's + biases: 10,098 floats instead
     // of 535,818 (53x, what PyTorch's powerSGD_hook sends at rank 4).
     const double per_plain_step = plain / static_cast<double>(steps);
-    const double compressed_per_step = (sent - 10 * per_plain_step) / static_cast<double>(steps - 10);
+    const double compressed_per_step =
+        (sent - 10 * per_plain_step) / static_cast<double>(steps - 10);
     CHECK(compressed_per_step == doctest::Approx(10098 * 4.0));
     CHECK(per_plain_step / compressed_per_step >= 53.0);
     CHECK(sent < plain / 10);

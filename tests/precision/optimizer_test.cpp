@@ -5,6 +5,8 @@
 //
 // Forked children do all the torch work and write their results to files
 // that the parent compares (the parent never forks after using torch).
+#include <torch/nn/modules/linear.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,8 +15,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <torch/nn/modules/linear.h>
 
 #include "distopt/config.hpp"
 #include "distopt/distributed_optimizer.hpp"
@@ -49,7 +49,7 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 struct Spec {
-  std::string precision;             // YAML of `precision:` ("" = absent)
+  std::string precision;  // YAML of `precision:` ("" = absent)
   std::string algorithm_options = "{}";
   at::ScalarType dtype = at::kBFloat16;  // the model's dtype
   int steps = 6;
@@ -75,13 +75,15 @@ std::vector<double> flat_params(Net& net) {
 void write_vec(std::ofstream& f, const std::vector<double>& v) {
   double n = static_cast<double>(v.size());
   f.write(reinterpret_cast<const char*>(&n), sizeof n);
-  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(double)));
+  f.write(reinterpret_cast<const char*>(v.data()),
+          static_cast<std::streamsize>(v.size() * sizeof(double)));
 }
 std::vector<double> read_vec(std::ifstream& f) {
   double n = 0;
   if (!f.read(reinterpret_cast<char*>(&n), sizeof n)) return {};
   std::vector<double> v(static_cast<size_t>(n));
-  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(double)));
+  f.read(reinterpret_cast<char*>(v.data()),
+         static_cast<std::streamsize>(v.size() * sizeof(double)));
   return v;
 }
 
@@ -125,7 +127,8 @@ std::vector<Result> run(const Spec& s) {
         proc.local_rank = rank;
         proc.local_world_size = 2;
         proc.source = "test";
-        auto rt = distopt::Runtime::from_config(distopt::parse_job_config(yaml, "precision.yaml"), proc);
+        auto rt =
+            distopt::Runtime::from_config(distopt::parse_job_config(yaml, "precision.yaml"), proc);
         auto opt = rt.make_optimizer(*net);
         Result r;
         for (int step = 0; step < s.steps; ++step) {
@@ -134,7 +137,8 @@ std::vector<Result> run(const Spec& s) {
           auto x = xs.narrow(0, (step * 2 + rank) * kBatch, kBatch).to(s.dtype);
           auto t = ys.narrow(0, (step * 2 + rank) * kBatch, kBatch);
           auto loss = at::nll_loss(at::log_softmax(net->forward(x).to(at::kFloat), 1), t);
-          if (rank == s.inf_rank && step == s.inf_step) loss = loss * std::numeric_limits<float>::infinity();
+          if (rank == s.inf_rank && step == s.inf_step)
+            loss = loss * std::numeric_limits<float>::infinity();
           opt.scale_loss(loss).backward();
           opt.step();
           r.scale.push_back(opt.loss_scale());
@@ -153,7 +157,8 @@ std::vector<Result> run(const Spec& s) {
                      static_cast<double>(opt.loss_scale_state().growth_tracker)};
         }
         std::ofstream f(dir + "/rank" + std::to_string(rank) + ".bin", std::ios::binary);
-        for (const auto* v : {&r.params, &r.scale, &r.skipped, &r.steps, &r.changed, &r.extra}) write_vec(f, *v);
+        for (const auto* v : {&r.params, &r.scale, &r.skipped, &r.steps, &r.changed, &r.extra})
+          write_vec(f, *v);
         f.close();
         rt.barrier();
         return 0;
@@ -164,7 +169,8 @@ std::vector<Result> run(const Spec& s) {
     CAPTURE(r);
     REQUIRE(codes[r] == 0);
     std::ifstream f(dir + "/rank" + std::to_string(r) + ".bin", std::ios::binary);
-    for (auto* v : {&out[r].params, &out[r].scale, &out[r].skipped, &out[r].steps, &out[r].changed, &out[r].extra})
+    for (auto* v : {&out[r].params, &out[r].scale, &out[r].skipped, &out[r].steps, &out[r].changed,
+                    &out[r].extra})
       *v = read_vec(f);
     std::remove((dir + "/rank" + std::to_string(r) + ".bin").c_str());
   }
@@ -201,7 +207,9 @@ TEST_CASE("an inf in one rank's gradients skips the step on both ranks and halve
   CHECK(max_abs_diff(r[0].params, r[1].params) == 0.0);  // ranks stay identical
 }
 
-TEST_CASE("a static power-of-two loss scale gives the unscaled result; grad_clip sees unscaled gradients") {
+TEST_CASE(
+    "a static power-of-two loss scale gives the unscaled result; grad_clip sees unscaled "
+    "gradients") {
   // Scaling by 2^k is exact in bf16 and fp32, so gradients unscaled from a
   // loss x 1024 equal those of the plain loss: the runs must agree. With
   // grad_clip the clip coefficient is computed on the fp32 buckets after

@@ -46,7 +46,7 @@ TEST_CASE("dynamic loss scale backs off on inf, grows after growth_interval good
   CHECK(s.scale() == 1024);  // 2 good steps < interval 3
   CHECK(s.state().growth_tracker == 2);
   s.update(true);
-  CHECK(s.scale() == 512);  // x backoff_factor 0.5
+  CHECK(s.scale() == 512);               // x backoff_factor 0.5
   CHECK(s.state().growth_tracker == 0);  // an overflow restarts the count
   CHECK(s.skipped_steps() == 1);
   s.update(false);
@@ -173,20 +173,26 @@ TEST_CASE("bad precision YAML names file:line:col and the key") {
       {"world: {size: 1}\nprecision:\n  dtype: int8\n",
        "job.yaml:3:10: precision.dtype: 'int8' is not one of bf16|fp16|fp32"},
       {"precision:\n  dtype: bf16\n  loss_scal: 2\n",
-       "job.yaml:3:3: unknown key 'loss_scal' in precision; valid keys: dtype, master_weights, loss_scale, "
-       "init_scale, growth_factor, backoff_factor, growth_interval, min_scale (did you mean 'loss_scale'?)"},
+       "job.yaml:3:3: unknown key 'loss_scal' in precision; valid keys: dtype, master_weights, "
+       "loss_scale, "
+       "init_scale, growth_factor, backoff_factor, growth_interval, min_scale (did you mean "
+       "'loss_scale'?)"},
       {"precision:\n  loss_scale: dynamik\n",
        "job.yaml:2:15: precision.loss_scale: expected 'dynamic' or a number > 0, got 'dynamik'"},
-      {"precision:\n  loss_scale: -4\n", "job.yaml:2:15: precision.loss_scale: value -4 must be a finite number > 0"},
+      {"precision:\n  loss_scale: -4\n",
+       "job.yaml:2:15: precision.loss_scale: value -4 must be a finite number > 0"},
       {"precision:\n  loss_scale: \"128\"\n",  // a quoted number is a string
        "job.yaml:2:15: precision.loss_scale: expected 'dynamic' or a number > 0, got '128'"},
       {"precision:\n  master_weights: bf16\n",
        "job.yaml:2:19: precision.master_weights: 'bf16' is not one of fp32"},
-      {"precision:\n  growth_factor: 1\n", "job.yaml:2:18: precision.growth_factor: value 1 is out of range (1, inf)"},
+      {"precision:\n  growth_factor: 1\n",
+       "job.yaml:2:18: precision.growth_factor: value 1 is out of range (1, inf)"},
       {"precision:\n  backoff_factor: 1.5\n",
        "job.yaml:2:19: precision.backoff_factor: value 1.5 is out of range (0, 1)"},
-      {"precision:\n  init_scale: x\n", "job.yaml:2:15: precision.init_scale: expected a number, got 'x'"},
-      {"precision:\n  growth_interval: 0\n", "job.yaml:2:20: precision.growth_interval: value 0 must be >= 1"},
+      {"precision:\n  init_scale: x\n",
+       "job.yaml:2:15: precision.init_scale: expected a number, got 'x'"},
+      {"precision:\n  growth_interval: 0\n",
+       "job.yaml:2:20: precision.growth_interval: value 0 must be >= 1"},
       {"precision:\n  growth_interval: 1.5\n",
        "job.yaml:2:20: precision.growth_interval: expected an integer, got '1.5'"},
       {"precision:\n  init_scale: 16\n  min_scale: 32\n",

@@ -5,11 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli_util.hpp"
 
@@ -24,15 +23,15 @@ namespace {
 
 const char* kData = "/usr/share/datasets/fashion-mnist";
 
-std::string write_job(const TempDir& t, const std::string& name, const std::string& precision, int epochs,
-                      int max_steps) {
+std::string write_job(const TempDir& t, const std::string& name, const std::string& precision,
+                      int epochs, int max_steps) {
   std::ostringstream y;
   y << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
     << "world: {size: 2, timeout_s: 60}\n"
     << "communicator: {name: tcp}\nreducer: {name: mean}\nalgorithm: {name: allreduce}\n"
     << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
-    << "train: {model: mlp, epochs: " << epochs << ", batch_size: 256, seed: 0, max_steps: " << max_steps
-    << ", log_every: 0, threads: 1}\n";
+    << "train: {model: mlp, epochs: " << epochs
+    << ", batch_size: 256, seed: 0, max_steps: " << max_steps << ", log_every: 0, threads: 1}\n";
   if (!precision.empty()) y << "precision:\n" << precision;
   std::string path = t.file(name);
   std::ofstream(path) << y.str();
@@ -56,20 +55,23 @@ TEST_CASE("bf16 training on 2 ranks reaches within 1 point of fp32 test accuracy
   }
   TempDir t;
   const std::string m32 = t.file("fp32.jsonl"), m16 = t.file("bf16.jsonl");
-  ProcResult r32 = run_command({cli(), "train", write_job(t, "fp32.yaml", "", 2, 0), "--metrics", m32}, {},
-                               std::chrono::seconds(280));
+  ProcResult r32 =
+      run_command({cli(), "train", write_job(t, "fp32.yaml", "", 2, 0), "--metrics", m32}, {},
+                  std::chrono::seconds(280));
   INFO(r32.output);
   REQUIRE(r32.exit_code == 0);
-  ProcResult r16 =
-      run_command({cli(), "train", write_job(t, "bf16.yaml", "  dtype: bf16\n", 2, 0), "--metrics", m16}, {},
-                  std::chrono::seconds(280));
+  ProcResult r16 = run_command(
+      {cli(), "train", write_job(t, "bf16.yaml", "  dtype: bf16\n", 2, 0), "--metrics", m16}, {},
+      std::chrono::seconds(280));
   INFO(r16.output);
   REQUIRE(r16.exit_code == 0);
 
   CHECK(r32.output.find("precision: fp32\n") != std::string::npos);
-  CHECK(r16.output.find("precision: bf16 (fp32 master weights, loss scale dynamic, initial 65536)") !=
+  CHECK(
+      r16.output.find("precision: bf16 (fp32 master weights, loss scale dynamic, initial 65536)") !=
+      std::string::npos);
+  CHECK(r16.output.find("precision: bf16, final loss scale 65536, skipped steps 0") !=
         std::string::npos);
-  CHECK(r16.output.find("precision: bf16, final loss scale 65536, skipped steps 0") != std::string::npos);
 
   json s32 = summary_of(m32), s16 = summary_of(m16);
   REQUIRE(s32["event"] == "summary");
@@ -85,10 +87,11 @@ TEST_CASE("bf16 training on 2 ranks reaches within 1 point of fp32 test accuracy
   CHECK(s16["steps"] == s32["steps"]);
   // The reducer moves the same fp32 buckets either way.
   CHECK(s16["bytes_sent_per_rank"] == s32["bytes_sent_per_rank"]);
-  const double a32 = s32["final_test_accuracy"].get<double>(), a16 = s16["final_test_accuracy"].get<double>();
-  MESSAGE("test accuracy after 2 epochs: fp32 " << 100 * a32 << "%, bf16 " << 100 * a16 << "%; samples/s fp32 "
-                                               << s32["samples_per_s"].get<double>() << ", bf16 "
-                                               << s16["samples_per_s"].get<double>());
+  const double a32 = s32["final_test_accuracy"].get<double>(),
+               a16 = s16["final_test_accuracy"].get<double>();
+  MESSAGE("test accuracy after 2 epochs: fp32 "
+          << 100 * a32 << "%, bf16 " << 100 * a16 << "%; samples/s fp32 "
+          << s32["samples_per_s"].get<double>() << ", bf16 " << s16["samples_per_s"].get<double>());
   CHECK(a32 > 0.8);
   CHECK(std::abs(a16 - a32) <= 0.01);
 }
@@ -111,5 +114,6 @@ TEST_CASE("distopt check reports a bad precision section with file:line:col") {
   ProcResult r = run_command({cli(), "check", job}, {}, std::chrono::seconds(60));
   INFO(r.output);
   CHECK(r.exit_code != 0);
-  CHECK(r.output.find(job + ":10:19: precision.backoff_factor: value 2 is out of range (0, 1)") != std::string::npos);
+  CHECK(r.output.find(job + ":10:19: precision.backoff_factor: value 2 is out of range (0, 1)") !=
+        std::string::npos);
 }

@@ -1,5 +1,7 @@
 // ZeRO partitions (plugins/zero/partition.hpp): PyTorch's sorted-greedy and
 // the equal contiguous ranges.
+#include "partition.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -8,13 +10,13 @@
 #include <stdexcept>
 #include <vector>
 
-#include "partition.hpp"
-
 using namespace distopt::plugins::zero;
 
-TEST_CASE("greedy: PyTorch's sorted-greedy (largest first to the lightest rank, lowest rank on ties)") {
+TEST_CASE(
+    "greedy: PyTorch's sorted-greedy (largest first to the lightest rank, lowest rank on ties)") {
   // one group: 10, 7, 5, 5, 3, 1 over 2 ranks
-  // 10 -> r0 (0,0); 7 -> r1; 5(#2) -> r1 (7 < 10); 5(#3) -> r0 (10 < 12); 3 -> r1 (12 < 15); 1 -> r0 (15 = 15, lowest)
+  // 10 -> r0 (0,0); 7 -> r1; 5(#2) -> r1 (7 < 10); 5(#3) -> r0 (10 < 12); 3 -> r1 (12 < 15); 1 ->
+  // r0 (15 = 15, lowest)
   std::vector<ParamSize> s = {{5, 0}, {10, 0}, {1, 0}, {7, 0}, {5, 0}, {3, 0}};
   auto owners = greedy_partition(s, 2);
   CHECK(owners == std::vector<int32_t>{1, 0, 0, 1, 0, 1});
@@ -43,7 +45,8 @@ TEST_CASE("greedy: every rank within one largest parameter of the mean") {
     CAPTURE(w);
     auto t = rank_totals(s, greedy_partition(s, w), w);
     CHECK(std::accumulate(t.begin(), t.end(), size_t{0}) == total);
-    for (size_t v : t) CHECK(std::abs(static_cast<double>(v) - static_cast<double>(total) / w) <= largest);
+    for (size_t v : t)
+      CHECK(std::abs(static_cast<double>(v) - static_cast<double>(total) / w) <= largest);
   }
 }
 
@@ -53,13 +56,16 @@ TEST_CASE("split_range: equal chunks, segments split at boundaries, every elemen
   CHECK(r.chunk == 4);
   REQUIRE(r.pieces.size() == 5);
   // item 0: [0,4) r0, [4,5) r1; item 1: [0,3) r1, [3,4) r2; item 2: [0,2) r2
-  CHECK((r.pieces[0].id == 0 && r.pieces[0].item_offset == 0 && r.pieces[0].numel == 4 && r.pieces[0].owner == 0));
-  CHECK((r.pieces[1].id == 0 && r.pieces[1].item_offset == 4 && r.pieces[1].numel == 1 && r.pieces[1].owner == 1 &&
-         r.pieces[1].chunk_offset == 0));
-  CHECK((r.pieces[2].id == 1 && r.pieces[2].item_offset == 0 && r.pieces[2].numel == 3 && r.pieces[2].owner == 1 &&
-         r.pieces[2].chunk_offset == 1));
-  CHECK((r.pieces[3].id == 1 && r.pieces[3].item_offset == 3 && r.pieces[3].numel == 1 && r.pieces[3].owner == 2));
-  CHECK((r.pieces[4].id == 2 && r.pieces[4].numel == 2 && r.pieces[4].owner == 2 && r.pieces[4].chunk_offset == 1));
+  CHECK((r.pieces[0].id == 0 && r.pieces[0].item_offset == 0 && r.pieces[0].numel == 4 &&
+         r.pieces[0].owner == 0));
+  CHECK((r.pieces[1].id == 0 && r.pieces[1].item_offset == 4 && r.pieces[1].numel == 1 &&
+         r.pieces[1].owner == 1 && r.pieces[1].chunk_offset == 0));
+  CHECK((r.pieces[2].id == 1 && r.pieces[2].item_offset == 0 && r.pieces[2].numel == 3 &&
+         r.pieces[2].owner == 1 && r.pieces[2].chunk_offset == 1));
+  CHECK((r.pieces[3].id == 1 && r.pieces[3].item_offset == 3 && r.pieces[3].numel == 1 &&
+         r.pieces[3].owner == 2));
+  CHECK((r.pieces[4].id == 2 && r.pieces[4].numel == 2 && r.pieces[4].owner == 2 &&
+         r.pieces[4].chunk_offset == 1));
 }
 
 TEST_CASE("split_range: gaps (bucket padding), coverage and balance over many shapes") {
@@ -74,7 +80,8 @@ TEST_CASE("split_range: gaps (bucket padding), coverage and balance over many sh
     per_rank[static_cast<size_t>(p.owner)] += p.numel;
     CHECK(p.chunk_offset + p.numel <= r.chunk);
     // the piece's place in the range is its owner's chunk start + chunk_offset
-    const auto& s = *std::find_if(segs.begin(), segs.end(), [&](const Segment& x) { return x.id == p.id; });
+    const auto& s =
+        *std::find_if(segs.begin(), segs.end(), [&](const Segment& x) { return x.id == p.id; });
     CHECK(s.offset + p.item_offset == static_cast<size_t>(p.owner) * r.chunk + p.chunk_offset);
   }
   CHECK(covered == std::map<size_t, size_t>{{7, 3}, {2, 6}, {9, 5}});
@@ -87,9 +94,10 @@ TEST_CASE("split_range: gaps (bucket padding), coverage and balance over many sh
       for (const auto& p : rr.pieces) t[static_cast<size_t>(p.owner)] += p.numel;
       CHECK(std::accumulate(t.begin(), t.end(), size_t{0}) == 3 * n + 1);
       CHECK(*std::max_element(t.begin(), t.end()) == rr.chunk);  // nobody holds more than a chunk
-      CHECK(rr.chunk * static_cast<size_t>(w) - (3 * n + 1) < static_cast<size_t>(w));  // padding < W
+      CHECK(rr.chunk * static_cast<size_t>(w) - (3 * n + 1) <
+            static_cast<size_t>(w));  // padding < W
     }
   CHECK(split_range({}, 0, 2).pieces.empty());
-  CHECK_THROWS_AS(split_range({{0, 5, 10}}, 12, 2), std::invalid_argument);         // leaves the range
+  CHECK_THROWS_AS(split_range({{0, 5, 10}}, 12, 2), std::invalid_argument);  // leaves the range
   CHECK_THROWS_AS(split_range({{0, 0, 4}, {1, 2, 4}}, 12, 2), std::invalid_argument);  // overlap
 }

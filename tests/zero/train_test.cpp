@@ -34,7 +34,8 @@ Run train(const fs::path& dir, const std::string& algorithm) {
                      << "optimizer: {name: adam, lr: 1.0e-3}\n"
                      << "train: {model: mlp, epochs: 1, batch_size: 256, seed: 0, threads: 1}\n";
   fs::remove(metrics);
-  auto r = run_command({cli, "train", job.string(), "--metrics", metrics.string()}, {}, std::chrono::seconds(200));
+  auto r = run_command({cli, "train", job.string(), "--metrics", metrics.string()}, {},
+                       std::chrono::seconds(200));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);

@@ -133,7 +133,8 @@ std::vector<double> flatten(Net& net) {
 
 void write_doubles(const std::string& path, const std::vector<double>& v) {
   std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(double)));
+      .write(reinterpret_cast<const char*>(v.data()),
+             static_cast<std::streamsize>(v.size() * sizeof(double)));
 }
 std::vector<double> read_doubles(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -163,7 +164,8 @@ Outcome run_case(const Spec& s) {
   const int64_t global = static_cast<int64_t>(s.world) * s.batch;
   auto data = [&] {
     torch::manual_seed(kDataSeed);
-    return std::make_pair(at::randn({global * s.steps, kIn}), at::randint(0, kClasses, {global * s.steps}));
+    return std::make_pair(at::randn({global * s.steps, kIn}),
+                          at::randint(0, kClasses, {global * s.steps}));
   };
   auto ref_codes = fork_ranks(1, [&](int) {
     torch::set_num_threads(1);
@@ -175,7 +177,8 @@ Outcome run_case(const Spec& s) {
     for (int step = 0; step < s.steps; ++step) {
       if (s.groups && step == 10) opt->param_groups()[1].options().set_lr(0.005);
       opt->zero_grad();
-      loss_of(net, x.narrow(0, step * global, global), y.narrow(0, step * global, global)).backward();
+      loss_of(net, x.narrow(0, step * global, global), y.narrow(0, step * global, global))
+          .backward();
       // distopt gives an unused parameter a zero gradient (zero_algorithm.hpp);
       // libtorch skips an undefined one. They differ only where a zero
       // gradient still moves the parameter: AdamW's decoupled weight decay.
@@ -254,7 +257,9 @@ void check(const Spec& s, const Outcome& o, bool exact_balance) {
   }
   // fp32 state per element: SGD momentum, Adagrad sum (1); Adam's moments (2);
   // centered RMSprop with momentum: square_avg, grad_avg, momentum_buffer (3)
-  const double per_elem = 4.0 * (s.optimizer == "sgd" || s.optimizer == "adagrad" ? 1 : s.optimizer == "rmsprop" ? 3 : 2);
+  const double per_elem = 4.0 * (s.optimizer == "sgd" || s.optimizer == "adagrad" ? 1
+                                 : s.optimizer == "rmsprop"                       ? 3
+                                                                                  : 2);
   const double total = per_elem * kTrainable;
   double sum = 0;
   for (int r = 0; r < s.world; ++r) {
@@ -279,7 +284,8 @@ TEST_CASE("zero stage 1, greedy, SGD(momentum), broadcast per parameter, 2 ranks
   // flatten() order: unused (15 elements), frozen (420), fc1, fc2, fc3.
   // The frozen layer never moves; the unused one has no momentum, so it stays.
   auto range = [](const std::vector<double>& v, size_t a, size_t n) {
-    return std::vector<double>(v.begin() + static_cast<long>(a), v.begin() + static_cast<long>(a + n));
+    return std::vector<double>(v.begin() + static_cast<long>(a),
+                               v.begin() + static_cast<long>(a + n));
   };
   for (int r = 0; r < s.world; ++r) {
     CAPTURE(r);
@@ -347,7 +353,8 @@ TEST_CASE("zero stage 2, contiguous, AdamW, overlap: false, 4 ranks") {
   check(s, run_case(s), true);
 }
 
-TEST_CASE("zero stage 1 greedy Adagrad and stage 2 contiguous RMSprop (centered, momentum), 2 ranks") {
+TEST_CASE(
+    "zero stage 1 greedy Adagrad and stage 2 contiguous RMSprop (centered, momentum), 2 ranks") {
   Spec s;
   s.optimizer = "adagrad";
   s.zero_options = "{stage: 1, partition: greedy, parameters_as_bucket_view: true}";

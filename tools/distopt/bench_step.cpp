@@ -11,8 +11,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include <boost/program_options.hpp>
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -55,11 +55,12 @@ int distopt_bench_step(int argc, char** argv) {
   double total_m = 25;
   std::string optimizer = "adam", plugin_dir;
   po::options_description desc("distopt bench step: unfused vs fused inner-optimizer step");
-  desc.add_options()("help,h", "this help")(
-      "tensors", po::value(&tensors)->default_value(256), "parameter tensors")(
+  desc.add_options()("help,h", "this help")("tensors", po::value(&tensors)->default_value(256),
+                                            "parameter tensors")(
       "total", po::value(&total_m)->default_value(25), "total elements, millions")(
-      "optimizer", po::value(&optimizer)->default_value("adam"), "adam, adamw or sgd (momentum 0.9)")(
-      "iters", po::value(&iters)->default_value(10), "timed steps (median reported)")(
+      "optimizer", po::value(&optimizer)->default_value("adam"),
+      "adam, adamw or sgd (momentum 0.9)")("iters", po::value(&iters)->default_value(10),
+                                           "timed steps (median reported)")(
       "plugin-dir", po::value(&plugin_dir), "directory with the fused/mean/tcp plugins");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -102,9 +103,12 @@ int distopt_bench_step(int argc, char** argv) {
     ps.push_back(p);
   }
   std::unique_ptr<torch::optim::Optimizer> opt;
-  if (optimizer == "adam") opt = std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(1e-3));
-  else if (optimizer == "adamw") opt = std::make_unique<torch::optim::AdamW>(ps, torch::optim::AdamWOptions(1e-3));
-  else opt = std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(1e-3).momentum(0.9));
+  if (optimizer == "adam")
+    opt = std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(1e-3));
+  else if (optimizer == "adamw")
+    opt = std::make_unique<torch::optim::AdamW>(ps, torch::optim::AdamWOptions(1e-3));
+  else
+    opt = std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(1e-3).momentum(0.9));
   const double t_unfused = median_seconds(iters, [&] { opt->step(); });
 
   // Fused: the real plugin through the runtime (world size 1: the mean
@@ -116,19 +120,22 @@ int distopt_bench_step(int argc, char** argv) {
     << (optimizer == "sgd" ? ", momentum: 0.9" : "") << "}\n";
   distopt::ProcessInfo proc;
   proc.source = "bench";
-  auto rt = distopt::Runtime::from_config(distopt::parse_job_config(y.str(), "bench-step.yaml"), proc);
+  auto rt =
+      distopt::Runtime::from_config(distopt::parse_job_config(y.str(), "bench-step.yaml"), proc);
   auto dopt = rt.make_optimizer(b);
   for (auto& [name, p] : b) p.grad().normal_();
   const double t_fused = median_seconds(iters, [&] { dopt.step(); });
 
   const double bytes_per = optimizer == "sgd" ? 20.0 : 28.0;
   const double floor_s = bytes_per * n / (copy_gbs * 1e9);
-  std::printf("bench step: %s, %d tensors, %lld elements (%.1f MB fp32), %d threads, median of %d\n",
-              optimizer.c_str(), tensors, static_cast<long long>(n), 4.0 * n / 1e6,
-              at::get_num_threads(), iters);
+  std::printf(
+      "bench step: %s, %d tensors, %lld elements (%.1f MB fp32), %d threads, median of %d\n",
+      optimizer.c_str(), tensors, static_cast<long long>(n), 4.0 * n / 1e6, at::get_num_threads(),
+      iters);
   std::printf("copy bandwidth: %.2f GB/s (read+write); floor = %.0f B/elem / copy bw = %.2f ms\n",
               copy_gbs, bytes_per, floor_s * 1e3);
-  std::printf("%-10s %12s %10s %14s %12s\n", "variant", "ms/step", "GB/s", "x floor time", "speedup");
+  std::printf("%-10s %12s %10s %14s %12s\n", "variant", "ms/step", "GB/s", "x floor time",
+              "speedup");
   auto row = [&](const char* name, double t) {
     std::printf("%-10s %12.2f %10.2f %14.2f %12.2f\n", name, t * 1e3, bytes_per * n / t / 1e9,
                 t / floor_s, t_unfused / t);

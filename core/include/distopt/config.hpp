@@ -1,11 +1,11 @@
 // The job's YAML configuration (DESIGN.md "Configuration").
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "distopt/options.hpp"
 #include "distopt/precision.hpp"
@@ -24,15 +24,15 @@ struct ComponentConfig {
 
 /// `train:` section (used by `distopt train`).
 struct TrainConfig {
-  std::string model = "mlp";              ///< mlp | cnn
+  std::string model = "mlp";  ///< mlp | cnn
   std::string dataset = "fashion-mnist";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int64_t epochs = 2;
-  int64_t batch_size = 256;               ///< per rank
+  int64_t batch_size = 256;  ///< per rank
   int64_t seed = 0;
-  int64_t threads = 0;                    ///< intra-op threads per rank; 0 = cores / local ranks
-  int64_t log_every = 20;                 ///< steps between progress lines
-  int64_t max_steps = 0;                  ///< stop after this many steps per epoch (0 = all)
+  int64_t threads = 0;     ///< intra-op threads per rank; 0 = cores / local ranks
+  int64_t log_every = 20;  ///< steps between progress lines
+  int64_t max_steps = 0;   ///< stop after this many steps per epoch (0 = all)
 };
 
 struct JobConfig {
@@ -40,16 +40,16 @@ struct JobConfig {
   std::vector<std::string> plugin_paths;  ///< plugins.paths, resolved against the file's directory
   int64_t world_size = 1;                 ///< world.size
   std::string rendezvous = "tcp://127.0.0.1:29500";  ///< world.rendezvous
-  double timeout_s = 60;                  ///< world.timeout_s: rendezvous and default op timeout
+  double timeout_s = 60;  ///< world.timeout_s: rendezvous and default op timeout
   ComponentConfig communicator{"tcp", {}, {}};
   ComponentConfig reducer{"mean", {}, {}};
   ComponentConfig algorithm{"allreduce", {}, {}};
-  std::string optimizer_name = "sgd";     ///< optimizer.name
-  YAML::Node optimizer_options;           ///< the other keys of `optimizer:`
+  std::string optimizer_name = "sgd";  ///< optimizer.name
+  YAML::Node optimizer_options;        ///< the other keys of `optimizer:`
   YAML::Mark optimizer_mark;
   TrainConfig train;
-  PrecisionConfig precision;              ///< precision: (absent = fp32, off); see precision.hpp
-  YAML::Mark precision_mark;              ///< where `precision:` (or its dtype) is written
+  PrecisionConfig precision;  ///< precision: (absent = fp32, off); see precision.hpp
+  YAML::Mark precision_mark;  ///< where `precision:` (or its dtype) is written
   YAML::Node root;
 };
 

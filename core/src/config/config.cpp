@@ -3,9 +3,9 @@
 #include "distopt/config.hpp"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <cmath>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -42,7 +42,8 @@ YAML::Mark key_mark(const YAML::Node& map, const char* key, const YAML::Mark& fa
 
 class Parser {
  public:
-  Parser(std::string file, std::string base_dir) : file_(std::move(file)), base_dir_(std::move(base_dir)) {}
+  Parser(std::string file, std::string base_dir)
+      : file_(std::move(file)), base_dir_(std::move(base_dir)) {}
 
   JobConfig parse(const YAML::Node& root) {
     JobConfig cfg;
@@ -50,9 +51,11 @@ class Parser {
     cfg.root = root;
     if (!root.IsDefined() || root.IsNull()) return cfg;  // an empty file: every default
     if (!root.IsMap())
-      fail(file_, mark_of(root), "expected a map of sections at the top level, got " + describe(root));
+      fail(file_, mark_of(root),
+           "expected a map of sections at the top level, got " + describe(root));
     check_keys(root, "the top level",
-               {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train", "precision"});
+               {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train",
+                "precision"});
     parse_plugins(section(root, "plugins"), cfg);
     parse_world(section(root, "world"), cfg);
     parse_component(root, "communicator", cfg.communicator);
@@ -73,13 +76,15 @@ class Parser {
     return n;
   }
 
-  void check_keys(const YAML::Node& map, const std::string& section, const std::vector<std::string>& valid) {
+  void check_keys(const YAML::Node& map, const std::string& section,
+                  const std::vector<std::string>& valid) {
     std::set<std::string> seen;
     for (const auto& kv : map) {
       const YAML::Node k = kv.first;
       const YAML::Mark m = mark_of(k, mark_of(map));
       if (!k.IsScalar()) fail(file_, m, section + ": keys must be strings, got " + describe(k));
-      if (!seen.insert(k.Scalar()).second) fail(file_, m, section + ": duplicate key '" + k.Scalar() + "'");
+      if (!seen.insert(k.Scalar()).second)
+        fail(file_, m, section + ": duplicate key '" + k.Scalar() + "'");
       bool ok = false;
       for (const auto& v : valid) ok = ok || v == k.Scalar();
       if (!ok) fail(file_, m, unknown_key_message(k.Scalar(), section, valid));
@@ -89,8 +94,8 @@ class Parser {
   static constexpr int64_t kHuge = int64_t(1) << 40;  // "no upper bound" in messages
 
   // Typed getters of `map.key` (absent keys keep `out`); `path` = "world.size".
-  void get_int(const YAML::Node& map, const char* key, const std::string& path, int64_t lo, int64_t hi,
-               int64_t& out) {
+  void get_int(const YAML::Node& map, const char* key, const std::string& path, int64_t lo,
+               int64_t hi, int64_t& out) {
     YAML::Node n = child(map, key);
     if (!n.IsDefined()) return;
     auto v = to_int(n);
@@ -98,8 +103,9 @@ class Parser {
     if (*v < lo || *v > hi)
       fail(file_, mark_of(n),
            path + ": value " + std::to_string(*v) +
-               (hi >= kHuge ? " must be >= " + std::to_string(lo)
-                            : " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"));
+               (hi >= kHuge
+                    ? " must be >= " + std::to_string(lo)
+                    : " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"));
     out = *v;
   }
   void get_string(const YAML::Node& map, const char* key, const std::string& path, std::string& out,
@@ -129,7 +135,8 @@ class Parser {
     auto add = [&](const YAML::Node& p) {
       auto v = to_string(p);
       if (!v || v->empty())
-        fail(file_, mark_of(p, mark_of(paths)), "plugins.paths: expected a directory name, got " + describe(p));
+        fail(file_, mark_of(p, mark_of(paths)),
+             "plugins.paths: expected a directory name, got " + describe(p));
       cfg.plugin_paths.push_back(resolve(*v));
     };
     if (paths.IsScalar()) {
@@ -137,7 +144,8 @@ class Parser {
     } else if (paths.IsSequence()) {
       for (const auto& p : paths) add(p);
     } else {
-      fail(file_, mark_of(paths), "plugins.paths: expected a list of directories, got " + describe(paths));
+      fail(file_, mark_of(paths),
+           "plugins.paths: expected a list of directories, got " + describe(paths));
     }
   }
 
@@ -149,9 +157,12 @@ class Parser {
     if (YAML::Node r = s["rendezvous"]; r.IsDefined()) check_rendezvous(cfg.rendezvous, mark_of(r));
     if (YAML::Node t = s["timeout_s"]; t.IsDefined()) {
       auto v = to_double(t);
-      if (!v) fail(file_, mark_of(t), "world.timeout_s: expected a number of seconds, got " + describe(t));
+      if (!v)
+        fail(file_, mark_of(t),
+             "world.timeout_s: expected a number of seconds, got " + describe(t));
       if (!(*v > 0 && *v <= 1e9))
-        fail(file_, mark_of(t), "world.timeout_s: value " + t.Scalar() + " is out of range (0, 1e9]");
+        fail(file_, mark_of(t),
+             "world.timeout_s: value " + t.Scalar() + " is out of range (0, 1e9]");
       cfg.timeout_s = *v;
     }
   }
@@ -186,11 +197,13 @@ class Parser {
     if (!n.IsDefined()) fail(file_, out.mark, std::string(name) + ": missing required key 'name'");
     auto v = to_string(n);
     if (!v || n.IsNull() || v->empty())
-      fail(file_, mark_of(n, out.mark), std::string(name) + ".name: expected a component name, got " + describe(n));
+      fail(file_, mark_of(n, out.mark),
+           std::string(name) + ".name: expected a component name, got " + describe(n));
     out.name = *v;
     YAML::Node o = s["options"];
     if (o.IsDefined() && !o.IsNull() && !o.IsMap())
-      fail(file_, mark_of(o, out.mark), std::string(name) + ".options: expected a map, got " + describe(o));
+      fail(file_, mark_of(o, out.mark),
+           std::string(name) + ".options: expected a map, got " + describe(o));
     out.options = o.IsDefined() ? o : YAML::Node();
   }
 
@@ -203,7 +216,8 @@ class Parser {
     if (!n.IsDefined()) fail(file_, cfg.optimizer_mark, "optimizer: missing required key 'name'");
     auto v = to_string(n);
     if (!v || n.IsNull())
-      fail(file_, mark_of(n, cfg.optimizer_mark), "optimizer.name: expected a name, got " + describe(n));
+      fail(file_, mark_of(n, cfg.optimizer_mark),
+           "optimizer.name: expected a name, got " + describe(n));
     size_t count = 0;
     if (!sdk::optimizer_schema(v->c_str(), &count))
       fail(file_, mark_of(n, cfg.optimizer_mark),
@@ -225,7 +239,8 @@ class Parser {
   void parse_train(const YAML::Node& s, TrainConfig& t) {
     if (!s.IsDefined() || s.IsNull()) return;
     check_keys(s, "train",
-               {"model", "dataset", "data_dir", "epochs", "batch_size", "seed", "threads", "log_every", "max_steps"});
+               {"model", "dataset", "data_dir", "epochs", "batch_size", "seed", "threads",
+                "log_every", "max_steps"});
     get_string(s, "model", "train.model", t.model, {"mlp", "cnn"});
     get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist"});
     get_string(s, "data_dir", "train.data_dir", t.data_dir);
@@ -239,13 +254,14 @@ class Parser {
 
   // A number in [lo, hi] (lo_open / hi_open: that end excluded), else fail at
   // the value naming `path` and the range.
-  void get_double(const YAML::Node& map, const char* key, const std::string& path, double lo, bool lo_open,
-                  double hi, bool hi_open, double& out) {
+  void get_double(const YAML::Node& map, const char* key, const std::string& path, double lo,
+                  bool lo_open, double hi, bool hi_open, double& out) {
     YAML::Node n = child(map, key);
     if (!n.IsDefined()) return;
     auto v = to_double(n);
     if (!v) fail(file_, mark_of(n), path + ": expected a number, got " + describe(n));
-    const bool ok = (lo_open ? *v > lo : *v >= lo) && (hi_open ? *v < hi : *v <= hi) && std::isfinite(*v);
+    const bool ok =
+        (lo_open ? *v > lo : *v >= lo) && (hi_open ? *v < hi : *v <= hi) && std::isfinite(*v);
     if (!ok) {
       std::ostringstream range;
       range << (lo_open ? "(" : "[") << lo << ", ";
@@ -263,13 +279,16 @@ class Parser {
     if (!s.IsDefined() || s.IsNull()) return;
     cfg.precision_mark = key_mark(root, "precision", mark_of(s));
     check_keys(s, "precision",
-               {"dtype", "master_weights", "loss_scale", "init_scale", "growth_factor", "backoff_factor",
-                "growth_interval", "min_scale"});
+               {"dtype", "master_weights", "loss_scale", "init_scale", "growth_factor",
+                "backoff_factor", "growth_interval", "min_scale"});
     PrecisionConfig& p = cfg.precision;
     std::string dtype = "fp32";
     get_string(s, "dtype", "precision.dtype", dtype, {"bf16", "fp16", "fp32"});
-    p.dtype = dtype == "bf16" ? PrecisionDtype::bf16 : dtype == "fp16" ? PrecisionDtype::fp16 : PrecisionDtype::fp32;
-    if (YAML::Node d = s["dtype"]; d.IsDefined()) cfg.precision_mark = mark_of(d, cfg.precision_mark);
+    p.dtype = dtype == "bf16"   ? PrecisionDtype::bf16
+              : dtype == "fp16" ? PrecisionDtype::fp16
+                                : PrecisionDtype::fp32;
+    if (YAML::Node d = s["dtype"]; d.IsDefined())
+      cfg.precision_mark = mark_of(d, cfg.precision_mark);
     std::string master = "fp32";
     get_string(s, "master_weights", "precision.master_weights", master, {"fp32"});
     if (YAML::Node ls = s["loss_scale"]; ls.IsDefined()) {
@@ -280,9 +299,11 @@ class Parser {
       } else {
         auto v = to_double(ls);
         if (!v)
-          fail(file_, mark_of(ls), "precision.loss_scale: expected 'dynamic' or a number > 0, got " + describe(ls));
+          fail(file_, mark_of(ls),
+               "precision.loss_scale: expected 'dynamic' or a number > 0, got " + describe(ls));
         if (!(*v > 0) || !std::isfinite(*v))
-          fail(file_, mark_of(ls), "precision.loss_scale: value " + ls.Scalar() + " must be a finite number > 0");
+          fail(file_, mark_of(ls),
+               "precision.loss_scale: value " + ls.Scalar() + " must be a finite number > 0");
         p.dynamic = false;
         p.static_scale = *v;
       }
@@ -294,7 +315,8 @@ class Parser {
     get_int(s, "growth_interval", "precision.growth_interval", 1, kHuge, p.growth_interval);
     get_double(s, "min_scale", "precision.min_scale", 0, true, kInf, true, p.min_scale);
     if (p.dynamic && p.min_scale > p.init_scale)
-      fail(file_, mark_of(child(s, "min_scale"), mark_of(child(s, "init_scale"), cfg.precision_mark)),
+      fail(file_,
+           mark_of(child(s, "min_scale"), mark_of(child(s, "init_scale"), cfg.precision_mark)),
            "precision.min_scale: " + std::to_string(p.min_scale) + " exceeds init_scale " +
                std::to_string(p.init_scale));
   }
@@ -302,7 +324,8 @@ class Parser {
   std::string file_, base_dir_;
 };
 
-JobConfig parse_text(const std::string& text, const std::string& file, const std::string& base_dir) {
+JobConfig parse_text(const std::string& text, const std::string& file,
+                     const std::string& base_dir) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -316,13 +339,15 @@ JobConfig parse_text(const std::string& text, const std::string& file, const std
 
 // Options of one component, with the section's mark for a required option
 // when the YAML gives no `options:` map at all.
-Options validate_options(const YAML::Node& node, const std::vector<OptionSpec>& schema, const std::string& file,
-                         const std::string& where, const YAML::Mark& section_mark) {
+Options validate_options(const YAML::Node& node, const std::vector<OptionSpec>& schema,
+                         const std::string& file, const std::string& where,
+                         const YAML::Mark& section_mark) {
   if (!node.IsDefined() || node.IsNull())
     for (const auto& s : schema)
       if (!s.default_value)
-        fail(file, section_mark, where + ": missing required option '" + s.name + "'" +
-                                     (s.help.empty() ? "" : " (" + s.help + ")"));
+        fail(file, section_mark,
+             where + ": missing required option '" + s.name + "'" +
+                 (s.help.empty() ? "" : " (" + s.help + ")"));
   return Options::validate(node, schema, file, where);
 }
 
@@ -378,7 +403,8 @@ const std::vector<OptionSpec>& optimizer_option_specs(const std::string& name) {
   }();
   auto it = all.find(name);
   if (it == all.end())
-    throw ConfigError("unknown optimizer '" + name + "'; valid: " + std::string(sdk::kOptimizerNames));
+    throw ConfigError("unknown optimizer '" + name +
+                      "'; valid: " + std::string(sdk::kOptimizerNames));
   return it->second;
 }
 
@@ -389,15 +415,17 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) 
     if (const ComponentInfo* c = registry.find(kind, cc.name)) return *c;
     YAML::Mark m = mark_of(child(child(cfg.root, section), "name"), cc.mark);
     // A section the file leaves out selects the default component: say so.
-    const std::string what = child(cfg.root, section).IsDefined()
-                                 ? std::string(section) + ".name: "
-                                 : std::string(section) + " (not set in the file; the default is '" + cc.name + "'): ";
+    const std::string what =
+        child(cfg.root, section).IsDefined()
+            ? std::string(section) + ".name: "
+            : std::string(section) + " (not set in the file; the default is '" + cc.name + "'): ";
     try {
       registry.get(kind, cc.name);  // throws with what is available and what was skipped
     } catch (const PluginError& e) {
       fail(file, m, what + e.what());
     }
-    fail(file, m, std::string(section) + ".name: no " + kind_name(kind) + " named '" + cc.name + "'");
+    fail(file, m,
+         std::string(section) + ".name: no " + kind_name(kind) + " named '" + cc.name + "'");
   };
 
   ValidatedJob out;
@@ -405,8 +433,8 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) 
   const ComponentInfo& red = component(DOPT_KIND_REDUCER, "reducer", cfg.reducer);
   const ComponentInfo& alg = component(DOPT_KIND_ALGORITHM, "algorithm", cfg.algorithm);
 
-  out.communicator = validate_options(cfg.communicator.options, comm.options, file, "communicator.options",
-                                      cfg.communicator.mark);
+  out.communicator = validate_options(cfg.communicator.options, comm.options, file,
+                                      "communicator.options", cfg.communicator.mark);
 
   // A reducer also takes core's bucketing options (its own declaration wins).
   std::vector<OptionSpec> rschema = red.options;
@@ -415,8 +443,11 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) 
     for (const auto& s : rschema) declared = declared || s.name == b.name;
     if (!declared) rschema.push_back(b);
   }
-  out.reducer = validate_options(cfg.reducer.options, rschema, file, "reducer.options", cfg.reducer.mark);
-  auto value_mark = [&](const char* key) { return mark_of(child(cfg.reducer.options, key), cfg.reducer.mark); };
+  out.reducer =
+      validate_options(cfg.reducer.options, rschema, file, "reducer.options", cfg.reducer.mark);
+  auto value_mark = [&](const char* key) {
+    return mark_of(child(cfg.reducer.options, key), cfg.reducer.mark);
+  };
   if (out.reducer.has("bucket_cap_mb") && out.reducer.values().at("bucket_cap_mb").index() == 2 &&
       !(out.reducer.get_double("bucket_cap_mb") > 0))
     fail(file, value_mark("bucket_cap_mb"), "reducer.options.bucket_cap_mb: must be > 0 (MiB)");
@@ -427,7 +458,8 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) 
            "reducer.options.align_bytes: value " + std::to_string(a) + " is not a power of two");
   }
 
-  out.algorithm = validate_options(cfg.algorithm.options, alg.options, file, "algorithm.options", cfg.algorithm.mark);
+  out.algorithm = validate_options(cfg.algorithm.options, alg.options, file, "algorithm.options",
+                                   cfg.algorithm.mark);
 
   const std::vector<OptionSpec>* ospecs = nullptr;
   try {
@@ -436,7 +468,8 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) 
     fail(file, mark_of(child(child(cfg.root, "optimizer"), "name"), cfg.optimizer_mark),
          std::string("optimizer.name: ") + e.what());
   }
-  out.optimizer = validate_options(cfg.optimizer_options, *ospecs, file, "optimizer", cfg.optimizer_mark);
+  out.optimizer =
+      validate_options(cfg.optimizer_options, *ospecs, file, "optimizer", cfg.optimizer_mark);
   return out;
 }
 

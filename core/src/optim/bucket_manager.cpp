@@ -39,9 +39,10 @@ BucketManager::BucketManager(const std::vector<std::pair<std::string, at::Tensor
     if (!t.requires_grad()) continue;
     if (t.is_sparse() || !t.is_contiguous())
       throw Error("parameter '" + name + "' must be a dense, contiguous tensor");
-    inputs.push_back({static_cast<size_t>(t.numel()),
-                      opts.plan_element_size ? opts.plan_element_size : static_cast<size_t>(t.element_size()),
-                      dtype_code(t)});
+    inputs.push_back(
+        {static_cast<size_t>(t.numel()),
+         opts.plan_element_size ? opts.plan_element_size : static_cast<size_t>(t.element_size()),
+         dtype_code(t)});
     input_param.push_back(i);
   }
 
@@ -50,13 +51,15 @@ BucketManager::BucketManager(const std::vector<std::pair<std::string, at::Tensor
   for (size_t b = 0; b < plan.size(); ++b) {
     Bucket& bk = buckets_[b];
     const auto& first = params_[input_param[plan[b].entries.at(0).param]].tensor;
-    bk.flat = at::zeros({static_cast<int64_t>(plan[b].length)}, first.options().requires_grad(false));
+    bk.flat =
+        at::zeros({static_cast<int64_t>(plan[b].length)}, first.options().requires_grad(false));
     bk.flat_dl = sdk::DLView(bk.flat);
     for (const auto& e : plan[b].entries) {
       size_t i = input_param[e.param];
       Param& p = params_[i];
       p.bucket = static_cast<int>(b);
-      p.view = bk.flat.narrow(0, static_cast<int64_t>(e.offset), static_cast<int64_t>(e.numel)).view(p.tensor.sizes());
+      p.view = bk.flat.narrow(0, static_cast<int64_t>(e.offset), static_cast<int64_t>(e.numel))
+                   .view(p.tensor.sizes());
       bk.params.push_back(i);
       bk.shapes.emplace_back(p.tensor.sizes().begin(), p.tensor.sizes().end());
       dopt_bucket_entry d{};
@@ -93,12 +96,15 @@ BucketManager::BucketManager(const std::vector<std::pair<std::string, at::Tensor
     if (g.defined() && !aliases(g, p.view)) p.view.copy_(g);
     p.tensor.mutable_grad() = p.view;
     p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
-    if (!p.accumulator) throw Error("parameter '" + p.name + "' has no gradient accumulator (not a leaf?)");
-    p.hook_key = p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-          on_grad_ready(i);
-          return outputs;
-        }));
+    if (!p.accumulator)
+      throw Error("parameter '" + p.name + "' has no gradient accumulator (not a leaf?)");
+    p.hook_key =
+        p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, i](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list&) {
+              on_grad_ready(i);
+              return outputs;
+            }));
   }
   attached_ = true;
 }
@@ -199,8 +205,9 @@ void BucketManager::reset_step_locked() {
 void BucketManager::zero_grad() {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   if (next_ > 0)
-    throw Error("zero_grad() after a backward whose buckets are being reduced: call step() first (bucket " +
-                std::to_string(next_ - 1) + " is in flight)");
+    throw Error(
+        "zero_grad() after a backward whose buckets are being reduced: call step() first (bucket " +
+        std::to_string(next_ - 1) + " is in flight)");
   at::NoGradGuard no_grad;
   for (auto& bk : buckets_) bk.flat.zero_();
   for (auto& p : params_)

@@ -5,14 +5,14 @@
 // bucket order, while backward is still running.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "distopt/reducer.h"
 #include "distopt/sdk/tensor.hpp"
@@ -46,8 +46,8 @@ class BucketManager {
   /// `params` in registration order; those with requires_grad get a slot
   /// (dense, contiguous tensors only: throws distopt::Error otherwise). Any
   /// existing .grad is copied into its slot. Hooks are installed at once.
-  BucketManager(const std::vector<std::pair<std::string, at::Tensor>>& params, const BucketOptions& opts,
-                LaunchFn launch);
+  BucketManager(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                const BucketOptions& opts, LaunchFn launch);
   ~BucketManager();
   BucketManager(const BucketManager&) = delete;
   BucketManager& operator=(const BucketManager&) = delete;

@@ -24,7 +24,8 @@ std::vector<PlannedBucket> plan_buckets(const std::vector<PlanInput>& params, do
   std::vector<std::pair<size_t, PlannedBucket>> closed;  // (first_pos, bucket)
   std::map<int, Open> open;
   auto close = [&](Open& o) {
-    o.bucket.length = round_up(o.bytes, std::lcm(align_bytes, o.bucket.element_size)) / o.bucket.element_size;
+    o.bucket.length =
+        round_up(o.bytes, std::lcm(align_bytes, o.bucket.element_size)) / o.bucket.element_size;
     closed.emplace_back(o.first_pos, std::move(o.bucket));
   };
 

@@ -43,7 +43,9 @@ struct DistributedOptimizer::Impl {
   int64_t inf_flag_shape = 1;
   DLTensor inf_flag_dl{};
 
-  const dopt_bucket* algorithm_buckets() const { return masters ? masters->buckets() : buckets->buckets(); }
+  const dopt_bucket* algorithm_buckets() const {
+    return masters ? masters->buckets() : buckets->buckets();
+  }
   uint64_t algorithm_bucket_bytes(size_t b) const {
     return masters ? masters->bucket_bytes(b) : buckets->bucket_bytes(b);
   }
@@ -67,7 +69,8 @@ struct DistributedOptimizer::Impl {
 namespace {
 
 uint64_t ring_bytes(uint64_t bytes, int world) {
-  return world <= 1 ? 0 : 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
+  return world <= 1 ? 0
+                    : 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
 }
 
 }  // namespace
@@ -95,7 +98,9 @@ DistributedOptimizer build_optimizer(OptimizerBuild build) {
     if (!seen.insert(name).second) throw ConfigError("duplicate parameter name '" + name + "'");
   }
   for (const auto& [n, g] : group_of)
-    if (!seen.count(n)) throw ConfigError("parameter group " + std::to_string(g) + " names unknown parameter '" + n + "'");
+    if (!seen.count(n))
+      throw ConfigError("parameter group " + std::to_string(g) + " names unknown parameter '" + n +
+                        "'");
   size_t num_groups = std::max<size_t>(1, b.groups.size());
   m.groups.resize(num_groups);
   for (size_t g = 0; g < num_groups; ++g) {
@@ -116,8 +121,10 @@ DistributedOptimizer build_optimizer(OptimizerBuild build) {
   // Mixed precision launches nothing from the hooks: the fp32 buckets go to
   // the algorithm in step(), once every rank's gradients are known finite.
   m.buckets = std::make_unique<optim::BucketManager>(
-      b.params, bo, mixed ? optim::BucketManager::LaunchFn([](const dopt_bucket&) {})
-                          : optim::BucketManager::LaunchFn([raw](const dopt_bucket& bucket) { raw->launch(bucket); }));
+      b.params, bo,
+      mixed ? optim::BucketManager::LaunchFn([](const dopt_bucket&) {})
+            : optim::BucketManager::LaunchFn(
+                  [raw](const dopt_bucket& bucket) { raw->launch(bucket); }));
   if (mixed) {
     m.masters = std::make_unique<optim::MasterWeights>(b.params, *m.buckets);
     m.scaler = std::make_unique<LossScaler>(b.precision);
@@ -158,7 +165,8 @@ DistributedOptimizer build_optimizer(OptimizerBuild build) {
   m.reducer_args.scope = m.reducer_scope.c_str();
   m.rvt = static_cast<const dopt_reducer_v1*>(b.reducer.vtable);
   take_last_error();
-  check_status(m.rvt->create(&m.reducer_args, b.comm, m.algorithm_buckets(), m.buckets->num_buckets(), &m.reducer),
+  check_status(m.rvt->create(&m.reducer_args, b.comm, m.algorithm_buckets(),
+                             m.buckets->num_buckets(), &m.reducer),
                m.reducer_who, "create");
 
   m.algorithm_common = b.common;
@@ -212,8 +220,9 @@ void DistributedOptimizer::Impl::mixed_precision_step() {
     scaler->update(/*found_inf=*/true);
     metric_add("optim.skipped_steps", 1);
     log(DOPT_LOG_DEBUG, "optimizer",
-        std::string("step skipped: inf/NaN gradient on ") + (local_inf ? "this rank" : "another rank") +
-            "; loss scale now " + std::to_string(scaler->scale()));
+        std::string("step skipped: inf/NaN gradient on ") +
+            (local_inf ? "this rank" : "another rank") + "; loss scale now " +
+            std::to_string(scaler->scale()));
     return;
   }
   const dopt_bucket* descs = masters->buckets();
@@ -230,7 +239,8 @@ void DistributedOptimizer::step() {
   if (m.masters) {
     const int64_t before = m.steps;
     m.mixed_precision_step();
-    metric_add("optim.step_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    metric_add("optim.step_seconds",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     if (m.steps == before) return;  // skipped: nothing was sent
     metric_add("optim.steps", 1);
     metric_add("optim.bytes_plain_allreduce", static_cast<double>(m.plain_bytes_per_step));
@@ -243,7 +253,8 @@ void DistributedOptimizer::step() {
   for (size_t i = 0; i < m.params.size(); ++i) {
     const at::Tensor& t = m.build.params[i].second;
     DLTensor* d = m.params[i].data;
-    if (t.data_ptr() != static_cast<char*>(d->data) + d->byte_offset && t.is_contiguous() && t.numel() == sdk::as_tensor(*d).numel() &&
+    if (t.data_ptr() != static_cast<char*>(d->data) + d->byte_offset && t.is_contiguous() &&
+        t.numel() == sdk::as_tensor(*d).numel() &&
         t.scalar_type() == sdk::as_tensor(*d).scalar_type()) {
       d->data = t.data_ptr();
       d->byte_offset = 0;
@@ -252,7 +263,8 @@ void DistributedOptimizer::step() {
   check_status(m.avt->step(m.algorithm), m.algorithm_who, "step");
   ++m.steps;
   metric_add("optim.steps", 1);
-  metric_add("optim.step_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  metric_add("optim.step_seconds",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   metric_add("optim.bytes_plain_allreduce", static_cast<double>(m.plain_bytes_per_step));
 }
 
@@ -261,14 +273,18 @@ void DistributedOptimizer::set_lr(double lr, int group) {
                "set_lr(group " + std::to_string(group) + ")");
 }
 
-uint64_t DistributedOptimizer::state_bytes() const { return impl_->avt->state_bytes(impl_->algorithm); }
+uint64_t DistributedOptimizer::state_bytes() const {
+  return impl_->avt->state_bytes(impl_->algorithm);
+}
 uint64_t DistributedOptimizer::bytes_sent() const { return impl_->rvt->bytes_sent(impl_->reducer); }
 uint64_t DistributedOptimizer::bytes_sent_plain_allreduce() const {
   return impl_->plain_bytes_per_step * static_cast<uint64_t>(impl_->steps);
 }
 size_t DistributedOptimizer::num_buckets() const { return impl_->buckets->num_buckets(); }
 int64_t DistributedOptimizer::steps() const { return impl_->steps; }
-const std::string& DistributedOptimizer::algorithm_name() const { return impl_->build.algorithm.name; }
+const std::string& DistributedOptimizer::algorithm_name() const {
+  return impl_->build.algorithm.name;
+}
 
 bool DistributedOptimizer::mixed_precision() const { return impl_->masters != nullptr; }
 PrecisionDtype DistributedOptimizer::compute_dtype() const { return impl_->build.precision.dtype; }
@@ -276,13 +292,18 @@ at::Tensor DistributedOptimizer::scale_loss(const at::Tensor& loss) const {
   if (!impl_->scaler) return loss;
   return loss * impl_->scaler->scale();
 }
-double DistributedOptimizer::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
-int64_t DistributedOptimizer::skipped_steps() const { return impl_->scaler ? impl_->scaler->skipped_steps() : 0; }
+double DistributedOptimizer::loss_scale() const {
+  return impl_->scaler ? impl_->scaler->scale() : 1.0;
+}
+int64_t DistributedOptimizer::skipped_steps() const {
+  return impl_->scaler ? impl_->scaler->skipped_steps() : 0;
+}
 LossScaleState DistributedOptimizer::loss_scale_state() const {
   return impl_->scaler ? impl_->scaler->state() : LossScaleState{};
 }
 void DistributedOptimizer::set_loss_scale_state(const LossScaleState& s) {
-  if (!impl_->scaler) throw Error("set_loss_scale_state: mixed precision is off (no precision: section)");
+  if (!impl_->scaler)
+    throw Error("set_loss_scale_state: mixed precision is off (no precision: section)");
   impl_->scaler->set_state(s);
 }
 

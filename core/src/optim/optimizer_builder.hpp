@@ -1,12 +1,12 @@
 // Private: what Runtime::make_optimizer hands the optimizer it builds.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "distopt/abi.h"
 #include "distopt/communicator.h"
@@ -28,8 +28,9 @@ struct OptimizerBuild {
   const Options* optimizer_options = nullptr;
   std::string optimizer_name;
   dopt_comm_ref comm{nullptr, nullptr};
-  dopt_create_args common{};  ///< rank, world, store, token, bind; options / scope set per component
-  std::string scope;          ///< unique per optimizer, identical across ranks ("optimizer/0")
+  dopt_create_args
+      common{};       ///< rank, world, store, token, bind; options / scope set per component
+  std::string scope;  ///< unique per optimizer, identical across ranks ("optimizer/0")
   PrecisionConfig precision;  ///< mixed precision (off by default)
 };
 

@@ -2,9 +2,9 @@
 // and the fp32 master weights / buckets of the DistributedOptimizer.
 #include "distopt/precision.hpp"
 
-#include <cmath>
-
 #include <ATen/Context.h>
+
+#include <cmath>
 
 #include "config/yaml_util.hpp"
 #include "distopt/config.hpp"
@@ -43,15 +43,18 @@ void check_precision_supported(const JobConfig& cfg, bool cpu_only) {
   if (cfg.precision.dtype != PrecisionDtype::fp16) return;
   const bool cuda = at::hasCUDA();
   if (cuda && !cpu_only) return;
-  throw ConfigError(yamlutil::location(cfg.path, cfg.precision_mark) +
-                    ": precision.dtype: fp16 needs a GPU (a CUDA device): libtorch has no CPU half-precision "
-                    "matmul kernels, and " +
-                    (cuda ? std::string("this program runs its model on the CPU")
-                          : std::string("no CUDA device is available here")) +
-                    "; use dtype: bf16, which runs on CPU");
+  throw ConfigError(
+      yamlutil::location(cfg.path, cfg.precision_mark) +
+      ": precision.dtype: fp16 needs a GPU (a CUDA device): libtorch has no CPU half-precision "
+      "matmul kernels, and " +
+      (cuda ? std::string("this program runs its model on the CPU")
+            : std::string("no CUDA device is available here")) +
+      "; use dtype: bf16, which runs on CPU");
 }
 
-LossScaler::LossScaler(const PrecisionConfig& cfg) : cfg_(cfg) { state_.scale = cfg.initial_scale(); }
+LossScaler::LossScaler(const PrecisionConfig& cfg) : cfg_(cfg) {
+  state_.scale = cfg.initial_scale();
+}
 
 void LossScaler::update(bool found_inf) {
   if (found_inf) ++state_.skipped_steps;
@@ -69,7 +72,8 @@ void LossScaler::update(bool found_inf) {
 
 void LossScaler::set_state(const LossScaleState& s) {
   if (!(std::isfinite(s.scale) && s.scale > 0))
-    throw Error("loss scale state: scale " + std::to_string(s.scale) + " is not a finite number > 0");
+    throw Error("loss scale state: scale " + std::to_string(s.scale) +
+                " is not a finite number > 0");
   if (s.growth_tracker < 0 || s.skipped_steps < 0)
     throw Error("loss scale state: negative growth_tracker or skipped_steps");
   state_ = s;
@@ -77,12 +81,14 @@ void LossScaler::set_state(const LossScaleState& s) {
 
 namespace optim {
 
-MasterWeights::MasterWeights(const std::vector<std::pair<std::string, at::Tensor>>& params, const BucketManager& lp) {
+MasterWeights::MasterWeights(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                             const BucketManager& lp) {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor p = params[i].second.detach();
     params_.push_back(p);
-    const bool low = p.is_floating_point() && p.scalar_type() != at::kFloat && p.scalar_type() != at::kDouble;
+    const bool low =
+        p.is_floating_point() && p.scalar_type() != at::kFloat && p.scalar_type() != at::kDouble;
     masters_.push_back(low ? p.to(at::kFloat).contiguous() : p);
   }
   grads_.resize(params.size());

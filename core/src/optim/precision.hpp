@@ -11,13 +11,13 @@
 // plugin works unchanged.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <deque>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 #include "distopt/reducer.h"
 #include "distopt/sdk/tensor.hpp"
@@ -31,7 +31,8 @@ class MasterWeights {
  public:
   /// `params` as given to the BucketManager `lp` (same order). Masters start
   /// as exact fp32 copies of the (already broadcast) model parameters.
-  MasterWeights(const std::vector<std::pair<std::string, at::Tensor>>& params, const BucketManager& lp);
+  MasterWeights(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                const BucketManager& lp);
   MasterWeights(const MasterWeights&) = delete;
   MasterWeights& operator=(const MasterWeights&) = delete;
 
@@ -58,7 +59,8 @@ class MasterWeights {
   std::vector<at::Tensor> params_;   // the model's tensors (detached)
   std::vector<at::Tensor> masters_;  // fp32 masters (alias params_[i] when already fp32)
   std::vector<at::Tensor> grads_;    // views into flats_
-  std::vector<at::Tensor> lp_flats_, flats_;  // per bucket; flats_[b] aliases lp_flats_[b] when fp32
+  std::vector<at::Tensor> lp_flats_,
+      flats_;  // per bucket; flats_[b] aliases lp_flats_[b] when fp32
   std::deque<sdk::DLView> flat_dl_;
   std::vector<dopt_bucket> descs_;
 };

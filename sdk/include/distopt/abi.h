@@ -58,9 +58,10 @@ typedef int32_t dopt_status;
 #define DOPT_ERR_TIMEOUT -4   /* the operation did not complete within its timeout */
 #define DOPT_ERR_NO_MEMORY -5 /* an allocation failed */
 #define DOPT_ERR_INTERNAL -6  /* a bug or an unexpected C++ exception inside the component */
-#define DOPT_ERR_ABORTED -7 /* the operation was cancelled (communicator destroyed, job stopping) \
-                             */
-#define DOPT_ERR_STATE -8   /* the call is not valid in the component's current state */
+#define DOPT_ERR_ABORTED                                                                        \
+  -7                      /* the operation was cancelled (communicator destroyed, job stopping) \
+                           */
+#define DOPT_ERR_STATE -8 /* the call is not valid in the component's current state */
 
 /** Human-readable name of a status code; never NULL, static lifetime. */
 static inline const char* dopt_status_string(dopt_status s) {

@@ -21,8 +21,10 @@ torch::Tensor Mlp::forward(const torch::Tensor& x) {
 }
 
 Cnn::Cnn(int64_t rows, int64_t cols, int64_t classes) {
-  conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5).padding(2)));
-  conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).padding(2)));
+  conv1 =
+      register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5).padding(2)));
+  conv2 =
+      register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).padding(2)));
   fc1 = register_module("fc1", torch::nn::Linear(32 * (rows / 4) * (cols / 4), 128));
   fc2 = register_module("fc2", torch::nn::Linear(128, classes));
 }
@@ -34,8 +36,8 @@ torch::Tensor Cnn::forward(const torch::Tensor& x) {
   return fc2->forward(h);
 }
 
-std::shared_ptr<Classifier> make_model(const std::string& name, int64_t rows, int64_t cols, int64_t classes,
-                                       int64_t seed) {
+std::shared_ptr<Classifier> make_model(const std::string& name, int64_t rows, int64_t cols,
+                                       int64_t classes, int64_t seed) {
   at::manual_seed(static_cast<uint64_t>(seed));
   if (name == "mlp") return std::make_shared<Mlp>(rows, cols, classes);
   if (name == "cnn") return std::make_shared<Cnn>(rows, cols, classes);

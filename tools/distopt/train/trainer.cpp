@@ -1,6 +1,8 @@
 // The training loop of `distopt train` (one rank).
 #include "train/trainer.hpp"
 
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -15,9 +17,6 @@
 #include <sstream>
 #include <thread>
 #include <vector>
-
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include "distopt/blas.hpp"
 #include "distopt/distributed_optimizer.hpp"
@@ -34,7 +33,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // DISTOPT_FAULT_INJECT=exit:RANK:STEP (test-only): {rank, step}, or {-1, -1}.
 std::pair<int, int64_t> fault_injection() {
@@ -44,7 +45,8 @@ std::pair<int, int64_t> fault_injection() {
   long long step = -1;
   char tail = 0;
   if (std::sscanf(v, "exit:%d:%lld%c", &rank, &step, &tail) != 2 || rank < 0 || step < 1)
-    throw ConfigError(std::string("DISTOPT_FAULT_INJECT='") + v + "' is not of the form exit:RANK:STEP");
+    throw ConfigError(std::string("DISTOPT_FAULT_INJECT='") + v +
+                      "' is not of the form exit:RANK:STEP");
   return {rank, step};
 }
 
@@ -54,7 +56,8 @@ std::pair<int, int64_t> fault_injection() {
 std::vector<int64_t> epoch_permutation(int64_t n, int64_t seed, int64_t epoch) {
   std::vector<int64_t> p(static_cast<size_t>(n));
   std::iota(p.begin(), p.end(), 0);
-  std::mt19937_64 gen(static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
+  std::mt19937_64 gen(static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull +
+                      static_cast<uint64_t>(epoch) + 1);
   for (int64_t i = n - 1; i > 0; --i) {
     int64_t j = static_cast<int64_t>(gen() % static_cast<uint64_t>(i + 1));
     std::swap(p[i], p[j]);
@@ -83,7 +86,9 @@ std::vector<double> per_rank(Runtime& rt, double mine) {
   return out;
 }
 
-std::vector<int64_t> as_ints(const std::vector<double>& v) { return std::vector<int64_t>(v.begin(), v.end()); }
+std::vector<int64_t> as_ints(const std::vector<double>& v) {
+  return std::vector<int64_t>(v.begin(), v.end());
+}
 
 std::string join_bytes(const std::vector<double>& v) {
   std::string s;
@@ -99,8 +104,8 @@ struct EvalResult {
 
 // Test loss and accuracy over the whole test set: each rank evaluates its
 // contiguous shard, the sums are allreduced.
-EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8, const at::Tensor& labels,
-                    at::ScalarType dtype) {
+EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8,
+                    const at::Tensor& labels, at::ScalarType dtype) {
   at::NoGradGuard no_grad;
   const int64_t n = images_u8.size(0);
   const int64_t lo = n * rt.rank() / rt.world_size();
@@ -128,7 +133,8 @@ EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8,
 int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
   const TrainConfig& tc = cfg.train;
   if (tc.dataset != "fashion-mnist")
-    throw ConfigError(cfg.path + ": train.dataset '" + tc.dataset + "' is not supported (known: fashion-mnist)");
+    throw ConfigError(cfg.path + ": train.dataset '" + tc.dataset +
+                      "' is not supported (known: fashion-mnist)");
   if (tc.batch_size < 1) throw ConfigError(cfg.path + ": train.batch_size must be at least 1");
   if (tc.epochs < 1) throw ConfigError(cfg.path + ": train.epochs must be at least 1");
   check_precision_supported(cfg, /*cpu_only=*/true);  // the models run on the CPU
@@ -145,13 +151,16 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
 
   const ProcessInfo proc = detect_process_info();
   const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
-  const int64_t threads = tc.threads > 0 ? tc.threads : std::max<int64_t>(1, cores / std::max(1, proc.local_world_size));
+  const int64_t threads = tc.threads > 0
+                              ? tc.threads
+                              : std::max<int64_t>(1, cores / std::max(1, proc.local_world_size));
   at::set_num_threads(static_cast<int>(threads));
   // Debian's libtorch calls BLAS through libblas.so.3; when that is OpenBLAS
   // (the pthread build) it keeps its own thread pool, which at::set_num_threads
   // does not size: ranks x BLAS threads would then oversubscribe the cores.
   using SetBlasThreads = void (*)(int);
-  if (auto set_blas = reinterpret_cast<SetBlasThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+  if (auto set_blas =
+          reinterpret_cast<SetBlasThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
     set_blas(static_cast<int>(threads));
 
   // Opened before the rendezvous, so a bad path fails before the other ranks wait.
@@ -172,22 +181,26 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
   const int64_t global_batch = tc.batch_size * world;
   int64_t steps_per_epoch = ds.train.count / global_batch;
   if (steps_per_epoch < 1)
-    throw ConfigError(cfg.path + ": global batch " + std::to_string(global_batch) + " (train.batch_size " +
-                      std::to_string(tc.batch_size) + " x " + std::to_string(world) + " ranks) exceeds the " +
+    throw ConfigError(cfg.path + ": global batch " + std::to_string(global_batch) +
+                      " (train.batch_size " + std::to_string(tc.batch_size) + " x " +
+                      std::to_string(world) + " ranks) exceeds the " +
                       std::to_string(ds.train.count) + " training images");
   if (tc.max_steps > 0) steps_per_epoch = std::min(steps_per_epoch, tc.max_steps);
   const int64_t log_every = tc.log_every > 0 ? tc.log_every : 0;
 
   if (lead) {
     std::ostringstream os;
-    os << "distopt train: " << world << " rank(s), model " << tc.model << " (" << parameter_count(*model)
-       << " parameters), algorithm " << opt.algorithm_name() << ", reducer " << cfg.reducer.name
-       << ", communicator " << cfg.communicator.name << ", optimizer " << cfg.optimizer_name << "\n"
-       << "  " << tc.epochs << " epoch(s) x " << steps_per_epoch << " steps, batch " << tc.batch_size
-       << " per rank (global " << global_batch << "), " << threads << " thread(s) per rank, "
-       << opt.num_buckets() << " bucket(s), data " << tc.data_dir << "\n";
+    os << "distopt train: " << world << " rank(s), model " << tc.model << " ("
+       << parameter_count(*model) << " parameters), algorithm " << opt.algorithm_name()
+       << ", reducer " << cfg.reducer.name << ", communicator " << cfg.communicator.name
+       << ", optimizer " << cfg.optimizer_name << "\n"
+       << "  " << tc.epochs << " epoch(s) x " << steps_per_epoch << " steps, batch "
+       << tc.batch_size << " per rank (global " << global_batch << "), " << threads
+       << " thread(s) per rank, " << opt.num_buckets() << " bucket(s), data " << tc.data_dir
+       << "\n";
     std::string blas = openblas_core_name();
-    os << "  BLAS: " << (blas.empty() ? std::string("not OpenBLAS") : "OpenBLAS, " + blas + " kernels") << "\n";
+    os << "  BLAS: "
+       << (blas.empty() ? std::string("not OpenBLAS") : "OpenBLAS, " + blas + " kernels") << "\n";
     os << "  precision: " << precision_dtype_name(cfg.precision.dtype);
     if (opt.mixed_precision())
       os << " (fp32 master weights, loss scale "
@@ -211,8 +224,10 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
     for (int64_t step = 0; step < steps_per_epoch; ++step) {
       ++global_step;
       if (fault.first == rank && fault.second == global_step) {
-        std::fprintf(stderr, "distopt train: DISTOPT_FAULT_INJECT: rank %d exits (137) at step %" PRId64 "\n", rank,
-                     global_step);
+        std::fprintf(stderr,
+                     "distopt train: DISTOPT_FAULT_INJECT: rank %d exits (137) at step %" PRId64
+                     "\n",
+                     rank, global_step);
         std::fflush(stderr);
         _exit(137);
       }
@@ -231,8 +246,9 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
 
       if (lead && log_every > 0 && ((step + 1) % log_every == 0 || step + 1 == steps_per_epoch)) {
         double dt = seconds_since(t_log);
-        std::cout << "epoch " << epoch << "/" << tc.epochs << " step " << (step + 1) << "/" << steps_per_epoch
-                  << " loss " << fmt("%.4f", loss.item<double>()) << " samples/s "
+        std::cout << "epoch " << epoch << "/" << tc.epochs << " step " << (step + 1) << "/"
+                  << steps_per_epoch << " loss " << fmt("%.4f", loss.item<double>())
+                  << " samples/s "
                   << fmt("%.0f", dt > 0 ? steps_since_log * global_batch / dt : 0.0) << std::endl;
         t_log = Clock::now();
         steps_since_log = 0;
@@ -248,11 +264,11 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
     last_eval = evaluate(rt, *model, test_x, test_y, dtype);
     const double epoch_samples = static_cast<double>(steps_per_epoch * global_batch);
     if (lead) {
-      std::cout << "epoch " << epoch << "/" << tc.epochs << ": train loss " << fmt("%.4f", last_train_loss)
-                << ", test loss " << fmt("%.4f", last_eval.loss) << ", test accuracy "
-                << fmt("%.2f", 100 * last_eval.accuracy) << "% (" << last_eval.count << " images), "
-                << fmt("%.2f", epoch_train_time) << " s, " << fmt("%.0f", epoch_samples / epoch_train_time)
-                << " samples/s" << std::endl;
+      std::cout << "epoch " << epoch << "/" << tc.epochs << ": train loss "
+                << fmt("%.4f", last_train_loss) << ", test loss " << fmt("%.4f", last_eval.loss)
+                << ", test accuracy " << fmt("%.2f", 100 * last_eval.accuracy) << "% ("
+                << last_eval.count << " images), " << fmt("%.2f", epoch_train_time) << " s, "
+                << fmt("%.0f", epoch_samples / epoch_train_time) << " samples/s" << std::endl;
       metrics.write({{"event", "epoch"},
                      {"epoch", epoch},
                      {"steps", steps_per_epoch},
@@ -273,16 +289,19 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
   const double samples = static_cast<double>(global_step * global_batch);
   const double sps = train_time > 0 ? samples / train_time : 0;
   if (lead) {
-    std::cout << "summary: " << world << " rank(s), " << global_step << " steps, " << static_cast<int64_t>(samples)
-              << " samples in " << fmt("%.2f", train_time) << " s of training (" << fmt("%.2f", wall)
-              << " s wall incl. evaluation, " << fmt("%.2f", seconds_since(t_start)) << " s incl. setup)\n"
+    std::cout << "summary: " << world << " rank(s), " << global_step << " steps, "
+              << static_cast<int64_t>(samples) << " samples in " << fmt("%.2f", train_time)
+              << " s of training (" << fmt("%.2f", wall) << " s wall incl. evaluation, "
+              << fmt("%.2f", seconds_since(t_start)) << " s incl. setup)\n"
               << "  samples/s (global): " << fmt("%.0f", sps) << "\n"
-              << "  bytes sent per rank: " << join_bytes(sent) << " (plain allreduce: " << join_bytes(plain) << ")\n"
+              << "  bytes sent per rank: " << join_bytes(sent)
+              << " (plain allreduce: " << join_bytes(plain) << ")\n"
               << "  optimizer state per rank: " << join_bytes(state) << "\n"
-              << "  precision: " << precision_dtype_name(cfg.precision.dtype) << ", final loss scale "
-              << opt.loss_scale() << ", skipped steps " << opt.skipped_steps() << "\n"
-              << "  final test accuracy: " << fmt("%.2f", 100 * last_eval.accuracy) << "% (train loss "
-              << fmt("%.4f", last_train_loss) << ")" << std::endl;
+              << "  precision: " << precision_dtype_name(cfg.precision.dtype)
+              << ", final loss scale " << opt.loss_scale() << ", skipped steps "
+              << opt.skipped_steps() << "\n"
+              << "  final test accuracy: " << fmt("%.2f", 100 * last_eval.accuracy)
+              << "% (train loss " << fmt("%.4f", last_train_loss) << ")" << std::endl;
     metrics.write({{"event", "summary"},
                    {"world_size", world},
                    {"model", tc.model},
