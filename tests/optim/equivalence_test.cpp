@@ -31,16 +31,7 @@
 #include "distopt/sdk/tensor.hpp"
 #include "multiproc.hpp"
 #include "optim/bucket_manager.hpp"
-
-// libtorch pulls in glog, whose CHECK macros would shadow doctest's.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#include <doctest/doctest.h>
+#include "torch_doctest.hpp"
 
 namespace {
 
