@@ -61,7 +61,7 @@ int distopt_bench_step(int argc, char** argv) {
       "optimizer", po::value(&optimizer)->default_value("adam"),
       "adam, adamw or sgd (momentum 0.9)")("iters", po::value(&iters)->default_value(10),
                                            "timed steps (median reported)")(
-      "plugin-dir", po::value(&plugin_dir), "directory with the fused/mean/tcp plugins");
+      "plugin-path,P", po::value(&plugin_dir), "also search DIR for the fused/mean/tcp plugins");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   po::notify(vm);
