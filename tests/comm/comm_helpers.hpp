@@ -32,23 +32,8 @@ inline std::string plugin_dir() {
   return d.empty() ? "build/plugins" : d;
 }
 
-/// A random port that nothing on 127.0.0.1 holds right now (random_port()
-/// alone can hit a port an unrelated connection or a concurrent test uses).
-inline int free_port() {
-  for (int attempt = 0;; ++attempt) {
-    int port = random_port();
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the store server binds
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    close(fd);
-    if (ok || attempt > 50) return port;
-  }
-}
+/// A port nothing on 127.0.0.1 holds right now (random_port checks it binds).
+inline int free_port() { return random_port(); }
 
 /// Collective: rendezvous on 127.0.0.1:port and create communicator `name`
 /// with `options_yaml` (a YAML map as text). Throws on failure.

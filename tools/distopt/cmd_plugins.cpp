@@ -21,20 +21,6 @@ using nlohmann::json;
 
 namespace {
 
-const char* type_name(dopt_option_type t) {
-  switch (t) {
-    case DOPT_OPTION_BOOL:
-      return "bool";
-    case DOPT_OPTION_INT:
-      return "int";
-    case DOPT_OPTION_DOUBLE:
-      return "double";
-    case DOPT_OPTION_STRING:
-      return "string";
-  }
-  return "?";
-}
-
 std::string number(double v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[40];
@@ -83,7 +69,7 @@ void print_table(std::ostream& os, const std::vector<std::vector<std::string>>& 
 json options_json(const std::vector<distopt::OptionSpec>& specs) {
   json arr = json::array();
   for (const auto& s : specs) {
-    json o = {{"name", s.name}, {"type", type_name(s.type)}, {"help", s.help}};
+    json o = {{"name", s.name}, {"type", distopt::option_type_name(s.type)}, {"help", s.help}};
     o["default"] = s.default_value ? json(*s.default_value) : json(nullptr);
     o["required"] = !s.default_value.has_value();
     if ((s.type == DOPT_OPTION_INT || s.type == DOPT_OPTION_DOUBLE) && s.min_value <= s.max_value)
@@ -98,8 +84,8 @@ void print_options(std::ostream& os, const std::vector<distopt::OptionSpec>& spe
   std::vector<std::vector<std::string>> rows = {
       {"OPTION", "TYPE", "DEFAULT", "RANGE/CHOICES", "HELP"}};
   for (const auto& s : specs)
-    rows.push_back({s.name, type_name(s.type), s.default_value ? *s.default_value : "(required)",
-                    constraint(s), s.help});
+    rows.push_back({s.name, distopt::option_type_name(s.type),
+                    s.default_value ? *s.default_value : "(required)", constraint(s), s.help});
   print_table(os, rows, "    ");
 }
 

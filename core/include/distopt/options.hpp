@@ -25,6 +25,10 @@ struct OptionSpec {
   std::string help;
 };
 
+/// "bool", "int", "double" or "string" (as shown to users); "unknown" for
+/// a value outside the enum. Static lifetime, thread-safe.
+const char* option_type_name(dopt_option_type type);
+
 /// Copy n C specs, reading only the fields their struct_size covers.
 std::vector<OptionSpec> specs_from_c(const dopt_option_spec* specs, size_t n);
 

@@ -10,11 +10,8 @@
 #include "distopt/error.hpp"
 
 namespace distopt {
-namespace {
 
-using namespace yamlutil;
-
-const char* type_name(dopt_option_type t) {
+const char* option_type_name(dopt_option_type t) {
   switch (t) {
     case DOPT_OPTION_BOOL:
       return "bool";
@@ -27,6 +24,10 @@ const char* type_name(dopt_option_type t) {
   }
   return "unknown";
 }
+
+namespace {
+
+using namespace yamlutil;
 
 const char* value_type_name(const Options::Value& v) {
   switch (v.index()) {
@@ -184,7 +185,7 @@ Options Options::validate(const YAML::Node& node, const std::vector<OptionSpec>&
     if (opts.values_.count(s.name)) continue;
     if (!s.default_value)
       fail(file, section_mark,
-           where + ": missing required option '" + s.name + "' (" + type_name(s.type) +
+           where + ": missing required option '" + s.name + "' (" + option_type_name(s.type) +
                (s.help.empty() ? "" : ": " + s.help) + ")");
     YAML::Node def(*s.default_value);  // a plain scalar, as the schema's YAML text
     try {
