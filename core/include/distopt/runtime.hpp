@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "distopt/checkpoint.hpp"
 #include "distopt/config.hpp"
 #include "distopt/process.hpp"
 
@@ -57,6 +58,38 @@ class Runtime {
   /// Convenience: named_parameters() of a module, and its buffers broadcast from rank 0.
   DistributedOptimizer make_optimizer(torch::nn::Module& module,
                                       const std::vector<ParamGroupSpec>& groups = {});
+
+  // ---- Checkpoints (checkpoint.hpp has the layout) ----
+
+  /// Save `model` (parameters and buffers, written by rank 0) and `opt` (the
+  /// algorithm's and reducer's state through ABI 1.1 save_state, steps, loss
+  /// scale) as a new checkpoint in `dir` (created if missing), then delete all
+  /// but the newest `keep` (>= 1) complete checkpoints there. Collective:
+  /// every rank calls it between steps. `extra` goes into the manifest.
+  /// Throws CheckpointError (I/O, naming the file), ComponentError
+  /// (UNSUPPORTED naming a plugin built against ABI 1.0, which has no
+  /// save_state), CommError; on any failure the previous checkpoint stays
+  /// the newest.
+  CheckpointInfo save_checkpoint(const std::string& dir, torch::nn::Module& model,
+                                 DistributedOptimizer& opt, const CheckpointExtra& extra = {},
+                                 int keep = 2);
+  /// Restore the newest checkpoint in `dir` into `model` and `opt`, which
+  /// must be built as for the saved job except for the world size (a
+  /// sharded algorithm reads the ranges it owns now) and, for state kept
+  /// under the shared key conventions, the algorithm. Collective, between
+  /// steps. Verifies every shard's size and CRC-32 and the model's names and
+  /// shapes before changing anything. Throws CheckpointError naming the file
+  /// or key (missing, corrupt, truncated, other model), ComponentError from a
+  /// plugin's load_state. Never writes to `dir`.
+  CheckpointInfo load_checkpoint(const std::string& dir, torch::nn::Module& model,
+                                 DistributedOptimizer& opt);
+  /// ZeroRedundancyOptimizer.consolidate_state_dict(to): gather the whole
+  /// state onto rank `to`. Collective. Returns on rank `to` every logical
+  /// tensor whole, keyed "model/<name>", "algorithm/<key>", "reducer/<key>"
+  /// (rank-local entries as "<key>@rank<r>"); an empty map elsewhere. Throws
+  /// as save_checkpoint.
+  std::map<std::string, torch::Tensor> consolidate(torch::nn::Module& model,
+                                                   DistributedOptimizer& opt, int to = 0);
 
   /// Broadcast tensors (in place) from rank 0. Collective.
   void broadcast(const std::vector<torch::Tensor>& tensors, int root = 0);

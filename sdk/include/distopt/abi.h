@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define DOPT_ABI_VERSION_MAJOR 1
-#define DOPT_ABI_VERSION_MINOR 0
+#define DOPT_ABI_VERSION_MINOR 1 /* 1.1: save_state / load_state (state.h) */
 
 /** Offset of the end of MEMBER in TYPE: the struct size a reader needs for it. */
 #define DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER) (offsetof(TYPE, MEMBER) + sizeof(((TYPE*)0)->MEMBER))

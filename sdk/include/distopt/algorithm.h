@@ -17,6 +17,7 @@
 #include "distopt/abi.h"
 #include "distopt/communicator.h"
 #include "distopt/reducer.h"
+#include "distopt/state.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,8 +83,26 @@ typedef struct dopt_algorithm_v1 {
   dopt_status (*set_lr)(dopt_algorithm* a, int32_t group, double lr);
   /** Bytes of optimizer state this rank holds (momentum, Adam moments, ...). */
   uint64_t (*state_bytes)(const dopt_algorithm* a);
+
+  /* ---- ABI 1.1 (checkpoints, state.h). A 1.0 plugin's vtable ends above;
+   * the host checks struct_size >= DOPT_ALGORITHM_V1_1_STRUCT_SIZE and a
+   * non-NULL pointer, else saving a checkpoint fails with UNSUPPORTED naming
+   * the plugin. ---- */
+
+  /** Put this rank's state (inner-optimizer state of what it owns, and
+   * anything else it needs to continue exactly) into `w`. Called on every
+   * rank between steps (after step() returned, before the next backward);
+   * must not use the communicator. Parameters are saved by the host. */
+  dopt_status (*save_state)(dopt_algorithm* a, const dopt_state_writer* w);
+  /** Restore from `r`, which may come from another world size or another
+   * algorithm (reshard: read the element ranges this rank now owns).
+   * Called on every rank after create and before the first step, with the
+   * host's parameters already restored; must not use the communicator.
+   * INVALID_ARGUMENT naming the key for missing or mismatched state. */
+  dopt_status (*load_state)(dopt_algorithm* a, const dopt_state_reader* r);
 } dopt_algorithm_v1;
 #define DOPT_ALGORITHM_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, state_bytes)
+#define DOPT_ALGORITHM_V1_1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, load_state)
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 
 #include "distopt/abi.h"
 #include "distopt/communicator.h"
+#include "distopt/state.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -66,8 +67,20 @@ typedef struct dopt_reducer_v1 {
   /** Bytes this rank actually put on the wire since creation (for reports
    * beside what a plain allreduce would send). */
   uint64_t (*bytes_sent)(const dopt_reducer* r);
+
+  /* ---- ABI 1.1 (checkpoints, state.h); same rules as dopt_algorithm_v1's.
+   * A stateless reducer puts nothing. ---- */
+
+  /** Put this rank's state (error-feedback residuals, warm-start matrices,
+   * step counters, RNG state) into `w`. Called on every rank between steps,
+   * with no reduction in flight; must not use the communicator. */
+  dopt_status (*save_state)(dopt_reducer* r, const dopt_state_writer* w);
+  /** Restore from `r` (possibly saved with another world size). Called on
+   * every rank after create, before the first reduce; no communicator use. */
+  dopt_status (*load_state)(dopt_reducer* r, const dopt_state_reader* rd);
 } dopt_reducer_v1;
 #define DOPT_REDUCER_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_reducer_v1, bytes_sent)
+#define DOPT_REDUCER_V1_1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_reducer_v1, load_state)
 
 /** A reducer instance together with its vtable (borrowed from the host). */
 typedef struct dopt_reducer_ref {

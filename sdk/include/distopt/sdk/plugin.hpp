@@ -34,6 +34,7 @@
 #include "distopt/reducer.h"
 #include "distopt/sdk/host.hpp"
 #include "distopt/sdk/request.hpp"
+#include "distopt/sdk/state.hpp"
 
 namespace distopt::sdk {
 
@@ -76,6 +77,17 @@ class Reducer {
   virtual std::unique_ptr<Request> reduce(const dopt_bucket& bucket) = 0;
   /// Bytes this rank put on the wire since creation.
   virtual uint64_t bytes_sent() const = 0;
+  /// Checkpoints (ABI 1.1, distopt/state.h): put / restore everything needed
+  /// to continue exactly (error-feedback residuals, warm-start matrices,
+  /// counters). No communicator use. The defaults refuse with UNSUPPORTED so
+  /// that a stateful reducer never saves silently incomplete checkpoints; a
+  /// stateless one overrides them with empty bodies.
+  virtual void save_state(StateWriter&) {
+    throw Error(DOPT_ERR_UNSUPPORTED, "this reducer cannot save checkpoints (no save_state)");
+  }
+  virtual void load_state(const StateReader&) {
+    throw Error(DOPT_ERR_UNSUPPORTED, "this reducer cannot load checkpoints (no load_state)");
+  }
 };
 
 /// Base of algorithm components; mirrors dopt_algorithm_v1.
@@ -89,6 +101,16 @@ class Algorithm {
   virtual void step() = 0;
   virtual void set_lr(int32_t group, double lr) = 0;
   virtual uint64_t state_bytes() const = 0;
+  /// Checkpoints (ABI 1.1, distopt/state.h): put this rank's optimizer state
+  /// / restore the state of what this rank now owns (the checkpoint may come
+  /// from another world size). No communicator use. Defaults refuse with
+  /// UNSUPPORTED (see Reducer::save_state).
+  virtual void save_state(StateWriter&) {
+    throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm cannot save checkpoints (no save_state)");
+  }
+  virtual void load_state(const StateReader&) {
+    throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm cannot load checkpoints (no load_state)");
+  }
 };
 
 /// A component's option schema: a dopt_option_spec array, or nullptr for none.
@@ -286,8 +308,19 @@ struct ReducerGlue {
       return 0;
     }
   }
+  static dopt_status save_state(dopt_reducer* h, const dopt_state_writer* w) noexcept {
+    if (!h || !w) return null_arg("reducer or writer");
+    return guard([&] {
+      StateWriter sw(*w);
+      r(h)->save_state(sw);
+    });
+  }
+  static dopt_status load_state(dopt_reducer* h, const dopt_state_reader* rd) noexcept {
+    if (!h || !rd) return null_arg("reducer or reader");
+    return guard([&] { r(h)->load_state(StateReader(*rd)); });
+  }
 
-  static constexpr dopt_reducer_v1 vtable = {DOPT_REDUCER_V1_STRUCT_SIZE,
+  static constexpr dopt_reducer_v1 vtable = {DOPT_REDUCER_V1_1_STRUCT_SIZE,
                                              nullptr,
                                              &create,
                                              &destroy,
@@ -295,7 +328,9 @@ struct ReducerGlue {
                                              &test,
                                              &wait,
                                              &request_free,
-                                             &bytes_sent};
+                                             &bytes_sent,
+                                             &save_state,
+                                             &load_state};
 };
 
 template <class T>
@@ -333,15 +368,28 @@ struct AlgorithmGlue {
       return 0;
     }
   }
+  static dopt_status save_state(dopt_algorithm* h, const dopt_state_writer* w) noexcept {
+    if (!h || !w) return null_arg("algorithm or writer");
+    return guard([&] {
+      StateWriter sw(*w);
+      a(h)->save_state(sw);
+    });
+  }
+  static dopt_status load_state(dopt_algorithm* h, const dopt_state_reader* rd) noexcept {
+    if (!h || !rd) return null_arg("algorithm or reader");
+    return guard([&] { a(h)->load_state(StateReader(*rd)); });
+  }
 
-  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_STRUCT_SIZE,
+  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_1_STRUCT_SIZE,
                                                nullptr,
                                                &create,
                                                &destroy,
                                                &on_bucket_ready,
                                                &step,
                                                &set_lr,
-                                               &state_bytes};
+                                               &state_bytes,
+                                               &save_state,
+                                               &load_state};
 };
 
 inline dopt_status plugin_init(const dopt_host_api* h, dopt_plugin_info* info,
