@@ -3,6 +3,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace distopt::plugins::compress {
@@ -63,7 +64,18 @@ std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* bucke
         throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
                          where + ": entry " + std::to_string(e) + " ends past the buffer");
       if (en.numel == 0) continue;
-      l.entries.push_back({en.offset, en.numel});
+      Slice sl;
+      sl.offset = en.offset;
+      sl.numel = en.numel;
+      // The host always names entries; a nameless one still gets a unique key.
+      sl.name = en.name ? std::string(en.name)
+                        : "bucket" + std::to_string(b) + ".entry" + std::to_string(e);
+      if (en.ndim > 0 && en.shape) sl.shape.assign(en.shape, en.shape + en.ndim);
+      size_t shape_numel = 1;
+      for (int64_t d : sl.shape) shape_numel *= static_cast<size_t>(d);
+      // A shape that disagrees with numel would make a bad checkpoint entry.
+      if (sl.shape.empty() || shape_numel != en.numel) sl.shape = {static_cast<int64_t>(en.numel)};
+      l.entries.push_back(std::move(sl));
       l.payload += en.numel;
     }
     if (l.length >= (size_t{1} << 32))
@@ -161,7 +173,7 @@ bool StagedRequest::wait(int64_t timeout_ms) {
 
 CompressReducer::CompressReducer(const char* who, const dopt_create_args& args, dopt_comm_ref comm,
                                  const dopt_bucket* buckets, size_t num_buckets)
-    : who_(who), comm_(comm), world_size_(args.world_size) {
+    : who_(who), comm_(comm), rank_(args.rank), world_size_(args.world_size) {
   if (!comm.vt || !comm.comm)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) + ": no communicator");
   if (comm_.world_size() != args.world_size)
@@ -174,6 +186,59 @@ CompressReducer::CompressReducer(const char* who, const dopt_create_args& args, 
 void CompressReducer::count_sent(uint64_t bytes) {
   bytes_sent_ += bytes;
   sdk::metric_add("reducer.bytes_sent", static_cast<double>(bytes));
+}
+
+void CompressReducer::save_residuals(sdk::StateWriter& w,
+                                     const std::vector<std::vector<float>*>& residual) const {
+  for (size_t b = 0; b < layouts_.size() && b < residual.size(); ++b) {
+    if (!residual[b] || residual[b]->empty()) continue;
+    for (const Slice& e : layouts_[b].entries) {
+      std::vector<int64_t> shape = e.shape;
+      DLTensor t{};
+      t.data = residual[b]->data() + e.offset;
+      t.device = {kDLCPU, 0};
+      t.ndim = static_cast<int32_t>(shape.size());
+      t.dtype = kF32;
+      t.shape = shape.data();
+      w.put_local("error_feedback/" + e.name, t);
+    }
+  }
+}
+
+void CompressReducer::load_residuals(const sdk::StateReader& r,
+                                     const std::vector<std::vector<float>*>& residual) const {
+  size_t missing = 0, loaded = 0;
+  std::string first_missing;
+  for (size_t b = 0; b < layouts_.size() && b < residual.size(); ++b) {
+    if (!residual[b] || residual[b]->empty()) continue;
+    for (const Slice& e : layouts_[b].entries) {
+      const std::string key = "error_feedback/" + e.name;
+      float* dst = residual[b]->data() + e.offset;
+      sdk::StateInfo info;
+      if (!r.find(key, &info)) {
+        std::fill(dst, dst + e.numel, 0.0f);
+        if (missing++ == 0) first_missing = key;
+        continue;
+      }
+      if (info.numel() != static_cast<int64_t>(e.numel))
+        throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                         std::string(who_) + ": checkpoint state '" + key + "' has " +
+                             std::to_string(info.numel()) + " elements, the parameter has " +
+                             std::to_string(e.numel));
+      int64_t shape = 0;
+      DLTensor t = host_tensor(dst, static_cast<int64_t>(e.numel), kF32, &shape);
+      r.read(key, 0, t);
+      ++loaded;
+    }
+  }
+  if (missing > 0 && rank_ == 0)
+    sdk::log_warn(who_, "checkpoint has no error-feedback residual for " + std::to_string(missing) +
+                            " parameter(s) (first: '" + first_missing + "'); they start from zero");
+  if (loaded > 0 && rank_ == 0 && r.saved_world_size() != world_size_)
+    sdk::log_warn(who_, "checkpoint was saved by " + std::to_string(r.saved_world_size()) +
+                            " ranks, loading into " + std::to_string(world_size_) +
+                            ": every rank's error-feedback residual is the mean of the saved "
+                            "ranks' residuals");
 }
 
 }  // namespace distopt::plugins::compress

@@ -21,6 +21,8 @@ namespace distopt::plugins::compress {
 struct Slice {
   size_t offset = 0;
   size_t numel = 0;
+  std::string name;            ///< the parameter's name: checkpoint keys
+  std::vector<int64_t> shape;  ///< the parameter's shape (checkpoint entries)
 };
 
 /// What a reducer remembers of one bucket from create(): its flat length,
@@ -94,8 +96,24 @@ class CompressReducer : public sdk::Reducer {
   /// Add to this reducer's count and to the job metric reducer.bytes_sent.
   void count_sent(uint64_t bytes);
 
+  /// Checkpoint the error-feedback residuals (`residual[b]`: float32 over
+  /// bucket b's flat buffer, or empty for none): one DOPT_STATE_RANK_LOCAL
+  /// entry "error_feedback/<param name>" per bucket entry, float32, the
+  /// parameter's shape (distopt/state.h's convention, so residuals move
+  /// between the EF reducers).
+  void save_residuals(sdk::StateWriter& w, const std::vector<std::vector<float>*>& residual) const;
+  /// Restore what save_residuals put. Another saved world size gives each
+  /// rank the mean of the saved residuals (the host's rule for floating
+  /// RANK_LOCAL entries; logged as a warning on rank 0). A missing key is
+  /// a warning and a zero residual (e.g. error_feedback was off when saved);
+  /// a saved tensor with another element count throws INVALID_ARGUMENT
+  /// naming the key. Values of bucket padding are left as they are.
+  void load_residuals(const sdk::StateReader& r,
+                      const std::vector<std::vector<float>*>& residual) const;
+
   const char* who_;
   sdk::CommView comm_;
+  int32_t rank_;
   int32_t world_size_;
   std::vector<BucketLayout> layouts_;
   std::atomic<uint64_t> bytes_sent_{0};

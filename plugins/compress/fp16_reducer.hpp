@@ -36,6 +36,10 @@ class HalfCastReducer : public CompressReducer {
   HalfCastReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
                   size_t num_buckets);
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
+  /// Checkpoints: nothing to keep (each step is a pure function of the
+  /// bucket), so nothing is put or read.
+  void save_state(sdk::StateWriter&) override {}
+  void load_state(const sdk::StateReader&) override {}
 
  private:
   struct State {

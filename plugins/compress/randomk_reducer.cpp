@@ -63,6 +63,61 @@ RandomkReducer::RandomkReducer(const dopt_create_args& args, dopt_comm_ref comm,
   }
 }
 
+std::vector<std::vector<float>*> RandomkReducer::residuals() {
+  std::vector<std::vector<float>*> out;
+  for (State& s : state_) out.push_back(error_feedback_ ? &s.residual : nullptr);
+  return out;
+}
+
+void RandomkReducer::save_state(sdk::StateWriter& w) {
+  if (rank_ == 0) {
+    for (size_t b = 0; b < layouts_.size(); ++b) {
+      int64_t step = static_cast<int64_t>(state_[b].step);
+      DLTensor t{};
+      t.data = &step;
+      t.device = {kDLCPU, 0};
+      t.ndim = 0;
+      t.dtype = DLDataType{kDLInt, 64, 1};
+      for (const Slice& e : layouts_[b].entries) w.put_sharded("randomk/step/" + e.name, t, 0, {});
+    }
+  }
+  save_residuals(w, residuals());
+}
+
+void RandomkReducer::load_state(const sdk::StateReader& r) {
+  size_t missing = 0;
+  for (size_t b = 0; b < layouts_.size(); ++b) {
+    int64_t step = 0;
+    bool any = false, differ = false;
+    for (const Slice& e : layouts_[b].entries) {
+      const std::string key = "randomk/step/" + e.name;
+      if (!r.find(key)) {
+        ++missing;
+        continue;
+      }
+      int64_t v = 0, one = 0;
+      DLTensor t = host_tensor(&v, 1, DLDataType{kDLInt, 64, 1}, &one);
+      r.read(key, 0, t);
+      if (v < 0)
+        throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                         "randomk: checkpoint state '" + key + "' is negative");
+      differ = differ || (any && v != step);
+      step = any ? std::max(step, v) : v;
+      any = true;
+    }
+    if (differ && rank_ == 0)
+      sdk::log_warn(who_, "bucket " + std::to_string(b) +
+                              ": its parameters were saved with different reduction counts (the "
+                              "bucket layout changed); continuing from the largest, " +
+                              std::to_string(step));
+    state_[b].step = static_cast<uint64_t>(step);
+  }
+  if (missing > 0 && rank_ == 0)
+    sdk::log_warn(who_, "checkpoint has no randomk/step for " + std::to_string(missing) +
+                            " parameter(s); their buckets' index draws restart from step 0");
+  load_residuals(r, residuals());
+}
+
 std::unique_ptr<sdk::Request> RandomkReducer::reduce(const dopt_bucket& bucket) {
   const BucketLayout& l = layout_of(who_, layouts_, bucket);
   const size_t b = static_cast<size_t>(bucket.index);

@@ -15,6 +15,9 @@
 // 2 (W-1)/W x 4 x sum_t k_t.
 // Options: ratio (double in (0, 1], default 0.01), error_feedback (bool,
 // default true), seed (int >= 0, default 0; must match on every rank).
+// State: the residuals (error feedback) and each bucket's reduction count,
+// which with `seed` fully determines the draws (counter-based, so there is
+// no generator state to keep); checkpoints hold both (save_state).
 // Bucket dtypes and thread safety as topk.
 #pragma once
 
@@ -35,8 +38,20 @@ class RandomkReducer : public CompressReducer {
   RandomkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
                  size_t num_buckets);
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
+  /// Checkpoints: per parameter, "randomk/step/<param name>" (int64 scalar,
+  /// its bucket's reduction count: the same on every rank, so put by rank 0
+  /// only as a whole SHARDED tensor) and, with error_feedback, the RANK_LOCAL
+  /// float32 "error_feedback/<param name>" (CompressReducer::load_residuals).
+  /// Restoring the count makes the next draws the ones an uninterrupted run
+  /// would make. A missing count is a warning and 0; parameters of one
+  /// bucket with different saved counts (the bucket layout changed) take the
+  /// largest, with a warning. Between steps only.
+  void save_state(sdk::StateWriter& w) override;
+  void load_state(const sdk::StateReader& r) override;
 
  private:
+  std::vector<std::vector<float>*> residuals();
+
   struct State {
     std::vector<float> work, residual, values;
     std::vector<uint32_t> index;  // flat-buffer index of each value

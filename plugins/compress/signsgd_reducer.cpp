@@ -55,6 +55,16 @@ std::unique_ptr<sdk::Request> SignSgdReducer::reduce(const dopt_bucket& bucket) 
   return std::make_unique<StagedRequest>(std::move(handle), [this, b, flat] { finish(b, flat); });
 }
 
+std::vector<std::vector<float>*> SignSgdReducer::residuals() {
+  std::vector<std::vector<float>*> out;
+  for (State& s : state_) out.push_back(error_feedback_ ? &s.residual : nullptr);
+  return out;
+}
+
+void SignSgdReducer::save_state(sdk::StateWriter& w) { save_residuals(w, residuals()); }
+
+void SignSgdReducer::load_state(const sdk::StateReader& r) { load_residuals(r, residuals()); }
+
 void SignSgdReducer::finish(size_t b, DLTensor* flat) {
   const BucketLayout& l = layouts_[b];
   State& s = state_[b];

@@ -28,7 +28,8 @@
 // 2 ranks reached ~72% on the mlp test below instead of ~82%.)
 // bytes_sent per bucket: (W-1) x (4 x entries + sum_t ceil(n_t / 8)).
 // Options: error_feedback (bool, default false). The residual e lives in
-// this reducer (float32, one per parameter element; not checkpointed).
+// this reducer (float32, one per parameter element); checkpoints hold it
+// (save_state below).
 // Bucket dtypes: float32, float64, float16, bfloat16 (computed in float32).
 // Thread safety: as every reducer (reduce in bucket order from one thread at
 // a time; requests testable from any thread).
@@ -46,12 +47,20 @@ class SignSgdReducer : public CompressReducer {
   SignSgdReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
                  size_t num_buckets);
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
+  /// Checkpoints: with error_feedback, each parameter's residual e as the
+  /// RANK_LOCAL float32 entry "error_feedback/<param name>" (its shape);
+  /// without, nothing (the reducer is then stateless). load_state reads the
+  /// residuals back (CompressReducer::load_residuals has the rules for a
+  /// missing key and another world size). Between steps only.
+  void save_state(sdk::StateWriter& w) override;
+  void load_state(const sdk::StateReader& r) override;
 
   /// Size in bytes of one rank's message for a bucket with this layout.
   static size_t message_bytes(const BucketLayout& l);
 
  private:
   void finish(size_t b, DLTensor* flat);
+  std::vector<std::vector<float>*> residuals();
 
   struct State {
     std::vector<float> work;      // p, then the result

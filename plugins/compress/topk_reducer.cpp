@@ -97,6 +97,16 @@ std::unique_ptr<sdk::Request> TopkReducer::reduce(const dopt_bucket& bucket) {
   return std::make_unique<StagedRequest>(std::move(handle), [this, b, flat] { finish(b, flat); });
 }
 
+std::vector<std::vector<float>*> TopkReducer::residuals() {
+  std::vector<std::vector<float>*> out;
+  for (State& s : state_) out.push_back(error_feedback_ ? &s.residual : nullptr);
+  return out;
+}
+
+void TopkReducer::save_state(sdk::StateWriter& w) { save_residuals(w, residuals()); }
+
+void TopkReducer::load_state(const sdk::StateReader& r) { load_residuals(r, residuals()); }
+
 void TopkReducer::finish(size_t b, DLTensor* flat) {
   State& s = state_[b];
   std::fill(s.work.begin(), s.work.end(), 0.0f);

@@ -17,7 +17,7 @@
 // bytes_sent per bucket: (W-1) x 8 x sum_t k_t.
 // Options: ratio (double in (0, 1], default 0.01), error_feedback (bool,
 // default true). The residual is float32, one per parameter element, kept in
-// this reducer (not checkpointed). Bucket dtypes: float32, float64, float16,
+// this reducer; checkpoints hold it (save_state). Bucket dtypes: float32, float64, float16,
 // bfloat16 (computed in float32). Thread safety: as every reducer.
 #pragma once
 
@@ -33,9 +33,16 @@ class TopkReducer : public CompressReducer {
   TopkReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
               size_t num_buckets);
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
+  /// Checkpoints: with error_feedback, each parameter's residual as the
+  /// RANK_LOCAL float32 entry "error_feedback/<param name>"; without,
+  /// nothing (top-k selection has no other state). load_state follows
+  /// CompressReducer::load_residuals. Between steps only.
+  void save_state(sdk::StateWriter& w) override;
+  void load_state(const sdk::StateReader& r) override;
 
  private:
   void finish(size_t b, DLTensor* flat);
+  std::vector<std::vector<float>*> residuals();
 
   struct Pair {
     uint32_t index;

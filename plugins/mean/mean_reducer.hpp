@@ -19,6 +19,10 @@ class MeanReducer : public sdk::Reducer {
   /// What a ring allreduce sends from this rank: 2 (W-1)/W x bucket bytes per
   /// reduction (0 on one rank).
   uint64_t bytes_sent() const override { return bytes_sent_.load(); }
+  /// Checkpoints: `mean` keeps no state across steps, so it puts nothing and
+  /// reads nothing (any checkpoint, of any world size, loads).
+  void save_state(sdk::StateWriter&) override {}
+  void load_state(const sdk::StateReader&) override {}
 
  private:
   sdk::CommView comm_;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/tensor_state.hpp"
 #include "orthogonalize.hpp"
 
 namespace distopt::plugins::powersgd {
@@ -72,6 +73,9 @@ BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts) {
       throw bad(what + ": shape holds " + std::to_string(shape_numel) + " elements, numel is " +
                 std::to_string(e.numel));
     EntryPlan p;
+    p.name = e.name ? std::string(e.name)
+                    : "bucket" + std::to_string(bucket.index) + ".entry" + std::to_string(i);
+    p.shape.assign(e.shape, e.shape + e.ndim);
     p.offset = e.offset;
     p.numel = e.numel;
     if (e.ndim >= 2 && e.numel > 0) {
@@ -109,9 +113,14 @@ BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts) {
 struct PowerSgdReducer::BucketState {
   int32_t index = 0;
   BucketPlan plan;
-  int64_t steps = 0;    // reductions done (plain ones included)
-  bool have_q = false;  // Q's hold last step's values (warm start)
-  at::Tensor p, q, e;   // packed P(+uncompressed), Q's, residuals (compute dtype)
+  at::ScalarType cdt = at::kFloat;  // compute dtype of p, q, e (from the bucket dtype)
+  int64_t steps = 0;                // reductions done (plain ones included)
+  bool have_q = false;              // Q's hold last step's values (warm start)
+  at::Tensor p, q, e;               // packed P(+uncompressed), Q's, residuals (compute dtype)
+};
+
+struct PowerSgdReducer::Rng {
+  at::Generator gen;
 };
 
 struct PowerSgdReducer::Job {
@@ -122,7 +131,7 @@ struct PowerSgdReducer::Job {
 
 PowerSgdReducer::PowerSgdReducer(const dopt_create_args& args, dopt_comm_ref comm,
                                  const dopt_bucket* buckets, size_t num_buckets)
-    : comm_(comm), world_size_(args.world_size) {
+    : comm_(comm), rank_(args.rank), world_size_(args.world_size) {
   if (!comm.vt || !comm.comm) throw bad("no communicator");
   if (comm_.world_size() != args.world_size)
     throw bad("communicator has " + std::to_string(comm_.world_size()) + " ranks, job has " +
@@ -137,6 +146,8 @@ PowerSgdReducer::PowerSgdReducer(const dopt_create_args& args, dopt_comm_ref com
   if (opts_.rank < 1) throw bad("rank must be >= 1");
   if (opts_.start_iter < 0) throw bad("start_iter must be >= 0");
   if (!(opts_.min_compression_rate >= 0)) throw bad("min_compression_rate must be >= 0");
+  rng_ = std::make_unique<Rng>();
+  rng_->gen = at::make_generator<at::CPUGeneratorImpl>(opts_.seed);
 
   for (size_t b = 0; b < num_buckets; ++b) {
     BucketState& s = state_for(buckets[b]);
@@ -174,6 +185,8 @@ PowerSgdReducer::BucketState& PowerSgdReducer::state_for(const dopt_bucket& buck
     auto s = std::make_unique<BucketState>();
     s->index = bucket.index;
     s->plan = plan_bucket(bucket, opts_);
+    if (bucket.flat && bucket.flat->dtype.code == kDLFloat && bucket.flat->dtype.bits == 64)
+      s->cdt = at::kDouble;
     states_[i] = std::move(s);
   } else {
     // Same index, same layout: the state (residuals, Q's) belongs to it.
@@ -245,10 +258,6 @@ void PowerSgdReducer::worker_loop() {
 }
 
 void PowerSgdReducer::run_job(Job& job) {
-  // The Q generator: each reducer has its own worker thread, so this is one
-  // generator per reducer, seeded with `seed`; the worker draws in the same
-  // bucket order on every rank, so every rank draws the same Q's.
-  static thread_local at::Generator gen;
   BucketState& s = *job.state;
   const BucketPlan& plan = s.plan;
   at::Tensor& flat = job.flat;
@@ -276,8 +285,7 @@ void PowerSgdReducer::run_job(Job& job) {
     s.e = at::zeros({static_cast<int64_t>(plan.e_numel)}, opt);
   }
   if (!s.have_q || !opts_.warm_start) {
-    if (!gen.defined()) gen = at::make_generator<at::CPUGeneratorImpl>(opts_.seed);
-    s.q.normal_(0.0, 1.0, gen);
+    s.q.normal_(0.0, 1.0, rng_->gen);
     s.have_q = true;
   }
 
@@ -342,6 +350,154 @@ void PowerSgdReducer::run_job(Job& job) {
     }
   }
   ++s.steps;
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints
+
+namespace {
+
+at::Tensor scalar_i64(int64_t v) { return at::full({}, v, at::TensorOptions().dtype(at::kLong)); }
+
+}  // namespace
+
+void PowerSgdReducer::save_state(sdk::StateWriter& w) {
+  std::lock_guard<std::mutex> lk(states_mu_);
+  if (rank_ == 0) {
+    // Every rank holds the same generator state (same draws in the same
+    // order), so one copy is the whole state.
+    at::Tensor rng;
+    {
+      std::lock_guard<std::mutex> g(rng_->gen.mutex());
+      rng = rng_->gen.get_state();
+    }
+    sdk::put_whole(w, "powersgd/rng", rng);
+  }
+  for (const auto& sp : states_) {
+    if (!sp) continue;
+    const BucketState& s = *sp;
+    if (rank_ == 0)
+      for (const EntryPlan& ep : s.plan.entries)
+        sdk::put_whole(w, "powersgd/step/" + ep.name, scalar_i64(s.steps));
+    if (!s.e.defined()) continue;  // not compressed yet: no residual, no Q
+    for (const EntryPlan& ep : s.plan.entries) {
+      if (!ep.compressed) continue;
+      const auto nn = static_cast<int64_t>(ep.numel);
+      sdk::put_local(w, "error_feedback/" + ep.name,
+                     s.e.narrow(0, static_cast<int64_t>(ep.e_off), nn).view(ep.shape));
+      if (rank_ == 0 && s.have_q)
+        sdk::put_whole(
+            w, "powersgd/q/" + ep.name,
+            s.q.narrow(0, static_cast<int64_t>(ep.q_off), ep.m * ep.r).view({ep.m, ep.r}));
+    }
+  }
+}
+
+void PowerSgdReducer::load_state(const sdk::StateReader& r) {
+  std::lock_guard<std::mutex> lk(states_mu_);
+  std::vector<std::string> warnings;
+  if (r.find("powersgd/rng")) {
+    at::Tensor st = sdk::read_whole(r, "powersgd/rng").to(at::kByte).contiguous();
+    std::lock_guard<std::mutex> g(rng_->gen.mutex());
+    try {
+      rng_->gen.set_state(st);
+    } catch (const c10::Error& e) {
+      throw bad("checkpoint state 'powersgd/rng' is not a CPU generator state: " +
+                std::string(e.what_without_backtrace()));
+    }
+  } else {
+    warnings.push_back("no 'powersgd/rng': fresh Q's are drawn from seed " +
+                       std::to_string(opts_.seed) + " again");
+  }
+  size_t missing_steps = 0, residuals = 0;
+  for (auto& sp : states_) {
+    if (!sp) continue;
+    BucketState& s = *sp;
+    const BucketPlan& plan = s.plan;
+    const std::string bucket = "bucket " + std::to_string(s.index);
+
+    // The bucket's reduction count: the same for all its parameters unless
+    // the bucket layout changed; then the largest (compression stays on).
+    int64_t steps = 0;
+    bool any = false, differ = false;
+    for (const EntryPlan& ep : plan.entries) {
+      const std::string key = "powersgd/step/" + ep.name;
+      if (!r.find(key)) {
+        ++missing_steps;
+        continue;
+      }
+      const int64_t v = sdk::read_range(r, key, 0, 1, at::kLong).item<int64_t>();
+      if (v < 0) throw bad("checkpoint state '" + key + "' is negative");
+      differ = differ || (any && v != steps);
+      steps = any ? std::max(steps, v) : v;
+      any = true;
+    }
+    if (differ)
+      warnings.push_back(bucket +
+                         ": its parameters were saved with different step counts (the bucket "
+                         "layout changed); continuing from the largest, " +
+                         std::to_string(steps));
+    s.steps = steps;
+
+    // Residuals and Q's. The buffers exist once a bucket has compressed; a
+    // checkpoint with any of its matrices' state brings them back.
+    bool have_state = false;
+    for (const EntryPlan& ep : plan.entries) {
+      if (r.find("error_feedback/" + ep.name) || r.find("powersgd/q/" + ep.name)) {
+        if (ep.compressed)
+          have_state = true;
+        else
+          warnings.push_back("'" + ep.name +
+                             "' is no longer compressed (rank or min_compression_rate changed): "
+                             "its saved residual / Q are dropped");
+      }
+    }
+    if (!have_state) {
+      s.p = s.q = s.e = at::Tensor();
+      s.have_q = false;
+      continue;
+    }
+    const auto opt = at::TensorOptions().dtype(s.cdt);
+    s.p = at::empty({static_cast<int64_t>(plan.p_numel)}, opt);
+    s.q = at::empty({static_cast<int64_t>(plan.q_numel)}, opt);
+    s.e = at::zeros({static_cast<int64_t>(plan.e_numel)}, opt);
+    for (const EntryPlan& ep : plan.entries) {
+      if (!ep.compressed) continue;
+      const auto nn = static_cast<int64_t>(ep.numel);
+      const std::string ekey = "error_feedback/" + ep.name, qkey = "powersgd/q/" + ep.name;
+      sdk::StateInfo info;
+      if (r.find(ekey, &info)) {
+        if (info.numel() != nn)
+          throw bad("checkpoint state '" + ekey + "' has " + std::to_string(info.numel()) +
+                    " elements, parameter '" + ep.name + "' has " + std::to_string(nn));
+        sdk::read_into(r, ekey, 0, s.e.narrow(0, static_cast<int64_t>(ep.e_off), nn));
+        ++residuals;
+      } else {
+        warnings.push_back("no '" + ekey + "': its residual starts from zero");
+      }
+      at::Tensor q = s.q.narrow(0, static_cast<int64_t>(ep.q_off), ep.m * ep.r);
+      const bool q_fits = r.find(qkey, &info) && info.shape == std::vector<int64_t>{ep.m, ep.r};
+      if (q_fits) {
+        sdk::read_into(r, qkey, 0, q);
+      } else {
+        if (r.find(qkey))
+          warnings.push_back("'" + qkey + "' was saved with another shape than " +
+                             std::to_string(ep.m) + " x " + std::to_string(ep.r) +
+                             " (the rank option changed): a fresh random Q replaces it");
+        q.normal_(0.0, 1.0, rng_->gen);
+      }
+    }
+    s.have_q = true;
+  }
+  if (missing_steps > 0)
+    warnings.push_back("no powersgd/step for " + std::to_string(missing_steps) +
+                       " parameter(s): their buckets start over (start_iter plain steps)");
+  if (residuals > 0 && r.saved_world_size() != world_size_)
+    warnings.push_back("checkpoint was saved by " + std::to_string(r.saved_world_size()) +
+                       " ranks, loading into " + std::to_string(world_size_) +
+                       ": every rank's error-feedback residual is the mean of the saved ranks'");
+  if (rank_ == 0)
+    for (const std::string& m : warnings) sdk::log_warn(kWho, m);
 }
 
 }  // namespace distopt::plugins::powersgd

@@ -37,9 +37,9 @@
 // and bfloat16 (math, residuals and P/Q traffic in float32).
 //
 // State: per bucket, the residuals E (one float per compressed element), the
-// Q's (warm start) and the step count. This is training state that a
-// checkpoint must hold to resume bit-exactly; issue 3's checkpoint hooks are
-// to save/restore it (not done here).
+// Q's (warm start) and the step count, plus the reducer's Q generator.
+// save_state / load_state checkpoint all of it, so that a resumed run
+// reduces exactly as an uninterrupted one (see save_state for the keys).
 #pragma once
 
 #include <atomic>
@@ -48,6 +48,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -66,6 +67,8 @@ struct PowerSgdOptions {
 
 /// How one bucket entry is reduced. Offsets are in elements.
 struct EntryPlan {
+  std::string name;              ///< the parameter's name (checkpoint keys)
+  std::vector<int64_t> shape;    ///< the parameter's shape
   size_t offset = 0, numel = 0;  ///< in the bucket's flat buffer
   int64_t n = 0, m = 0, r = 0;   ///< matrix view and effective rank (compressed only)
   bool compressed = false;
@@ -115,6 +118,33 @@ class PowerSgdReducer : public sdk::Reducer {
   /// uncompressed) buffer plus the Q buffer.
   uint64_t bytes_sent() const override { return bytes_sent_.load(); }
 
+  /// Checkpoints (distopt/state.h). Per parameter of every bucket:
+  ///   powersgd/step/<name>    int64 scalar, its bucket's reduction count
+  ///                           (start_iter logic); SHARDED, put by rank 0
+  /// and, per compressed matrix once its bucket has compressed once:
+  ///   error_feedback/<name>   RANK_LOCAL residual E, the parameter's shape,
+  ///                           float32 (float64 for float64 buckets)
+  ///   powersgd/q/<name>       the warm-start Q, m x r, the same on every
+  ///                           rank (it is an allreduce's result); SHARDED,
+  ///                           put by rank 0
+  /// and once: powersgd/rng (uint8, the Q generator's state; rank 0).
+  /// Called between steps (no bucket queued). Thread-safe against bytes_sent.
+  void save_state(sdk::StateWriter& w) override;
+  /// Restore what save_state put, before the first reduce. Rules:
+  ///  - another saved world size: each rank's residual is the mean of the
+  ///    saved ranks' (the host's rule), logged as a warning on rank 0;
+  ///  - a Q saved with another shape (the `rank` option changed) is
+  ///    replaced by a fresh Gaussian Q from the generator, with a warning
+  ///    naming the key: Q is only the power iteration's starting point, so
+  ///    this costs accuracy for a few steps, not correctness;
+  ///  - a residual for a matrix that is no longer compressed (`rank` or
+  ///    `min_compression_rate` changed) is dropped with a warning;
+  ///  - missing keys (a checkpoint of a stateless reducer) are a warning,
+  ///    and that state starts fresh (zero residual, step 0);
+  ///  - a residual with another element count throws INVALID_ARGUMENT
+  ///    naming the key (not the same model).
+  void load_state(const sdk::StateReader& r) override;
+
   const PowerSgdOptions& options() const { return opts_; }
 
   struct Job;
@@ -127,7 +157,14 @@ class PowerSgdReducer : public sdk::Reducer {
 
   PowerSgdOptions opts_;
   sdk::CommView comm_;
+  int32_t rank_;
   int32_t world_size_;
+  // Draws every fresh Q; used by the worker (and load_state before any
+  // reduce), seeded with `seed`: every rank draws the same Q's in the same
+  // bucket order. A member rather than thread-local so checkpoints hold it
+  // (an at::Generator behind a pointer: this header stays torch-free).
+  struct Rng;
+  std::unique_ptr<Rng> rng_;
   std::atomic<uint64_t> bytes_sent_{0};
 
   std::mutex states_mu_;  // guards states_ (created on reduce(), used by the worker)
