@@ -25,7 +25,9 @@ void clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
 }  // namespace
 
 AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)
-    : reducer_(args.reducer), world_size_(args.common ? args.common->world_size : 0) {
+    : reducer_(args.reducer),
+      rank_(args.common ? args.common->rank : 0),
+      world_size_(args.common ? args.common->world_size : 0) {
   if (!args.common || !args.reducer.vt || !args.reducer.reducer)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: needs common args and a reducer");
   if (world_size_ < 1) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: world_size < 1");
@@ -45,6 +47,7 @@ AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)
   // exactly what the optimizer reads.
   std::vector<sdk::ParamGroupInput> groups;
   group_slot_.assign(args.num_groups, -1);
+  slices_.resize(args.num_groups);
   for (size_t g = 0; g < args.num_groups; ++g) {
     group_slot_[g] = static_cast<int32_t>(groups.size());
     sdk::ParamGroupInput in;
@@ -64,6 +67,8 @@ AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)
     t.mutable_grad() = sdk::as_tensor(*p.grad);
     params_.push_back(t);
     groups[group_slot_[p.group]].params.push_back(t);
+    slices_[group_slot_[p.group]].push_back(
+        {p.name ? p.name : "", 0, std::vector<int64_t>(t.sizes().begin(), t.sizes().end())});
   }
   optimizer_ = sdk::make_optimizer(args.optimizer_name ? args.optimizer_name : "",
                                    sdk::OptionsView(args.optimizer_options), groups);
@@ -118,5 +123,14 @@ void AllreduceAlgorithm::set_lr(int32_t group, double lr) {
 }
 
 uint64_t AllreduceAlgorithm::state_bytes() const { return sdk::optimizer_state_bytes(*optimizer_); }
+
+void AllreduceAlgorithm::save_state(sdk::StateWriter& w) {
+  // Replicated state: one copy is the whole logical tensor (state.h).
+  if (rank_ == 0) sdk::save_optimizer_state(*optimizer_, slices_, w);
+}
+
+void AllreduceAlgorithm::load_state(const sdk::StateReader& r) {
+  sdk::load_optimizer_state(*optimizer_, slices_, r);
+}
 
 }  // namespace distopt::plugins

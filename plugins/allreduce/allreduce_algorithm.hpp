@@ -13,6 +13,11 @@
 //                  rounding; what changes is the range of the reducer's
 //                  intermediate sums (mlbench does this for fp16 buckets, to
 //                  avoid overflow), at the price of underflow for tiny values.
+//
+// Checkpoints (ABI 1.1): the inner optimizer's state under
+// optimizer/<param>/<field> (distopt/state.h), whole tensors. Every rank holds
+// the same state, so rank 0 alone puts it; on load every rank reads it whole.
+// The keys are those `zero` and `fused` use: checkpoints move between them.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -20,6 +25,7 @@
 #include <memory>
 #include <vector>
 
+#include "distopt/sdk/optimizer_state.hpp"
 #include "distopt/sdk/sdk.hpp"
 
 namespace distopt::plugins {
@@ -31,11 +37,14 @@ class AllreduceAlgorithm : public sdk::Algorithm {
   void step() override;
   void set_lr(int32_t group, double lr) override;
   uint64_t state_bytes() const override;
+  void save_state(sdk::StateWriter& w) override;
+  void load_state(const sdk::StateReader& r) override;
 
  private:
   size_t bucket_slot(const dopt_bucket& bucket) const;
 
   sdk::ReducerView reducer_;
+  int32_t rank_;
   int32_t world_size_;
   double grad_clip_;
   bool average_world_;
@@ -45,6 +54,7 @@ class AllreduceAlgorithm : public sdk::Algorithm {
   std::vector<sdk::ReduceHandle> pending_;  // per bucket, this step's reduction
   std::vector<at::Tensor> params_;          // aliasing the host's parameters; .grad = bucket views
   std::vector<int32_t> group_slot_;         // dopt group index -> optimizer param group
+  std::vector<std::vector<sdk::ParamSlice>> slices_;  // per optimizer group and tensor: whole
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 

@@ -1,6 +1,10 @@
 #include "fused_algorithm.hpp"
 
 #include <string>
+#include <utility>
+
+#include "distopt/sdk/optimizer_state.hpp"
+#include "distopt/sdk/tensor_state.hpp"
 
 namespace distopt::plugins {
 namespace {
@@ -16,11 +20,20 @@ int64_t numel_of(const DLTensor& t) {
 }
 void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
 std::string name_of(const dopt_param& p) { return p.name ? p.name : "?"; }
+std::vector<int64_t> shape_of(const DLTensor& t) {
+  return std::vector<int64_t>(t.shape, t.shape + t.ndim);
+}
+// A non-owning 1-D tensor over n floats of the plugin's state.
+at::Tensor float_view(float* p, int64_t n) {
+  return at::from_blob(p, {n}, at::TensorOptions().dtype(at::kFloat));
+}
 
 }  // namespace
 
 FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
-    : reducer_(args.reducer), world_size_(args.common ? args.common->world_size : 0) {
+    : reducer_(args.reducer),
+      rank_(args.common ? args.common->rank : 0),
+      world_size_(args.common ? args.common->world_size : 0) {
   if (!args.common || !args.reducer.vt || !args.reducer.reducer)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: needs common args and a reducer");
   if (world_size_ < 1) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: world_size < 1");
@@ -232,6 +245,99 @@ uint64_t FusedAlgorithm::state_bytes() const {
   uint64_t n = 0;
   for (const Group& g : groups_) n += g.state0.size() + g.state1.size() + g.state2.size();
   return n * sizeof(float);
+}
+
+}  // namespace distopt::plugins
+
+namespace distopt::plugins {
+
+std::vector<std::pair<const char*, int>> FusedAlgorithm::state_fields() const {
+  if (optimizer_ == "sgd") {
+    if (momentum_ == 0) return {};
+    return {{"momentum_buffer", 0}};
+  }
+  std::vector<std::pair<const char*, int>> f = {{"exp_avg", 0}, {"exp_avg_sq", 1}};
+  if (amsgrad_) f.emplace_back("max_exp_avg_sq", 2);
+  return f;
+}
+
+float* FusedAlgorithm::state_of(const Slot& s, int index) {
+  Group& g = groups_[static_cast<size_t>(s.group)];
+  std::vector<float>& v = index == 0 ? g.state0 : index == 1 ? g.state1 : g.state2;
+  return v.data() + s.state_offset;
+}
+
+void FusedAlgorithm::save_state(sdk::StateWriter& w) {
+  // Replicated state: rank 0's copy is the whole logical tensor. Before the
+  // first step there is no state, as for a fresh libtorch optimizer.
+  if (rank_ != 0 || steps_ == 0) return;
+  const auto fields = state_fields();
+  for (const Slot& s : slots_) {
+    const std::string name = name_of(*s.param);
+    const std::vector<int64_t> shape = shape_of(*s.param->data);
+    if (optimizer_ != "sgd")
+      sdk::put_sharded(w, sdk::optimizer_state_key(name, "step"), at::full({1}, steps_, at::kLong),
+                       0, {});
+    for (const auto& [field, index] : fields)
+      sdk::put_sharded(w, sdk::optimizer_state_key(name, field),
+                       float_view(state_of(s, index), s.numel), 0, shape);
+  }
+}
+
+void FusedAlgorithm::load_state(const sdk::StateReader& r) {
+  // The field that says whether a parameter has state: sgd keeps no step.
+  const bool sgd = optimizer_ == "sgd";
+  const char* marker = sgd ? "momentum_buffer" : "step";
+  const auto fields = state_fields();
+  // Validate everything before changing anything: the slots must agree on
+  // having state and (adam) on the step, since one counter drives them all.
+  int64_t step = -1;
+  std::string first_key;
+  for (const Slot& s : slots_) {
+    const std::string name = name_of(*s.param);
+    if (sgd && r.find(sdk::optimizer_state_key(name, "step")))
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                       "fused: checkpoint has state '" + sdk::optimizer_state_key(name, "step") +
+                           "', which optimizer sgd does not keep: it was saved with another "
+                           "optimizer");
+    const std::string key = sdk::optimizer_state_key(name, marker);
+    int64_t st = 0;
+    if (r.find(key)) {
+      st = sgd ? 1 : sdk::read_range(r, key, 0, 1, at::kLong).item<int64_t>();
+    } else {
+      sdk::check_no_foreign_state(r, name, marker, optimizer_);
+    }
+    if (st > 0)
+      for (const auto& f : fields)
+        if (!r.find(sdk::optimizer_state_key(name, f.first)))
+          throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: checkpoint has '" + key +
+                                                          "' but no state '" +
+                                                          sdk::optimizer_state_key(name, f.first) +
+                                                          "' for optimizer " + optimizer_);
+    if (step < 0) {
+      step = st;
+      first_key = key;
+    } else if (st != step && !(sgd && momentum_ == 0)) {
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                       "fused: checkpoint state '" + key + "' " +
+                           (st == 0 ? "is missing" : "says step " + std::to_string(st)) + " but '" +
+                           first_key + "' " +
+                           (step == 0 ? "is missing" : "says step " + std::to_string(step)) +
+                           ": fused keeps one step for all parameters");
+    }
+  }
+  if (step < 0) step = 0;  // no trainable parameters
+  for (const Slot& s : slots_) {
+    const std::string name = name_of(*s.param);
+    for (const auto& [field, index] : fields) {
+      at::Tensor dst = float_view(state_of(s, index), s.numel);
+      if (step > 0)
+        sdk::read_into(r, sdk::optimizer_state_key(name, field), 0, dst);
+      else
+        dst.zero_();
+    }
+  }
+  steps_ = step;
 }
 
 }  // namespace distopt::plugins

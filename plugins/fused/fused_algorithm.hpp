@@ -29,6 +29,15 @@
 // Inner optimizers: sgd (momentum, dampening, nesterov, weight_decay),
 // adam, adamw (amsgrad, weight_decay); fp32 CPU parameters. Others are refused
 // at create with UNSUPPORTED (use `allreduce`).
+// Checkpoints (ABI 1.1): the flat state is put per parameter under the keys
+// libtorch's optimizers use (optimizer/<param>/momentum_buffer for sgd;
+// step, exp_avg, exp_avg_sq, max_exp_avg_sq for adam / adamw; state.h), as
+// whole tensors by rank 0 (every rank holds the same), so `fused`,
+// `allreduce` and `zero` checkpoints load into each other. The plugin keeps
+// one step counter for all groups: it is put as every parameter's int64
+// scalar `step`; on load the parameters' steps must agree. SGD keeps no step
+// (libtorch's SGD neither): a loaded momentum_buffer means "not the first
+// step".
 // Thread safety: on_bucket_ready may run on the autograd thread; step,
 // set_lr, state_bytes on the training thread, never concurrently with a step.
 #pragma once
@@ -49,6 +58,8 @@ class FusedAlgorithm : public sdk::Algorithm {
   void step() override;
   void set_lr(int32_t group, double lr) override;
   uint64_t state_bytes() const override;
+  void save_state(sdk::StateWriter& w) override;
+  void load_state(const sdk::StateReader& r) override;
 
  private:
   struct Slot {  // one trainable parameter
@@ -71,8 +82,12 @@ class FusedAlgorithm : public sdk::Algorithm {
   void flatten();         // (re)build chunks_ from slots_ (state kept)
   bool layout_changed();  // check_flatten's test
   void run_optimizer();
+  // (field name, state buffer index) of what this optimizer keeps per element.
+  std::vector<std::pair<const char*, int>> state_fields() const;
+  float* state_of(const Slot& s, int index);
 
   sdk::ReducerView reducer_;
+  int32_t rank_;
   int32_t world_size_;
   bool do_flatten_, check_flatten_;
   std::string optimizer_;

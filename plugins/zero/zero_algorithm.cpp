@@ -123,13 +123,21 @@ ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
     groups[g].lr = args.groups[g].lr;
     groups[g].weight_decay = args.groups[g].weight_decay;
   }
+  slices_.resize(args.num_groups);
   for (size_t l = 0; l < layouts_.size(); ++l) {
     for (const auto& pc : layouts_[l].pieces) {
       if (pc.owner != rank_) continue;
       at::Tensor t = flat_slice(params_[pc.id], pc.item_offset, pc.numel);
       t.mutable_grad() = stage_ == 1 ? flat_slice(grads_[pc.id], pc.item_offset, pc.numel)
                                      : flat_slice(shards_[l].shard, pc.chunk_offset, pc.numel);
-      groups[static_cast<size_t>(args.params[pc.id].group)].params.push_back(t);
+      const auto g = static_cast<size_t>(args.params[pc.id].group);
+      groups[g].params.push_back(t);
+      // The piece as a range of its parameter: what makes the checkpoint
+      // independent of this partition.
+      const DLTensor& d = *args.params[pc.id].data;
+      slices_[g].push_back({args.params[pc.id].name ? args.params[pc.id].name : "",
+                            static_cast<int64_t>(pc.item_offset),
+                            std::vector<int64_t>(d.shape, d.shape + d.ndim)});
     }
   }
   optimizer_ = sdk::make_optimizer(args.optimizer_name ? args.optimizer_name : "",
@@ -253,5 +261,13 @@ void ZeroAlgorithm::set_lr(int32_t group, double lr) {
 }
 
 uint64_t ZeroAlgorithm::state_bytes() const { return sdk::optimizer_state_bytes(*optimizer_); }
+
+void ZeroAlgorithm::save_state(sdk::StateWriter& w) {
+  sdk::save_optimizer_state(*optimizer_, slices_, w);
+}
+
+void ZeroAlgorithm::load_state(const sdk::StateReader& r) {
+  sdk::load_optimizer_state(*optimizer_, slices_, r);
+}
 
 }  // namespace distopt::plugins::zero

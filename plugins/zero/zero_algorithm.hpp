@@ -44,6 +44,14 @@
 // was used in earlier steps (its momentum keeps moving it). Frozen
 // parameters (requires_grad == 0) are in no partition and never touched.
 //
+// Checkpoints (ABI 1.1): each rank puts the inner-optimizer state of the
+// pieces it owns as element ranges of optimizer/<param>/<field> (state.h;
+// step counters by every owner of a piece, equal values). load_state reads
+// the ranges this rank owns under its own partition, so a checkpoint loads
+// into another world size, stage or partition, and `allreduce` / `fused`
+// checkpoints (same keys, whole tensors) load too. Parameters are the
+// host's; the partition is recomputed, never saved.
+//
 // Thread safety: on_bucket_ready may run on the autograd thread, the other
 // methods on the training thread; the host never runs them concurrently for
 // one step's bucket (it waits in step()).
@@ -55,6 +63,7 @@
 #include <string>
 #include <vector>
 
+#include "distopt/sdk/optimizer_state.hpp"
 #include "distopt/sdk/sdk.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "partition.hpp"
@@ -68,6 +77,8 @@ class ZeroAlgorithm : public sdk::Algorithm {
   void step() override;
   void set_lr(int32_t group, double lr) override;
   uint64_t state_bytes() const override;
+  void save_state(sdk::StateWriter& w) override;
+  void load_state(const sdk::StateReader& r) override;
 
  private:
   // A flat layout that is synchronised as a unit: `pieces` (ids = parameter
@@ -104,6 +115,7 @@ class ZeroAlgorithm : public sdk::Algorithm {
   std::vector<at::Tensor> grads_;                  // per parameter: flat alias of its bucket slot
   std::vector<Layout> layouts_;                    // stage 1: one; stage 2: one per bucket
   std::vector<int32_t> group_slot_;                // dopt group -> optimizer param group
+  std::vector<std::vector<sdk::ParamSlice>> slices_;  // per optimizer tensor: its piece
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 

@@ -41,6 +41,17 @@ class TemplateSgd : public distopt::sdk::Algorithm {
   void set_lr(int32_t, double lr) override { lr_ = lr; }
   uint64_t state_bytes() const override { return 0; }  // plain SGD keeps no state
 
+  // Checkpoints (ABI 1.1, distopt/state.h). The host saves the parameters;
+  // plain SGD keeps no other state (lr_ comes from options and set_lr).
+  // A stateful algorithm puts each rank's state here, e.g. a momentum
+  // buffer under "optimizer/<param name>/momentum_buffer" with
+  // distopt::sdk::put_whole (distopt/sdk/tensor_state.hpp), and reads it back
+  // in load_state with distopt::sdk::read_into. The SDK's defaults refuse
+  // with UNSUPPORTED, so a plugin never writes an incomplete checkpoint by
+  // accident: even a stateless one overrides both.
+  void save_state(distopt::sdk::StateWriter&) override {}
+  void load_state(const distopt::sdk::StateReader&) override {}
+
  private:
   distopt::sdk::ReducerView reducer_;
   double lr_ = 0.1;

@@ -31,10 +31,37 @@ struct ParamSlice {
   std::vector<int64_t> shape;  ///< the model parameter's shape
 };
 
+/// The state key of `field` of model parameter `param`: "optimizer/<param>/<field>".
+inline std::string optimizer_state_key(const std::string& param, const char* field) {
+  return "optimizer/" + param + "/" + field;
+}
+
+/// Every field name a supported optimizer saves (state.h's list).
+constexpr const char* kOptimizerStateFields[] = {"step",       "momentum_buffer", "exp_avg",
+                                                 "exp_avg_sq", "max_exp_avg_sq",  "sum",
+                                                 "square_avg", "grad_avg"};
+
+/// For a load that found no `expected` field of parameter `param`: a
+/// parameter that was never stepped has no fields at all (fine: it gets no
+/// state), but one with another field was saved by another optimizer (sgd's
+/// momentum_buffer read by adam). Then throws sdk::Error(INVALID_ARGUMENT)
+/// naming the missing key and the one that is there, so a mismatched
+/// checkpoint never loads silently as a fresh state.
+inline void check_no_foreign_state(const StateReader& r, const std::string& param,
+                                   const char* expected, const std::string& optimizer) {
+  for (const char* f : kOptimizerStateFields) {
+    if (std::string(f) == expected || !r.find(optimizer_state_key(param, f))) continue;
+    throw Error(DOPT_ERR_INVALID_ARGUMENT,
+                "checkpoint has no state '" + optimizer_state_key(param, expected) +
+                    "' for optimizer " + optimizer + " but has '" + optimizer_state_key(param, f) +
+                    "': it was saved with another optimizer");
+  }
+}
+
 namespace detail {
 
 inline std::string opt_key(const ParamSlice& s, const char* field) {
-  return "optimizer/" + s.name + "/" + field;
+  return optimizer_state_key(s.name, field);
 }
 
 inline void put_field(StateWriter& w, const ParamSlice& s, const char* field, const at::Tensor& t) {
@@ -119,7 +146,9 @@ inline void save_optimizer_state(const torch::optim::Optimizer& opt,
 /// slice (slices as for save_optimizer_state). A parameter the checkpoint
 /// has no state for (never stepped) is left without state, as in a fresh
 /// optimizer. Throws sdk::Error(INVALID_ARGUMENT) naming the key when the
-/// checkpoint holds another optimizer's state (e.g. sgd loaded into adam).
+/// checkpoint holds another optimizer's state (e.g. sgd loaded into adam:
+/// see check_no_foreign_state) or lacks a field the options need (amsgrad's
+/// max_exp_avg_sq). Adam and AdamW state are interchangeable (same fields).
 inline void load_optimizer_state(torch::optim::Optimizer& opt,
                                  const std::vector<std::vector<ParamSlice>>& slices,
                                  const StateReader& r) {
@@ -148,7 +177,15 @@ inline void load_optimizer_state(torch::optim::Optimizer& opt,
       const ParamSlice& s = slices[g][i];
       const std::string key = detail::state_key(p);
       if (is_sgd) {
+        // SGD saves no step: one in the checkpoint means another optimizer
+        // (rmsprop's momentum_buffer would otherwise load as SGD momentum).
+        if (r.find(detail::opt_key(s, "step")))
+          throw Error(DOPT_ERR_INVALID_ARGUMENT,
+                      "checkpoint has state '" + detail::opt_key(s, "step") +
+                          "', which optimizer sgd does not keep: it was saved with another "
+                          "optimizer");
         if (!r.find(detail::opt_key(s, "momentum_buffer"))) {
+          check_no_foreign_state(r, s.name, "momentum_buffer", "sgd");
           opt.state().erase(key);
           continue;
         }
@@ -158,6 +195,13 @@ inline void load_optimizer_state(torch::optim::Optimizer& opt,
         continue;
       }
       if (!r.find(detail::opt_key(s, "step"))) {
+        const char* name = is_adam      ? "adam"
+                           : is_adamw   ? "adamw"
+                           : is_adagrad ? "adagrad"
+                                        : "rmsprop";
+        check_no_foreign_state(r, s.name, "step", name);
+        // libtorch's Adagrad creates its state in the constructor, so every
+        // Adagrad checkpoint has a step for every parameter.
         if (is_adagrad)
           throw Error(DOPT_ERR_INVALID_ARGUMENT,
                       "checkpoint has no state '" + detail::opt_key(s, "step") + "' (adagrad)");
