@@ -13,6 +13,10 @@ class Tensor;  // <ATen/ATen.h>; callers of scale_loss include it
 
 namespace distopt {
 
+namespace optim {
+struct Access;  // core-internal access to the state (checkpoints)
+}
+
 /// Made by Runtime::make_optimizer. Movable, not copyable. Not thread-safe:
 /// call zero_grad / step from the training thread, after backward returns.
 class DistributedOptimizer {
@@ -83,6 +87,7 @@ class DistributedOptimizer {
   void set_loss_scale_state(const LossScaleState& s);
 
  private:
+  friend struct optim::Access;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,256 @@
+// Runtime::save_checkpoint / load_checkpoint and find_checkpoint: the
+// directory protocol (checkpoint.hpp). Commit order: every rank's shard
+// (atomic rename each) -> agreement over the communicator -> rank 0's
+// manifest -> rank 0's `latest` -> agreement again. Loading never writes.
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+
+#include "checkpoint/atomic_file.hpp"
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/reading.hpp"
+#include "checkpoint/snapshot.hpp"
+#include "checkpoint/state_source.hpp"
+#include "distopt/error.hpp"
+#include "distopt/host.hpp"
+#include "distopt/runtime.hpp"
+
+namespace fs = std::filesystem;
+
+namespace distopt {
+
+namespace checkpoint {
+namespace {
+
+constexpr const char* kLatest = "latest";
+constexpr const char* kManifest = "manifest.json";
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::string step_dir_name(int64_t step, int64_t suffix) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "step-%09lld", static_cast<long long>(step));
+  return suffix == 0 ? std::string(buf) : std::string(buf) + "-" + std::to_string(suffix);
+}
+
+std::string latest_name(const std::string& dir) {
+  const fs::path p = fs::path(dir) / kLatest;
+  if (!fs::exists(p)) return "";
+  auto bytes = read_file(p.string());
+  std::string name = trim(std::string(bytes.begin(), bytes.end()));
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+    throw CheckpointError(p.string() + ": does not name a checkpoint ('" + name + "')");
+  return name;
+}
+
+// Test-only: DISTOPT_FAULT_INJECT=save:RANK[:N] kills rank RANK halfway
+// through writing its shard of its N-th save (default 1) in this process.
+bool die_in_this_save(int rank) {
+  static std::atomic<int> saves{0};
+  const int n = ++saves;
+  const char* v = std::getenv("DISTOPT_FAULT_INJECT");
+  if (!v || std::string(v).rfind("save:", 0) != 0) return false;
+  int r = -1, k = 1;
+  if (std::sscanf(v + 5, "%d:%d", &r, &k) < 1) return false;
+  return r == rank && k == n;
+}
+
+// Sum of one int64 slot per rank (a tiny allgather over allreduce).
+std::vector<int64_t> gather_i64(Runtime& rt, const std::vector<int64_t>& mine) {
+  const size_t k = mine.size();
+  at::Tensor t = at::zeros({static_cast<int64_t>(k) * rt.world_size()}, at::kLong);
+  for (size_t i = 0; i < k; ++i) t[static_cast<int64_t>(rt.rank() * k + i)] = mine[i];
+  rt.allreduce(t, /*average=*/false);
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+void remove_old(const fs::path& dir, const std::string& latest, int keep) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step-", 0) == 0) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());  // zero-padded steps: name order is age order
+  int kept = 0;
+  for (auto it = names.rbegin(); it != names.rend(); ++it) {
+    if (*it == latest || (kept < keep - 1 && *it < latest)) {
+      ++kept;
+      continue;
+    }
+    std::error_code ec;
+    fs::remove_all(dir / *it, ec);
+    if (ec)
+      log(DOPT_LOG_WARN, "checkpoint",
+          "could not remove old checkpoint " + (dir / *it).string() + ": " + ec.message());
+  }
+}
+
+}  // namespace
+
+Loaded read_newest(const std::string& dir) {
+  const std::string name = latest_name(dir);
+  if (name.empty())
+    throw CheckpointError(dir + ": no checkpoint (no '" + std::string(kLatest) + "' file)");
+  Loaded l;
+  l.where = (fs::path(dir) / name).string();
+  const std::string mpath = (fs::path(l.where) / kManifest).string();
+  auto text = read_file(mpath);
+  l.manifest = Manifest::from_json(std::string(text.begin(), text.end()), mpath);
+  for (const ShardRecord& s : l.manifest.shards) {
+    const std::string path = (fs::path(l.where) / s.file).string();
+    auto bytes = read_file(path);
+    if (bytes.size() != s.bytes)
+      throw CheckpointError(path + ": " + std::to_string(bytes.size()) +
+                            " bytes, the manifest says " + std::to_string(s.bytes) +
+                            " (truncated or replaced)");
+    if (crc32_of(bytes) != s.crc32)
+      throw CheckpointError(path + ": CRC-32 mismatch (the file is corrupt)");
+    l.shards.push_back(ShardState::decode(bytes, path, s.rank, l.manifest.world_size));
+  }
+  return l;
+}
+
+namespace {
+
+ShardRecord write_shard(const std::string& step_dir, const ShardState& s, int rank, int world) {
+  ShardRecord r;
+  r.rank = rank;
+  r.file = shard_file_name(rank, world);
+  auto bytes = s.encode(rank, world);
+  r.bytes = bytes.size();
+  r.crc32 = crc32_of(bytes);
+  write_atomic((fs::path(step_dir) / r.file).string(), bytes, die_in_this_save(rank));
+  return r;
+}
+
+}  // namespace
+}  // namespace checkpoint
+
+std::optional<CheckpointInfo> find_checkpoint(const std::string& dir) {
+  using namespace checkpoint;
+  const std::string name = latest_name(dir);
+  if (name.empty()) return std::nullopt;
+  const std::string where = (fs::path(dir) / name).string();
+  const std::string mpath = (fs::path(where) / kManifest).string();
+  auto text = read_file(mpath);
+  return Manifest::from_json(std::string(text.begin(), text.end()), mpath).info(where);
+}
+
+CheckpointInfo Runtime::save_checkpoint(const std::string& dir, torch::nn::Module& model,
+                                        DistributedOptimizer& opt, const CheckpointExtra& extra,
+                                        int keep) {
+  using namespace checkpoint;
+  if (keep < 1) throw ConfigError("save_checkpoint: keep must be at least 1");
+  const int rank = this->rank(), world = world_size();
+  Manifest man = describe(opt, world);
+  man.extra = extra;
+
+  // Rank 0 picks a fresh step directory (never the one `latest` names) and
+  // removes a stale one left by a crashed save.
+  int64_t suffix = 0;
+  std::string err;
+  if (rank == 0) {
+    try {
+      fs::create_directories(dir);
+      const std::string latest = latest_name(dir);
+      while (step_dir_name(man.step, suffix) == latest ||
+             (suffix > 0 && fs::exists(fs::path(dir) / step_dir_name(man.step, suffix))))
+        ++suffix;
+      const fs::path target = fs::path(dir) / step_dir_name(man.step, suffix);
+      fs::remove_all(target);
+      fs::create_directories(target);
+    } catch (const std::exception& e) {
+      err = e.what();
+      suffix = -1;
+    }
+  }
+  suffix = gather_i64(*this, {rank == 0 ? suffix : 0})[0];
+  if (suffix < 0)
+    throw CheckpointError(rank == 0 ? err
+                                    : dir + ": rank 0 could not prepare the checkpoint directory");
+  const std::string name = step_dir_name(man.step, suffix);
+  const std::string step_dir = (fs::path(dir) / name).string();
+
+  // Every rank: its shard.
+  ShardRecord mine;
+  bool ok = true;
+  std::exception_ptr failure;
+  try {
+    ShardState s = snapshot(model, opt, rank);
+    mine = write_shard(step_dir, s, rank, world);
+  } catch (const std::exception&) {
+    ok = false;
+    failure = std::current_exception();
+  }
+  auto all = gather_i64(
+      *this, {ok ? 1 : 0, static_cast<int64_t>(mine.bytes), static_cast<int64_t>(mine.crc32)});
+  if (!ok) std::rethrow_exception(failure);
+  for (int r = 0; r < world; ++r)
+    if (all[3 * r] != 1)
+      throw CheckpointError(dir + ": rank " + std::to_string(r) +
+                            " could not write its shard; the previous checkpoint stays the newest");
+
+  // Rank 0: manifest, then `latest` (the commit point), then old ones go.
+  int64_t committed = 1;
+  if (rank == 0) {
+    try {
+      for (int r = 0; r < world; ++r)
+        man.shards.push_back({r, shard_file_name(r, world), static_cast<uint64_t>(all[3 * r + 1]),
+                              static_cast<uint32_t>(all[3 * r + 2])});
+      const std::string text = man.to_json();
+      write_atomic((fs::path(step_dir) / kManifest).string(),
+                   std::vector<char>(text.begin(), text.end()));
+      const std::string latest = name + "\n";
+      write_atomic((fs::path(dir) / kLatest).string(),
+                   std::vector<char>(latest.begin(), latest.end()));
+      remove_old(dir, name, keep);
+    } catch (const std::exception& e) {
+      committed = 0;
+      err = e.what();
+    }
+  }
+  committed = gather_i64(*this, {rank == 0 ? committed : 0})[0];
+  if (!committed)
+    throw CheckpointError(rank == 0 ? err
+                                    : dir +
+                                          ": rank 0 could not commit the checkpoint; the "
+                                          "previous one stays the newest");
+  log(DOPT_LOG_DEBUG, "checkpoint", "saved " + step_dir);
+  return man.info(step_dir);
+}
+
+CheckpointInfo Runtime::load_checkpoint(const std::string& dir, torch::nn::Module& model,
+                                        DistributedOptimizer& opt) {
+  using namespace checkpoint;
+  std::exception_ptr failure;
+  std::optional<CheckpointInfo> info;
+  try {
+    Loaded l = read_newest(dir);
+    if (l.manifest.world_size != world_size())
+      log(rank() == 0 ? DOPT_LOG_INFO : DOPT_LOG_DEBUG, "checkpoint",
+          l.where + ": saved by " + std::to_string(l.manifest.world_size) +
+              " ranks, loading into " + std::to_string(world_size()) + " (resharding)");
+    StateSource src(std::move(l.shards), rank(), world_size());
+    check_compatible(model, opt, src, l.manifest, l.where);
+    restore(model, opt, src, l.manifest);
+    info = l.manifest.info(l.where);
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  // Every rank fails together: a rank that went on alone would hang in its
+  // first collective.
+  auto flags = gather_i64(*this, {info ? 0 : 1});
+  if (!info) std::rethrow_exception(failure);
+  for (int r = 0; r < world_size(); ++r)
+    if (flags[r])
+      throw CheckpointError(dir + ": rank " + std::to_string(r) + " could not load the checkpoint");
+  return *info;
+}
+
+}  // namespace distopt

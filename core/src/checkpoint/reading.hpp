@@ -1,0 +1,24 @@
+// Reading the newest checkpoint of a directory, fully verified (manifest,
+// every shard's size and CRC-32, shard format). Shared by load_checkpoint
+// and offline consolidation.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/shard_state.hpp"
+
+namespace distopt::checkpoint {
+
+struct Loaded {
+  Manifest manifest;
+  std::string where;               ///< the step directory
+  std::vector<ShardState> shards;  ///< shards[r] = saved rank r's
+};
+
+/// Throws CheckpointError naming the file (no `latest`, bad manifest, a
+/// missing, truncated or corrupt shard).
+Loaded read_newest(const std::string& dir);
+
+}  // namespace distopt::checkpoint

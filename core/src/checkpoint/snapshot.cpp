@@ -1,0 +1,168 @@
+#include "checkpoint/snapshot.hpp"
+
+#include <torch/nn/module.h>
+
+#include <variant>
+
+#include "distopt/error.hpp"
+#include "distopt/host.hpp"
+#include "optim/optimizer_impl.hpp"
+
+namespace distopt::checkpoint {
+
+namespace {
+
+const std::string kModel = "model/";
+const std::string kMaster = "master/";
+const std::string kAlgorithm = "algorithm/";
+const std::string kReducer = "reducer/";
+
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : model.named_parameters(true)) out.emplace_back(p.key(), p.value());
+  for (const auto& b : model.named_buffers(true)) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+void put_whole(ShardState& s, const std::string& key, const at::Tensor& t) {
+  StateEntry e;
+  e.key = key;
+  e.shape.assign(t.sizes().begin(), t.sizes().end());
+  e.data = t.detach().to(at::kCPU).contiguous().reshape({-1}).clone();
+  s.add(std::move(e));
+}
+
+template <class VT>
+bool has_state_api(const VT* vt, size_t size_1_1) {
+  return vt->struct_size >= size_1_1 && vt->save_state && vt->load_state;
+}
+
+[[noreturn]] void no_state_api(const ComponentInfo& c, const char* kind, const char* op) {
+  throw ComponentError(DOPT_ERR_UNSUPPORTED, c.plugin_name + "/" + c.name, op,
+                       std::string("the ") + kind + " plugin " + c.file + " was built for ABI " +
+                           std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor) +
+                           ", which has no save_state/load_state; rebuild it against ABI 1.1+ "
+                           "to use checkpoints");
+}
+
+std::map<std::string, std::string> as_text(const Options* o) {
+  std::map<std::string, std::string> out;
+  if (!o) return out;
+  for (const auto& [k, v] : o->values())
+    out[k] = std::visit(
+        [](const auto& x) -> std::string {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            return x;
+          } else if constexpr (std::is_same_v<T, bool>) {
+            return x ? "true" : "false";
+          } else {
+            return std::to_string(x);
+          }
+        },
+        v);
+  return out;
+}
+
+ComponentRecord record(const ComponentInfo& c, const Options* o) {
+  ComponentRecord r;
+  r.plugin = c.plugin_name;
+  r.component = c.name;
+  r.version = c.version;
+  r.plugin_version = c.plugin_version;
+  r.abi_major = c.abi_major;
+  r.abi_minor = c.abi_minor;
+  r.options = as_text(o);
+  return r;
+}
+
+}  // namespace
+
+ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int rank) {
+  auto& m = optim::Access::of(opt);
+  if (!has_state_api(m.avt, DOPT_ALGORITHM_V1_1_STRUCT_SIZE))
+    no_state_api(m.build.algorithm, "algorithm", "save_state");
+  if (!has_state_api(m.rvt, DOPT_REDUCER_V1_1_STRUCT_SIZE))
+    no_state_api(m.build.reducer, "reducer", "save_state");
+  at::NoGradGuard no_grad;
+  ShardState s;
+  if (rank == 0) {
+    for (const auto& [name, t] : model_tensors(model)) put_whole(s, kModel + name, t);
+    if (m.masters)
+      for (size_t i = 0; i < m.build.params.size(); ++i)
+        put_whole(s, kMaster + m.build.params[i].first, m.masters->master(i));
+  }
+  dopt_state_writer rw = s.writer(&kReducer);
+  check_status(m.rvt->save_state(m.reducer, &rw), m.reducer_who, "save_state");
+  dopt_state_writer aw = s.writer(&kAlgorithm);
+  check_status(m.avt->save_state(m.algorithm, &aw), m.algorithm_who, "save_state");
+  return s;
+}
+
+Manifest describe(DistributedOptimizer& opt, int world_size) {
+  auto& m = optim::Access::of(opt);
+  Manifest out;
+  out.step = m.steps;
+  out.world_size = world_size;
+  out.host_abi =
+      std::to_string(DOPT_ABI_VERSION_MAJOR) + "." + std::to_string(DOPT_ABI_VERSION_MINOR);
+  out.algorithm = record(m.build.algorithm, m.build.algorithm_options);
+  out.reducer = record(m.build.reducer, m.build.reducer_options);
+  out.optimizer = m.build.optimizer_name;
+  out.optimizer_options = as_text(m.build.optimizer_options);
+  out.precision = precision_dtype_name(m.build.precision.dtype);
+  if (m.scaler) out.loss_scale = m.scaler->state();
+  return out;
+}
+
+void check_compatible(torch::nn::Module& model, DistributedOptimizer& opt, const StateSource& src,
+                      const Manifest& man, const std::string& where) {
+  auto& m = optim::Access::of(opt);
+  if (man.optimizer != m.build.optimizer_name)
+    throw CheckpointError(where + ": saved with inner optimizer '" + man.optimizer +
+                          "', this job's is '" + m.build.optimizer_name + "'");
+  if (!has_state_api(m.avt, DOPT_ALGORITHM_V1_1_STRUCT_SIZE))
+    no_state_api(m.build.algorithm, "algorithm", "load_state");
+  if (!has_state_api(m.rvt, DOPT_REDUCER_V1_1_STRUCT_SIZE))
+    no_state_api(m.build.reducer, "reducer", "load_state");
+  for (const auto& [name, t] : model_tensors(model)) {
+    const std::string key = kModel + name;
+    if (!src.has(key))
+      throw CheckpointError(where + ": has no '" + name + "' (the checkpoint is of another model)");
+    const StateEntry& e = src.first(key);
+    if (e.shape != t.sizes().vec())
+      throw CheckpointError(where + ": '" + name + "' has shape " +
+                            c10::str(at::IntArrayRef(e.shape)) + " in the checkpoint, " +
+                            c10::str(t.sizes()) + " in the model");
+  }
+}
+
+void restore(torch::nn::Module& model, DistributedOptimizer& opt, const StateSource& src,
+             const Manifest& man) {
+  auto& m = optim::Access::of(opt);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [name, t] : model_tensors(model)) {
+      at::Tensor whole = src.whole(kModel + name);
+      t.detach().copy_(whole.view(t.sizes()));
+    }
+    if (m.masters) {
+      for (size_t i = 0; i < m.build.params.size(); ++i) {
+        const std::string key = kMaster + m.build.params[i].first;
+        const at::Tensor& master = m.masters->master(i);
+        if (src.has(key))
+          master.detach().copy_(src.whole(key).view(master.sizes()));
+        else if (master.data_ptr() != m.build.params[i].second.data_ptr())
+          master.detach().copy_(m.build.params[i].second);  // saved without mixed precision
+      }
+    }
+  }
+  dopt_state_reader rr = src.reader(&kReducer);
+  check_status(m.rvt->load_state(m.reducer, &rr), m.reducer_who, "load_state");
+  dopt_state_reader ar = src.reader(&kAlgorithm);
+  check_status(m.avt->load_state(m.algorithm, &ar), m.algorithm_who, "load_state");
+  m.steps = man.step;
+  if (m.scaler && man.precision != "fp32") m.scaler->set_state(man.loss_scale);
+}
+
+}  // namespace distopt::checkpoint

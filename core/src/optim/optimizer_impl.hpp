@@ -1,0 +1,75 @@
+// Private: the state behind a DistributedOptimizer (shared by its methods
+// and by the checkpoint code, which saves and restores it).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distopt/algorithm.h"
+#include "distopt/distributed_optimizer.hpp"
+#include "distopt/error.hpp"
+#include "distopt/host.hpp"
+#include "distopt/reducer.h"
+#include "distopt/sdk/tensor.hpp"
+#include "optim/bucket_manager.hpp"
+#include "optim/optimizer_builder.hpp"
+#include "optim/precision.hpp"
+
+namespace distopt {
+
+struct DistributedOptimizer::Impl {
+  optim::OptimizerBuild build;
+  std::unique_ptr<optim::BucketManager> buckets;
+  std::deque<sdk::DLView> views;  // DLTensors of parameters and gradients (stable addresses)
+  std::vector<dopt_param> params;
+  std::vector<dopt_param_group> groups;
+  std::string reducer_scope, algorithm_scope;
+  dopt_create_args reducer_args{}, algorithm_common{};
+  dopt_algorithm_args algorithm_args{};
+  const dopt_reducer_v1* rvt = nullptr;
+  dopt_reducer* reducer = nullptr;
+  const dopt_algorithm_v1* avt = nullptr;
+  dopt_algorithm* algorithm = nullptr;
+  std::string reducer_who, algorithm_who;
+  int world_size = 1;
+  int64_t steps = 0;
+  uint64_t plain_bytes_per_step = 0;
+  // Mixed precision (null / unused when off).
+  std::unique_ptr<optim::MasterWeights> masters;
+  std::unique_ptr<LossScaler> scaler;
+  float inf_flag = 0;  // allreduced in place (MAX) at each mixed-precision step
+  int64_t inf_flag_shape = 1;
+  DLTensor inf_flag_dl{};
+
+  const dopt_bucket* algorithm_buckets() const {
+    return masters ? masters->buckets() : buckets->buckets();
+  }
+  uint64_t algorithm_bucket_bytes(size_t b) const {
+    return masters ? masters->bucket_bytes(b) : buckets->bucket_bytes(b);
+  }
+  void launch(const dopt_bucket& bucket) {
+    check_status(avt->on_bucket_ready(algorithm, &bucket), algorithm_who,
+                 "on_bucket_ready(bucket " + std::to_string(bucket.index) + ")");
+  }
+  bool any_rank_found_inf(bool mine);
+  void mixed_precision_step();
+
+  ~Impl() {
+    // Hooks first (backward must not reach a destroyed algorithm), then the
+    // algorithm, which borrows the reducer.
+    if (buckets) buckets->detach();
+    if (algorithm && avt) avt->destroy(algorithm);
+    if (reducer && rvt) rvt->destroy(reducer);
+    take_last_error();
+  }
+};
+
+namespace optim {
+struct Access {
+  static DistributedOptimizer::Impl& of(DistributedOptimizer& o) { return *o.impl_; }
+};
+}  // namespace optim
+
+}  // namespace distopt
