@@ -1,6 +1,6 @@
 // `distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... [--epochs N]
-// [--max-steps N]
-//  [--threads N]`
+//  [--max-steps N] [--threads N] [--world-size N] [--checkpoint DIR [--checkpoint-every N]
+//  [--keep N] [--resume]]`
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
@@ -35,17 +35,20 @@ std::string self_exe() {
 int cmd_train(int argc, char** argv) {
   std::string config, data, metrics;
   std::vector<std::string> plugin_paths;
-  int64_t epochs = 0, max_steps = -1, threads = 0;
+  int64_t epochs = 0, max_steps = -1, threads = 0, world_size = 0;
+  train::TrainOptions topts;
   po::options_description desc(
       "usage: distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... "
       "[--epochs N] "
-      "[--max-steps N] [--threads N]\n\n"
+      "[--max-steps N] [--threads N] [--world-size N]\n"
+      "       [--checkpoint DIR [--checkpoint-every N] [--keep N] [--resume]]\n\n"
       "Train the job's model on Fashion-MNIST with its distributed optimizer. Started without a\n"
       "launcher and with world.size > 1, it starts world.size local ranks itself (as\n"
       "`distopt launch` does); under a launcher (distopt launch, torchrun, srun, mpirun) it\n"
       "runs as the rank the environment names. Test-only: DISTOPT_FAULT_INJECT=exit:RANK:STEP "
       "makes\n"
-      "rank RANK exit with code 137 at global step STEP.\n\noptions");
+      "rank RANK exit with code 137 at global step STEP; DISTOPT_FAULT_INJECT=save:RANK:N\n"
+      "kills rank RANK halfway through writing its N-th checkpoint shard.\n\noptions");
   desc.add_options()("help,h", "show this help")(
       "data", po::value<std::string>(&data), "Fashion-MNIST directory (default: train.data_dir)")(
       "metrics", po::value<std::string>(&metrics),
@@ -56,7 +59,16 @@ int cmd_train(int argc, char** argv) {
       "max-steps", po::value<int64_t>(&max_steps),
       "override train.max_steps (steps per epoch, 0 = all)")(
       "threads", po::value<int64_t>(&threads),
-      "override train.threads (intra-op threads per rank, 0 = auto)");
+      "override train.threads (intra-op threads per rank, 0 = auto)")(
+      "world-size", po::value<int64_t>(&world_size),
+      "override world.size (e.g. resume a checkpoint with another number of ranks)")(
+      "checkpoint", po::value<std::string>(&topts.checkpoint_dir),
+      "save sharded checkpoints in DIR at the end of each epoch")(
+      "checkpoint-every", po::value<int64_t>(&topts.checkpoint_every),
+      "also save every N global steps")("keep", po::value<int>(&topts.keep),
+                                        "complete checkpoints to keep (default 2)")(
+      "resume", po::bool_switch(&topts.resume),
+      "continue from the newest checkpoint in --checkpoint DIR (start afresh if none)");
   po::options_description hidden;
   hidden.add_options()("config", po::value<std::string>(&config), "");
   po::options_description all;
@@ -87,6 +99,19 @@ int cmd_train(int argc, char** argv) {
     std::cerr << "distopt train: --threads must be in 0..4096\n";
     return 2;
   }
+  if (vm.count("world-size") && (world_size < 1 || world_size > 4096)) {
+    std::cerr << "distopt train: --world-size must be in 1..4096\n";
+    return 2;
+  }
+  if ((topts.resume || vm.count("checkpoint-every") || vm.count("keep")) &&
+      topts.checkpoint_dir.empty()) {
+    std::cerr << "distopt train: --resume, --checkpoint-every and --keep need --checkpoint DIR\n";
+    return 2;
+  }
+  if (topts.checkpoint_every < 0 || topts.keep < 1) {
+    std::cerr << "distopt train: --checkpoint-every must be >= 0 and --keep >= 1\n";
+    return 2;
+  }
   if (vm.count("max-steps") && max_steps < 0) {
     std::cerr << "distopt train: --max-steps must not be negative\n";
     return 2;
@@ -101,6 +126,8 @@ int cmd_train(int argc, char** argv) {
   if (vm.count("epochs")) cfg.train.epochs = epochs;
   if (vm.count("max-steps")) cfg.train.max_steps = max_steps;
   if (vm.count("threads")) cfg.train.threads = threads;
+  if (vm.count("world-size")) cfg.world_size = world_size;
+  topts.metrics_path = metrics;
 
   const ProcessInfo proc = detect_process_info();
   if (proc.source == "default" && cfg.world_size > 1) {
@@ -115,7 +142,7 @@ int cmd_train(int argc, char** argv) {
   }
   // Lines, not blocks, so a launcher's prefixes interleave sensibly.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  return train::train_rank(cfg, metrics);
+  return train::train_rank(cfg, topts);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "distopt/blas.hpp"
+#include "distopt/checkpoint.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/precision.hpp"
@@ -38,9 +39,10 @@ double seconds_since(Clock::time_point t) {
 }
 
 // DISTOPT_FAULT_INJECT=exit:RANK:STEP (test-only): {rank, step}, or {-1, -1}.
+// save:RANK:N is the core's (checkpoint.hpp).
 std::pair<int, int64_t> fault_injection() {
   const char* v = std::getenv("DISTOPT_FAULT_INJECT");
-  if (!v || !*v) return {-1, -1};
+  if (!v || !*v || std::string(v).rfind("save:", 0) == 0) return {-1, -1};
   int rank = -1;
   long long step = -1;
   char tail = 0;
@@ -130,8 +132,9 @@ EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8,
 
 }  // namespace
 
-int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
+int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
   const TrainConfig& tc = cfg.train;
+  const std::string& metrics_path = opts.metrics_path;
   if (tc.dataset != "fashion-mnist")
     throw ConfigError(cfg.path + ": train.dataset '" + tc.dataset +
                       "' is not supported (known: fashion-mnist)");
@@ -209,19 +212,65 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
     std::cout << os.str() << std::flush;
   }
 
+  // Resume: the newest checkpoint's parameters, optimizer state and data position.
+  int64_t first_epoch = 1, first_step = 0, global_step = 0;
+  if (opts.resume && !opts.checkpoint_dir.empty()) {
+    if (!find_checkpoint(opts.checkpoint_dir)) {
+      if (lead)
+        std::cout << "resume: no checkpoint in " << opts.checkpoint_dir << ", starting afresh"
+                  << std::endl;
+    } else {
+      CheckpointInfo ck = rt.load_checkpoint(opts.checkpoint_dir, *model, opt);
+      auto num = [&](const char* key) -> int64_t {
+        auto it = ck.extra.find(key);
+        if (it == ck.extra.end())
+          throw CheckpointError(ck.path + ": manifest extra has no '" + key +
+                                "' (not written by distopt train)");
+        return std::stoll(it->second);
+      };
+      first_epoch = num("epoch");
+      const int64_t samples = num("samples_in_epoch");
+      first_step = samples / global_batch;
+      global_step = num("global_step");
+      if (lead) {
+        std::cout << "resume: " << ck.path << " (step " << ck.step << ", saved by " << ck.world_size
+                  << " rank(s)): epoch " << first_epoch << ", step " << first_step << " of "
+                  << steps_per_epoch << std::endl;
+        if (samples % global_batch != 0)
+          std::cout << "resume: " << samples % global_batch
+                    << " sample(s) of a partial global batch are skipped (world size changed)"
+                    << std::endl;
+      }
+      if (first_step >= steps_per_epoch) {
+        ++first_epoch;
+        first_step = 0;
+      }
+    }
+  }
+  auto save = [&](int64_t epoch, int64_t steps_done) {
+    if (opts.checkpoint_dir.empty()) return;
+    CheckpointExtra extra{{"epoch", std::to_string(epoch)},
+                          {"samples_in_epoch", std::to_string(steps_done * global_batch)},
+                          {"global_step", std::to_string(global_step)},
+                          {"seed", std::to_string(tc.seed)}};
+    CheckpointInfo ck = rt.save_checkpoint(opts.checkpoint_dir, *model, opt, extra, opts.keep);
+    if (lead) std::cout << "checkpoint: " << ck.path << std::endl;
+  };
+
   double train_time = 0;  // seconds inside training steps (evaluation excluded)
-  int64_t global_step = 0;
   EvalResult last_eval;
   double last_train_loss = 0;
   const auto t_loop = Clock::now();
-  for (int64_t epoch = 1; epoch <= tc.epochs; ++epoch) {
+  int64_t steps_run = 0;  // in this process (a resumed run skips the saved ones)
+  for (int64_t epoch = first_epoch; epoch <= tc.epochs; ++epoch) {
     const auto perm = epoch_permutation(ds.train.count, tc.seed, epoch);
     model->train();
     double loss_sum = 0;
     const auto t_epoch = Clock::now();
     auto t_log = t_epoch;
     int64_t steps_since_log = 0;
-    for (int64_t step = 0; step < steps_per_epoch; ++step) {
+    const int64_t start = epoch == first_epoch ? first_step : 0;
+    for (int64_t step = start; step < steps_per_epoch; ++step) {
       ++global_step;
       if (fault.first == rank && fault.second == global_step) {
         std::fprintf(stderr,
@@ -243,6 +292,10 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
       opt.step();
       loss_sum += loss.item<double>();
       ++steps_since_log;
+      ++steps_run;
+      if (opts.checkpoint_every > 0 && global_step % opts.checkpoint_every == 0 &&
+          step + 1 < steps_per_epoch)
+        save(epoch, step + 1);
 
       if (lead && log_every > 0 && ((step + 1) % log_every == 0 || step + 1 == steps_per_epoch)) {
         double dt = seconds_since(t_log);
@@ -256,13 +309,16 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
     }
     const double epoch_train_time = seconds_since(t_epoch);
     train_time += epoch_train_time;
+    save(epoch, steps_per_epoch);
 
     model->eval();
-    auto loss_t = at::tensor({loss_sum / static_cast<double>(steps_per_epoch)}, at::kDouble);
+    const int64_t epoch_steps = steps_per_epoch - start;
+    auto loss_t = at::tensor({loss_sum / static_cast<double>(std::max<int64_t>(1, epoch_steps))},
+                             at::kDouble);
     rt.allreduce(loss_t, /*average=*/true);
     last_train_loss = loss_t.item<double>();
     last_eval = evaluate(rt, *model, test_x, test_y, dtype);
-    const double epoch_samples = static_cast<double>(steps_per_epoch * global_batch);
+    const double epoch_samples = static_cast<double>(epoch_steps * global_batch);
     if (lead) {
       std::cout << "epoch " << epoch << "/" << tc.epochs << ": train loss "
                 << fmt("%.4f", last_train_loss) << ", test loss " << fmt("%.4f", last_eval.loss)
@@ -271,7 +327,7 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
                 << fmt("%.0f", epoch_samples / epoch_train_time) << " samples/s" << std::endl;
       metrics.write({{"event", "epoch"},
                      {"epoch", epoch},
-                     {"steps", steps_per_epoch},
+                     {"steps", epoch_steps},
                      {"samples", static_cast<int64_t>(epoch_samples)},
                      {"train_loss", last_train_loss},
                      {"test_loss", last_eval.loss},
@@ -286,10 +342,10 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
   const auto sent = per_rank(rt, static_cast<double>(opt.bytes_sent()));
   const auto plain = per_rank(rt, static_cast<double>(opt.bytes_sent_plain_allreduce()));
   const auto state = per_rank(rt, static_cast<double>(opt.state_bytes()));
-  const double samples = static_cast<double>(global_step * global_batch);
+  const double samples = static_cast<double>(steps_run * global_batch);
   const double sps = train_time > 0 ? samples / train_time : 0;
   if (lead) {
-    std::cout << "summary: " << world << " rank(s), " << global_step << " steps, "
+    std::cout << "summary: " << world << " rank(s), " << steps_run << " steps, "
               << static_cast<int64_t>(samples) << " samples in " << fmt("%.2f", train_time)
               << " s of training (" << fmt("%.2f", wall) << " s wall incl. evaluation, "
               << fmt("%.2f", seconds_since(t_start)) << " s incl. setup)\n"
@@ -310,7 +366,8 @@ int train_rank(const JobConfig& cfg, const std::string& metrics_path) {
                    {"communicator", cfg.communicator.name},
                    {"optimizer", cfg.optimizer_name},
                    {"epochs", tc.epochs},
-                   {"steps", global_step},
+                   {"steps", steps_run},
+                   {"global_step", global_step},
                    {"batch_size", tc.batch_size},
                    {"global_batch", global_batch},
                    {"threads_per_rank", threads},

@@ -2,6 +2,7 @@
 // Torch-free header so the CLI's other files need no libtorch headers.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "distopt/config.hpp"
@@ -20,12 +21,30 @@ namespace distopt::train {
 /// non-empty `metrics_path` it also writes them as JSON lines (one
 /// {"event":"epoch",...} per epoch and one {"event":"summary",...}).
 ///
+/// Checkpoints (when `checkpoint_dir` is set): saved every `checkpoint_every`
+/// global steps (0: only at the end of each epoch) and at the end of each
+/// epoch, keeping the newest `keep`; the manifest's extra records the
+/// data-loader position (epoch, samples consumed in it, global step). With
+/// `resume`, training continues from the newest checkpoint there (the same
+/// batches in the same order; a different world size continues at the same
+/// sample, rounded down to a whole global batch) or starts afresh when there
+/// is none.
+///
 /// Test-only fault injection: DISTOPT_FAULT_INJECT=exit:RANK:STEP makes rank
 /// RANK call _exit(137) when it reaches global step STEP (1-based, counted
-/// across epochs), to test how the other ranks and the launcher react.
+/// across epochs), to test how the other ranks and the launcher react;
+/// DISTOPT_FAULT_INJECT=save:RANK:N kills rank RANK halfway through writing
+/// its shard of its N-th checkpoint (core, checkpoint.hpp).
 ///
-/// Returns 0; throws distopt::Error (DataError, ConfigError, CommError, ...)
-/// on failure.
-int train_rank(const JobConfig& cfg, const std::string& metrics_path);
+/// Returns 0; throws distopt::Error (DataError, ConfigError, CommError,
+/// CheckpointError, ...) on failure.
+struct TrainOptions {
+  std::string metrics_path;    ///< JSON lines; "" = none
+  std::string checkpoint_dir;  ///< "" = no checkpoints
+  int64_t checkpoint_every = 0;
+  int keep = 2;
+  bool resume = false;
+};
+int train_rank(const JobConfig& cfg, const TrainOptions& opts);
 
 }  // namespace distopt::train
