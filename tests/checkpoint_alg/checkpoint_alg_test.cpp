@@ -28,6 +28,7 @@
 
 #include "distopt/config.hpp"
 #include "distopt/distributed_optimizer.hpp"
+#include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
 #include "torch_doctest.hpp"
@@ -259,7 +260,7 @@ void save_and_resume(const Job& saver, const Job& loader, const std::string& opt
     if (exact)
       CHECK(to_a == 0);
     else  // another world size or algorithm: other summation order in the reduction
-      CHECK(to_a <= 1e-5);
+      CHECK(to_a <= 1e-6);
     CHECK(to_ref <= 1e-5);
     CHECK(max_abs_diff(b[r], b[0]) == 0);
   }
@@ -329,7 +330,7 @@ TEST_CASE("cross-algorithm: allreduce <-> zero <-> fused, Adam") {
   }
 }
 
-TEST_CASE("a checkpoint of another optimizer does not load: sgd into adam names the key") {
+TEST_CASE("a checkpoint of another optimizer does not load: sgd into adam, named") {
   TempDir dir;
   struct Case {
     Job saver, loader;
@@ -366,8 +367,13 @@ TEST_CASE("a checkpoint of another optimizer does not load: sgd into adam names 
           auto opt = rt.make_optimizer(*net);
           try {
             rt.load_checkpoint(dir.path + "/ckpt", *net, opt);
-          } catch (const std::exception& e) {
-            std::ofstream(dir.path + "/err" + std::to_string(rank) + ".txt") << e.what();
+          } catch (const distopt::CheckpointError& e) {
+            std::ofstream(dir.path + "/err" + std::to_string(rank) + ".txt")
+                << "CheckpointError: " << e.what();
+            return 0;
+          } catch (const distopt::ComponentError& e) {
+            std::ofstream(dir.path + "/err" + std::to_string(rank) + ".txt")
+                << "ComponentError: " << e.what();
             return 0;
           }
           return 4;  // loaded: wrong
@@ -378,11 +384,19 @@ TEST_CASE("a checkpoint of another optimizer does not load: sgd into adam names 
       CHECK(codes[r] == 0);
       const std::string msg = read_text(dir.path + "/err" + std::to_string(r) + ".txt");
       CAPTURE(msg);
-      // adam looks for the step of a parameter; the sgd checkpoint has its
-      // momentum_buffer only.
-      CHECK(msg.find("optimizer/") != std::string::npos);
-      CHECK(msg.find("/step'") != std::string::npos);
-      CHECK(msg.find("momentum_buffer") != std::string::npos);
+      if (msg.rfind("CheckpointError: ", 0) == 0) {
+        // The host compares the manifest's inner optimizer first.
+        CHECK(msg.find(dir.path + "/ckpt/step-") != std::string::npos);
+        CHECK(msg.find("'sgd'") != std::string::npos);
+        CHECK(msg.find("'adam'") != std::string::npos);
+      } else {
+        // Else the plugin's load_state: adam looks for a parameter's step;
+        // the sgd checkpoint has its momentum_buffer only.
+        CHECK(msg.rfind("ComponentError: ", 0) == 0);
+        CHECK(msg.find("optimizer/") != std::string::npos);
+        CHECK(msg.find("/step'") != std::string::npos);
+        CHECK(msg.find("momentum_buffer") != std::string::npos);
+      }
     }
     std::system(("rm -rf '" + dir.path + "/ckpt'").c_str());
   }
