@@ -406,7 +406,7 @@ void PowerSgdReducer::load_state(const sdk::StateReader& r) {
                 std::string(e.what_without_backtrace()));
     }
   } else {
-    warnings.push_back("no 'powersgd/rng': fresh Q's are drawn from seed " +
+    warnings.push_back("checkpoint has no 'powersgd/rng': fresh Q's are drawn from seed " +
                        std::to_string(opts_.seed) + " again");
   }
   size_t missing_steps = 0, residuals = 0;
@@ -473,7 +473,7 @@ void PowerSgdReducer::load_state(const sdk::StateReader& r) {
         sdk::read_into(r, ekey, 0, s.e.narrow(0, static_cast<int64_t>(ep.e_off), nn));
         ++residuals;
       } else {
-        warnings.push_back("no '" + ekey + "': its residual starts from zero");
+        warnings.push_back("checkpoint has no '" + ekey + "': its residual starts from zero");
       }
       at::Tensor q = s.q.narrow(0, static_cast<int64_t>(ep.q_off), ep.m * ep.r);
       const bool q_fits = r.find(qkey, &info) && info.shape == std::vector<int64_t>{ep.m, ep.r};
@@ -490,7 +490,7 @@ void PowerSgdReducer::load_state(const sdk::StateReader& r) {
     s.have_q = true;
   }
   if (missing_steps > 0)
-    warnings.push_back("no powersgd/step for " + std::to_string(missing_steps) +
+    warnings.push_back("checkpoint has no powersgd/step for " + std::to_string(missing_steps) +
                        " parameter(s): their buckets start over (start_iter plain steps)");
   if (residuals > 0 && r.saved_world_size() != world_size_)
     warnings.push_back("checkpoint was saved by " + std::to_string(r.saved_world_size()) +
