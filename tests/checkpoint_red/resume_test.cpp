@@ -466,3 +466,67 @@ TEST_CASE(
                                          << saved[0].at("scaler_at_save")[2]
                                          << "; restored exactly, end state equal");
 }
+
+TEST_CASE(
+    "a powersgd checkpoint into 3 ranks with another rank option: fresh Q's, mean residuals") {
+  Dir d;
+  Job j;
+  j.reducer = "powersgd";
+  j.reducer_options = "{rank: 2, start_iter: 3}";
+  PhaseSpec ps;
+  ps.job = j;
+  ps.phase = Phase::kSave;
+  ps.ckpt_out = d / "ckpt";
+  ps.out_prefix = d / "save.";
+  auto saved = run_phase(ps);
+  ps.job.world = 3;
+  ps.job.reducer_options = "{rank: 3, start_iter: 3}";
+  ps.phase = Phase::kResume;
+  ps.ckpt_in = d / "ckpt";
+  ps.out_prefix = d / "resume.";
+  ps.log_prefix = d / "resume.log.";
+  auto res = run_phase(ps);
+  // Residuals (n x m, independent of the rank option) are the saved mean.
+  const auto& a = saved[0].at("saved:reducer/error_feedback/fc2.weight@rank0");
+  const auto& b = saved[0].at("saved:reducer/error_feedback/fc2.weight@rank1");
+  const auto& got = res[0].at("loaded:reducer/error_feedback/fc2.weight@rank2");
+  REQUIRE(got.size() == a.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    REQUIRE(got[i] == static_cast<double>(static_cast<float>((a[i] + b[i]) / 2.0)));
+  // Q's have the new shape (m x 3) and are fresh.
+  CHECK(res[0].at("loaded:reducer/powersgd/q/fc2.weight").size() == 32 * 3);
+  // Counters carried over: compression stays on (no start_iter steps again).
+  CHECK(res[0].at("loaded:reducer/powersgd/step/fc2.weight") == std::vector<double>{kSaveAt});
+  for (int r = 0; r < 3; ++r)
+    for (double l : res[r].at("losses")) CHECK(std::isfinite(l));
+  const std::string log = read_text(d / "resume.log.0");
+  CHECK(log.find("'powersgd/q/fc2.weight' was saved with another shape") != std::string::npos);
+  CHECK(log.find("mean of the saved ranks") != std::string::npos);
+}
+
+// KNOWN CORE BUG (reported to the core's owner): checkpoint::restore
+// (core/src/checkpoint/snapshot.cpp) sets the scaler state only when the
+// manifest's precision is not "fp32", so {dtype: fp32, loss_scale: dynamic}
+// resumes with skipped_steps and the growth tracker reset (the scale itself
+// happens to be equal here). may_fail until that is fixed; then drop it.
+TEST_CASE("fp32 + dynamic loss scale: the scaler state is restored too" * doctest::may_fail()) {
+  Dir d;
+  Job j;
+  j.reducer = "topk";
+  j.reducer_options = "{ratio: 0.25}";
+  j.precision = "{dtype: fp32, loss_scale: dynamic, init_scale: 1024, growth_interval: 4}";
+  j.inf_rank = 0;
+  j.inf_step = 2;
+  PhaseSpec ps;
+  ps.job = j;
+  ps.phase = Phase::kSave;
+  ps.ckpt_out = d / "ckpt";
+  ps.out_prefix = d / "save.";
+  auto saved = run_phase(ps);
+  ps.phase = Phase::kResume;
+  ps.ckpt_in = d / "ckpt";
+  ps.out_prefix = d / "resume.";
+  auto res = run_phase(ps);
+  CHECK(saved[0].at("scaler_at_save")[1] == 1);
+  CHECK(res[0].at("scaler_after_load") == saved[0].at("scaler_at_save"));
+}
