@@ -11,10 +11,11 @@ PACKAGES=(
   libucx-dev zlib1g-dev
   libopenblas0-pthread   # libtorch trains ~10x slower on Debian's reference BLAS
   dataset-fashion-mnist
+  python3-torch          # tests: consolidated checkpoints must load with torch.load
 )
 # Extra packages for the benchmark comparisons (PyTorch gloo / DDP): opt-in.
 if [[ "${DISTOPT_SETUP_BENCH:-0}" == 1 ]]; then
-  PACKAGES+=(python3-torch python3-numpy)
+  PACKAGES+=(python3-numpy)
 fi
 
 missing=()

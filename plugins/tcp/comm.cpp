@@ -136,7 +136,7 @@ bool TcpComm::failed(dopt_status* status, std::string* cause) const {
 std::shared_ptr<Request> TcpComm::enqueue(const std::string& name,
                                           std::function<RingResult()> body) {
   auto req = std::make_shared<Request>(name);
-  dopt_status st;
+  dopt_status st = DOPT_OK;
   std::string cause;
   if (failed(&st, &cause)) {
     req->complete(st, name + ": " + cause);
@@ -170,7 +170,7 @@ void TcpComm::progress_loop() {
 
 void TcpComm::run_op(Op& op) {
   const std::string& name = op.req->op();
-  dopt_status st;
+  dopt_status st = DOPT_OK;
   std::string cause;
   if (failed(&st, &cause)) {
     op.req->complete(st, name + ": " + cause);

@@ -504,12 +504,9 @@ TEST_CASE(
   CHECK(log.find("mean of the saved ranks") != std::string::npos);
 }
 
-// KNOWN CORE BUG (reported to the core's owner): checkpoint::restore
-// (core/src/checkpoint/snapshot.cpp) sets the scaler state only when the
-// manifest's precision is not "fp32", so {dtype: fp32, loss_scale: dynamic}
-// resumes with skipped_steps and the growth tracker reset (the scale itself
-// happens to be equal here). may_fail until that is fixed; then drop it.
-TEST_CASE("fp32 + dynamic loss scale: the scaler state is restored too" * doctest::may_fail()) {
+// A loss scaler without a low-precision dtype ({dtype: fp32, loss_scale:
+// dynamic}) is checkpointed too (the manifest records whether a scaler existed).
+TEST_CASE("fp32 + dynamic loss scale: the scaler state is restored too") {
   Dir d;
   Job j;
   j.reducer = "topk";

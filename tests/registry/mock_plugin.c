@@ -157,7 +157,9 @@ static const dopt_reducer_v1 k_red_vt = {DOPT_REDUCER_V1_STRUCT_SIZE,
                                          red_test,
                                          red_wait,
                                          red_request_free,
-                                         red_bytes_sent};
+                                         red_bytes_sent,
+                                         NULL, /* ABI 1.0: no save_state / load_state */
+                                         NULL};
 
 /* ---------------- algorithm ---------------- */
 static dopt_status alg_create(const dopt_algorithm_args* a, dopt_algorithm** out) {
@@ -186,7 +188,9 @@ static uint64_t alg_state_bytes(const dopt_algorithm* a) {
 }
 static const dopt_algorithm_v1 k_alg_vt = {
     DOPT_ALGORITHM_V1_STRUCT_SIZE, NULL,     alg_create, alg_destroy,
-    alg_on_bucket_ready,           alg_step, alg_set_lr, alg_state_bytes};
+    alg_on_bucket_ready,           alg_step, alg_set_lr, alg_state_bytes,
+    NULL, /* ABI 1.0: no save_state / load_state */
+    NULL};
 
 /* ---------------- option schemas ---------------- */
 #define SPEC(NAME, TYPE, DEF, LO, HI, CHOICES, HELP) \

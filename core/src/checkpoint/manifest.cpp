@@ -56,10 +56,10 @@ std::string Manifest::to_json() const {
             {"reducer", checkpoint::to_json(reducer)},
             {"optimizer", {{"name", optimizer}, {"options", optimizer_options}}},
             {"precision", precision},
-            {"loss_scale",
-             {{"scale", loss_scale.scale},
-              {"growth_tracker", loss_scale.growth_tracker},
-              {"skipped_steps", loss_scale.skipped_steps}}},
+            {"loss_scale", has_loss_scale ? json{{"scale", loss_scale.scale},
+                                                 {"growth_tracker", loss_scale.growth_tracker},
+                                                 {"skipped_steps", loss_scale.skipped_steps}}
+                                           : json(nullptr)},
             {"extra", extra},
             {"shards", shards_j}};
   return j.dump(2) + "\n";
@@ -80,9 +80,12 @@ Manifest Manifest::from_json(const std::string& text, const std::string& file) {
     m.optimizer_options = j.at("optimizer").at("options").get<std::map<std::string, std::string>>();
     m.precision = j.at("precision").get<std::string>();
     const json& ls = j.at("loss_scale");
-    m.loss_scale.scale = ls.at("scale").get<double>();
-    m.loss_scale.growth_tracker = ls.at("growth_tracker").get<int64_t>();
-    m.loss_scale.skipped_steps = ls.at("skipped_steps").get<int64_t>();
+    m.has_loss_scale = !ls.is_null();
+    if (m.has_loss_scale) {
+      m.loss_scale.scale = ls.at("scale").get<double>();
+      m.loss_scale.growth_tracker = ls.at("growth_tracker").get<int64_t>();
+      m.loss_scale.skipped_steps = ls.at("skipped_steps").get<int64_t>();
+    }
     m.extra = j.at("extra").get<CheckpointExtra>();
     for (const json& s : j.at("shards"))
       m.shards.push_back({s.at("rank").get<int>(), s.at("file").get<std::string>(),

@@ -33,6 +33,7 @@ struct Manifest {
   std::string optimizer;
   std::map<std::string, std::string> optimizer_options;
   std::string precision;  ///< "fp32", "bf16", "fp16"
+  bool has_loss_scale = false;  ///< the job had a loss scaler (precision: section)
   LossScaleState loss_scale;
   CheckpointExtra extra;
   std::vector<ShardRecord> shards;  ///< one per rank, in rank order

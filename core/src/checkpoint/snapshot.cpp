@@ -111,13 +111,27 @@ Manifest describe(DistributedOptimizer& opt, int world_size) {
   out.optimizer = m.build.optimizer_name;
   out.optimizer_options = as_text(m.build.optimizer_options);
   out.precision = precision_dtype_name(m.build.precision.dtype);
-  if (m.scaler) out.loss_scale = m.scaler->state();
+  if (m.scaler) {
+    out.has_loss_scale = true;
+    out.loss_scale = m.scaler->state();
+  }
   return out;
 }
 
 void check_compatible(torch::nn::Module& model, DistributedOptimizer& opt, const StateSource& src,
                       const Manifest& man, const std::string& where) {
   auto& m = optim::Access::of(opt);
+  const ComponentInfo& red = m.build.reducer;
+  if (man.reducer.plugin != red.plugin_name || man.reducer.component != red.name)
+    log(DOPT_LOG_WARN, "checkpoint",
+        where + ": saved with reducer " + man.reducer.plugin + "/" + man.reducer.component +
+            ", loading into " + red.plugin_name + "/" + red.name +
+            ": state under the other reducer's keys is not used");
+  const ComponentInfo& alg = m.build.algorithm;
+  if (man.algorithm.plugin != alg.plugin_name || man.algorithm.component != alg.name)
+    log(DOPT_LOG_INFO, "checkpoint",
+        where + ": saved with algorithm " + man.algorithm.plugin + "/" + man.algorithm.component +
+            ", loading into " + alg.plugin_name + "/" + alg.name);
   if (man.optimizer != m.build.optimizer_name)
     throw CheckpointError(where + ": saved with inner optimizer '" + man.optimizer +
                           "', this job's is '" + m.build.optimizer_name + "'");
@@ -162,7 +176,13 @@ void restore(torch::nn::Module& model, DistributedOptimizer& opt, const StateSou
   dopt_state_reader ar = src.reader(&kAlgorithm);
   check_status(m.avt->load_state(m.algorithm, &ar), m.algorithm_who, "load_state");
   m.steps = man.step;
-  if (m.scaler && man.precision != "fp32") m.scaler->set_state(man.loss_scale);
+  if (m.scaler && man.has_loss_scale) {
+    m.scaler->set_state(man.loss_scale);
+  } else if (m.scaler) {
+    log(DOPT_LOG_WARN, "checkpoint",
+        "the checkpoint has no loss-scale state (saved without a precision: section); the loss "
+        "scale starts from init_scale");
+  }
 }
 
 }  // namespace distopt::checkpoint
