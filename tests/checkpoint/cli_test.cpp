@@ -37,8 +37,8 @@ std::string write_job(const TempDir& t, const Job& j, const std::string& name = 
     << "world: {size: 2, timeout_s: 30}\n"
     << "communicator: {name: tcp}\nreducer: {name: mean}\n"
     << "algorithm: " << j.algorithm << "\noptimizer: " << j.optimizer << "\n"
-    << "train: {model: mlp, epochs: " << j.epochs << ", batch_size: 32, seed: 3, max_steps: "
-    << j.max_steps << ", log_every: 0, threads: 1}\n";
+    << "train: {model: mlp, epochs: " << j.epochs
+    << ", batch_size: 32, seed: 3, max_steps: " << j.max_steps << ", log_every: 0, threads: 1}\n";
   return t.file(name);
 }
 
@@ -56,8 +56,8 @@ std::string slurp(const fs::path& p) {
 
 // `distopt checkpoint consolidate DIR OUT` then torch::pickle_load.
 c10::impl::GenericDict consolidated(const std::string& dir, const std::string& out) {
-  ProcResult r = run_command({cli(), "checkpoint", "consolidate", dir, out}, {},
-                             std::chrono::seconds(120));
+  ProcResult r =
+      run_command({cli(), "checkpoint", "consolidate", dir, out}, {}, std::chrono::seconds(120));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   std::string bytes = slurp(out);
@@ -111,7 +111,8 @@ TEST_CASE("a rank killed mid-training: --resume ends bitwise equal to an uninter
   ProcResult resumed = train(cfg, {"--checkpoint", b, "--checkpoint-every", "10", "--resume"});
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
-  CHECK(resumed.output.find("resume: " + b + "/step-000000020 (step 20, saved by 2 rank(s)): "
+  CHECK(resumed.output.find("resume: " + b +
+                            "/step-000000020 (step 20, saved by 2 rank(s)): "
                             "epoch 1, step 20 of 30") != std::string::npos);
   CHECK(resumed.output.find("summary: 2 rank(s), 10 steps") != std::string::npos);
   // keep = 2: the step-10 checkpoint is gone, 20 and 30 remain.
@@ -226,8 +227,8 @@ TEST_CASE("a zero checkpoint consolidates into a file Python's torch.load reads"
     MESSAGE("Fashion-MNIST is not installed; skipping");
     return;
   }
-  ProcResult py = run_command({"/usr/bin/python3", "-c", "import torch"}, {},
-                              std::chrono::seconds(120));
+  ProcResult py =
+      run_command({"/usr/bin/python3", "-c", "import torch"}, {}, std::chrono::seconds(120));
   const std::string why =
       "Python's torch is missing (tools/setup.sh installs python3-torch): " + py.output;
   REQUIRE_MESSAGE(py.exit_code == 0, why);
@@ -267,9 +268,8 @@ for name, st in p["optimizer_state"].items():
     assert int(z["optimizer_state"][name]["step"]) == 20
 print("python ok", len(z["model"]), "tensors")
 )";
-  ProcResult check = run_command(
-      {"/usr/bin/python3", "-c", script, t.file("z.pt"), t.file("p.pt")}, {},
-      std::chrono::seconds(120));
+  ProcResult check = run_command({"/usr/bin/python3", "-c", script, t.file("z.pt"), t.file("p.pt")},
+                                 {}, std::chrono::seconds(120));
   INFO(check.output);
   CHECK(check.exit_code == 0);
   CHECK(check.output.find("python ok 6 tensors") != std::string::npos);

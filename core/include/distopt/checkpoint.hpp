@@ -4,7 +4,8 @@
 //   DIR/latest                        name of the newest complete checkpoint
 //   DIR/step-000000120/manifest.json  world size, step, algorithm / reducer /
 //                                     optimizer (plugin, version, options),
-//                                     host ABI, loss-scale state, the
+//                                     host ABI, loss-scale state, learning
+//                                     rates set with set_lr, the
 //                                     application's `extra` (data-loader
 //                                     position), and per shard file its
 //                                     size and CRC-32

@@ -77,7 +77,7 @@ void remove_old(const fs::path& dir, const std::string& latest, int keep) {
     if (e.is_directory() && n.rfind("step-", 0) == 0) names.push_back(n);
   }
   std::sort(names.begin(), names.end());  // zero-padded steps: name order is age order
-  int older_kept = 0;  // besides `latest`; newer names are stale (crashed saves)
+  int older_kept = 0;                     // besides `latest`; newer names are stale (crashed saves)
   for (auto it = names.rbegin(); it != names.rend(); ++it) {
     if (*it == latest) continue;
     if (*it < latest && older_kept < keep - 1) {

@@ -55,11 +55,12 @@ std::string Manifest::to_json() const {
             {"algorithm", checkpoint::to_json(algorithm)},
             {"reducer", checkpoint::to_json(reducer)},
             {"optimizer", {{"name", optimizer}, {"options", optimizer_options}}},
+            {"group_lr", group_lr},
             {"precision", precision},
             {"loss_scale", has_loss_scale ? json{{"scale", loss_scale.scale},
                                                  {"growth_tracker", loss_scale.growth_tracker},
                                                  {"skipped_steps", loss_scale.skipped_steps}}
-                                           : json(nullptr)},
+                                          : json(nullptr)},
             {"extra", extra},
             {"shards", shards_j}};
   return j.dump(2) + "\n";
@@ -79,6 +80,7 @@ Manifest Manifest::from_json(const std::string& text, const std::string& file) {
     m.optimizer = j.at("optimizer").at("name").get<std::string>();
     m.optimizer_options = j.at("optimizer").at("options").get<std::map<std::string, std::string>>();
     m.precision = j.at("precision").get<std::string>();
+    m.group_lr = j.value("group_lr", std::vector<double>{});
     const json& ls = j.at("loss_scale");
     m.has_loss_scale = !ls.is_null();
     if (m.has_loss_scale) {

@@ -31,8 +31,9 @@ struct Manifest {
   std::string host_abi;  ///< "1.1"
   ComponentRecord algorithm, reducer;
   std::string optimizer;
+  std::vector<double> group_lr;  ///< per param group: the last set_lr, -1 = the config's
   std::map<std::string, std::string> optimizer_options;
-  std::string precision;  ///< "fp32", "bf16", "fp16"
+  std::string precision;        ///< "fp32", "bf16", "fp16"
   bool has_loss_scale = false;  ///< the job had a loss scaler (precision: section)
   LossScaleState loss_scale;
   CheckpointExtra extra;

@@ -110,6 +110,7 @@ Manifest describe(DistributedOptimizer& opt, int world_size) {
   out.reducer = record(m.build.reducer, m.build.reducer_options);
   out.optimizer = m.build.optimizer_name;
   out.optimizer_options = as_text(m.build.optimizer_options);
+  out.group_lr = m.lr_set;
   out.precision = precision_dtype_name(m.build.precision.dtype);
   if (m.scaler) {
     out.has_loss_scale = true;
@@ -176,6 +177,9 @@ void restore(torch::nn::Module& model, DistributedOptimizer& opt, const StateSou
   dopt_state_reader ar = src.reader(&kAlgorithm);
   check_status(m.avt->load_state(m.algorithm, &ar), m.algorithm_who, "load_state");
   m.steps = man.step;
+  // Learning rates set by the application (schedules) continue as saved.
+  for (size_t g = 0; g < man.group_lr.size() && g < m.groups.size(); ++g)
+    if (man.group_lr[g] >= 0) opt.set_lr(man.group_lr[g], static_cast<int>(g));
   if (m.scaler && man.has_loss_scale) {
     m.scaler->set_state(man.loss_scale);
   } else if (m.scaler) {

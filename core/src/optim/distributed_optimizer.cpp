@@ -222,6 +222,11 @@ void DistributedOptimizer::step() {
 void DistributedOptimizer::set_lr(double lr, int group) {
   check_status(impl_->avt->set_lr(impl_->algorithm, group, lr), impl_->algorithm_who,
                "set_lr(group " + std::to_string(group) + ")");
+  auto& set = impl_->lr_set;
+  if (group >= 0 && static_cast<size_t>(group) < impl_->groups.size()) {
+    if (set.size() < impl_->groups.size()) set.resize(impl_->groups.size(), -1.0);
+    set[static_cast<size_t>(group)] = lr;
+  }
 }
 
 uint64_t DistributedOptimizer::state_bytes() const {

@@ -35,6 +35,7 @@ struct DistributedOptimizer::Impl {
   std::string reducer_who, algorithm_who;
   int world_size = 1;
   int64_t steps = 0;
+  std::vector<double> lr_set;  // per group: the last set_lr (-1 = the config's), checkpointed
   uint64_t plain_bytes_per_step = 0;
   // Mixed precision (null / unused when off).
   std::unique_ptr<optim::MasterWeights> masters;

@@ -1,0 +1,115 @@
+// Runtime checkpoint API details on one process (world size 1): learning
+// rates set with set_lr survive a resume, `keep`, find_checkpoint, and the
+// online consolidate of a single rank.
+#include "distopt/runtime.hpp"
+
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
+
+#include <filesystem>
+
+#include "distopt/checkpoint.hpp"
+#include "distopt/config.hpp"
+#include "distopt/distributed_optimizer.hpp"
+#include "distopt/error.hpp"
+#include "multiproc.hpp"
+#include "torch_doctest.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string job_text() {
+  return "plugins: {paths: [" + distopt::test::env_path("DISTOPT_PLUGIN_DIR") +
+         "]}\n"
+         "world: {size: 1}\ncommunicator: {name: tcp}\nreducer: {name: mean}\n"
+         "algorithm: {name: allreduce}\noptimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n";
+}
+
+distopt::Runtime runtime() {
+  distopt::ProcessInfo proc;
+  proc.source = "test";
+  return distopt::Runtime::from_config(distopt::parse_job_config(job_text(), "job.yaml"), proc);
+}
+
+void train(torch::nn::Linear& net, distopt::DistributedOptimizer& opt, int steps, int seed) {
+  torch::manual_seed(seed);
+  for (int i = 0; i < steps; ++i) {
+    auto x = torch::randn({8, 4});
+    opt.zero_grad();
+    net->forward(x).pow(2).mean().backward();
+    opt.step();
+  }
+}
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("distopt_ckpt_rt_" + std::to_string(getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+}  // namespace
+
+TEST_CASE("set_lr survives a resume; keep bounds the checkpoints; consolidate on one rank") {
+  TempDir t;
+  const std::string dir = (t.path / "ckpt").string();
+  auto rt = runtime();
+
+  // Uninterrupted: 5 steps at lr 0.1, then lr 0.01 for 5 + 5 steps.
+  torch::manual_seed(1);
+  torch::nn::Linear ref(4, 3);
+  auto ref_opt = rt.make_optimizer(*ref);
+  train(ref, ref_opt, 5, 10);
+  ref_opt.set_lr(0.01);
+  train(ref, ref_opt, 5, 11);
+  train(ref, ref_opt, 5, 12);
+
+  torch::manual_seed(1);
+  torch::nn::Linear a(4, 3);
+  auto opt_a = rt.make_optimizer(*a);
+  train(a, opt_a, 5, 10);
+  rt.save_checkpoint(dir, *a, opt_a, {{"note", "first"}}, /*keep=*/2);
+  opt_a.set_lr(0.01);
+  train(a, opt_a, 5, 11);
+  auto info = rt.save_checkpoint(dir, *a, opt_a, {{"note", "second"}}, 2);
+  CHECK(info.step == 10);
+  CHECK(info.extra.at("note") == "second");
+  auto found = distopt::find_checkpoint(dir);
+  REQUIRE(found.has_value());
+  CHECK(found->path == info.path);
+  CHECK(found->algorithm == "allreduce/allreduce");
+  CHECK(found->optimizer == "sgd");
+
+  // A fresh optimizer has the config's lr 0.1; the checkpoint's 0.01 wins.
+  torch::manual_seed(2);
+  torch::nn::Linear b(4, 3);
+  auto opt_b = rt.make_optimizer(*b);
+  rt.load_checkpoint(dir, *b, opt_b);
+  CHECK(opt_b.steps() == 10);
+  train(b, opt_b, 5, 12);
+  CHECK(torch::equal(b->weight, ref->weight));
+  CHECK(torch::equal(b->bias, ref->bias));
+
+  // keep = 2 over three saves: the oldest goes.
+  rt.save_checkpoint(dir, *b, opt_b, {}, 2);
+  std::vector<std::string> steps;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory()) steps.push_back(e.path().filename().string());
+  std::sort(steps.begin(), steps.end());
+  CHECK(steps == std::vector<std::string>{"step-000000010", "step-000000015"});
+
+  // Saving twice at one step never overwrites the committed checkpoint.
+  auto again = rt.save_checkpoint(dir, *b, opt_b, {}, 3);
+  CHECK(again.path == dir + "/step-000000015-1");
+
+  auto all = rt.consolidate(*b, opt_b, 0);
+  REQUIRE(all.count("model/weight"));
+  CHECK(torch::equal(all.at("model/weight"), b->weight));
+  REQUIRE(all.count("algorithm/optimizer/weight/momentum_buffer"));
+  CHECK(all.at("algorithm/optimizer/weight/momentum_buffer").sizes() == b->weight.sizes());
+  CHECK_THROWS_AS(rt.consolidate(*b, opt_b, 1), distopt::ConfigError);
+  CHECK_THROWS_AS(rt.save_checkpoint(dir, *b, opt_b, {}, 0), distopt::ConfigError);
+  CHECK_THROWS_WITH_AS(rt.load_checkpoint((t.path / "none").string(), *b, opt_b),
+                       doctest::Contains("no checkpoint (no 'latest' file)"),
+                       distopt::CheckpointError);
+}
