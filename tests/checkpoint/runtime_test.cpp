@@ -113,3 +113,30 @@ TEST_CASE("set_lr survives a resume; keep bounds the checkpoints; consolidate on
                        doctest::Contains("no checkpoint (no 'latest' file)"),
                        distopt::CheckpointError);
 }
+
+TEST_CASE("a reducer built for ABI 1.0 trains, and checkpointing with it fails naming it") {
+  TempDir t;
+  std::string text = job_text();
+  text.replace(text.find("reducer: {name: mean}"), 21, "reducer: {name: abi10_mean}");
+  text.replace(text.find("paths: ["), 8,
+               "paths: [" + distopt::test::env_path("DISTOPT_ABI10_PLUGIN_DIR") + ", ");
+  distopt::ProcessInfo proc;
+  proc.source = "test";
+  auto rt = distopt::Runtime::from_config(distopt::parse_job_config(text, "job.yaml"), proc);
+  torch::manual_seed(1);
+  torch::nn::Linear net(4, 3);
+  auto opt = rt.make_optimizer(*net);
+  auto before = net->weight.clone();
+  train(net, opt, 3, 5);
+  CHECK_FALSE(torch::equal(before, net->weight));  // it trains
+  try {
+    rt.save_checkpoint((t.path / "c").string(), *net, opt);
+    FAIL("save_checkpoint with an ABI 1.0 reducer did not throw");
+  } catch (const distopt::ComponentError& e) {
+    const std::string msg = e.what();
+    CHECK(e.status() == DOPT_ERR_UNSUPPORTED);
+    CHECK(msg.find("abi10/abi10_mean") != std::string::npos);
+    CHECK(msg.find("libdistopt_abi10.so was built for ABI 1.0") != std::string::npos);
+  }
+  CHECK_FALSE(distopt::find_checkpoint((t.path / "c").string()).has_value());
+}
