@@ -21,6 +21,18 @@ at::Tensor flat_slice(const at::Tensor& flat, size_t offset, size_t numel) {
   throw sdk::Error(s, "zero: " + msg);
 }
 
+// Bytes one rank sends, as the tcp communicator's network path moves them
+// (the shared-memory path copies differently; the reducers count the same
+// ring model): a ring reduce-scatter or allgather of W blocks of `block`
+// bytes sends W - 1 blocks; a chain broadcast root -> root+1 -> ... sends
+// the whole buffer from every rank but the last, root - 1.
+uint64_t ring_bytes(uint64_t block, int32_t world) {
+  return block * static_cast<uint64_t>(world - 1);
+}
+uint64_t chain_broadcast_bytes(uint64_t bytes, int32_t root, int32_t rank, int32_t world) {
+  return (rank - root + world) % world < world - 1 ? bytes : 0;
+}
+
 }  // namespace
 
 ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
@@ -175,6 +187,13 @@ void ZeroAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
     s.send_view = sdk::DLView(s.send);
   }
   s.pending = comm_.reduce_scatter(*s.send_view.get(), *s.shard_view.get(), DOPT_REDUCE_AVG);
+  count_sent(ring_bytes(static_cast<uint64_t>(s.shard.nbytes()), world_));
+}
+
+void ZeroAlgorithm::count_sent(uint64_t bytes) {
+  if (bytes == 0) return;
+  bytes_sent_ += bytes;
+  sdk::metric_add("algorithm.bytes_sent", static_cast<double>(bytes));
 }
 
 void ZeroAlgorithm::step() {
@@ -235,6 +254,7 @@ void ZeroAlgorithm::sync_by_allgather(const Layout& layout) {
           .copy_(param_slice(pc.id, pc.item_offset, pc.numel));
   sdk::DLView sv(send), rv(recv);
   comm_.allgather(*sv.get(), *rv.get()).wait();
+  count_sent(ring_bytes(static_cast<uint64_t>(send.nbytes()), world_));
   for (const auto& pc : layout.pieces)
     if (pc.owner != rank_)
       param_slice(pc.id, pc.item_offset, pc.numel)
@@ -247,11 +267,15 @@ void ZeroAlgorithm::sync_by_broadcast(const Layout& layout) {
   std::vector<sdk::DLView> views;
   std::vector<sdk::CommHandle> pending;
   views.reserve(layout.pieces.size());
+  uint64_t sent = 0;
   for (const auto& pc : layout.pieces) {
-    views.emplace_back(param_slice(pc.id, pc.item_offset, pc.numel));
+    at::Tensor slice = param_slice(pc.id, pc.item_offset, pc.numel);
+    sent += chain_broadcast_bytes(static_cast<uint64_t>(slice.nbytes()), pc.owner, rank_, world_);
+    views.emplace_back(slice);
     pending.push_back(comm_.broadcast(*views.back().get(), pc.owner));
   }
   for (auto& h : pending) h.wait();
+  count_sent(sent);
 }
 
 void ZeroAlgorithm::set_lr(int32_t group, double lr) {

@@ -18,13 +18,22 @@
 // 1/W of the elements only (the host's bucket buffers still hold this rank's
 // local, unreduced gradients: the host owns them; a bucket whose length is
 // not a multiple of W is sent through a zero-padded copy that lives until
-// step()). The job's reducer is not used, so its bytes_sent (what `distopt
-// train` reports as bytes sent) stays 0; parameter synchronisation traffic
-// is not counted by bytes_sent in either stage. Ownership follows the bucket layout: each bucket's
-// flat range is cut into W equal chunks (padded to a multiple of W), whatever `partition` says;
-// parameters may be split across ranks, the inner optimizer runs over the owned slices. Parameters
-// are synchronised per bucket (allgather, or one broadcast per slice when parameters_as_bucket_view
-// is false).
+// step()). The job's reducer is not used. Ownership follows the bucket
+// layout: each bucket's flat range is cut into W equal chunks (padded to a
+// multiple of W), whatever `partition` says; parameters may be split across
+// ranks, the inner optimizer runs over the owned slices. Parameters are
+// synchronised per bucket (allgather, or one broadcast per slice when
+// parameters_as_bucket_view is false).
+//
+// Bytes sent: the reducer counts stage 1's gradient allreduce; this
+// algorithm counts what it puts on the wire itself (stage 2's
+// reduce-scatter, both stages' parameter sync), per rank, as the tcp
+// communicator's network path moves it: (W - 1) x chunk bytes per ring
+// reduce-scatter or allgather; a broadcast (a chain from the owner) sends the
+// slice from every rank but owner - 1. It goes to the job metric
+// "algorithm.bytes_sent" and bytes_sent(). The ABI has no algorithm-side
+// bytes_sent, so DistributedOptimizer::bytes_sent() (the reducer's, what
+// `distopt train` reports) does not include it yet: 0 for stage 2.
 //
 // Partition (stage 1): `greedy` = PyTorch's sorted-greedy over whole
 // parameters (state per rank within one largest parameter of 1/W);
@@ -59,6 +68,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,6 +89,8 @@ class ZeroAlgorithm : public sdk::Algorithm {
   uint64_t state_bytes() const override;
   void save_state(sdk::StateWriter& w) override;
   void load_state(const sdk::StateReader& r) override;
+  /// Bytes this rank sent in its own collectives so far (not the reducer's).
+  uint64_t bytes_sent() const { return bytes_sent_.load(); }
 
  private:
   // A flat layout that is synchronised as a unit: `pieces` (ids = parameter
@@ -101,6 +113,7 @@ class ZeroAlgorithm : public sdk::Algorithm {
   void sync_by_allgather(const Layout& layout);
   void sync_by_broadcast(const Layout& layout);
   at::Tensor param_slice(size_t param, size_t offset, size_t numel) const;
+  void count_sent(uint64_t bytes);
 
   int32_t rank_ = 0, world_ = 1;
   int64_t stage_ = 1;
@@ -117,6 +130,7 @@ class ZeroAlgorithm : public sdk::Algorithm {
   std::vector<int32_t> group_slot_;                // dopt group -> optimizer param group
   std::vector<std::vector<sdk::ParamSlice>> slices_;  // per optimizer tensor: its piece
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::atomic<uint64_t> bytes_sent_{0};  // on_bucket_ready may run on the autograd thread
 };
 
 }  // namespace distopt::plugins::zero
