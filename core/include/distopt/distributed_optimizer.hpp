@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "distopt/precision.hpp"
 
@@ -34,6 +36,51 @@ class DistributedOptimizer {
   void step();
   /// Set the learning rate of parameter group `group`.
   void set_lr(double lr, int group = 0);
+
+  /// torch.optim.Optimizer.add_param_group / ZeroRedundancyOptimizer's: add
+  /// `named_params` as a new parameter group, number num_param_groups()
+  /// before the call, with its own `lr` / `weight_decay` (negative = the
+  /// optimizer's option). Use: fine-tuning, where frozen layers become
+  /// trainable (set requires_grad first: a parameter without it is added
+  /// frozen, in no partition and never updated).
+  ///
+  /// Collective: every rank calls it with the same names, shapes, dtypes and
+  /// options, in the same order (checked: a mismatch throws ConfigError on
+  /// every rank). The new parameters are broadcast from rank 0 first, so
+  /// every rank starts them equal. Call it between steps: after step(),
+  /// before the next backward (or after a backward that launched nothing,
+  /// e.g. with overlap: false, whose gradients are then kept).
+  ///
+  /// The optimizer is rebuilt in place: buckets are planned again over all
+  /// parameters, and the algorithm re-partitions them (zero gives the new
+  /// parameters owners like any other, so its per-rank state stays ~1/W).
+  /// Every rank's algorithm and reducer state is saved through the ABI 1.1
+  /// state writer, exchanged among all ranks (each rank receives the state
+  /// of every rank, so memory peaks at about the whole optimizer state plus
+  /// its encoding, briefly) and read back under the new ownership. Kept:
+  /// optimizer state, steps(), learning rates set with set_lr, the loss
+  /// scaler, fp32 master weights (mixed precision), bytes counters. The new
+  /// parameters start without optimizer state, as in PyTorch (adagrad: its
+  /// constructor's step 0 and initial_accumulator_value). The .grad of every
+  /// parameter becomes a view of the new buckets (current values copied).
+  ///
+  /// Throws ConfigError (on every rank, before anything changes) for an
+  /// empty list, an empty name, an undefined, sparse or non-contiguous
+  /// tensor, a name already in the optimizer or given twice, a non-finite
+  /// lr / weight_decay, or ranks that disagree; distopt::Error when a bucket
+  /// of the last backward is still being reduced (call step() first);
+  /// ComponentError / CheckpointError when a plugin cannot save or load its
+  /// state (e.g. built for ABI 1.0, or `fused`, which keeps one step counter
+  /// for all parameters, once it has stepped a stateful optimizer); CommError.
+  /// On any failure after the first collective every rank throws, and the
+  /// optimizer stays as it was (the new parameters may already hold rank
+  /// 0's values). A checkpoint saved afterwards loads into an optimizer that
+  /// has the same groups (make_optimizer with them, or the same
+  /// add_param_group calls before load_checkpoint).
+  void add_param_group(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
+                       double lr = -1, double weight_decay = -1);
+  /// Number of parameter groups: set_lr takes 0 .. num_param_groups() - 1.
+  int num_param_groups() const;
 
   /// Bytes of optimizer state on this rank.
   uint64_t state_bytes() const;

@@ -2,6 +2,8 @@
 // algorithm instances, and the C descriptors they borrow.
 #include "distopt/distributed_optimizer.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -28,7 +30,7 @@ uint64_t ring_bytes(uint64_t bytes, int world) {
 
 namespace optim {
 
-DistributedOptimizer build_optimizer(OptimizerBuild build) {
+std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   auto impl = std::make_unique<DistributedOptimizer::Impl>();
   auto& m = *impl;
   m.build = std::move(build);
@@ -139,7 +141,11 @@ DistributedOptimizer build_optimizer(OptimizerBuild build) {
   a.optimizer_options = b.optimizer_options->c_handle();
   m.avt = static_cast<const dopt_algorithm_v1*>(b.algorithm.vtable);
   check_status(m.avt->create(&a, &m.algorithm), m.algorithm_who, "create");
-  return DistributedOptimizer(std::move(impl));
+  return impl;
+}
+
+DistributedOptimizer build_optimizer(OptimizerBuild build) {
+  return DistributedOptimizer(build_impl(std::move(build)));
 }
 
 }  // namespace optim
@@ -186,6 +192,12 @@ void DistributedOptimizer::Impl::mixed_precision_step() {
 
 void DistributedOptimizer::step() {
   auto& m = *impl_;
+  // Whatever happens below, nothing of this backward is in flight afterwards
+  // (the algorithm waits for every bucket or drops its requests on error).
+  struct Done {
+    std::atomic<bool>& launched;
+    ~Done() { launched = false; }
+  } done{m.launched};
   auto t0 = std::chrono::steady_clock::now();
   if (m.masters) {
     const int64_t before = m.steps;
@@ -232,11 +244,18 @@ void DistributedOptimizer::set_lr(double lr, int group) {
 uint64_t DistributedOptimizer::state_bytes() const {
   return impl_->avt->state_bytes(impl_->algorithm);
 }
-uint64_t DistributedOptimizer::bytes_sent() const { return impl_->rvt->bytes_sent(impl_->reducer); }
+uint64_t DistributedOptimizer::bytes_sent() const {
+  return impl_->bytes_sent_base + impl_->rvt->bytes_sent(impl_->reducer);
+}
 uint64_t DistributedOptimizer::bytes_sent_plain_allreduce() const {
-  return impl_->plain_bytes_per_step * static_cast<uint64_t>(impl_->steps);
+  // Steps before an add_param_group are counted with the buckets of then.
+  const int64_t since = std::max<int64_t>(0, impl_->steps - impl_->plain_steps_base);
+  return impl_->plain_bytes_base + impl_->plain_bytes_per_step * static_cast<uint64_t>(since);
 }
 size_t DistributedOptimizer::num_buckets() const { return impl_->buckets->num_buckets(); }
+int DistributedOptimizer::num_param_groups() const {
+  return static_cast<int>(impl_->groups.size());
+}
 int64_t DistributedOptimizer::steps() const { return impl_->steps; }
 const std::string& DistributedOptimizer::algorithm_name() const {
   return impl_->build.algorithm.name;

@@ -37,5 +37,9 @@ struct OptimizerBuild {
 /// Plan buckets, install hooks, create the reducer then the algorithm.
 /// Collective. Throws ConfigError (bad groups), ComponentError.
 DistributedOptimizer build_optimizer(OptimizerBuild build);
+/// The same, as the bare state (add_param_group builds a replacement next to
+/// the optimizer it replaces). On a throw nothing is left behind: the hooks
+/// it installed are removed, what it created is destroyed.
+std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build);
 
 }  // namespace distopt::optim

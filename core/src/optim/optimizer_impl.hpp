@@ -2,6 +2,7 @@
 // and by the checkpoint code, which saves and restores it).
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
@@ -37,6 +38,14 @@ struct DistributedOptimizer::Impl {
   int64_t steps = 0;
   std::vector<double> lr_set;  // per group: the last set_lr (-1 = the config's), checkpointed
   uint64_t plain_bytes_per_step = 0;
+  // Totals of the optimizers this one replaced (add_param_group rebuilds the
+  // reducer, whose own counter starts again at 0).
+  uint64_t bytes_sent_base = 0;
+  uint64_t plain_bytes_base = 0;  // plain-allreduce bytes of steps [0, plain_steps_base)
+  int64_t plain_steps_base = 0;
+  // A bucket went to the algorithm since the last step() (set on the autograd
+  // thread): its reduction may be in flight, so the optimizer cannot be rebuilt.
+  std::atomic<bool> launched{false};
   // Mixed precision (null / unused when off).
   std::unique_ptr<optim::MasterWeights> masters;
   std::unique_ptr<LossScaler> scaler;
@@ -51,6 +60,7 @@ struct DistributedOptimizer::Impl {
     return masters ? masters->bucket_bytes(b) : buckets->bucket_bytes(b);
   }
   void launch(const dopt_bucket& bucket) {
+    launched = true;
     check_status(avt->on_bucket_ready(algorithm, &bucket), algorithm_who,
                  "on_bucket_ready(bucket " + std::to_string(bucket.index) + ")");
   }

@@ -1,0 +1,108 @@
+#include "checkpoint/exchange.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <deque>
+
+#include "distopt/communicator.hpp"
+#include "distopt/error.hpp"
+#include "distopt/host.hpp"
+#include "distopt/sdk/tensor.hpp"
+#include "optim/optimizer_impl.hpp"
+
+namespace distopt::checkpoint {
+
+const std::string kAlgorithmPrefix = "algorithm/";
+const std::string kReducerPrefix = "reducer/";
+
+namespace {
+
+template <class VT>
+bool has_state_api(const VT* vt, size_t size_1_1) {
+  return vt && vt->struct_size >= size_1_1 && vt->save_state && vt->load_state;
+}
+
+[[noreturn]] void no_state_api(const ComponentInfo& c, const char* kind) {
+  throw ComponentError(DOPT_ERR_UNSUPPORTED, c.plugin_name + "/" + c.name, "save_state",
+                       std::string("the ") + kind + " plugin " + c.file + " was built for ABI " +
+                           std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor) +
+                           ", which has no save_state/load_state; rebuild it against ABI 1.1+ "
+                           "to use add_param_group");
+}
+
+// Start `op` on the communicator; the returned request throws CommError on wait.
+template <class F>
+CommRequest start(const dopt_comm_ref& c, const std::string& what, F&& op) {
+  dopt_request* req = nullptr;
+  const dopt_status st = op(&req);
+  if (st != DOPT_OK) throw CommError(st, "communicator", what, take_last_error());
+  return CommRequest(c.vt, req, "communicator:" + what);
+}
+
+}  // namespace
+
+ShardState snapshot_components(DistributedOptimizer::Impl& m) {
+  if (!has_state_api(m.avt, DOPT_ALGORITHM_V1_1_STRUCT_SIZE))
+    no_state_api(m.build.algorithm, "algorithm");
+  if (!has_state_api(m.rvt, DOPT_REDUCER_V1_1_STRUCT_SIZE))
+    no_state_api(m.build.reducer, "reducer");
+  at::NoGradGuard no_grad;
+  ShardState s;
+  dopt_state_writer rw = s.writer(&kReducerPrefix);
+  check_status(m.rvt->save_state(m.reducer, &rw), m.reducer_who, "save_state");
+  dopt_state_writer aw = s.writer(&kAlgorithmPrefix);
+  check_status(m.avt->save_state(m.algorithm, &aw), m.algorithm_who, "save_state");
+  return s;
+}
+
+std::vector<int64_t> gather_i64(const dopt_comm_ref& comm, int rank, int world,
+                                const std::vector<int64_t>& mine) {
+  if (world <= 1) return mine;
+  const int64_t k = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> all(static_cast<size_t>(k * world), 0);
+  std::memcpy(all.data() + rank * k, mine.data(), mine.size() * sizeof(int64_t));
+  int64_t shape = static_cast<int64_t>(all.size());
+  DLTensor t = make_dltensor(all.data(), shape, DLDataType{kDLInt, 64, 1}, &shape);
+  const std::string what = "allreduce(add_param_group agreement, SUM)";
+  start(comm, what, [&](dopt_request** r) {
+    return comm.vt->allreduce(comm.comm, &t, &t, DOPT_REDUCE_SUM, r);
+  }).wait();
+  return all;
+}
+
+std::vector<std::vector<char>> allgather_bytes(std::optional<std::vector<char>> mine,
+                                               const dopt_comm_ref& comm, int rank, int world) {
+  // -1: this rank has nothing (every rank learns it from the same allreduce).
+  const auto sizes =
+      gather_i64(comm, rank, world, {mine ? static_cast<int64_t>(mine->size()) : -1});
+  std::string failed;
+  for (int r = 0; r < world; ++r)
+    if (sizes[static_cast<size_t>(r)] < 0)
+      failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  if (!failed.empty())
+    throw CheckpointError("add_param_group: rank(s) " + failed +
+                          " could not save their optimizer state; the optimizer is unchanged");
+
+  std::vector<std::vector<char>> out(static_cast<size_t>(world));
+  out[static_cast<size_t>(rank)] = std::move(*mine);
+  if (world <= 1) return out;
+  // Received straight into `out`; all broadcasts in flight at once, issued
+  // in rank order on every rank.
+  std::deque<sdk::DLView> views;
+  std::vector<CommRequest> reqs;
+  for (int r = 0; r < world; ++r) {
+    const int64_t n = sizes[static_cast<size_t>(r)];
+    if (n == 0) continue;
+    auto& v = out[static_cast<size_t>(r)];
+    v.resize(static_cast<size_t>(n));
+    views.emplace_back(at::from_blob(v.data(), {n}, at::kByte));
+    DLTensor* d = views.back().get();
+    reqs.push_back(start(comm, "broadcast(add_param_group state of rank " + std::to_string(r) + ")",
+                         [&](dopt_request** q) { return comm.vt->broadcast(comm.comm, d, r, q); }));
+  }
+  for (auto& q : reqs) q.wait();
+  return out;
+}
+
+}  // namespace distopt::checkpoint

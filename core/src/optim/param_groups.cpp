@@ -1,0 +1,278 @@
+// DistributedOptimizer::add_param_group: rebuild the optimizer over the old
+// parameters plus a new group, moving the old state across through the
+// checkpoint machinery (every component saves its state as element ranges
+// of logical per-parameter tensors, readable under any other partition).
+//
+// Protocol (every step collective, in this order on every rank):
+//   1. agree: each rank's local checks (ok flag) and a hash of the call's
+//      arguments, gathered; any failure or mismatch throws on every rank
+//      before anything changed;
+//   2. broadcast the new parameters from rank 0;
+//   3. snapshot this rank's algorithm + reducer state, exchange all shards;
+//   4. build the replacement next to the old optimizer (which stays
+//      intact), load the state into it, carry the host-side state over;
+//   5. agree again: all ranks swap to the replacement, or all keep the old
+//      optimizer and throw.
+// Building the replacement before destroying the old one is what makes a
+// failure recoverable: both are alive briefly (about twice the optimizer
+// state and gradient buckets).
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "checkpoint/exchange.hpp"
+#include "checkpoint/state_source.hpp"
+#include "distopt/communicator.hpp"
+#include "distopt/distributed_optimizer.hpp"
+#include "distopt/error.hpp"
+#include "distopt/host.hpp"
+#include "distopt/sdk/tensor.hpp"
+#include "optim/optimizer_builder.hpp"
+#include "optim/optimizer_impl.hpp"
+
+namespace distopt {
+
+namespace {
+
+using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
+
+// "" when the call is fine on this rank, else the ConfigError message.
+std::string check_arguments(const DistributedOptimizer::Impl& m, const NamedParams& named,
+                            double lr, double weight_decay) {
+  const std::string what = "add_param_group: ";
+  if (named.empty()) return what + "no parameters";
+  if (!std::isfinite(lr) || !std::isfinite(weight_decay))
+    return what + "lr and weight_decay must be finite (negative = the optimizer's option)";
+  std::map<std::string, int> have;  // name -> group
+  for (size_t i = 0; i < m.build.params.size(); ++i)
+    have[m.build.params[i].first] = m.params[i].group;
+  std::set<std::string> seen;
+  for (const auto& [name, t] : named) {
+    if (name.empty()) return what + "a parameter has an empty name";
+    if (auto it = have.find(name); it != have.end())
+      return what + "parameter '" + name + "' is already in the optimizer (group " +
+             std::to_string(it->second) + ")";
+    if (!seen.insert(name).second) return what + "parameter '" + name + "' is named twice";
+    if (!t.defined()) return what + "parameter '" + name + "' is an undefined tensor";
+    if (t.is_sparse() || !t.is_contiguous())
+      return what + "parameter '" + name + "' must be a dense, contiguous tensor";
+  }
+  return "";
+}
+
+// FNV-1a over what every rank must pass identically.
+int64_t call_hash(const NamedParams& named, double lr, double weight_decay) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  auto mix_i64 = [&](int64_t v) { mix(&v, sizeof v); };
+  for (const auto& [name, t] : named) {
+    mix(name.data(), name.size());
+    mix_i64(-1);  // separator
+    if (!t.defined()) continue;
+    for (int64_t d : t.sizes()) mix_i64(d);
+    mix_i64(static_cast<int64_t>(t.scalar_type()));
+    mix_i64(t.requires_grad() ? 1 : 0);
+  }
+  mix(&lr, sizeof lr);
+  mix(&weight_decay, sizeof weight_decay);
+  int64_t out;
+  std::memcpy(&out, &h, sizeof out);
+  return out;
+}
+
+void broadcast_from_rank0(const dopt_comm_ref& comm, int world, const NamedParams& named) {
+  if (world <= 1) return;
+  at::NoGradGuard no_grad;
+  std::deque<sdk::DLView> views;
+  std::vector<CommRequest> reqs;
+  for (const auto& [name, t] : named) {
+    if (t.numel() == 0) continue;
+    views.emplace_back(t.detach());
+    DLTensor* d = views.back().get();
+    dopt_request* req = nullptr;
+    const std::string what = "broadcast(add_param_group parameter '" + name + "')";
+    const dopt_status st = comm.vt->broadcast(comm.comm, d, 0, &req);
+    if (st != DOPT_OK) throw CommError(st, "communicator", what, take_last_error());
+    reqs.emplace_back(comm.vt, req, "communicator:" + what);
+  }
+  for (auto& r : reqs) r.wait();
+}
+
+// The state a freshly built optimizer has for parameters it never stepped,
+// where that is not "nothing": libtorch's Adagrad creates step 0 and
+// sum = initial_accumulator_value in its constructor, and its load refuses a
+// parameter without them. Put under the shared keys (state.h), whole.
+void add_fresh_state(checkpoint::ShardState& s, const DistributedOptimizer::Impl& m,
+                     const NamedParams& named) {
+  if (m.build.optimizer_name != "adagrad") return;
+  const double init = m.build.optimizer_options->get_double("initial_accumulator_value");
+  for (const auto& [name, t] : named) {
+    if (!t.requires_grad()) continue;
+    const std::string base = checkpoint::kAlgorithmPrefix + "optimizer/" + name + "/";
+    checkpoint::StateEntry step;
+    step.key = base + "step";
+    step.data = at::zeros({1}, at::kLong);
+    s.add(std::move(step));
+    checkpoint::StateEntry sum;
+    sum.key = base + "sum";
+    sum.shape.assign(t.sizes().begin(), t.sizes().end());
+    // The dtype the algorithm steps in: the fp32 master under mixed precision.
+    const at::ScalarType dt = m.masters && t.is_floating_point() ? at::kFloat : t.scalar_type();
+    sum.data = at::full({t.numel()}, init, at::TensorOptions().dtype(dt));
+    s.add(std::move(sum));
+  }
+}
+
+// Load the exchanged state into `fresh` and carry over what the host keeps.
+void restore_into(DistributedOptimizer::Impl& fresh, DistributedOptimizer::Impl& old,
+                  std::vector<checkpoint::ShardState> shards, int rank, int world) {
+  at::NoGradGuard no_grad;
+  if (fresh.masters && old.masters) {
+    // The fp32 masters are the truth (the model holds their rounding).
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < old.build.params.size(); ++i) index[old.build.params[i].first] = i;
+    for (size_t i = 0; i < fresh.build.params.size(); ++i) {
+      auto it = index.find(fresh.build.params[i].first);
+      if (it == index.end()) continue;
+      const at::Tensor& from = old.masters->master(it->second);
+      const at::Tensor& to = fresh.masters->master(i);
+      if (!to.is_same(from)) to.copy_(from);
+    }
+  }
+  checkpoint::StateSource src(std::move(shards), rank, world);
+  dopt_state_reader rr = src.reader(&checkpoint::kReducerPrefix);
+  check_status(fresh.rvt->load_state(fresh.reducer, &rr), fresh.reducer_who, "load_state");
+  dopt_state_reader ar = src.reader(&checkpoint::kAlgorithmPrefix);
+  check_status(fresh.avt->load_state(fresh.algorithm, &ar), fresh.algorithm_who, "load_state");
+
+  fresh.steps = old.steps;
+  fresh.lr_set = old.lr_set;
+  for (size_t g = 0; g < old.lr_set.size(); ++g)
+    if (old.lr_set[g] >= 0)
+      check_status(fresh.avt->set_lr(fresh.algorithm, static_cast<int32_t>(g), old.lr_set[g]),
+                   fresh.algorithm_who, "set_lr(group " + std::to_string(g) + ")");
+  if (!fresh.lr_set.empty()) fresh.lr_set.resize(fresh.groups.size(), -1.0);
+  if (fresh.scaler && old.scaler) fresh.scaler->set_state(old.scaler->state());
+  fresh.bytes_sent_base = old.bytes_sent_base + old.rvt->bytes_sent(old.reducer);
+  const int64_t since = std::max<int64_t>(0, old.steps - old.plain_steps_base);
+  fresh.plain_bytes_base =
+      old.plain_bytes_base + old.plain_bytes_per_step * static_cast<uint64_t>(since);
+  fresh.plain_steps_base = old.steps;
+}
+
+}  // namespace
+
+void DistributedOptimizer::add_param_group(const NamedParams& named_params, double lr,
+                                           double weight_decay) {
+  Impl& old = *impl_;
+  const int rank = old.build.common.rank, world = old.world_size;
+  const dopt_comm_ref comm = old.build.comm;
+  // Requests of the last backward may be in flight on the communicator: any
+  // collective now could interleave with them. Local, before any collective
+  // (every rank of an SPMD program is in the same state).
+  if (old.launched)
+    throw Error(
+        "add_param_group: a backward launched gradient buckets whose reduction has not been "
+        "waited for: call step() first (add_param_group goes between steps)");
+
+  // 1. Agreement on the arguments.
+  const std::string bad = check_arguments(old, named_params, lr, weight_decay);
+  const int64_t hash = call_hash(named_params, lr, weight_decay);
+  auto agreed = checkpoint::gather_i64(comm, rank, world, {bad.empty() ? 0 : 1, hash});
+  if (!bad.empty()) throw ConfigError(bad);
+  for (int r = 0; r < world; ++r) {
+    if (agreed[2 * static_cast<size_t>(r)] != 0)
+      throw ConfigError("add_param_group failed on rank " + std::to_string(r) +
+                        " (bad arguments there); the optimizer is unchanged");
+    if (agreed[2 * static_cast<size_t>(r) + 1] != agreed[1])
+      throw ConfigError("add_param_group: rank " + std::to_string(r) +
+                        " passed other parameter names, shapes, dtypes, requires_grad or "
+                        "lr / weight_decay than rank 0; every rank must make the same call");
+  }
+
+  // 2. Every rank starts the new parameters from rank 0's values.
+  broadcast_from_rank0(comm, world, named_params);
+
+  // 3. Everyone's state to everyone (ownership changes arbitrarily). A rank
+  // that cannot save still takes part; then every rank throws.
+  std::optional<std::vector<char>> mine;
+  std::exception_ptr failure;
+  try {
+    mine = checkpoint::snapshot_components(old).encode(rank, world);
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  std::vector<std::vector<char>> bytes;
+  try {
+    bytes = checkpoint::allgather_bytes(std::move(mine), comm, rank, world);
+  } catch (const CheckpointError&) {
+    if (failure) std::rethrow_exception(failure);  // this rank's own reason
+    throw;
+  }
+
+  // 4. The replacement, beside the old optimizer. Failures here are local:
+  // they are agreed on in step 5 before anyone throws.
+  std::unique_ptr<Impl> fresh;
+  try {
+    std::vector<checkpoint::ShardState> shards;
+    for (int r = 0; r < world; ++r)
+      shards.push_back(checkpoint::ShardState::decode(
+          bytes[static_cast<size_t>(r)], "optimizer state of rank " + std::to_string(r), r, world));
+    bytes.clear();
+    add_fresh_state(shards.at(0), old, named_params);
+
+    optim::OptimizerBuild b = old.build;
+    // An implicit group 0 (no specs) becomes an explicit spec that names
+    // nobody: unnamed parameters still go to group 0.
+    if (b.groups.size() < old.groups.size()) b.groups.resize(old.groups.size());
+    ParamGroupSpec spec;
+    for (const auto& np : named_params) spec.names.push_back(np.first);
+    spec.lr = lr;
+    spec.weight_decay = weight_decay;
+    b.groups.push_back(std::move(spec));
+    b.params.insert(b.params.end(), named_params.begin(), named_params.end());
+    // Unique per instance: the old one is still alive while this is created.
+    const std::string base = b.scope.substr(0, b.scope.find("/groups-"));
+    b.scope = base + "/groups-" + std::to_string(b.groups.size());
+    fresh = optim::build_impl(std::move(b));
+    restore_into(*fresh, old, std::move(shards), rank, world);
+  } catch (const CommError&) {
+    failure = std::current_exception();
+    fresh.reset();
+  } catch (const ComponentError& e) {
+    // Say that nothing changed; keep the status for callers that check it.
+    failure = std::make_exception_ptr(ComponentError(
+        e.status(), "add_param_group", "rebuilding the optimizer (it is unchanged)", e.what()));
+    fresh.reset();
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+    fresh.reset();
+  }
+
+  // 5. All swap or none.
+  auto ok = checkpoint::gather_i64(comm, rank, world, {fresh ? 1 : 0});
+  if (!fresh) std::rethrow_exception(failure);
+  for (int r = 0; r < world; ++r)
+    if (ok[static_cast<size_t>(r)] != 1) {
+      fresh.reset();
+      throw Error("add_param_group: rank " + std::to_string(r) +
+                  " could not rebuild the optimizer; it is unchanged on every rank");
+    }
+  impl_.swap(fresh);
+  fresh.reset();  // the old one: hooks off, algorithm, then reducer destroyed
+  log(DOPT_LOG_DEBUG, "optimizer",
+      "add_param_group: " + std::to_string(named_params.size()) + " parameter(s) as group " +
+          std::to_string(impl_->groups.size() - 1) + "; " +
+          std::to_string(impl_->buckets->num_buckets()) + " buckets");
+}
+
+}  // namespace distopt
