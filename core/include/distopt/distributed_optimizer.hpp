@@ -76,7 +76,8 @@ class DistributedOptimizer {
   /// optimizer stays as it was (the new parameters may already hold rank
   /// 0's values). A checkpoint saved afterwards loads into an optimizer that
   /// has the same groups (make_optimizer with them, or the same
-  /// add_param_group calls before load_checkpoint).
+  /// add_param_group calls before load_checkpoint). Training thread only,
+  /// like step().
   void add_param_group(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                        double lr = -1, double weight_decay = -1);
   /// Number of parameter groups: set_lr takes 0 .. num_param_groups() - 1.
@@ -84,7 +85,8 @@ class DistributedOptimizer {
 
   /// Bytes of optimizer state on this rank.
   uint64_t state_bytes() const;
-  /// Bytes the reducer put on the wire from this rank since creation.
+  /// Bytes the reducer put on the wire from this rank since make_optimizer
+  /// (the reducers add_param_group replaced included).
   uint64_t bytes_sent() const;
   /// Bytes a plain allreduce of the same buckets would have put on the wire.
   uint64_t bytes_sent_plain_allreduce() const;
