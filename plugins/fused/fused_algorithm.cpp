@@ -216,15 +216,15 @@ void FusedAlgorithm::step() {
 }
 
 void FusedAlgorithm::run_optimizer() {
-  ++steps_;
+  for (Group& g : groups_) ++g.steps;
   for (const FusedChunk& fc : chunks_) {
     const Group& g = groups_[fc.group];
     if (optimizer_ == "sgd") {
       fused::sgd_step(fc.chunk,
-                      {g.lr, momentum_, dampening_, g.weight_decay, nesterov_, steps_ == 1});
+                      {g.lr, momentum_, dampening_, g.weight_decay, nesterov_, g.steps == 1});
     } else {
       fused::adam_step(fc.chunk, {g.lr, beta1_, beta2_, eps_, g.weight_decay, amsgrad_,
-                                  optimizer_ == "adamw", steps_});
+                                  optimizer_ == "adamw", g.steps});
     }
   }
 }
@@ -241,9 +241,9 @@ void FusedAlgorithm::set_lr(int32_t group, double lr) {
 uint64_t FusedAlgorithm::state_bytes() const {
   // Like sdk::optimizer_state_bytes: 0 before the first step (libtorch
   // creates its state lazily), then the state tensors' bytes.
-  if (steps_ == 0) return 0;
   uint64_t n = 0;
-  for (const Group& g : groups_) n += g.state0.size() + g.state1.size() + g.state2.size();
+  for (const Group& g : groups_)
+    if (g.steps > 0) n += g.state0.size() + g.state1.size() + g.state2.size();
   return n * sizeof(float);
 }
 
@@ -270,13 +270,15 @@ float* FusedAlgorithm::state_of(const Slot& s, int index) {
 void FusedAlgorithm::save_state(sdk::StateWriter& w) {
   // Replicated state: rank 0's copy is the whole logical tensor. Before the
   // first step there is no state, as for a fresh libtorch optimizer.
-  if (rank_ != 0 || steps_ == 0) return;
+  if (rank_ != 0) return;
   const auto fields = state_fields();
   for (const Slot& s : slots_) {
+    const int64_t steps = groups_[static_cast<size_t>(s.group)].steps;
+    if (steps == 0) continue;
     const std::string name = name_of(*s.param);
     const std::vector<int64_t> shape = shape_of(*s.param->data);
     if (optimizer_ != "sgd")
-      sdk::put_sharded(w, sdk::optimizer_state_key(name, "step"), at::full({1}, steps_, at::kLong),
+      sdk::put_sharded(w, sdk::optimizer_state_key(name, "step"), at::full({1}, steps, at::kLong),
                        0, {});
     for (const auto& [field, index] : fields)
       sdk::put_sharded(w, sdk::optimizer_state_key(name, field),
@@ -289,11 +291,12 @@ void FusedAlgorithm::load_state(const sdk::StateReader& r) {
   const bool sgd = optimizer_ == "sgd";
   const char* marker = sgd ? "momentum_buffer" : "step";
   const auto fields = state_fields();
-  // Validate everything before changing anything: the slots must agree on
-  // having state and (adam) on the step, since one counter drives them all.
-  int64_t step = -1;
-  std::string first_key;
+  // Validate everything before changing anything: the slots of a group must
+  // agree on having state and (adam) on the step, since one counter drives them.
+  std::vector<int64_t> step(groups_.size(), -1);
+  std::vector<std::string> first_key(groups_.size());
   for (const Slot& s : slots_) {
+    const size_t g = static_cast<size_t>(s.group);
     const std::string name = name_of(*s.param);
     if (sgd && r.find(sdk::optimizer_state_key(name, "step")))
       throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
@@ -314,30 +317,30 @@ void FusedAlgorithm::load_state(const sdk::StateReader& r) {
                                                           "' but no state '" +
                                                           sdk::optimizer_state_key(name, f.first) +
                                                           "' for optimizer " + optimizer_);
-    if (step < 0) {
-      step = st;
-      first_key = key;
-    } else if (st != step && !(sgd && momentum_ == 0)) {
+    if (step[g] < 0) {
+      step[g] = st;
+      first_key[g] = key;
+    } else if (st != step[g] && !(sgd && momentum_ == 0)) {
       throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
                        "fused: checkpoint state '" + key + "' " +
                            (st == 0 ? "is missing" : "says step " + std::to_string(st)) + " but '" +
-                           first_key + "' " +
-                           (step == 0 ? "is missing" : "says step " + std::to_string(step)) +
-                           ": fused keeps one step for all parameters");
+                           first_key[g] + "' " +
+                           (step[g] == 0 ? "is missing" : "says step " + std::to_string(step[g])) +
+                           ": fused keeps one step per parameter group");
     }
   }
-  if (step < 0) step = 0;  // no trainable parameters
   for (const Slot& s : slots_) {
     const std::string name = name_of(*s.param);
+    const int64_t st = step[static_cast<size_t>(s.group)];
     for (const auto& [field, index] : fields) {
       at::Tensor dst = float_view(state_of(s, index), s.numel);
-      if (step > 0)
+      if (st > 0)
         sdk::read_into(r, sdk::optimizer_state_key(name, field), 0, dst);
       else
         dst.zero_();
     }
   }
-  steps_ = step;
+  for (size_t g = 0; g < groups_.size(); ++g) groups_[g].steps = std::max<int64_t>(0, step[g]);
 }
 
 }  // namespace distopt::plugins

@@ -34,10 +34,11 @@
 // step, exp_avg, exp_avg_sq, max_exp_avg_sq for adam / adamw; state.h), as
 // whole tensors by rank 0 (every rank holds the same), so `fused`,
 // `allreduce` and `zero` checkpoints load into each other. The plugin keeps
-// one step counter for all groups: it is put as every parameter's int64
-// scalar `step`; on load the parameters' steps must agree. SGD keeps no step
-// (libtorch's SGD neither): a loaded momentum_buffer means "not the first
-// step".
+// one step counter per param group (a group added by add_param_group starts
+// at 0, as libtorch's new parameters do): it is put as each parameter's
+// int64 scalar `step`; on load the steps within a group must agree. SGD
+// keeps no step (libtorch's SGD neither): a loaded momentum_buffer means "not
+// the first step".
 // Thread safety: on_bucket_ready may run on the autograd thread; step,
 // set_lr, state_bytes on the training thread, never concurrently with a step.
 #pragma once
@@ -72,6 +73,7 @@ class FusedAlgorithm : public sdk::Algorithm {
   };
   struct Group {
     double lr, weight_decay;
+    int64_t steps = 0;  // steps taken with state (0: no state yet)
     std::vector<float> state0, state1, state2;
   };
   struct FusedChunk {
@@ -93,7 +95,6 @@ class FusedAlgorithm : public sdk::Algorithm {
   std::string optimizer_;
   double momentum_ = 0, dampening_ = 0, beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8;
   bool nesterov_ = false, amsgrad_ = false;
-  int64_t steps_ = 0;
   std::vector<const dopt_bucket*> buckets_;
   std::vector<sdk::ReduceHandle> pending_;
   std::vector<Slot> slots_;  // in bucket layout order

@@ -10,10 +10,12 @@
 #include <filesystem>
 
 #include "checkpoint/atomic_file.hpp"
+#include "checkpoint/exchange.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/reading.hpp"
 #include "checkpoint/snapshot.hpp"
 #include "checkpoint/state_source.hpp"
+#include "distopt/communicator.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host.hpp"
 #include "distopt/runtime.hpp"
@@ -61,13 +63,8 @@ bool die_in_this_save(int rank) {
   return r == rank && k == n;
 }
 
-// Sum of one int64 slot per rank (a tiny allgather over allreduce).
 std::vector<int64_t> gather_i64(Runtime& rt, const std::vector<int64_t>& mine) {
-  const size_t k = mine.size();
-  at::Tensor t = at::zeros({static_cast<int64_t>(k) * rt.world_size()}, at::kLong);
-  for (size_t i = 0; i < k; ++i) t[static_cast<int64_t>(rt.rank() * k + i)] = mine[i];
-  rt.allreduce(t, /*average=*/false);
-  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  return checkpoint::gather_i64(rt.communicator().ref(), rt.rank(), rt.world_size(), mine);
 }
 
 void remove_old(const fs::path& dir, const std::string& latest, int keep) {

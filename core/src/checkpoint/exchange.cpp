@@ -28,7 +28,7 @@ bool has_state_api(const VT* vt, size_t size_1_1) {
                        std::string("the ") + kind + " plugin " + c.file + " was built for ABI " +
                            std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor) +
                            ", which has no save_state/load_state; rebuild it against ABI 1.1+ "
-                           "to use add_param_group");
+                           "for checkpoints and add_param_group");
 }
 
 // Start `op` on the communicator; the returned request throws CommError on wait.
@@ -42,18 +42,20 @@ CommRequest start(const dopt_comm_ref& c, const std::string& what, F&& op) {
 
 }  // namespace
 
-ShardState snapshot_components(DistributedOptimizer::Impl& m) {
+void require_state_api(DistributedOptimizer::Impl& m) {
   if (!has_state_api(m.avt, DOPT_ALGORITHM_V1_1_STRUCT_SIZE))
     no_state_api(m.build.algorithm, "algorithm");
   if (!has_state_api(m.rvt, DOPT_REDUCER_V1_1_STRUCT_SIZE))
     no_state_api(m.build.reducer, "reducer");
+}
+
+void snapshot_components(DistributedOptimizer::Impl& m, ShardState& s) {
+  require_state_api(m);
   at::NoGradGuard no_grad;
-  ShardState s;
   dopt_state_writer rw = s.writer(&kReducerPrefix);
   check_status(m.rvt->save_state(m.reducer, &rw), m.reducer_who, "save_state");
   dopt_state_writer aw = s.writer(&kAlgorithmPrefix);
   check_status(m.avt->save_state(m.algorithm, &aw), m.algorithm_who, "save_state");
-  return s;
 }
 
 std::vector<int64_t> gather_i64(const dopt_comm_ref& comm, int rank, int world,
@@ -64,7 +66,7 @@ std::vector<int64_t> gather_i64(const dopt_comm_ref& comm, int rank, int world,
   std::memcpy(all.data() + rank * k, mine.data(), mine.size() * sizeof(int64_t));
   int64_t shape = static_cast<int64_t>(all.size());
   DLTensor t = make_dltensor(all.data(), shape, DLDataType{kDLInt, 64, 1}, &shape);
-  const std::string what = "allreduce(add_param_group agreement, SUM)";
+  const std::string what = "allreduce(agreement between ranks, SUM)";
   start(comm, what, [&](dopt_request** r) {
     return comm.vt->allreduce(comm.comm, &t, &t, DOPT_REDUCE_SUM, r);
   }).wait();

@@ -22,10 +22,14 @@ namespace distopt::checkpoint {
 extern const std::string kAlgorithmPrefix;  ///< "algorithm/"
 extern const std::string kReducerPrefix;    ///< "reducer/"
 
-/// This rank's reducer and algorithm state (save_state of each, keys
-/// prefixed as above). Throws ComponentError(UNSUPPORTED) naming a plugin
-/// built for ABI 1.0 (no save_state), or the plugin's own error.
-ShardState snapshot_components(DistributedOptimizer::Impl& m);
+/// Throws ComponentError(UNSUPPORTED) naming the algorithm or reducer plugin
+/// when it was built for ABI 1.0 (no save_state / load_state).
+void require_state_api(DistributedOptimizer::Impl& m);
+
+/// Add this rank's reducer and algorithm state (save_state of each, keys
+/// prefixed as above) to `s`. Throws as require_state_api, or the plugin's
+/// own error.
+void snapshot_components(DistributedOptimizer::Impl& m, ShardState& s);
 
 /// One int64 per slot from every rank: out[r * mine.size() + i] = rank r's
 /// mine[i] (a SUM allreduce of a zero-filled buffer; every rank passes the

@@ -4,6 +4,7 @@
 
 #include <variant>
 
+#include "checkpoint/exchange.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host.hpp"
 #include "optim/optimizer_impl.hpp"
@@ -14,8 +15,6 @@ namespace {
 
 const std::string kModel = "model/";
 const std::string kMaster = "master/";
-const std::string kAlgorithm = "algorithm/";
-const std::string kReducer = "reducer/";
 
 std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module& model) {
   std::vector<std::pair<std::string, at::Tensor>> out;
@@ -30,19 +29,6 @@ void put_whole(ShardState& s, const std::string& key, const at::Tensor& t) {
   e.shape.assign(t.sizes().begin(), t.sizes().end());
   e.data = t.detach().to(at::kCPU).contiguous().reshape({-1}).clone();
   s.add(std::move(e));
-}
-
-template <class VT>
-bool has_state_api(const VT* vt, size_t size_1_1) {
-  return vt->struct_size >= size_1_1 && vt->save_state && vt->load_state;
-}
-
-[[noreturn]] void no_state_api(const ComponentInfo& c, const char* kind, const char* op) {
-  throw ComponentError(DOPT_ERR_UNSUPPORTED, c.plugin_name + "/" + c.name, op,
-                       std::string("the ") + kind + " plugin " + c.file + " was built for ABI " +
-                           std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor) +
-                           ", which has no save_state/load_state; rebuild it against ABI 1.1+ "
-                           "to use checkpoints");
 }
 
 std::map<std::string, std::string> as_text(const Options* o) {
@@ -80,10 +66,7 @@ ComponentRecord record(const ComponentInfo& c, const Options* o) {
 
 ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int rank) {
   auto& m = optim::Access::of(opt);
-  if (!has_state_api(m.avt, DOPT_ALGORITHM_V1_1_STRUCT_SIZE))
-    no_state_api(m.build.algorithm, "algorithm", "save_state");
-  if (!has_state_api(m.rvt, DOPT_REDUCER_V1_1_STRUCT_SIZE))
-    no_state_api(m.build.reducer, "reducer", "save_state");
+  require_state_api(m);
   at::NoGradGuard no_grad;
   ShardState s;
   if (rank == 0) {
@@ -92,10 +75,7 @@ ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int ran
       for (size_t i = 0; i < m.build.params.size(); ++i)
         put_whole(s, kMaster + m.build.params[i].first, m.masters->master(i));
   }
-  dopt_state_writer rw = s.writer(&kReducer);
-  check_status(m.rvt->save_state(m.reducer, &rw), m.reducer_who, "save_state");
-  dopt_state_writer aw = s.writer(&kAlgorithm);
-  check_status(m.avt->save_state(m.algorithm, &aw), m.algorithm_who, "save_state");
+  snapshot_components(m, s);
   return s;
 }
 
@@ -136,10 +116,7 @@ void check_compatible(torch::nn::Module& model, DistributedOptimizer& opt, const
   if (man.optimizer != m.build.optimizer_name)
     throw CheckpointError(where + ": saved with inner optimizer '" + man.optimizer +
                           "', this job's is '" + m.build.optimizer_name + "'");
-  if (!has_state_api(m.avt, DOPT_ALGORITHM_V1_1_STRUCT_SIZE))
-    no_state_api(m.build.algorithm, "algorithm", "load_state");
-  if (!has_state_api(m.rvt, DOPT_REDUCER_V1_1_STRUCT_SIZE))
-    no_state_api(m.build.reducer, "reducer", "load_state");
+  require_state_api(m);
   for (const auto& [name, t] : model_tensors(model)) {
     const std::string key = kModel + name;
     if (!src.has(key))
@@ -172,9 +149,9 @@ void restore(torch::nn::Module& model, DistributedOptimizer& opt, const StateSou
       }
     }
   }
-  dopt_state_reader rr = src.reader(&kReducer);
+  dopt_state_reader rr = src.reader(&kReducerPrefix);
   check_status(m.rvt->load_state(m.reducer, &rr), m.reducer_who, "load_state");
-  dopt_state_reader ar = src.reader(&kAlgorithm);
+  dopt_state_reader ar = src.reader(&kAlgorithmPrefix);
   check_status(m.avt->load_state(m.algorithm, &ar), m.algorithm_who, "load_state");
   m.steps = man.step;
   // Learning rates set by the application (schedules) continue as saved.

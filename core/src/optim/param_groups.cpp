@@ -207,7 +207,9 @@ void DistributedOptimizer::add_param_group(const NamedParams& named_params, doub
   std::optional<std::vector<char>> mine;
   std::exception_ptr failure;
   try {
-    mine = checkpoint::snapshot_components(old).encode(rank, world);
+    checkpoint::ShardState s;
+    checkpoint::snapshot_components(old, s);
+    mine = s.encode(rank, world);
   } catch (const std::exception&) {
     failure = std::current_exception();
   }
