@@ -31,9 +31,9 @@
 // communicator's network path moves it: (W - 1) x chunk bytes per ring
 // reduce-scatter or allgather; a broadcast (a chain from the owner) sends the
 // slice from every rank but owner - 1. It goes to the job metric
-// "algorithm.bytes_sent" and bytes_sent(). The ABI has no algorithm-side
-// bytes_sent, so DistributedOptimizer::bytes_sent() (the reducer's, what
-// `distopt train` reports) does not include it yet: 0 for stage 2.
+// "algorithm.bytes_sent" and bytes_sent() (ABI 1.1), which
+// DistributedOptimizer::bytes_sent() adds to the reducer's, so `distopt
+// train` reports both.
 //
 // Partition (stage 1): `greedy` = PyTorch's sorted-greedy over whole
 // parameters (state per rank within one largest parameter of 1/W);
@@ -90,7 +90,7 @@ class ZeroAlgorithm : public sdk::Algorithm {
   void save_state(sdk::StateWriter& w) override;
   void load_state(const sdk::StateReader& r) override;
   /// Bytes this rank sent in its own collectives so far (not the reducer's).
-  uint64_t bytes_sent() const { return bytes_sent_.load(); }
+  uint64_t bytes_sent() const override { return bytes_sent_.load(); }
 
  private:
   // A flat layout that is synchronised as a unit: `pieces` (ids = parameter

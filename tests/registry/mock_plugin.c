@@ -190,7 +190,7 @@ static const dopt_algorithm_v1 k_alg_vt = {
     DOPT_ALGORITHM_V1_STRUCT_SIZE, NULL,     alg_create, alg_destroy,
     alg_on_bucket_ready,           alg_step, alg_set_lr, alg_state_bytes,
     NULL, /* ABI 1.0: no save_state / load_state */
-    NULL};
+    NULL, NULL};
 
 /* ---------------- option schemas ---------------- */
 #define SPEC(NAME, TYPE, DEF, LO, HI, CHOICES, HELP) \

@@ -43,7 +43,7 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 struct Sent {
-  double algorithm = 0, reducer = 0, comm = 0;
+  double algorithm = 0, reducer = 0, comm = 0, optimizer = 0;
 };
 
 // Per rank: the metrics counted during kSteps steps (after the optimizer's
@@ -84,7 +84,7 @@ std::vector<Sent> run(int world, const std::string& zero_options) {
         auto m = distopt::metrics_snapshot();
         std::ofstream(dir + "/rank" + std::to_string(rank))
             << m["algorithm.bytes_sent"] << " " << m["reducer.bytes_sent"] << " "
-            << m["comm.bytes_sent"] << "\n";
+            << m["comm.bytes_sent"] << " " << opt.bytes_sent() << "\n";
         rt.barrier();
         return 0;
       },
@@ -95,8 +95,10 @@ std::vector<Sent> run(int world, const std::string& zero_options) {
     REQUIRE(codes[r] == 0);
     Sent s;
     std::ifstream f(dir + "/rank" + std::to_string(r));
-    f >> s.algorithm >> s.reducer >> s.comm;
+    f >> s.algorithm >> s.reducer >> s.comm >> s.optimizer;
     REQUIRE(static_cast<bool>(f));
+    // What `distopt train` reports: the reducer's and the algorithm's own (ABI 1.1).
+    CHECK(s.optimizer == s.reducer + s.algorithm);
     out.push_back(s);
   }
   std::system(("rm -rf '" + dir + "'").c_str());

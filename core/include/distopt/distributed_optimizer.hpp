@@ -85,8 +85,10 @@ class DistributedOptimizer {
 
   /// Bytes of optimizer state on this rank.
   uint64_t state_bytes() const;
-  /// Bytes the reducer put on the wire from this rank since make_optimizer
-  /// (the reducers add_param_group replaced included).
+  /// Bytes put on the wire from this rank since make_optimizer: the
+  /// reducer's count plus (ABI 1.1) what the algorithm sent itself, e.g.
+  /// ZeRO's reduce-scatter and parameter sync (the components
+  /// add_param_group replaced included).
   uint64_t bytes_sent() const;
   /// Bytes a plain allreduce of the same buckets would have put on the wire.
   uint64_t bytes_sent_plain_allreduce() const;

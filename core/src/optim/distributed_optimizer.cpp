@@ -245,7 +245,7 @@ uint64_t DistributedOptimizer::state_bytes() const {
   return impl_->avt->state_bytes(impl_->algorithm);
 }
 uint64_t DistributedOptimizer::bytes_sent() const {
-  return impl_->bytes_sent_base + impl_->rvt->bytes_sent(impl_->reducer);
+  return impl_->bytes_sent_base + impl_->components_bytes_sent();
 }
 uint64_t DistributedOptimizer::bytes_sent_plain_allreduce() const {
   // Steps before an add_param_group are counted with the buckets of then.

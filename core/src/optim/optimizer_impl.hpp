@@ -41,6 +41,13 @@ struct DistributedOptimizer::Impl {
   // Totals of the optimizers this one replaced (add_param_group rebuilds the
   // reducer, whose own counter starts again at 0).
   uint64_t bytes_sent_base = 0;
+  /// What the reducer and (ABI 1.1) the algorithm itself have sent.
+  uint64_t components_bytes_sent() const {
+    uint64_t n = rvt->bytes_sent(reducer);
+    if (DOPT_HAS_FIELD(avt, dopt_algorithm_v1, bytes_sent) && avt->bytes_sent)
+      n += avt->bytes_sent(algorithm);
+    return n;
+  }
   uint64_t plain_bytes_base = 0;  // plain-allreduce bytes of steps [0, plain_steps_base)
   int64_t plain_steps_base = 0;
   // A bucket went to the algorithm since the last step() (set on the autograd

@@ -162,7 +162,7 @@ void restore_into(DistributedOptimizer::Impl& fresh, DistributedOptimizer::Impl&
                    fresh.algorithm_who, "set_lr(group " + std::to_string(g) + ")");
   if (!fresh.lr_set.empty()) fresh.lr_set.resize(fresh.groups.size(), -1.0);
   if (fresh.scaler && old.scaler) fresh.scaler->set_state(old.scaler->state());
-  fresh.bytes_sent_base = old.bytes_sent_base + old.rvt->bytes_sent(old.reducer);
+  fresh.bytes_sent_base = old.bytes_sent_base + old.components_bytes_sent();
   const int64_t since = std::max<int64_t>(0, old.steps - old.plain_steps_base);
   fresh.plain_bytes_base =
       old.plain_bytes_base + old.plain_bytes_per_step * static_cast<uint64_t>(since);

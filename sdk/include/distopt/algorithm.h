@@ -84,10 +84,10 @@ typedef struct dopt_algorithm_v1 {
   /** Bytes of optimizer state this rank holds (momentum, Adam moments, ...). */
   uint64_t (*state_bytes)(const dopt_algorithm* a);
 
-  /* ---- ABI 1.1 (checkpoints, state.h). A 1.0 plugin's vtable ends above;
-   * the host checks struct_size >= DOPT_ALGORITHM_V1_1_STRUCT_SIZE and a
-   * non-NULL pointer, else saving a checkpoint fails with UNSUPPORTED naming
-   * the plugin. ---- */
+  /* ---- ABI 1.1 (checkpoints, state.h; the algorithm's own traffic). A 1.0
+   * plugin's vtable ends above; the host checks struct_size >=
+   * DOPT_ALGORITHM_V1_1_STRUCT_SIZE and a non-NULL pointer, else saving a
+   * checkpoint fails with UNSUPPORTED naming the plugin. ---- */
 
   /** Put this rank's state (inner-optimizer state of what it owns, and
    * anything else it needs to continue exactly) into `w`. Called on every
@@ -100,9 +100,13 @@ typedef struct dopt_algorithm_v1 {
    * host's parameters already restored; must not use the communicator.
    * INVALID_ARGUMENT naming the key for missing or mismatched state. */
   dopt_status (*load_state)(dopt_algorithm* a, const dopt_state_reader* r);
+  /** Bytes this algorithm itself put on the wire from this rank since
+   * creation, besides what went through the reducer (ZeRO's reduce-scatter
+   * and parameter allgather / broadcasts). May be NULL: 0. */
+  uint64_t (*bytes_sent)(const dopt_algorithm* a);
 } dopt_algorithm_v1;
 #define DOPT_ALGORITHM_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, state_bytes)
-#define DOPT_ALGORITHM_V1_1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, load_state)
+#define DOPT_ALGORITHM_V1_1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, bytes_sent)
 
 #ifdef __cplusplus
 }

@@ -111,6 +111,9 @@ class Algorithm {
   virtual void load_state(const StateReader&) {
     throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm cannot load checkpoints (no load_state)");
   }
+  /// Bytes the algorithm itself sent from this rank (not through the
+  /// reducer) since creation; may be called from any thread.
+  virtual uint64_t bytes_sent() const { return 0; }
 };
 
 /// A component's option schema: a dopt_option_spec array, or nullptr for none.
@@ -379,6 +382,13 @@ struct AlgorithmGlue {
     if (!h || !rd) return null_arg("algorithm or reader");
     return guard([&] { a(h)->load_state(StateReader(*rd)); });
   }
+  static uint64_t bytes_sent(const dopt_algorithm* h) noexcept {
+    try {
+      return a(h)->bytes_sent();
+    } catch (...) {
+      return 0;
+    }
+  }
 
   static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_1_STRUCT_SIZE,
                                                nullptr,
@@ -389,7 +399,8 @@ struct AlgorithmGlue {
                                                &set_lr,
                                                &state_bytes,
                                                &save_state,
-                                               &load_state};
+                                               &load_state,
+                                               &bytes_sent};
 };
 
 inline dopt_status plugin_init(const dopt_host_api* h, dopt_plugin_info* info,
