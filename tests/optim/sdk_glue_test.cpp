@@ -86,9 +86,14 @@ TEST_CASE("DOPT_PLUGIN fills the plugin info and component table") {
   CHECK(info.components[1].options == nullptr);
   CHECK(info.components[1].num_options == 0);
   auto* rvt = static_cast<const dopt_reducer_v1*>(info.components[0].vtable);
-  CHECK(rvt->struct_size == DOPT_REDUCER_V1_STRUCT_SIZE);
+  CHECK(rvt->struct_size == DOPT_REDUCER_V1_1_STRUCT_SIZE);
   CHECK(reinterpret_cast<void*>(rvt->create) != nullptr);
   CHECK(reinterpret_cast<void*>(rvt->bytes_sent) != nullptr);
+  CHECK(reinterpret_cast<void*>(rvt->save_state) != nullptr);
+  CHECK(reinterpret_cast<void*>(rvt->load_state) != nullptr);
+  auto* avt = static_cast<const dopt_algorithm_v1*>(info.components[1].vtable);
+  CHECK(avt->struct_size == DOPT_ALGORITHM_V1_1_STRUCT_SIZE);
+  CHECK(reinterpret_cast<void*>(avt->bytes_sent) != nullptr);
   CHECK(sdk::host() == host_api());
 }
 

@@ -83,7 +83,10 @@ TEST_CASE("discover: good mock plugins load, each broken one is skipped with its
 
   const std::map<std::string, std::vector<std::string>> expected = {
       {"junk", {"cannot be loaded"}},
-      {"mock_badmajor", {"built for plugin ABI 2.0", "this host speaks ABI 1.1"}},
+      {"mock_badmajor",
+       {"built for plugin ABI 2.0", "this host speaks ABI " +
+                                        std::to_string(DOPT_ABI_VERSION_MAJOR) + "." +
+                                        std::to_string(DOPT_ABI_VERSION_MINOR)}},
       {"mock_noentry", {"missing the entry symbol dopt_plugin_init_v1"}},
       {"mock_nullfn", {"component 'mock_nullfn': communicator vtable field 'allreduce' is NULL"}},
       {"mock_dup", {"duplicate communicator 'mock': already provided by " + mock("mock")}},
