@@ -31,30 +31,21 @@
 #include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
+#include "test_net.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
 
-using distopt::test::fork_ranks;
-using distopt::test::random_port;
+using namespace distopt::test;  // tests/common helpers
 
 constexpr int kIn = 20, kClasses = 10;
 constexpr int kGlobalBatch = 12;  // divisible by 2, 3 and 4 ranks
 constexpr int kSteps = 20, kSaveAt = 10;
 constexpr uint64_t kInitSeed = 42, kDataSeed = 1234;
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kIn, 32));
-    fc2 = register_module("fc2", torch::nn::Linear(32, 16));
-    fc3 = register_module("fc3", torch::nn::Linear(16, kClasses));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    return fc3->forward(at::relu(fc2->forward(at::relu(fc1->forward(x)))));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Net);
+using Net = Mlp3;  // kIn (20) -> 32 -> 16 -> kClasses (10)
 
 // Inner optimizers (same hyperparameters in YAML and in the reference).
 std::string optimizer_yaml(const std::string& name) {
@@ -97,51 +88,6 @@ std::pair<at::Tensor, at::Tensor> data() {
           at::randint(0, kClasses, {kGlobalBatch * kSteps})};
 }
 
-std::vector<double> flatten(Net& net) {
-  std::vector<double> v;
-  for (const auto& p : net->parameters()) {
-    at::Tensor c = p.detach().to(at::kDouble).contiguous().view(-1);
-    v.insert(v.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-  }
-  return v;
-}
-
-void write_doubles(const std::string& path, const std::vector<double>& v) {
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(v.data()),
-             static_cast<std::streamsize>(v.size() * sizeof(double)));
-}
-std::vector<double> read_doubles(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<double> v;
-  double d;
-  while (f.read(reinterpret_cast<char*>(&d), sizeof d)) v.push_back(d);
-  return v;
-}
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/distopt_ckpt_alg_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-};
-
 // Single-process libtorch, kSteps steps on the global batch (computed once
 // per optimizer; init.bin is written to `dir` on the first call only).
 std::vector<double> reference(const std::string& optimizer, const std::string& dir) {
@@ -152,7 +98,7 @@ std::vector<double> reference(const std::string& optimizer, const std::string& d
     auto [x, y] = data();
     torch::manual_seed(kInitSeed);
     Net net;
-    write_doubles(dir + "/init.bin", flatten(net));
+    write_doubles(dir + "/init.bin", flat_params(net));
     auto opt = reference_optimizer(optimizer, net);
     for (int step = 0; step < kSteps; ++step) {
       opt->zero_grad();
@@ -161,7 +107,7 @@ std::vector<double> reference(const std::string& optimizer, const std::string& d
           .backward();
       opt->step();
     }
-    write_doubles(dir + "/ref.bin", flatten(net));
+    write_doubles(dir + "/ref.bin", flat_params(net));
     return 0;
   });
   REQUIRE(codes[0] == 0);
@@ -183,10 +129,7 @@ std::vector<std::vector<double>> run_job(const Job& job, const std::string& opti
                                          const Phase& phase, const std::string& dir,
                                          const std::string& tag) {
   std::ostringstream yaml;
-  yaml << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-       << "world: {size: " << job.world << ", rendezvous: 'tcp://127.0.0.1:" << random_port()
-       << "', timeout_s: 60}\n"
-       << "communicator: {name: tcp}\n"
+  yaml << plugins_and_world_yaml(job.world, random_port()) << "communicator: {name: tcp}\n"
        << "reducer: {name: mean}\n"
        << "algorithm: {name: " << job.algorithm << ", options: " << job.options << "}\n"
        << "optimizer: " << optimizer_yaml(optimizer) << "\n";
@@ -202,11 +145,7 @@ std::vector<std::vector<double>> run_job(const Job& job, const std::string& opti
         // parameters from the checkpoint, a fresh one from rank 0's broadcast.
         torch::manual_seed((phase.load ? 999 : kInitSeed) + 7 * rank);
         Net net;
-        distopt::ProcessInfo proc;
-        proc.rank = proc.local_rank = rank;
-        proc.world_size = proc.local_world_size = job.world;
-        proc.source = "test";
-        auto rt = distopt::Runtime::from_config(distopt::parse_job_config(text, "job.yaml"), proc);
+        auto rt = rank_runtime(text, rank, job.world);
         auto opt = rt.make_optimizer(*net);
         if (phase.load) {
           auto info = rt.load_checkpoint(ckpt, *net, opt);
@@ -223,7 +162,7 @@ std::vector<std::vector<double>> run_job(const Job& job, const std::string& opti
           opt.step();
           if (step + 1 == phase.save_at) rt.save_checkpoint(ckpt, *net, opt);
         }
-        write_doubles(dir + "/" + tag + std::to_string(rank) + ".bin", flatten(net));
+        write_doubles(dir + "/" + tag + std::to_string(rank) + ".bin", flat_params(net));
         rt.barrier();
         return 0;
       },
@@ -241,7 +180,7 @@ std::vector<std::vector<double>> run_job(const Job& job, const std::string& opti
 // resumed run must equal the saver's uninterrupted one bit for bit.
 void save_and_resume(const Job& saver, const Job& loader, const std::string& optimizer,
                      bool exact) {
-  TempDir dir;
+  TempDir dir("distopt_ckpt_alg");
   const auto ref = reference(optimizer, dir.path);
 
   const auto a = run_job(saver, optimizer, {false, 0, kSaveAt}, dir.path, "a");
@@ -331,7 +270,7 @@ TEST_CASE("cross-algorithm: allreduce <-> zero <-> fused, Adam") {
 }
 
 TEST_CASE("a checkpoint of another optimizer does not load: sgd into adam, named") {
-  TempDir dir;
+  TempDir dir("distopt_ckpt_alg");
   struct Case {
     Job saver, loader;
   };
@@ -346,9 +285,7 @@ TEST_CASE("a checkpoint of another optimizer does not load: sgd into adam, named
     run_job(c.saver, "sgd", {false, kSteps - 2, kSteps - 1}, dir.path, "save");
     // The loader catches the error: the message must name the missing key.
     std::ostringstream yaml;
-    yaml << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-         << "world: {size: " << c.loader.world << ", rendezvous: 'tcp://127.0.0.1:" << random_port()
-         << "', timeout_s: 60}\n"
+    yaml << plugins_and_world_yaml(c.loader.world, random_port())
          << "communicator: {name: tcp}\nreducer: {name: mean}\n"
          << "algorithm: {name: " << c.loader.algorithm << ", options: " << c.loader.options
          << "}\noptimizer: " << optimizer_yaml("adam") << "\n";
@@ -358,12 +295,7 @@ TEST_CASE("a checkpoint of another optimizer does not load: sgd into adam, named
         [&](int rank) {
           torch::set_num_threads(1);
           Net net;
-          distopt::ProcessInfo proc;
-          proc.rank = proc.local_rank = rank;
-          proc.world_size = proc.local_world_size = c.loader.world;
-          proc.source = "test";
-          auto rt =
-              distopt::Runtime::from_config(distopt::parse_job_config(text, "job.yaml"), proc);
+          auto rt = rank_runtime(text, rank, c.loader.world);
           auto opt = rt.make_optimizer(*net);
           try {
             rt.load_checkpoint(dir.path + "/ckpt", *net, opt);

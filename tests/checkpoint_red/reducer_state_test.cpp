@@ -36,6 +36,8 @@
 #include "distopt/runtime.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -354,11 +356,7 @@ Summary run_case(const Case& c, int rank, distopt::Runtime& rt, const std::strin
   return s;
 }
 
-std::string tmpdir() {
-  char tmpl[] = "/tmp/distopt_red_state_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
+std::string tmpdir() { return distopt::test::make_temp_dir("distopt_red_state"); }
 
 }  // namespace
 
@@ -371,18 +369,9 @@ TEST_CASE("every reducer's save_state / load_state resumes bit-exactly (plugin b
         setenv("OMP_NUM_THREADS", "1", 1);
         at::set_num_threads(1);
         std::ostringstream y;
-        y << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-          << "world: {size: " << kWorld << ", rendezvous: 'tcp://127.0.0.1:" << port
-          << "', timeout_s: 60}\n"
+        y << distopt::test::plugins_and_world_yaml(kWorld, port)
           << "communicator: {name: tcp}\nreducer: {name: mean}\n";
-        distopt::ProcessInfo proc;
-        proc.rank = rank;
-        proc.world_size = kWorld;
-        proc.local_rank = rank;
-        proc.local_world_size = kWorld;
-        proc.source = "test";
-        auto rt = distopt::Runtime::from_config(
-            distopt::parse_job_config(y.str(), "reducer_state.yaml"), proc);
+        auto rt = distopt::test::rank_runtime(y.str(), rank, kWorld, "reducer_state.yaml");
         std::ofstream out(dir + "/rank" + std::to_string(rank) + ".txt");
         for (const Case& c : kCases) {
           Summary s = run_case(c, rank, rt, dir);

@@ -35,28 +35,18 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
+#include "test_net.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
 
-namespace fs = std::filesystem;
-using distopt::test::fork_ranks;
-using distopt::test::random_port;
+using namespace distopt::test;  // tests/common helpers
 
 constexpr int kIn = 20, kClasses = 10, kBatch = 16, kSteps = 20, kSaveAt = 10;
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kIn, 32));
-    fc2 = register_module("fc2", torch::nn::Linear(32, 16));
-    fc3 = register_module("fc3", torch::nn::Linear(16, kClasses));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    return fc3->forward(at::relu(fc2->forward(at::relu(fc1->forward(x)))));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Net);
+using Net = Mlp3;  // kIn (20) -> 32 -> 16 -> kClasses (10)
 
 // ---- results: named vectors of doubles in a file ---------------------------
 
@@ -92,15 +82,6 @@ std::vector<double> as_doubles(const at::Tensor& t) {
   return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
 }
 
-std::vector<double> flat_params(Net& net) {
-  std::vector<double> v;
-  for (const auto& p : net->parameters()) {
-    auto d = as_doubles(p);
-    v.insert(v.end(), d.begin(), d.end());
-  }
-  return v;
-}
-
 // ---- one phase ---------------------------------------------------------------
 
 struct Job {
@@ -122,10 +103,7 @@ struct PhaseSpec {
 
 std::string yaml_of(const Job& j, int port) {
   std::ostringstream y;
-  y << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-    << "world: {size: " << j.world << ", rendezvous: 'tcp://127.0.0.1:" << port
-    << "', timeout_s: 60}\n"
-    << "communicator: {name: tcp}\n"
+  y << plugins_and_world_yaml(j.world, port) << "communicator: {name: tcp}\n"
     << "reducer: {name: " << j.reducer << ", options: " << j.reducer_options << "}\n"
     << "algorithm: {name: allreduce}\n"
     << "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
@@ -151,14 +129,7 @@ int rank_main(const PhaseSpec& ps, int rank, int port) {
   torch::manual_seed(ps.phase == Phase::kFull || ps.phase == Phase::kSave ? 42 : 4242);
   Net net;
   net->to(dtype);
-  distopt::ProcessInfo proc;
-  proc.rank = rank;
-  proc.world_size = j.world;
-  proc.local_rank = rank;
-  proc.local_world_size = j.world;
-  proc.source = "test";
-  auto rt = distopt::Runtime::from_config(
-      distopt::parse_job_config(yaml_of(j, port), "resume_test.yaml"), proc);
+  auto rt = rank_runtime(yaml_of(j, port), rank, j.world, "resume_test.yaml");
   auto opt = rt.make_optimizer(*net);
   Results res;
   auto scaler = [&](const std::string& tag) {
@@ -228,32 +199,8 @@ std::vector<Results> run_phase(const PhaseSpec& ps) {
   return out;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
-struct Dir {
-  fs::path path;
-  Dir() {
-    char tmpl[] = "/tmp/distopt_red_resume_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~Dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
+struct Dir : TempDir {
+  Dir() : TempDir("distopt_red_resume") {}
 };
 
 // full / save / resume (+ strip / control when `control`); checks resume ==

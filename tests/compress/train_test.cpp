@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "multiproc.hpp"
+#include "result_files.hpp"
+#include "train_metrics.hpp"
 
 namespace {
 
@@ -21,8 +23,6 @@ namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 using nlohmann::json;
-
-const char* kData = "/usr/share/datasets/fashion-mnist";
 
 struct Outcome {
   double accuracy = -1;
@@ -47,14 +47,10 @@ Outcome train(const std::string& dir, const std::string& name, const std::string
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);
   Outcome o;
-  std::ifstream f(metrics);
-  for (std::string line; std::getline(f, line);) {
-    if (line.empty()) continue;
-    json j = json::parse(line);
-    if (j["event"] == "summary") {
-      o.accuracy = j["final_test_accuracy"].get<double>();
-      o.bytes = j["bytes_sent_per_rank"][0].get<double>();
-    }
+  const json summary = distopt::test::metrics_summary(metrics);
+  if (summary.is_object()) {
+    o.accuracy = summary["final_test_accuracy"].get<double>();
+    o.bytes = summary["bytes_sent_per_rank"][0].get<double>();
   }
   MESSAGE(name << ": test accuracy " << o.accuracy << ", bytes sent by rank 0 " << o.bytes);
   REQUIRE(o.accuracy >= 0);
@@ -64,13 +60,8 @@ Outcome train(const std::string& dir, const std::string& name, const std::string
 }  // namespace
 
 TEST_CASE("compress reducers train the mlp on Fashion-MNIST (2 ranks x 2 epochs)") {
-  if (!fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) {
-    MESSAGE("dataset-fashion-mnist is not installed; skipping");
-    return;
-  }
-  char tmpl[] = "/tmp/distopt_compress_train_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl;
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  const std::string dir = distopt::test::make_temp_dir("distopt_compress_train");
   Outcome mean = train(dir, "mean", "{name: mean}");
   Outcome fp16 = train(dir, "fp16", "{name: fp16}");
   Outcome bf16 = train(dir, "bf16", "{name: bf16}");

@@ -18,54 +18,18 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
+#include "test_net.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
 
-using distopt::test::fork_ranks;
-using distopt::test::random_port;
+using namespace distopt::test;  // tests/common helpers
 
 constexpr int kIn = 20, kClasses = 10, kBatch = 8, kSteps = 20;
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kIn, 32));
-    fc2 = register_module("fc2", torch::nn::Linear(32, 16));
-    fc3 = register_module("fc3", torch::nn::Linear(16, kClasses));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    return fc3->forward(at::relu(fc2->forward(at::relu(fc1->forward(x)))));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Net);
-
-std::vector<double> flat_params(Net& net) {
-  std::vector<double> v;
-  for (const auto& p : net->parameters()) {
-    at::Tensor c = p.detach().to(at::kDouble).contiguous().view(-1);
-    v.insert(v.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-  }
-  return v;
-}
-
-void write_doubles(const std::string& path, const std::vector<double>& v) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 8));
-}
-std::vector<double> read_doubles(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<double> v;
-  double d;
-  while (f.read(reinterpret_cast<char*>(&d), sizeof d)) v.push_back(d);
-  return v;
-}
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
+using Net = Mlp3;  // kIn (20) -> 32 -> 16 -> kClasses (10)
 
 struct Job {
   int world = 2;
@@ -76,15 +40,10 @@ struct Job {
 
 // Run the job; returns rank 0's parameters after kSteps (ranks agree: checked).
 std::vector<double> run_job(const Job& j) {
-  char tmpl[] = "/tmp/distopt_fused_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = make_temp_dir("distopt_fused");
   const int port = random_port();
   std::ostringstream y;
-  y << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-    << "world: {size: " << j.world << ", rendezvous: 'tcp://127.0.0.1:" << port
-    << "', timeout_s: 60}\n"
-    << "communicator: {name: tcp}\n"
+  y << plugins_and_world_yaml(j.world, port) << "communicator: {name: tcp}\n"
     << "reducer: {name: mean, options: " << j.reducer_options << "}\n"
     << "algorithm: {name: " << j.algorithm << ", options: " << j.algorithm_options << "}\n"
     << "optimizer: " << j.optimizer << "\n";
@@ -98,14 +57,7 @@ std::vector<double> run_job(const Job& j) {
         at::Tensor Y = at::randint(0, kClasses, {kSteps * j.world * kBatch});
         torch::manual_seed(42);
         Net net;
-        distopt::ProcessInfo proc;
-        proc.rank = rank;
-        proc.world_size = j.world;
-        proc.local_rank = rank;
-        proc.local_world_size = j.world;
-        proc.source = "test";
-        auto rt =
-            distopt::Runtime::from_config(distopt::parse_job_config(yaml, "fused.yaml"), proc);
+        auto rt = rank_runtime(yaml, rank, j.world, "fused.yaml");
         // group 1: fc2 with its own lr and weight decay
         distopt::ParamGroupSpec g1;
         g1.names = {"fc2.weight", "fc2.bias"};

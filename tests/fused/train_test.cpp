@@ -13,6 +13,8 @@
 #include <string>
 
 #include "multiproc.hpp"
+#include "result_files.hpp"
+#include "train_metrics.hpp"
 
 namespace fs = std::filesystem;
 using distopt::test::env_path;
@@ -21,7 +23,7 @@ using nlohmann::json;
 
 namespace {
 
-const char* kData = "/usr/share/datasets/fashion-mnist";
+const char* const kData = distopt::test::kFashionMnistDir;
 
 // Runs the job with `algorithm` and returns its summary metrics line.
 json train(const fs::path& dir, const std::string& algorithm) {
@@ -42,10 +44,7 @@ json train(const fs::path& dir, const std::string& algorithm) {
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);
-  json summary;
-  std::ifstream f(metrics);
-  for (std::string line; std::getline(f, line);)
-    if (!line.empty() && json::parse(line)["event"] == "summary") summary = json::parse(line);
+  const json summary = distopt::test::metrics_summary(metrics.string());
   REQUIRE(summary.is_object());
   CHECK(summary["steps"].get<int>() == 30);
   return summary;
@@ -54,13 +53,8 @@ json train(const fs::path& dir, const std::string& algorithm) {
 }  // namespace
 
 TEST_CASE("distopt train: fused Adam, 2 ranks x 30 steps, learns and equals allreduce + Adam") {
-  if (!fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) {
-    MESSAGE("dataset-fashion-mnist is not installed; skipping");
-    return;
-  }
-  char tmpl[] = "/tmp/distopt_fused_train_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const fs::path dir = tmpl;
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  const fs::path dir = distopt::test::make_temp_dir("distopt_fused_train");
   const json base = train(dir, "{name: allreduce}");
   CHECK(base["algorithm"] == "allreduce");
   // do_flatten: one kernel per group over the flat state; off: one per

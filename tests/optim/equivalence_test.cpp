@@ -31,12 +31,13 @@
 #include "distopt/sdk/tensor.hpp"
 #include "multiproc.hpp"
 #include "optim/bucket_manager.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
 
-using distopt::test::fork_ranks;
-using distopt::test::random_port;
+using namespace distopt::test;  // tests/common helpers
 
 constexpr int kIn = 20, kClasses = 10;
 constexpr uint64_t kInitSeed = 42, kDataSeed = 1234;
@@ -80,11 +81,7 @@ struct Spec {
   std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)> reference;
 };
 
-std::string tmpdir() {
-  char tmpl[] = "/tmp/distopt_optim_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
+std::string tmpdir() { return make_temp_dir("distopt_optim"); }
 
 void write_result(const std::string& path, Net& net, const std::vector<double>& extra) {
   std::ofstream f(path, std::ios::binary);
@@ -114,19 +111,9 @@ Result read_result(const std::string& path) {
   return r;
 }
 
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
 std::string job_yaml(const Spec& s, int port) {
   std::ostringstream y;
-  y << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-    << "world: {size: " << s.world << ", rendezvous: 'tcp://127.0.0.1:" << port
-    << "', timeout_s: 60}\n"
-    << "communicator: {name: tcp}\n"
+  y << plugins_and_world_yaml(s.world, port) << "communicator: {name: tcp}\n"
     << "reducer: {name: mean, options: " << s.reducer_options << "}\n"
     << "algorithm: {name: allreduce, options: " << s.algorithm_options << "}\n"
     << "optimizer: " << s.optimizer_yaml << "\n";
@@ -165,14 +152,7 @@ std::pair<std::vector<Result>, Result> run_case(const Spec& s) {
         Data d = make_data(global * s.steps);
         torch::manual_seed(kInitSeed + 7 * rank);  // only rank 0 starts like the reference
         Net net;
-        distopt::ProcessInfo proc;
-        proc.rank = rank;
-        proc.world_size = s.world;
-        proc.local_rank = rank;
-        proc.local_world_size = s.world;
-        proc.source = "test";
-        auto rt = distopt::Runtime::from_config(distopt::parse_job_config(yaml, "equivalence.yaml"),
-                                                proc);
+        auto rt = rank_runtime(yaml, rank, s.world, "equivalence.yaml");
         auto opt = rt.make_optimizer(*net);
         for (int step = 0; step < s.steps; ++step) {
           opt.zero_grad();

@@ -26,30 +26,21 @@
 #include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
+#include "test_net.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
 
-using distopt::test::fork_ranks;
-using distopt::test::random_port;
+using namespace distopt::test;  // tests/common helpers
 
 constexpr int kIn = 20, kClasses = 10;
 constexpr int kGlobalBatch = 12;  // divisible by 2 and 3 ranks
 constexpr int kSteps = 15, kAddAt = 5;
 constexpr uint64_t kInitSeed = 42, kDataSeed = 1234;
 
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kIn, 32));
-    fc2 = register_module("fc2", torch::nn::Linear(32, 16));
-    fc3 = register_module("fc3", torch::nn::Linear(16, kClasses));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    return fc3->forward(at::relu(fc2->forward(at::relu(fc1->forward(x)))));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Net);
+using Net = Mlp3;  // kIn (20) -> 32 -> 16 -> kClasses (10)
 
 constexpr double kBase = kIn * 32 + 32 + 32 * 16 + 16;  // fc1 + fc2 elements
 constexpr double kLast = 16 * kClasses + kClasses;      // fc3 elements
@@ -145,65 +136,14 @@ std::pair<at::Tensor, at::Tensor> data() {
           at::randint(0, kClasses, {kGlobalBatch * kSteps})};
 }
 
-std::vector<double> flatten(Net& net) {
-  std::vector<double> v;
-  for (const auto& p : net->parameters()) {
-    at::Tensor c = p.detach().to(at::kDouble).contiguous().view(-1);
-    v.insert(v.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-  }
-  return v;
-}
-
-void write_doubles(const std::string& path, const std::vector<double>& v) {
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(v.data()),
-             static_cast<std::streamsize>(v.size() * sizeof(double)));
-}
-std::vector<double> read_doubles(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<double> v;
-  double d;
-  while (f.read(reinterpret_cast<char*>(&d), sizeof d)) v.push_back(d);
-  return v;
-}
-
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/distopt_pg_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
-
 std::string job_yaml(const Case& c, const std::string& precision = "") {
   std::ostringstream y;
-  y << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-    << "world: {size: " << c.world << ", rendezvous: 'tcp://127.0.0.1:" << random_port()
-    << "', timeout_s: 60}\n"
-    << "communicator: {name: tcp}\n"
+  y << plugins_and_world_yaml(c.world, random_port()) << "communicator: {name: tcp}\n"
     << "reducer: {name: mean}\n"
     << "algorithm: {name: " << c.algorithm << ", options: " << c.options << "}\n"
     << "optimizer: " << optimizer_yaml(c.optimizer) << "\n";
   if (!precision.empty()) y << "precision: " << precision << "\n";
   return y.str();
-}
-
-distopt::Runtime runtime(const std::string& yaml, int rank, int world) {
-  distopt::ProcessInfo proc;
-  proc.rank = proc.local_rank = rank;
-  proc.world_size = proc.local_world_size = world;
-  proc.source = "test";
-  return distopt::Runtime::from_config(distopt::parse_job_config(yaml, "job.yaml"), proc);
 }
 
 // Single-process libtorch on the global batch; returns the parameters after
@@ -214,7 +154,7 @@ std::vector<double> reference(const Case& c, const TempDir& dir, std::vector<dou
     auto [x, y] = data();
     torch::manual_seed(kInitSeed);
     Net net;
-    write_doubles(dir.file("init.bin"), flatten(net));
+    write_doubles(dir.file("init.bin"), flat_params(net));
     const Named last = named(net, true);
     set_trainable(last, false);
     auto opt = reference_optimizer(c, tensors(named(net, false)));
@@ -233,7 +173,7 @@ std::vector<double> reference(const Case& c, const TempDir& dir, std::vector<dou
       opt->step();
       if (extra) extra->step();
     }
-    write_doubles(dir.file("ref.bin"), flatten(net));
+    write_doubles(dir.file("ref.bin"), flat_params(net));
     return 0;
   });
   REQUIRE(codes[0] == 0);
@@ -264,7 +204,7 @@ std::vector<RankResult> run(const Case& c, const TempDir& dir) {
         Net net;
         const Named last = named(net, true);
         set_trainable(last, false);
-        auto rt = runtime(yaml, rank, c.world);
+        auto rt = rank_runtime(yaml, rank, c.world);
         perturb_unless_rank0(rank, named(net, false));
         auto opt = rt.make_optimizer(named(net, false));
         std::vector<double> extra(4, 0.0);
@@ -284,7 +224,7 @@ std::vector<RankResult> run(const Case& c, const TempDir& dir) {
         }
         extra[2] = static_cast<double>(opt.state_bytes());
         extra[3] = static_cast<double>(opt.bytes_sent());
-        auto v = flatten(net);
+        auto v = flat_params(net);
         v.insert(v.end(), extra.begin(), extra.end());
         v.push_back(opt.num_param_groups());
         v.push_back(static_cast<double>(opt.steps()));
@@ -328,7 +268,7 @@ double per_element(const std::string& optimizer) {
 // Run `c` and its reference; every rank equals libtorch (1e-5) and rank 0
 // bitwise; returns the ranks' results for further checks.
 std::vector<RankResult> run_and_compare(const Case& c) {
-  TempDir dir;
+  TempDir dir("distopt_pg");
   std::vector<double> init;
   const auto ref = reference(c, dir, &init);
   REQUIRE(max_abs_diff(ref, init) > 1e-3);  // training moves them
@@ -485,7 +425,7 @@ TEST_CASE("errors: duplicate names, ranks that disagree, a backward in flight") 
         Net net;
         const Named last = named(net, true);
         set_trainable(last, false);
-        auto rt = runtime(yaml, rank, c.world);
+        auto rt = rank_runtime(yaml, rank, c.world);
         auto opt = rt.make_optimizer(named(net, false));
         auto one_step = [&](int step) {
           opt.zero_grad();
@@ -551,7 +491,7 @@ TEST_CASE("bf16 mixed precision: fp32 masters and the loss scaler survive add_pa
   c.algorithm = "allreduce";
   c.optimizer = "sgd0";
   const std::string precision = "{dtype: bf16, growth_interval: 3}";
-  TempDir dir;
+  TempDir dir("distopt_pg");
   for (int pass = 0; pass < 2; ++pass) {
     const bool add = pass == 1;
     const std::string yaml = job_yaml(c, precision);
@@ -564,7 +504,7 @@ TEST_CASE("bf16 mixed precision: fp32 masters and the loss scaler survive add_pa
           Net net;
           net->to(at::kBFloat16);
           const Named last = named(net, true);
-          auto rt = runtime(yaml, rank, c.world);
+          auto rt = rank_runtime(yaml, rank, c.world);
           distopt::ParamGroupSpec g1;
           for (const auto& p : last) g1.names.push_back(p.first);
           g1.lr = 0;
@@ -591,7 +531,7 @@ TEST_CASE("bf16 mixed precision: fp32 masters and the loss scaler survive add_pa
             opt.step();
             scales.push_back(opt.loss_scale());
           }
-          auto v = flatten(net);
+          auto v = flat_params(net);
           v.insert(v.end(), scales.begin(), scales.end());
           write_doubles(dir.file((add ? "b" : "a") + std::to_string(rank) + ".bin"), v);
           rt.barrier();

@@ -30,6 +30,8 @@
 #include "distopt/registry.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -103,27 +105,14 @@ struct StepOut {
   std::vector<float> flat;
 };
 
-std::string tmpdir() {
-  char tmpl[] = "/tmp/distopt_powersgd_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
+std::string tmpdir() { return distopt::test::make_temp_dir("distopt_powersgd"); }
 
 int child(const Spec& s, int rank, int port, const std::string& out_path) {
   using namespace distopt;
   std::ostringstream y;
-  y << "plugins: {paths: ['" << test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-    << "world: {size: " << kWorld << ", rendezvous: 'tcp://127.0.0.1:" << port
-    << "', timeout_s: 60}\n"
-    << "communicator: {name: tcp}\n"
+  y << test::plugins_and_world_yaml(kWorld, port) << "communicator: {name: tcp}\n"
     << "reducer: {name: powersgd, options: " << s.options << "}\n";
-  ProcessInfo proc;
-  proc.rank = rank;
-  proc.world_size = kWorld;
-  proc.local_rank = rank;
-  proc.local_world_size = kWorld;
-  proc.source = "test";
-  Runtime rt = Runtime::from_config(parse_job_config(y.str(), "powersgd_test.yaml"), proc);
+  Runtime rt = test::rank_runtime(y.str(), rank, kWorld, "powersgd_test.yaml");
   const ComponentInfo& info = rt.registry().get(DOPT_KIND_REDUCER, "powersgd");
   Options opts = Options::validate(YAML::Load(s.options), info.options, "powersgd_test.yaml",
                                    "reducer.options");

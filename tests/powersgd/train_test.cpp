@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "multiproc.hpp"
+#include "result_files.hpp"
+#include "train_metrics.hpp"
 
 namespace fs = std::filesystem;
 using distopt::test::env_path;
@@ -18,16 +20,10 @@ using distopt::test::run_command;
 using nlohmann::json;
 
 TEST_CASE("distopt train: powersgd rank 4 on the mlp, 2 ranks x 2 epochs") {
-  const std::string data = "/usr/share/datasets/fashion-mnist";
-  if (!fs::exists(fs::path(data) / "train-images-idx3-ubyte.gz")) {
-    MESSAGE("dataset-fashion-mnist is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI"), plugins = env_path("DISTOPT_PLUGIN_DIR");
   REQUIRE_MESSAGE(!cli.empty(), "DISTOPT_CLI is not set (run through ctest)");
-  char tmpl[] = "/tmp/distopt_powersgd_train_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const fs::path dir = tmpl;
+  const fs::path dir = distopt::test::make_temp_dir("distopt_powersgd_train");
   std::ofstream(dir / "job.yaml")
       << "plugins: {paths: [" << plugins << "]}\n"
       << "world: {size: 2, timeout_s: 60}\n"
@@ -42,10 +38,7 @@ TEST_CASE("distopt train: powersgd rank 4 on the mlp, 2 ranks x 2 epochs") {
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);
-  json summary;
-  std::ifstream f(metrics);
-  for (std::string line; std::getline(f, line);)
-    if (!line.empty() && json::parse(line)["event"] == "summary") summary = json::parse(line);
+  const json summary = distopt::test::metrics_summary(metrics);
   fs::remove_all(dir);
   REQUIRE(summary.is_object());
   CHECK(summary["reducer"] == "powersgd");

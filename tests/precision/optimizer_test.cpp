@@ -20,12 +20,14 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
+#include "test_net.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
 
-using distopt::test::fork_ranks;
-using distopt::test::random_port;
+using namespace distopt::test;  // tests/common helpers
 
 constexpr int kIn = 20, kClasses = 10, kBatch = 16;
 
@@ -54,15 +56,6 @@ struct Result {
   std::vector<double> extra;  // after set_loss_scale_state: scale, skipped
 };
 
-std::vector<double> flat_params(Net& net) {
-  std::vector<double> v;
-  for (const auto& p : net->parameters()) {
-    at::Tensor c = p.detach().to(at::kDouble).contiguous().view(-1);
-    v.insert(v.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-  }
-  return v;
-}
-
 void write_vec(std::ofstream& f, const std::vector<double>& v) {
   double n = static_cast<double>(v.size());
   f.write(reinterpret_cast<const char*>(&n), sizeof n);
@@ -78,25 +71,13 @@ std::vector<double> read_vec(std::ifstream& f) {
   return v;
 }
 
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
-std::string tmpdir() {
-  char tmpl[] = "/tmp/distopt_precision_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
+std::string tmpdir() { return make_temp_dir("distopt_precision"); }
 
 // Run the job on 2 ranks; returns each rank's result.
 std::vector<Result> run(const Spec& s) {
   const std::string dir = tmpdir();
   std::ostringstream y;
-  y << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-    << "world: {size: 2, rendezvous: 'tcp://127.0.0.1:" << random_port() << "', timeout_s: 60}\n"
+  y << plugins_and_world_yaml(2, random_port())
     << "communicator: {name: tcp}\nreducer: {name: mean}\n"
     << "algorithm: {name: allreduce, options: " << s.algorithm_options << "}\n"
     << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n";
@@ -112,14 +93,7 @@ std::vector<Result> run(const Spec& s) {
         torch::manual_seed(42 + rank);  // rank 1 differs until make_optimizer broadcasts
         Net net;
         net->to(s.dtype);
-        distopt::ProcessInfo proc;
-        proc.rank = rank;
-        proc.world_size = 2;
-        proc.local_rank = rank;
-        proc.local_world_size = 2;
-        proc.source = "test";
-        auto rt =
-            distopt::Runtime::from_config(distopt::parse_job_config(yaml, "precision.yaml"), proc);
+        auto rt = rank_runtime(yaml, rank, 2, "precision.yaml");
         auto opt = rt.make_optimizer(*net);
         Result r;
         for (int step = 0; step < s.steps; ++step) {

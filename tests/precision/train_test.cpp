@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli_util.hpp"
+#include "train_metrics.hpp"
 
 namespace fs = std::filesystem;
 using distopt::test::env_path;
@@ -20,8 +21,6 @@ using namespace distopt::test::cli;
 using nlohmann::json;
 
 namespace {
-
-const char* kData = "/usr/share/datasets/fashion-mnist";
 
 std::string write_job(const TempDir& t, const std::string& name, const std::string& precision,
                       int epochs, int max_steps) {
@@ -49,10 +48,7 @@ json summary_of(const std::string& metrics_path) {
 }  // namespace
 
 TEST_CASE("bf16 training on 2 ranks reaches within 1 point of fp32 test accuracy") {
-  if (!fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz")) {
-    MESSAGE("dataset-fashion-mnist is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
   const std::string m32 = t.file("fp32.jsonl"), m16 = t.file("bf16.jsonl");
   ProcResult r32 =

@@ -17,30 +17,23 @@
 #include "distopt/host.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
+#include "test_net.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
 
 using distopt::test::fork_ranks;
 using distopt::test::random_port;
+using distopt::test::rank_runtime;
 
 constexpr int kIn = 20, kClasses = 10, kBatch = 8, kSteps = 3;
 
 // 1370 trainable fp32 elements, one bucket (default 25 MB cap) with no
 // alignment padding (every size is even, align_bytes 8):
 //   fc1.weight 640, fc1.bias 32, fc2.weight 512, fc2.bias 16, fc3.weight 160, fc3.bias 10
-struct NetImpl : torch::nn::Module {
-  NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kIn, 32));
-    fc2 = register_module("fc2", torch::nn::Linear(32, 16));
-    fc3 = register_module("fc3", torch::nn::Linear(16, kClasses));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    return fc3->forward(at::relu(fc2->forward(at::relu(fc1->forward(x)))));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Net);
+using Net = distopt::test::Mlp3;  // kIn (20) -> 32 -> 16 -> kClasses (10)
 
 struct Sent {
   double algorithm = 0, reducer = 0, comm = 0, optimizer = 0;
@@ -49,13 +42,9 @@ struct Sent {
 // Per rank: the metrics counted during kSteps steps (after the optimizer's
 // initial parameter broadcast).
 std::vector<Sent> run(int world, const std::string& zero_options) {
-  char tmpl[] = "/tmp/distopt_zero_bytes_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = distopt::test::make_temp_dir("distopt_zero_bytes");
   std::ostringstream yaml;
-  yaml << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-       << "world: {size: " << world << ", rendezvous: 'tcp://127.0.0.1:" << random_port()
-       << "', timeout_s: 60}\n"
+  yaml << distopt::test::plugins_and_world_yaml(world, random_port())
        << "communicator: {name: tcp, options: {shm: false}}\n"  // count socket bytes
        << "reducer: {name: mean}\n"
        << "algorithm: {name: zero, options: " << zero_options << "}\n"
@@ -69,11 +58,7 @@ std::vector<Sent> run(int world, const std::string& zero_options) {
         auto x = at::randn({kBatch, kIn});
         auto y = at::randint(0, kClasses, {kBatch});
         Net net;
-        distopt::ProcessInfo proc;
-        proc.rank = proc.local_rank = rank;
-        proc.world_size = proc.local_world_size = world;
-        proc.source = "test";
-        auto rt = distopt::Runtime::from_config(distopt::parse_job_config(job, "zero.yaml"), proc);
+        auto rt = rank_runtime(job, rank, world, "zero.yaml");
         auto opt = rt.make_optimizer(*net);
         distopt::metrics_reset();  // forget the initial broadcast
         for (int step = 0; step < kSteps; ++step) {

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "multiproc.hpp"
+#include "result_files.hpp"
+#include "train_metrics.hpp"
 
 namespace fs = std::filesystem;
 using distopt::test::env_path;
@@ -41,9 +43,7 @@ Run train(const fs::path& dir, const std::string& algorithm) {
   REQUIRE(r.exit_code == 0);
   Run out;
   out.output = r.output;
-  std::ifstream f(metrics);
-  for (std::string line; std::getline(f, line);)
-    if (!line.empty() && json::parse(line)["event"] == "summary") out.summary = json::parse(line);
+  out.summary = distopt::test::metrics_summary(metrics.string());
   REQUIRE(out.summary.is_object());
   return out;
 }
@@ -51,14 +51,9 @@ Run train(const fs::path& dir, const std::string& algorithm) {
 }  // namespace
 
 TEST_CASE("distopt train: zero + adam, 2 ranks x 1 epoch, half of allreduce's optimizer state") {
-  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
-    MESSAGE("dataset-fashion-mnist is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   REQUIRE_MESSAGE(!env_path("DISTOPT_CLI").empty(), "DISTOPT_CLI is not set (run through ctest)");
-  char tmpl[] = "/tmp/distopt_zero_train_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const fs::path dir = tmpl;
+  const fs::path dir = distopt::test::make_temp_dir("distopt_zero_train");
   Run base = train(dir, "{name: allreduce}");
   const double full = base.summary["state_bytes_per_rank"][0].get<double>();
   REQUIRE(full > 0);

@@ -22,12 +22,14 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
+#include "test_net.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
 
-using distopt::test::fork_ranks;
-using distopt::test::random_port;
+using namespace distopt::test;  // tests/common helpers
 
 constexpr int kIn = 20, kClasses = 10;
 constexpr uint64_t kInitSeed = 42, kDataSeed = 1234;
@@ -114,35 +116,6 @@ at::Tensor loss_of(Net& net, const at::Tensor& x, const at::Tensor& y) {
   return at::nll_loss(at::log_softmax(net->forward(x), 1), y);
 }
 
-std::vector<double> flatten(Net& net) {
-  std::vector<double> v;
-  for (const auto& p : net->parameters()) {
-    at::Tensor c = p.detach().to(at::kDouble).contiguous().view(-1);
-    v.insert(v.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-  }
-  return v;
-}
-
-void write_doubles(const std::string& path, const std::vector<double>& v) {
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(v.data()),
-             static_cast<std::streamsize>(v.size() * sizeof(double)));
-}
-std::vector<double> read_doubles(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<double> v;
-  double d;
-  while (f.read(reinterpret_cast<char*>(&d), sizeof d)) v.push_back(d);
-  return v;
-}
-
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
 struct Outcome {
   std::vector<std::vector<double>> params;  // per rank
   std::vector<double> state_bytes;          // per rank
@@ -150,9 +123,7 @@ struct Outcome {
 };
 
 Outcome run_case(const Spec& s) {
-  char tmpl[] = "/tmp/distopt_zero_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = make_temp_dir("distopt_zero");
   const int64_t global = static_cast<int64_t>(s.world) * s.batch;
   auto data = [&] {
     torch::manual_seed(kDataSeed);
@@ -164,7 +135,7 @@ Outcome run_case(const Spec& s) {
     auto [x, y] = data();
     torch::manual_seed(kInitSeed);
     Net net;
-    write_doubles(dir + "/init.bin", flatten(net));
+    write_doubles(dir + "/init.bin", flat_params(net));
     auto opt = reference(s, net);
     for (int step = 0; step < s.steps; ++step) {
       if (s.groups && step == 10) opt->param_groups()[1].options().set_lr(0.005);
@@ -178,16 +149,13 @@ Outcome run_case(const Spec& s) {
         for (auto& p : net->unused->parameters()) p.mutable_grad() = at::zeros_like(p);
       opt->step();
     }
-    write_doubles(dir + "/ref.bin", flatten(net));
+    write_doubles(dir + "/ref.bin", flat_params(net));
     return 0;
   });
   REQUIRE(ref_codes[0] == 0);
 
   std::ostringstream yaml;
-  yaml << "plugins: {paths: ['" << distopt::test::env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-       << "world: {size: " << s.world << ", rendezvous: 'tcp://127.0.0.1:" << random_port()
-       << "', timeout_s: 60}\n"
-       << "communicator: {name: tcp}\n"
+  yaml << plugins_and_world_yaml(s.world, random_port()) << "communicator: {name: tcp}\n"
        << "reducer: {name: mean, options: " << s.reducer_options << "}\n"
        << "algorithm: {name: zero, options: " << s.zero_options << "}\n"
        << "optimizer: " << optimizer_yaml(s.optimizer) << "\n";
@@ -199,11 +167,7 @@ Outcome run_case(const Spec& s) {
         auto [x, y] = data();
         torch::manual_seed(kInitSeed + 7 * rank);  // rank 0's parameters are broadcast
         Net net;
-        distopt::ProcessInfo proc;
-        proc.rank = proc.local_rank = rank;
-        proc.world_size = proc.local_world_size = s.world;
-        proc.source = "test";
-        auto rt = distopt::Runtime::from_config(distopt::parse_job_config(job, "zero.yaml"), proc);
+        auto rt = rank_runtime(job, rank, s.world, "zero.yaml");
         std::vector<distopt::ParamGroupSpec> groups;
         if (s.groups) groups = {{{}, -1, -1}, {{"fc3.weight", "fc3.bias"}, 0.02, 0.05}};
         auto opt = rt.make_optimizer(*net, groups);
@@ -214,7 +178,7 @@ Outcome run_case(const Spec& s) {
           loss_of(net, x.narrow(0, off, s.batch), y.narrow(0, off, s.batch)).backward();
           opt.step();
         }
-        auto v = flatten(net);
+        auto v = flat_params(net);
         v.push_back(static_cast<double>(opt.state_bytes()));
         write_doubles(dir + "/rank" + std::to_string(rank) + ".bin", v);
         rt.barrier();
@@ -273,7 +237,7 @@ TEST_CASE("zero stage 1, greedy, SGD(momentum), broadcast per parameter, 2 ranks
   s.zero_options = "{stage: 1, partition: greedy}";
   auto o = run_case(s);
   check(s, o, false);
-  // flatten() order: unused (15 elements), frozen (420), fc1, fc2, fc3.
+  // flat_params() order: unused (15 elements), frozen (420), fc1, fc2, fc3.
   // The frozen layer never moves; the unused one has no momentum, so it stays.
   auto range = [](const std::vector<double>& v, size_t a, size_t n) {
     return std::vector<double>(v.begin() + static_cast<long>(a),

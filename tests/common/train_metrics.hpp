@@ -1,0 +1,42 @@
+// Helpers of the tests that run `distopt train` through the CLI: whether the
+// Fashion-MNIST data set is installed, and the summary line of a metrics file.
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace distopt::test {
+
+/// Where the dataset-fashion-mnist package installs the data.
+inline const char* const kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+/// Whether the Fashion-MNIST training images are installed.
+inline bool fashion_mnist_installed() {
+  return std::filesystem::exists(std::filesystem::path(kFashionMnistDir) /
+                                 "train-images-idx3-ubyte.gz");
+}
+
+/// The last line of a metrics file (JSON lines) whose "event" is "summary";
+/// null when there is none.
+inline nlohmann::json metrics_summary(const std::string& metrics_path) {
+  nlohmann::json summary;
+  std::ifstream f(metrics_path);
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty() && nlohmann::json::parse(line)["event"] == "summary")
+      summary = nlohmann::json::parse(line);
+  return summary;
+}
+
+}  // namespace distopt::test
+
+/// First statement of a TEST_CASE that trains on Fashion-MNIST: ends the
+/// test case with a message when the data set is not installed.
+#define DISTOPT_SKIP_WITHOUT_FASHION_MNIST()                       \
+  do {                                                             \
+    if (!::distopt::test::fashion_mnist_installed()) {             \
+      MESSAGE("dataset-fashion-mnist is not installed; skipping"); \
+      return;                                                      \
+    }                                                              \
+  } while (0)
