@@ -59,18 +59,24 @@ def find(data_dir, base):
     raise SystemExit(f"Fashion-MNIST file missing: {os.path.join(data_dir, base + '.gz')}")
 
 
-def ddp_worker(a):
-    """One DDP rank (started by run_ddp with RANK/WORLD_SIZE/MASTER_* set)."""
+def mlp():
+    """The mlp of `distopt train` (784-512-256-10, ReLU)."""
+    import torch.nn as nn
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                         nn.Linear(256, 10))
+
+
+def train_ddp(a, model, ddp, opt, seed, label, max_steps=0, epoch_begin=None, epoch_end=None,
+              step_begin=None, step_end=None):
+    """Train `ddp` (DDP around `model`) with `opt` for a.epochs epochs on the batches `distopt train`
+    takes (the same seeded permutation on every rank, slice `rank` of each global batch), timing only
+    the steps, then evaluate the full test set sharded across ranks. The optional callbacks run around
+    each epoch's steps and each step. Returns (train_time_s, final test accuracy, steps per epoch)."""
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
     import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.set_num_threads(a.threads)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-
+    rank, world = dist.get_rank(), dist.get_world_size()
     train_x = load_idx(find(a.data, "train-images-idx3-ubyte"), True)
     train_y = load_idx(find(a.data, "train-labels-idx1-ubyte"), False).long()
     test_x = load_idx(find(a.data, "t10k-images-idx3-ubyte"), True)
@@ -79,40 +85,34 @@ def ddp_worker(a):
     def norm(u8):
         return (u8.float().div_(255.0).sub_(MEAN)).div_(STD)
 
-    torch.manual_seed(a.seed)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
-    ddp = DDP(model)
-    if a.optimizer == "sgd":
-        opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=a.momentum, nesterov=a.nesterov,
-                              weight_decay=a.weight_decay)
-    elif a.optimizer == "adam":
-        opt = torch.optim.Adam(ddp.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-    elif a.optimizer == "adamw":
-        opt = torch.optim.AdamW(ddp.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-    else:
-        raise SystemExit(f"compare_ddp.py: optimizer {a.optimizer} is not supported here")
-
     n = train_x.shape[0]
     global_batch = a.batch * world
     steps = n // global_batch
-    if a.max_steps > 0:
-        steps = min(steps, a.max_steps)
+    if max_steps > 0:
+        steps = min(steps, max_steps)
     train_time, acc = 0.0, 0.0
     for epoch in range(1, a.epochs + 1):
         g = torch.Generator()
-        g.manual_seed(a.seed * 1000003 + epoch)
+        g.manual_seed(seed * 1000003 + epoch)
         perm = torch.randperm(n, generator=g)  # the same on every rank
         model.train()
         t0 = time.perf_counter()
+        if epoch_begin:
+            epoch_begin()
         for step in range(steps):
             idx = perm[step * global_batch + rank * a.batch:step * global_batch + (rank + 1) * a.batch]
             x, y = norm(train_x.index_select(0, idx)), train_y.index_select(0, idx)
+            if step_begin:
+                step_begin()
             opt.zero_grad()
             loss = F.nll_loss(F.log_softmax(ddp(x), 1), y)
             loss.backward()
             opt.step()
             loss.item()
+            if step_end:
+                step_end()
+        if epoch_end:
+            epoch_end()
         train_time += time.perf_counter() - t0
         # Full test set, sharded across ranks, as distopt evaluates it.
         model.eval()
@@ -124,9 +124,34 @@ def ddp_worker(a):
         dist.all_reduce(t)
         acc = t[0].item() / t[1].item()
         if rank == 0:
-            print(f"ddp: epoch {epoch}/{a.epochs} test accuracy {100 * acc:.2f}%", file=sys.stderr, flush=True)
+            print(f"{label}: epoch {epoch}/{a.epochs} test accuracy {100 * acc:.2f}%", file=sys.stderr, flush=True)
+    return train_time, acc, steps
+
+
+def ddp_worker(a):
+    """One DDP rank (RANK/WORLD_SIZE/MASTER_* set)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(a.threads)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(a.seed)
+    model = mlp()
+    ddp = DDP(model)
+    if a.optimizer == "sgd":
+        opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=a.momentum, nesterov=a.nesterov,
+                              weight_decay=a.weight_decay)
+    elif a.optimizer == "adam":
+        opt = torch.optim.Adam(ddp.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+    elif a.optimizer == "adamw":
+        opt = torch.optim.AdamW(ddp.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+    else:
+        raise SystemExit(f"compare_ddp.py: optimizer {a.optimizer} is not supported here")
+    train_time, acc, steps = train_ddp(a, model, ddp, opt, a.seed, "ddp", a.max_steps)
     if rank == 0:
-        print(json.dumps({"samples_per_s": steps * a.epochs * global_batch / train_time,
+        print(json.dumps({"samples_per_s": steps * a.epochs * a.batch * world / train_time,
                           "final_test_accuracy": acc, "train_time_s": train_time}), flush=True)
     dist.destroy_process_group()
 

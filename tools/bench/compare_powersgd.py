@@ -30,7 +30,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -44,8 +43,6 @@ def ddp_worker(a):
     """One DDP rank with the powerSGD hook (RANK/WORLD_SIZE/MASTER_* set)."""
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
-    import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -62,57 +59,31 @@ def ddp_worker(a):
         counted["bytes"] += tensor.numel() * tensor.element_size()
         return real_all_reduce(tensor, *args, **kwargs)
 
-    train_x = cd.load_idx(cd.find(a.data, "train-images-idx3-ubyte"), True)
-    train_y = cd.load_idx(cd.find(a.data, "train-labels-idx1-ubyte"), False).long()
-    test_x = cd.load_idx(cd.find(a.data, "t10k-images-idx3-ubyte"), True)
-    test_y = cd.load_idx(cd.find(a.data, "t10k-labels-idx1-ubyte"), False).long()
-
-    def norm(u8):
-        return (u8.float().div_(255.0).sub_(cd.MEAN)).div_(cd.STD)
-
     torch.manual_seed(SEED)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
+    model = cd.mlp()
     ddp = DDP(model)
     state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=a.rank,
                                start_powerSGD_iter=a.start_iter)
     ddp.register_comm_hook(state, psgd.powerSGD_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
 
-    n = train_x.shape[0]
-    global_batch = a.batch * world
-    steps = n // global_batch
-    train_time, acc, step_bytes = 0.0, 0.0, []
-    for epoch in range(1, a.epochs + 1):
-        g = torch.Generator()
-        g.manual_seed(SEED * 1000003 + epoch)
-        perm = torch.randperm(n, generator=g)
-        model.train()
-        t0 = time.perf_counter()
+    step_bytes, before = [], [0]
+
+    def epoch_begin():
         dist.all_reduce = counting_all_reduce
-        for step in range(steps):
-            idx = perm[step * global_batch + rank * a.batch:step * global_batch + (rank + 1) * a.batch]
-            x, y = norm(train_x.index_select(0, idx)), train_y.index_select(0, idx)
-            before = counted["bytes"]
-            opt.zero_grad()
-            loss = F.nll_loss(F.log_softmax(ddp(x), 1), y)
-            loss.backward()
-            opt.step()
-            loss.item()
-            step_bytes.append(counted["bytes"] - before)
+
+    def epoch_end():
         dist.all_reduce = real_all_reduce
-        train_time += time.perf_counter() - t0
-        model.eval()
-        lo, hi = len(test_y) * rank // world, len(test_y) * (rank + 1) // world
-        with torch.no_grad():
-            correct = sum(int((model(norm(test_x[b:min(hi, b + 1000)])).argmax(1) == test_y[b:min(hi, b + 1000)])
-                              .sum()) for b in range(lo, hi, 1000))
-        t = torch.tensor([float(correct), float(hi - lo)], dtype=torch.float64)
-        dist.all_reduce(t)
-        acc = t[0].item() / t[1].item()
-        if rank == 0:
-            print(f"ddp+powerSGD_hook: epoch {epoch}/{a.epochs} test accuracy {100 * acc:.2f}%", file=sys.stderr,
-                  flush=True)
+
+    def step_begin():
+        before[0] = counted["bytes"]
+
+    def step_end():
+        step_bytes.append(counted["bytes"] - before[0])
+
+    train_time, acc, steps = cd.train_ddp(a, model, ddp, opt, SEED, "ddp+powerSGD_hook", 0, epoch_begin,
+                                          epoch_end, step_begin, step_end)
+    global_batch = a.batch * world
     if rank == 0:
         ring = 2 * (world - 1) / world
         compressed = step_bytes[a.start_iter:]

@@ -42,7 +42,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -56,58 +55,18 @@ def zero_worker(a):
     """One rank of DDP + ZeroRedundancyOptimizer(Adam) (RANK/WORLD_SIZE/MASTER_* set)."""
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
-    import torch.nn.functional as F
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(a.threads)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
-
-    train_x = cd.load_idx(cd.find(a.data, "train-images-idx3-ubyte"), True)
-    train_y = cd.load_idx(cd.find(a.data, "train-labels-idx1-ubyte"), False).long()
-    test_x = cd.load_idx(cd.find(a.data, "t10k-images-idx3-ubyte"), True)
-    test_y = cd.load_idx(cd.find(a.data, "t10k-labels-idx1-ubyte"), False).long()
-
-    def norm(u8):
-        return (u8.float().div_(255.0).sub_(cd.MEAN)).div_(cd.STD)
-
     torch.manual_seed(SEED)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
+    model = cd.mlp()
     ddp = DDP(model)
     opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=LR)
-
-    n = train_x.shape[0]
+    train_time, acc, steps = cd.train_ddp(a, model, ddp, opt, SEED, "ddp+zero", a.max_steps)
     global_batch = a.batch * world
-    steps = n // global_batch
-    if a.max_steps > 0:
-        steps = min(steps, a.max_steps)
-    train_time, acc = 0.0, 0.0
-    for epoch in range(1, a.epochs + 1):
-        g = torch.Generator()
-        g.manual_seed(SEED * 1000003 + epoch)
-        perm = torch.randperm(n, generator=g)  # the same on every rank
-        model.train()
-        t0 = time.perf_counter()
-        for step in range(steps):
-            idx = perm[step * global_batch + rank * a.batch:step * global_batch + (rank + 1) * a.batch]
-            x, y = norm(train_x.index_select(0, idx)), train_y.index_select(0, idx)
-            opt.zero_grad()
-            loss = F.nll_loss(F.log_softmax(ddp(x), 1), y)
-            loss.backward()
-            opt.step()
-            loss.item()
-        train_time += time.perf_counter() - t0
-        model.eval()
-        lo, hi = len(test_y) * rank // world, len(test_y) * (rank + 1) // world
-        with torch.no_grad():
-            correct = sum(int((model(norm(test_x[b:min(hi, b + 1000)])).argmax(1) == test_y[b:min(hi, b + 1000)])
-                              .sum()) for b in range(lo, hi, 1000))
-        t = torch.tensor([float(correct), float(hi - lo)], dtype=torch.float64)
-        dist.all_reduce(t)
-        acc = t[0].item() / t[1].item()
 
     # This rank's local optimizer state: every tensor, and the 'step' ones apart.
     total, step_bytes = 0, 0
