@@ -190,6 +190,38 @@ def run_distopt(a):
         return [m for m in rows if m.get("event") == "summary"][-1]
 
 
+def comparison_parser(doc):
+    """The arguments every side-by-side script shares (compare_powersgd, compare_zero); also picks the
+    best OpenBLAS kernels for both sides (inherited by every rank)."""
+    if "OPENBLAS_CORETYPE" not in os.environ and best_openblas_coretype():
+        os.environ["OPENBLAS_CORETYPE"] = best_openblas_coretype()
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    build = os.environ.get("DISTOPT_BUILD_DIR", "build")
+    ap.add_argument("--distopt", default=os.path.join(ROOT, build, "bin/distopt"))
+    ap.add_argument("--plugin-path", action="append", default=[])
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / ranks)")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=256, help="per rank")
+    return ap
+
+
+def parse_comparison_args(ap):
+    """Parse, defaulting threads to cores / ranks."""
+    a = ap.parse_args()
+    a.threads = a.threads or max(1, (os.cpu_count() or 1) // a.world)
+    return a
+
+
+def check_distopt(a):
+    """Default the plugin path to the build's, and fail early without the executable."""
+    if not a.plugin_path:
+        a.plugin_path = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(a.distopt))), "plugins")]
+    if not os.path.exists(a.distopt):
+        raise SystemExit(f"no distopt executable at {a.distopt} (pass --distopt)")
+
+
 def worker_args(a):
     return ["--data", a.data, "--threads", str(a.threads), "--epochs", str(a.epochs), "--seed", str(a.seed),
             "--batch", str(a.batch), "--max-steps", str(a.max_steps), "--optimizer", a.optimizer, "--lr", str(a.lr),

@@ -135,29 +135,15 @@ def run_distopt(a, reducer_yaml, tmp, name):
 
 
 def main():
-    if "OPENBLAS_CORETYPE" not in os.environ and cd.best_openblas_coretype():
-        os.environ["OPENBLAS_CORETYPE"] = cd.best_openblas_coretype()  # inherited by every rank of both sides
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    build = os.environ.get("DISTOPT_BUILD_DIR", "build")
-    ap.add_argument("--distopt", default=os.path.join(ROOT, build, "bin/distopt"))
-    ap.add_argument("--plugin-path", action="append", default=[])
-    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / ranks)")
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=256, help="per rank")
+    ap = cd.comparison_parser(__doc__)
     ap.add_argument("--rank", type=int, default=4, help="PowerSGD approximation rank")
     ap.add_argument("--start-iter", type=int, default=10, help="plain allreduce steps before compression")
     ap.add_argument("--no-mean", action="store_true", help="skip the uncompressed `mean` reference run")
     ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    a.threads = a.threads or max(1, (os.cpu_count() or 1) // a.world)
+    a = cd.parse_comparison_args(ap)
     if a.ddp_worker:
         return ddp_worker(a)
-    if not a.plugin_path:
-        a.plugin_path = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(a.distopt))), "plugins")]
-    if not os.path.exists(a.distopt):
-        raise SystemExit(f"no distopt executable at {a.distopt} (pass --distopt)")
+    cd.check_distopt(a)
 
     print(f"mlp, {a.world} ranks x {a.threads} thread(s), batch {a.batch}/rank (global {a.batch * a.world}), "
           f"{a.epochs} epoch(s), sgd lr {LR} momentum {MOMENTUM}; PowerSGD rank {a.rank}, start iteration "

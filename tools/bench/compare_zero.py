@@ -120,29 +120,15 @@ def fmt_bytes(v):
 
 
 def main():
-    if "OPENBLAS_CORETYPE" not in os.environ and cd.best_openblas_coretype():
-        os.environ["OPENBLAS_CORETYPE"] = cd.best_openblas_coretype()  # inherited by every rank of both sides
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    build = os.environ.get("DISTOPT_BUILD_DIR", "build")
-    ap.add_argument("--distopt", default=os.path.join(ROOT, build, "bin/distopt"))
-    ap.add_argument("--plugin-path", action="append", default=[])
-    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / ranks)")
-    ap.add_argument("--epochs", type=int, default=2)
+    ap = cd.comparison_parser(__doc__)
     ap.add_argument("--max-steps", type=int, default=0, help="steps per epoch (0: the whole epoch)")
-    ap.add_argument("--batch", type=int, default=256, help="per rank")
     ap.add_argument("--repeat", type=int, default=3, help="runs per row, interleaved")
     ap.add_argument("--no-stage2", action="store_true", help="skip the stage 2 row")
     ap.add_argument("--zero-worker", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    a.threads = a.threads or max(1, (os.cpu_count() or 1) // a.world)
+    a = cd.parse_comparison_args(ap)
     if a.zero_worker:
         return zero_worker(a)
-    if not a.plugin_path:
-        a.plugin_path = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(a.distopt))), "plugins")]
-    if not os.path.exists(a.distopt):
-        raise SystemExit(f"no distopt executable at {a.distopt} (pass --distopt)")
+    cd.check_distopt(a)
 
     print(f"mlp, {a.world} ranks x {a.threads} thread(s) on {os.cpu_count()} cores, batch {a.batch}/rank "
           f"(global {a.batch * a.world}), {a.epochs} epoch(s){f' x {a.max_steps} steps' if a.max_steps else ''}, "
