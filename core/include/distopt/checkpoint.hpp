@@ -30,6 +30,11 @@
 
 namespace distopt {
 
+// Thread safety: find_checkpoint and consolidate_checkpoint only read the
+// directory (consolidate_checkpoint writes out_path) and may run from any
+// thread; Runtime's save_checkpoint / load_checkpoint / consolidate are
+// collectives for the training thread, between steps.
+
 /// Application state stored verbatim in the manifest (e.g. epoch, batch index).
 using CheckpointExtra = std::map<std::string, std::string>;
 
