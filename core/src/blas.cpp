@@ -28,22 +28,55 @@ std::string best_openblas_coretype() {
   return "";
 }
 
-std::string openblas_coretype_fix() {
-  if (std::getenv("OPENBLAS_CORETYPE")) return "";
-  const char* autotune = std::getenv("DISTOPT_BLAS_AUTOTUNE");
-  if (autotune && std::strcmp(autotune, "0") == 0) return "";
-  std::string current = openblas_core_name();
-  if (current.empty()) return "";
-  std::string best = best_openblas_coretype();
-  if (best.empty()) return "";
+std::string openblas_coretype_rule(const std::string& current, const std::string& best) {
+  if (current.empty() || best.empty() || strcasecmp(current.c_str(), best.c_str()) == 0) return "";
   // Only the generic fallbacks are replaced: a kernel set OpenBLAS picked on
   // purpose for a CPU it recognised is left alone.
   for (const char* generic : {"Prescott", "Core2", "Nehalem", "Sandybridge", "Katmai", "Coppermine",
                               "Northwood", "Banias", "Atom", "Penryn", "Dunnington"}) {
     if (strcasecmp(current.c_str(), generic) == 0) return best;
   }
+  // OpenBLAS 0.3.21 falls back to Haswell for AVX-512 CPUs of models it does
+  // not know (hypervisors that hide the model).
   if (best == "SkylakeX" && strcasecmp(current.c_str(), "Haswell") == 0) return best;
   return "";
+}
+
+std::string openblas_coretype_fix() {
+  if (std::getenv("OPENBLAS_CORETYPE")) return "";
+  const char* autotune = std::getenv("DISTOPT_BLAS_AUTOTUNE");
+  if (autotune && std::strcmp(autotune, "0") == 0) return "";
+  return openblas_coretype_rule(openblas_core_name(), best_openblas_coretype());
+}
+
+std::string openblas_threading() {
+  using GetParallel = int (*)();
+  auto fn = reinterpret_cast<GetParallel>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  if (!fn) return "";
+  switch (fn()) {
+    case 0:
+      return "sequential";
+    case 1:
+      return "pthreads";
+    case 2:
+      return "OpenMP";
+    default:
+      return "unknown";
+  }
+}
+
+std::string blas_description() {
+  const std::string core = openblas_core_name();
+  if (core.empty()) return "not OpenBLAS";
+  std::string s = "OpenBLAS, " + core + " kernels, " + openblas_threading() + " threading";
+  if (std::string was = openblas_replaced_core(); !was.empty())
+    s += " (OpenBLAS chose " + was + "; OPENBLAS_CORETYPE set by distopt)";
+  return s;
+}
+
+std::string openblas_replaced_core() {
+  const char* v = std::getenv("DISTOPT_BLAS_REEXEC");
+  return v ? v : "";
 }
 
 void reexec_with_better_blas(char** argv) {

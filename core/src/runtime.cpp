@@ -21,6 +21,7 @@
 #include "distopt/registry.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "distopt/store.hpp"
+#include "distopt/threads.hpp"
 #include "optim/optimizer_builder.hpp"
 
 namespace distopt {
@@ -120,6 +121,8 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   m.validated = validate_job(cfg, m.registry);
   // Before the rendezvous: every rank fails at once, nobody waits for a peer.
   check_precision_supported(cfg);
+  set_threads_per_rank(
+      choose_threads_per_rank(static_cast<int>(cfg.train.threads), proc.local_world_size));
   if (std::string fix = openblas_coretype_fix(); !fix.empty() && proc.rank == 0)
     log(DOPT_LOG_WARN, "runtime",
         "OpenBLAS runs its generic " + openblas_core_name() +

@@ -76,6 +76,7 @@ TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh,
       bind_address_(args.bind_address && *args.bind_address ? args.bind_address : "127.0.0.1"),
       mesh_(std::move(mesh)),
       shm_(std::move(shm)) {
+  fault_ = FaultPoint::from_env(rank_);
   size_t st = static_cast<size_t>(std::max<int64_t>(cfg_.chunk_bytes, 4096));
   staging_.resize(st - st % 8);
   abort_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -177,6 +178,7 @@ void TcpComm::run_op(Op& op) {
     return;
   }
   auto t0 = Clock::now();
+  fault_.begin_op();
   RingResult r;
   try {
     r = op.body();
@@ -224,6 +226,7 @@ RingResult TcpComm::run(const RingPlan& plan, Clock::time_point deadline) {
   io.deadline = deadline;
   io.abort = &aborting_;
   io.abort_fd = abort_fd_;
+  io.fault = &fault_;
   return run_ring(plan, io);
 }
 

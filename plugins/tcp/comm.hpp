@@ -90,7 +90,9 @@ class TcpComm {
   void progress_loop();
   void run_op(Op& op);
   RingResult run(const RingPlan& plan, Clock::time_point deadline);
-  ShmWaitCtx shm_ctx(Clock::time_point deadline) const { return ShmWaitCtx{deadline, &aborting_}; }
+  ShmWaitCtx shm_ctx(Clock::time_point deadline) {
+    return ShmWaitCtx{deadline, &aborting_, &fault_};
+  }
   Buffer check(const DLTensor* t, const char* op, const char* which, bool reduce_dtype,
                DType* dt = nullptr) const;
   char* scratch(size_t bytes);
@@ -113,6 +115,7 @@ class TcpComm {
   bool stopping_ = false;
   std::thread progress_;
   std::vector<char> staging_, scratch_;  // progress thread only
+  FaultPoint fault_;                     // progress thread only
 
   // Failure state. aborting_ + abort_fd_ (an eventfd) wake a running operation.
   mutable std::mutex fmu_;

@@ -54,6 +54,7 @@ RingResult run_ring(const RingPlan& plan, const RingIo& io) {
           sent += static_cast<size_t>(k);
           soff += static_cast<size_t>(k);
           progress = true;
+          if (io.fault) io.fault->sent(static_cast<uint64_t>(k));
         } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
           want_out = true;
         } else {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "distopt/abi.h"
+#include "fault.hpp"
 #include "reduce_kernels.hpp"
 #include "socket.hpp"
 
@@ -54,6 +55,7 @@ struct RingIo {
   Clock::time_point deadline;                ///< the operation's timeout
   const std::atomic<bool>* abort = nullptr;  ///< set when the communicator failed or is destroyed
   int abort_fd = -1;                         ///< eventfd made readable together with *abort
+  FaultPoint* fault = nullptr;               ///< test-only fault injection (fault.hpp)
 };
 
 struct RingResult {

@@ -134,6 +134,11 @@ void ShmTransport::publish(std::atomic<uint64_t> ShmHeader::*counter, uint64_t v
   shm_publish(h, h->*counter, value);
 }
 
+void ShmTransport::publish_ready(uint64_t r, size_t bytes, const ShmWaitCtx& ctx) const {
+  publish(&ShmHeader::ready, r);
+  if (ctx.fault) ctx.fault->sent(bytes);
+}
+
 RingResult ShmTransport::allreduce(const char* send, char* recv, size_t count, DType dt,
                                    dopt_reduce_op op, const ShmWaitCtx& ctx) {
   const int n = world_, me = rank_;
@@ -171,7 +176,7 @@ RingResult ShmTransport::allreduce(const char* send, char* recv, size_t count, D
     if (!wait_slot_free(r, ctx, &res)) return res;
     char* mine = slot(me, r);
     std::memcpy(mine, send + i * per_round * esz, m * esz);
-    publish(&ShmHeader::ready, r);
+    publish_ready(r, m * esz, ctx);
     res.bytes_sent += m * esz;
     if (i > 0 && !gather(i - 1)) return res;
     // Reduce this rank's slice in place in its own slot (peers read only
@@ -206,7 +211,7 @@ RingResult ShmTransport::reduce_scatter(const char* send, char* recv, size_t cou
     // Peers need the blocks they own; this rank's own block is read from send.
     for (int q = 0; q < n; ++q)
       if (q != me) std::memcpy(mine + q * mb, send + (q * count + b0) * esz, mb);
-    publish(&ShmHeader::ready, r);
+    publish_ready(r, mb * static_cast<size_t>(n - 1), ctx);
     char* dst = recv + b0 * esz;
     const char* own = send + (me * count + b0) * esz;
     for (int k = 1; k < n; ++k) {
@@ -233,7 +238,7 @@ RingResult ShmTransport::allgather(const char* send, char* recv, size_t bytes,
     const uint64_t r = ++round_;
     if (!wait_slot_free(r, ctx, &res)) return res;
     std::memcpy(slot(me, r), own + b0, m);
-    publish(&ShmHeader::ready, r);
+    publish_ready(r, m, ctx);
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
       if (!wait(p, &ShmHeader::ready, r, ctx, &res)) return res;
@@ -255,7 +260,7 @@ RingResult ShmTransport::broadcast(char* buf, size_t bytes, int root, const ShmW
     if (me == root) {
       if (!wait_slot_free(r, ctx, &res)) return res;
       std::memcpy(slot(me, r), buf + b0, m);
-      publish(&ShmHeader::ready, r);
+      publish_ready(r, m, ctx);
       res.bytes_sent += m;
     } else {
       if (!wait(root, &ShmHeader::ready, r, ctx, &res)) return res;

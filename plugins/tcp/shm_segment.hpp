@@ -9,6 +9,7 @@
 #include <string>
 
 #include "distopt/abi.h"
+#include "fault.hpp"
 #include "socket.hpp"
 
 namespace dopt_tcp {
@@ -73,6 +74,7 @@ void shm_publish(ShmHeader* h, std::atomic<uint64_t>& counter, uint64_t value);
 struct ShmWaitCtx {
   Clock::time_point deadline;
   const std::atomic<bool>* abort = nullptr;
+  FaultPoint* fault = nullptr;  ///< test-only fault injection (fault.hpp)
 };
 
 /// Wait until `counter` (in peer header `h`) reaches `value`: spin briefly,

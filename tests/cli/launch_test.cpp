@@ -1,5 +1,6 @@
 // `distopt launch`: the real CLI on real processes.
 #include <doctest/doctest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -82,7 +83,11 @@ TEST_CASE("launch splits the cores between the ranks unless OMP_NUM_THREADS is s
   ProcResult dflt =
       run_command({cli(), "launch", "-n", "2", "--", "sh", "-c", "echo omp=$OMP_NUM_THREADS"});
   INFO(dflt.output);
-  long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  // The cores this process may use (what `nproc` prints), not the machine's.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  long cores = std::max(1L, static_cast<long>(CPU_COUNT(&set)));
   CHECK(dflt.output.find("[rank 0] omp=" + std::to_string(std::max(1L, cores / 2)) + "\n") !=
         std::string::npos);
 }

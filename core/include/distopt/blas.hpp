@@ -19,16 +19,42 @@ std::string openblas_core_name();
 /// AVX-512F/BW/VL/DQ, "Haswell" with AVX2+FMA), or "" if none of those.
 std::string best_openblas_coretype();
 
+/// distopt's rule, as a pure function of OpenBLAS's own choice `current` and
+/// best_openblas_coretype() `best`: "" (keep `current`) unless `current` is a
+/// generic fallback (Prescott, Core2, Nehalem, Sandybridge, ... as OpenBLAS
+/// picks for a CPU model it does not recognise, e.g. a virtual CPU) or
+/// Haswell where the CPU has AVX-512; then `best`. A kernel set OpenBLAS
+/// chose for a CPU it recognised (Cooperlake, SkylakeX, Zen, ...) is kept.
+/// Case-insensitive. Thread-safe.
+std::string openblas_coretype_rule(const std::string& current, const std::string& best);
+
 /// The OPENBLAS_CORETYPE to set for processes started from here, or "" when
 /// nothing should change: the user set OPENBLAS_CORETYPE already, the BLAS is
-/// not OpenBLAS, or OpenBLAS already uses at least the best kernel set.
+/// not OpenBLAS, or openblas_coretype_rule() keeps OpenBLAS's choice.
 /// $DISTOPT_BLAS_AUTOTUNE=0 turns the fix off.
 std::string openblas_coretype_fix();
 
 /// If openblas_coretype_fix() names a kernel set, set OPENBLAS_CORETYPE and
 /// re-execute this program (/proc/self/exe) with the same argv, so the BLAS
 /// is initialised anew; returns only if no re-exec was needed or it failed.
+/// The re-executed process finds OpenBLAS's own choice in
+/// $DISTOPT_BLAS_REEXEC (see openblas_replaced_core()).
 /// Call first thing in main(), before any thread starts.
 void reexec_with_better_blas(char** argv);
+
+/// How OpenBLAS runs its threads: "OpenMP", "pthreads", "sequential", or ""
+/// if the process's BLAS is not OpenBLAS. The pthread build keeps a pool of
+/// its own that spins against libtorch's OpenMP pool (issue 8: 2 threads 2.4x
+/// slower than 1); tools/setup.sh selects the OpenMP build. Thread-safe.
+std::string openblas_threading();
+
+/// One line for logs: "OpenBLAS, SkylakeX kernels, OpenMP threading" plus,
+/// when distopt replaced OpenBLAS's own choice, "(OpenBLAS chose Prescott;
+/// OPENBLAS_CORETYPE set by distopt)"; "not OpenBLAS" otherwise.
+std::string blas_description();
+
+/// The kernel set OpenBLAS chose by itself before reexec_with_better_blas()
+/// replaced it in this process, or "" if it was not replaced. Thread-safe.
+std::string openblas_replaced_core();
 
 }  // namespace distopt

@@ -33,8 +33,11 @@ struct ParamGroupSpec {
 class Runtime {
  public:
   /// Load and validate `path`, discover plugins, rendezvous with the other
-  /// ranks and create the communicator. Throws ConfigError, PluginError,
-  /// RendezvousError, ComponentError.
+  /// ranks and create the communicator. Also sizes the intra-op thread pools
+  /// as `distopt train` does (threads.hpp: train.threads, else
+  /// $OMP_NUM_THREADS, else the host's cores / its ranks); call
+  /// at::set_num_threads afterwards to override. Throws ConfigError,
+  /// PluginError, RendezvousError, ComponentError.
   static Runtime from_yaml(const std::string& path);
   static Runtime from_config(const JobConfig& cfg);
   /// As from_config, with rank / world size given instead of read from the

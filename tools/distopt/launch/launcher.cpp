@@ -2,6 +2,8 @@
 // rank prefix, and tear the job down on failure, timeout or interrupt.
 #include "launch/launcher.hpp"
 
+#include "distopt/threads.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -232,12 +234,12 @@ int run(const LaunchOptions& o) {
   std::vector<char*> argv;
   for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  // Like torchrun: ranks sharing the host split its cores unless told
-  // otherwise (OpenMP, and OpenBLAS, which also reads OMP_NUM_THREADS).
+  // Ranks sharing the host split its cores unless told otherwise (threads.hpp,
+  // the rule Runtime and `distopt train` apply; OpenMP and OpenBLAS read
+  // OMP_NUM_THREADS too, so a program without distopt gets it as well).
   const char* omp = std::getenv("OMP_NUM_THREADS");
   const bool set_omp = !(omp && *omp);
-  const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  const std::string omp_threads = std::to_string(std::max(1L, cores / n));
+  const std::string omp_threads = std::to_string(distopt::default_threads_per_rank(n));
   std::vector<std::vector<std::string>> envs(n);
   std::vector<std::vector<char*>> envps(n);
   for (int r = 0; r < n; ++r) {

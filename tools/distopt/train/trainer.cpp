@@ -3,7 +3,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "distopt/blas.hpp"
+#include "distopt/threads.hpp"
 #include "distopt/checkpoint.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
@@ -39,10 +39,12 @@ double seconds_since(Clock::time_point t) {
 }
 
 // DISTOPT_FAULT_INJECT=exit:RANK:STEP (test-only): {rank, step}, or {-1, -1}.
-// save:RANK:N is the core's (checkpoint.hpp).
+// save:RANK:N is the core's (checkpoint.hpp), comm_exit:... the tcp plugin's.
 std::pair<int, int64_t> fault_injection() {
   const char* v = std::getenv("DISTOPT_FAULT_INJECT");
-  if (!v || !*v || std::string(v).rfind("save:", 0) == 0) return {-1, -1};
+  if (!v || !*v || std::string(v).rfind("save:", 0) == 0 ||
+      std::string(v).rfind("comm_exit:", 0) == 0)
+    return {-1, -1};
   int rank = -1;
   long long step = -1;
   char tail = 0;
@@ -153,18 +155,9 @@ int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
   auto test_y = at::from_blob(ds.test.labels.data(), {ds.test.count}, at::kByte).to(at::kLong);
 
   const ProcessInfo proc = detect_process_info();
-  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
-  const int64_t threads = tc.threads > 0
-                              ? tc.threads
-                              : std::max<int64_t>(1, cores / std::max(1, proc.local_world_size));
-  at::set_num_threads(static_cast<int>(threads));
-  // Debian's libtorch calls BLAS through libblas.so.3; when that is OpenBLAS
-  // (the pthread build) it keeps its own thread pool, which at::set_num_threads
-  // does not size: ranks x BLAS threads would then oversubscribe the cores.
-  using SetBlasThreads = void (*)(int);
-  if (auto set_blas =
-          reinterpret_cast<SetBlasThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    set_blas(static_cast<int>(threads));
+  // Runtime::from_config applies the same choice; known here for the log.
+  const int64_t threads =
+      choose_threads_per_rank(static_cast<int>(tc.threads), proc.local_world_size);
 
   // Opened before the rendezvous, so a bad path fails before the other ranks wait.
   MetricsWriter metrics;
@@ -201,9 +194,7 @@ int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
        << tc.batch_size << " per rank (global " << global_batch << "), " << threads
        << " thread(s) per rank, " << opt.num_buckets() << " bucket(s), data " << tc.data_dir
        << "\n";
-    std::string blas = openblas_core_name();
-    os << "  BLAS: "
-       << (blas.empty() ? std::string("not OpenBLAS") : "OpenBLAS, " + blas + " kernels") << "\n";
+    os << "  BLAS: " << blas_description() << "\n";
     os << "  precision: " << precision_dtype_name(cfg.precision.dtype);
     if (opt.mixed_precision())
       os << " (fp32 master weights, loss scale "
