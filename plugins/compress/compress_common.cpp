@@ -188,8 +188,8 @@ void CompressReducer::count_sent(uint64_t bytes) {
   sdk::metric_add("reducer.bytes_sent", static_cast<double>(bytes));
 }
 
-void CompressReducer::save_residuals(sdk::StateWriter& w,
-                                     const std::vector<std::vector<float>*>& residual) const {
+void CompressReducer::save_rank_local(sdk::StateWriter& w, const std::string& prefix,
+                                      const std::vector<std::vector<float>*>& residual) const {
   for (size_t b = 0; b < layouts_.size() && b < residual.size(); ++b) {
     if (!residual[b] || residual[b]->empty()) continue;
     for (const Slice& e : layouts_[b].entries) {
@@ -200,19 +200,20 @@ void CompressReducer::save_residuals(sdk::StateWriter& w,
       t.ndim = static_cast<int32_t>(shape.size());
       t.dtype = kF32;
       t.shape = shape.data();
-      w.put_local("error_feedback/" + e.name, t);
+      w.put_local(prefix + e.name, t);
     }
   }
 }
 
-void CompressReducer::load_residuals(const sdk::StateReader& r,
-                                     const std::vector<std::vector<float>*>& residual) const {
+void CompressReducer::load_rank_local(const sdk::StateReader& r, const std::string& prefix,
+                                      const std::string& what,
+                                      const std::vector<std::vector<float>*>& residual) const {
   size_t missing = 0, loaded = 0;
   std::string first_missing;
   for (size_t b = 0; b < layouts_.size() && b < residual.size(); ++b) {
     if (!residual[b] || residual[b]->empty()) continue;
     for (const Slice& e : layouts_[b].entries) {
-      const std::string key = "error_feedback/" + e.name;
+      const std::string key = prefix + e.name;
       float* dst = residual[b]->data() + e.offset;
       sdk::StateInfo info;
       if (!r.find(key, &info)) {
@@ -232,13 +233,12 @@ void CompressReducer::load_residuals(const sdk::StateReader& r,
     }
   }
   if (missing > 0 && rank_ == 0)
-    sdk::log_warn(who_, "checkpoint has no error-feedback residual for " + std::to_string(missing) +
+    sdk::log_warn(who_, "checkpoint has no " + what + " for " + std::to_string(missing) +
                             " parameter(s) (first: '" + first_missing + "'); they start from zero");
   if (loaded > 0 && rank_ == 0 && r.saved_world_size() != world_size_)
     sdk::log_warn(who_, "checkpoint was saved by " + std::to_string(r.saved_world_size()) +
                             " ranks, loading into " + std::to_string(world_size_) +
-                            ": every rank's error-feedback residual is the mean of the saved "
-                            "ranks' residuals");
+                            ": every rank's " + what + " is the mean of the saved ranks' values");
 }
 
 }  // namespace distopt::plugins::compress
@@ -248,9 +248,48 @@ void CompressReducer::load_residuals(const sdk::StateReader& r,
 
 namespace distopt::plugins::compress {
 
-size_t keep_count(double ratio, size_t n) {
+MomentumCorrection::MomentumCorrection(double momentum, bool masking,
+                                       const std::vector<BucketLayout>& layouts)
+    : momentum_(static_cast<float>(momentum)), masking_(masking) {
+  if (!(momentum >= 0.0 && momentum < 1.0))
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     "option momentum must be in [0, 1), got " + std::to_string(momentum));
+  if (enabled())
+    for (const BucketLayout& l : layouts) velocity_.emplace_back(l.length, 0.0f);
+}
+
+void MomentumCorrection::accumulate(size_t b, const Slice& e, float* g) {
+  if (!enabled()) return;
+  float* u = velocity_[b].data() + e.offset;
+  for (size_t i = 0; i < e.numel; ++i) g[i] = u[i] = momentum_ * u[i] + g[i];
+}
+
+std::vector<std::vector<float>*> MomentumCorrection::buffers() {
+  std::vector<std::vector<float>*> out;
+  for (auto& v : velocity_) out.push_back(&v);
+  if (out.empty()) out.assign(1, nullptr);
+  return out;
+}
+
+size_t keep_count(double ratio, size_t n, size_t min_k) {
   const double k = std::ceil(ratio * static_cast<double>(n));
-  return std::min(n, std::max<size_t>(1, static_cast<size_t>(k)));
+  return std::min(n, std::max<size_t>(std::max<size_t>(1, min_k), static_cast<size_t>(k)));
+}
+
+SparseOptions SparseOptions::read(const char* who, const dopt_options* options) {
+  sdk::OptionsView o(options);
+  SparseOptions s;
+  s.ratio = read_ratio(who, options);
+  const int64_t min_k = o.get_int("min_k");
+  if (min_k < 1)
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     std::string(who) + ": option min_k must be at least 1, got " +
+                         std::to_string(min_k));
+  s.min_k = static_cast<size_t>(min_k);
+  s.error_feedback = o.get_bool("error_feedback");
+  s.momentum = o.get_double("momentum");
+  s.momentum_masking = o.get_bool("momentum_masking");
+  return s;
 }
 
 double read_ratio(const char* who, const dopt_options* options) {

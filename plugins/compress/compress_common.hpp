@@ -101,7 +101,9 @@ class CompressReducer : public sdk::Reducer {
   /// entry "error_feedback/<param name>" per bucket entry, float32, the
   /// parameter's shape (distopt/state.h's convention, so residuals move
   /// between the EF reducers).
-  void save_residuals(sdk::StateWriter& w, const std::vector<std::vector<float>*>& residual) const;
+  void save_residuals(sdk::StateWriter& w, const std::vector<std::vector<float>*>& residual) const {
+    save_rank_local(w, "error_feedback/", residual);
+  }
   /// Restore what save_residuals put. Another saved world size gives each
   /// rank the mean of the saved residuals (the host's rule for floating
   /// RANK_LOCAL entries; logged as a warning on rank 0). A missing key is
@@ -109,7 +111,17 @@ class CompressReducer : public sdk::Reducer {
   /// a saved tensor with another element count throws INVALID_ARGUMENT
   /// naming the key. Values of bucket padding are left as they are.
   void load_residuals(const sdk::StateReader& r,
-                      const std::vector<std::vector<float>*>& residual) const;
+                      const std::vector<std::vector<float>*>& residual) const {
+    load_rank_local(r, "error_feedback/", "error-feedback residual", residual);
+  }
+  /// The same for any per-element float32 buffers under "<prefix><param
+  /// name>" (MomentumCorrection's velocity: "momentum_correction/");
+  /// `what` names them in warnings.
+  void save_rank_local(sdk::StateWriter& w, const std::string& prefix,
+                       const std::vector<std::vector<float>*>& buffers) const;
+  void load_rank_local(const sdk::StateReader& r, const std::string& prefix,
+                       const std::string& what,
+                       const std::vector<std::vector<float>*>& buffers) const;
 
   const char* who_;
   sdk::CommView comm_;
@@ -123,9 +135,55 @@ class CompressReducer : public sdk::Reducer {
 
 namespace distopt::plugins::compress {
 
-/// Entries kept per tensor by topk / randomk: k = max(1, ceil(ratio x n)),
-/// at most n (ratio in (0, 1]; computed in double).
-size_t keep_count(double ratio, size_t n);
+/// Momentum correction with momentum factor masking for the sparsifying
+/// reducers (Lin, Han, Mao, Wang, Dally, "Deep Gradient Compression",
+/// ICLR 2018, section 3.2). Each rank keeps a velocity u per parameter
+/// element and accumulates u, not the gradient, into the error-feedback
+/// residual:
+///   u = momentum x u + g;   p = e + u;   send sparse(p);   e = p - sent
+/// and, with masking, u = 0 where an element was sent, so a stale velocity
+/// does not keep pushing a coordinate whose accumulated update just went
+/// out. The momentum then lives here: the optimizer must run without it
+/// (optimizer.momentum: 0), as in DGC. State: one float32 per element.
+inline constexpr const char* kVelocityPrefix = "momentum_correction/";
+
+class MomentumCorrection {
+ public:
+  /// momentum in [0, 1); 0 turns it off (accumulate() is then p = g).
+  MomentumCorrection(double momentum, bool masking, const std::vector<BucketLayout>& layouts);
+  bool enabled() const { return momentum_ > 0; }
+  /// g (one entry of bucket b, in place) becomes the new velocity.
+  void accumulate(size_t b, const Slice& e, float* g);
+  /// Element `index` of bucket b's flat buffer was sent.
+  void sent(size_t b, size_t index) {
+    if (masking_ && enabled()) velocity_[b][index] = 0.0f;
+  }
+  /// Per bucket, for checkpoints (nullptr when disabled).
+  std::vector<std::vector<float>*> buffers();
+
+ private:
+  float momentum_;
+  bool masking_;
+  std::vector<std::vector<float>> velocity_;
+};
+
+/// Entries kept per tensor by topk / randomk: k = max(min_k, ceil(ratio x n)),
+/// at most n (ratio in (0, 1], min_k >= 1; computed in double). min_k keeps
+/// small tensors (biases, a classifier's output layer) from being starved:
+/// at ratio 0.01 a 10-element bias would send 1 element a step.
+size_t keep_count(double ratio, size_t n, size_t min_k = 1);
+
+/// The sparsifiers' shared options (topk, randomk): ratio, min_k,
+/// error_feedback, momentum, momentum_masking. Throws INVALID_ARGUMENT.
+struct SparseOptions {
+  double ratio = 0.01;
+  size_t min_k = 1;
+  bool error_feedback = true;
+  double momentum = 0;
+  bool momentum_masking = true;
+  static SparseOptions read(const char* who, const dopt_options* options);
+  size_t keep(size_t n) const { return keep_count(ratio, n, min_k); }
+};
 
 /// Read and check the `ratio` option (0 < ratio <= 1); throws INVALID_ARGUMENT.
 double read_ratio(const char* who, const dopt_options* options);

@@ -50,13 +50,14 @@ std::vector<uint32_t> random_subset(uint64_t seed, uint64_t bucket, uint64_t ste
 RandomkReducer::RandomkReducer(const dopt_create_args& args, dopt_comm_ref comm,
                                const dopt_bucket* buckets, size_t num_buckets)
     : CompressReducer("randomk", args, comm, buckets, num_buckets),
-      ratio_(read_ratio("randomk", args.options)),
-      error_feedback_(sdk::OptionsView(args.options).get_bool("error_feedback")),
+      opts_(SparseOptions::read("randomk", args.options)),
+      error_feedback_(opts_.error_feedback),
+      momentum_(opts_.momentum, opts_.momentum_masking, layouts_),
       seed_(static_cast<uint64_t>(sdk::OptionsView(args.options).get_int("seed"))),
       state_(layouts_.size()) {
   for (size_t b = 0; b < layouts_.size(); ++b) {
     size_t k = 0;
-    for (const Slice& e : layouts_[b].entries) k += keep_count(ratio_, e.numel);
+    for (const Slice& e : layouts_[b].entries) k += opts_.keep(e.numel);
     state_[b].values.resize(k);
     state_[b].index.resize(k);
     if (error_feedback_) state_[b].residual.assign(layouts_[b].length, 0.0f);
@@ -82,6 +83,7 @@ void RandomkReducer::save_state(sdk::StateWriter& w) {
     }
   }
   save_residuals(w, residuals());
+  if (momentum_.enabled()) save_rank_local(w, kVelocityPrefix, momentum_.buffers());
 }
 
 void RandomkReducer::load_state(const sdk::StateReader& r) {
@@ -116,6 +118,8 @@ void RandomkReducer::load_state(const sdk::StateReader& r) {
     sdk::log_warn(who_, "checkpoint has no randomk/step for " + std::to_string(missing) +
                             " parameter(s); their buckets' index draws restart from step 0");
   load_residuals(r, residuals());
+  if (momentum_.enabled())
+    load_rank_local(r, kVelocityPrefix, "momentum-correction velocity", momentum_.buffers());
 }
 
 std::unique_ptr<sdk::Request> RandomkReducer::reduce(const dopt_bucket& bucket) {
@@ -128,12 +132,14 @@ std::unique_ptr<sdk::Request> RandomkReducer::reduce(const dopt_bucket& bucket) 
     const Slice& e = l.entries[t];
     float* p = s.work.data() + e.offset;
     float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
+    momentum_.accumulate(b, e, p);
     if (res)
       for (size_t i = 0; i < e.numel; ++i) p[i] += res[i];
-    for (uint32_t i : random_subset(seed_, b, s.step, t, e.numel, keep_count(ratio_, e.numel))) {
+    for (uint32_t i : random_subset(seed_, b, s.step, t, e.numel, opts_.keep(e.numel))) {
       s.index[j] = static_cast<uint32_t>(e.offset + i);
       s.values[j++] = p[i];
       p[i] = 0.0f;  // p becomes what was not sent
+      momentum_.sent(b, e.offset + i);
     }
     if (res) std::copy(p, p + e.numel, res);
   }

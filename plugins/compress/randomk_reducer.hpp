@@ -2,19 +2,22 @@
 // mlbench's SparsifiedSGD / CentralizedSparsifiedSGD with random selection
 // (Stich, Cordonnier, Jaggi, "Sparsified SGD with memory", NeurIPS 2018).
 //
-// Per bucket entry t (n_t elements), k = max(1, ceil(ratio x n_t)). Every
+// Per bucket entry t (n_t elements), k = min(n_t, max(min_k, ceil(ratio x
+// n_t))). Every
 // rank draws the SAME k distinct indices S (splitmix64 seeded from the
 // `seed` option, the bucket index, the bucket's reduction count and t;
 // sorted ascending), so only the values travel:
-//   p = g + e;  v = p[S];  e = p with S set to 0 (error_feedback: true)
+//   u = momentum x u + g (momentum > 0: DGC momentum correction; else u = g)
+//   p = u + e;  v = p[S];  e = p with S set to 0 (error_feedback: true)
+//   u = u with S set to 0 (momentum_masking)
 //   one allreduce (DOPT_REDUCE_AVG, float32) of all entries' v;
 //   out = 0 everywhere except out[S] = mean_r v_r.
 // No n/k rescaling (the memory variant: what is not sent now is sent later).
 //
 // bytes_sent per bucket: a ring allreduce of 4 x sum_t k_t bytes,
 // 2 (W-1)/W x 4 x sum_t k_t.
-// Options: ratio (double in (0, 1], default 0.01), error_feedback (bool,
-// default true), seed (int >= 0, default 0; must match on every rank).
+// Options: ratio, min_k, error_feedback, momentum, momentum_masking as topk
+// (topk_reducer.hpp), seed (int >= 0, default 0; must match on every rank).
 // State: the residuals (error feedback) and each bucket's reduction count,
 // which with `seed` fully determines the draws (counter-based, so there is
 // no generator state to keep); checkpoints hold both (save_state).
@@ -59,8 +62,9 @@ class RandomkReducer : public CompressReducer {
     int64_t shape = 0;
     DLTensor dl{};
   };
-  double ratio_;
+  SparseOptions opts_;
   bool error_feedback_;
+  MomentumCorrection momentum_;
   uint64_t seed_;
   std::vector<State> state_;
 };

@@ -12,6 +12,7 @@ SignSgdReducer::SignSgdReducer(const dopt_create_args& args, dopt_comm_ref comm,
                                const dopt_bucket* buckets, size_t num_buckets)
     : CompressReducer("signsgd", args, comm, buckets, num_buckets),
       error_feedback_(sdk::OptionsView(args.options).get_bool("error_feedback")),
+      momentum_(sdk::OptionsView(args.options).get_double("momentum"), false, layouts_),
       state_(layouts_.size()) {
   for (size_t b = 0; b < layouts_.size(); ++b) {
     if (error_feedback_) state_[b].residual.assign(layouts_[b].length, 0.0f);
@@ -37,6 +38,7 @@ std::unique_ptr<sdk::Request> SignSgdReducer::reduce(const dopt_bucket& bucket) 
     const Slice& e = l.entries[t];
     float* p = s.work.data() + e.offset;
     float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
+    momentum_.accumulate(b, e, p);
     if (res)
       for (size_t i = 0; i < e.numel; ++i) p[i] += res[i];
     double sum = 0;
@@ -61,9 +63,16 @@ std::vector<std::vector<float>*> SignSgdReducer::residuals() {
   return out;
 }
 
-void SignSgdReducer::save_state(sdk::StateWriter& w) { save_residuals(w, residuals()); }
+void SignSgdReducer::save_state(sdk::StateWriter& w) {
+  save_residuals(w, residuals());
+  if (momentum_.enabled()) save_rank_local(w, kVelocityPrefix, momentum_.buffers());
+}
 
-void SignSgdReducer::load_state(const sdk::StateReader& r) { load_residuals(r, residuals()); }
+void SignSgdReducer::load_state(const sdk::StateReader& r) {
+  load_residuals(r, residuals());
+  if (momentum_.enabled())
+    load_rank_local(r, kVelocityPrefix, "momentum-correction velocity", momentum_.buffers());
+}
 
 void SignSgdReducer::finish(size_t b, DLTensor* flat) {
   const BucketLayout& l = layouts_[b];

@@ -27,7 +27,9 @@
 // sum of g - mean over ranks of e, exactly. (Against the local message,
 // 2 ranks reached ~72% on the mlp test below instead of ~82%.)
 // bytes_sent per bucket: (W-1) x (4 x entries + sum_t ceil(n_t / 8)).
-// Options: error_feedback (bool, default false). The residual e lives in
+// Options: error_feedback (bool, default false), momentum (double in [0, 1),
+// default 0): p = e + u with u = momentum x u + g (MomentumCorrection, no
+// masking as every sign is sent; needs optimizer.momentum 0). The residual e lives in
 // this reducer (float32, one per parameter element); checkpoints hold it
 // (save_state below).
 // Bucket dtypes: float32, float64, float16, bfloat16 (computed in float32).
@@ -70,6 +72,7 @@ class SignSgdReducer : public CompressReducer {
     DLTensor send_dl{}, recv_dl{};
   };
   bool error_feedback_;
+  MomentumCorrection momentum_;  // no masking: every element is sent
   std::vector<State> state_;
 };
 

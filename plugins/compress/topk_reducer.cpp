@@ -41,13 +41,14 @@ float kth_largest_abs(const float* p, size_t n, size_t k, std::vector<float>& sc
 TopkReducer::TopkReducer(const dopt_create_args& args, dopt_comm_ref comm,
                          const dopt_bucket* buckets, size_t num_buckets)
     : CompressReducer("topk", args, comm, buckets, num_buckets),
-      ratio_(read_ratio("topk", args.options)),
-      error_feedback_(sdk::OptionsView(args.options).get_bool("error_feedback")),
+      opts_(SparseOptions::read("topk", args.options)),
+      error_feedback_(opts_.error_feedback),
+      momentum_(opts_.momentum, opts_.momentum_masking, layouts_),
       state_(layouts_.size()) {
   static_assert(sizeof(Pair) == 8, "pairs travel as 8 bytes");
   for (size_t b = 0; b < layouts_.size(); ++b) {
     size_t k = 0;
-    for (const Slice& e : layouts_[b].entries) k += keep_count(ratio_, e.numel);
+    for (const Slice& e : layouts_[b].entries) k += opts_.keep(e.numel);
     state_[b].send.resize(k);
     state_[b].recv.resize(k * static_cast<size_t>(world_size_));
     if (error_feedback_) state_[b].residual.assign(layouts_[b].length, 0.0f);
@@ -63,9 +64,10 @@ std::unique_ptr<sdk::Request> TopkReducer::reduce(const dopt_bucket& bucket) {
   for (const Slice& e : l.entries) {
     float* p = s.work.data() + e.offset;
     float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
+    momentum_.accumulate(b, e, p);
     if (res)
       for (size_t i = 0; i < e.numel; ++i) p[i] += res[i];
-    const size_t k = keep_count(ratio_, e.numel);
+    const size_t k = opts_.keep(e.numel);
     // Threshold = the k-th largest |p|; take everything above it, then ties
     // at it in index order until k are taken.
     const float thr = k < e.numel ? kth_largest_abs(p, e.numel, k, s.scratch) : 0.0f;
@@ -82,6 +84,7 @@ std::unique_ptr<sdk::Request> TopkReducer::reduce(const dopt_bucket& bucket) {
       }
       if (!take) continue;
       *out++ = {static_cast<uint32_t>(e.offset + i), p[i]};
+      momentum_.sent(b, e.offset + i);
       ++taken;
       if (res) p[i] = 0.0f;  // p becomes what was not sent
     }
@@ -103,9 +106,16 @@ std::vector<std::vector<float>*> TopkReducer::residuals() {
   return out;
 }
 
-void TopkReducer::save_state(sdk::StateWriter& w) { save_residuals(w, residuals()); }
+void TopkReducer::save_state(sdk::StateWriter& w) {
+  save_residuals(w, residuals());
+  if (momentum_.enabled()) save_rank_local(w, kVelocityPrefix, momentum_.buffers());
+}
 
-void TopkReducer::load_state(const sdk::StateReader& r) { load_residuals(r, residuals()); }
+void TopkReducer::load_state(const sdk::StateReader& r) {
+  load_residuals(r, residuals());
+  if (momentum_.enabled())
+    load_rank_local(r, kVelocityPrefix, "momentum-correction velocity", momentum_.buffers());
+}
 
 void TopkReducer::finish(size_t b, DLTensor* flat) {
   State& s = state_[b];

@@ -86,8 +86,11 @@ std::vector<RankResult> run(const std::string& name, const std::string& options,
   auto codes = fork_ranks(world, [&](int rank) {
     auto ep = make_endpoint("tcp", rank, world, port);
     const distopt::ComponentInfo& info = ep->registry.get(DOPT_KIND_REDUCER, name);
-    auto opts =
-        distopt::Options::validate(YAML::Load(options), info.options, "<test>", "reducer.options");
+    // These tensors are tiny: min_k 1 unless a test sets it, so that k
+    // follows the ratio (the default min_k would send most of them whole).
+    YAML::Node yopts = YAML::Load(options);
+    if ((name == "topk" || name == "randomk") && !yopts["min_k"]) yopts["min_k"] = 1;
+    auto opts = distopt::Options::validate(yopts, info.options, "<test>", "reducer.options");
     Layout l = layout();
     const size_t nb = kEntries.size();
     std::vector<std::vector<uint16_t>> half(nb);  // storage for 16-bit buckets
@@ -231,7 +234,7 @@ Grad exact_mean(int world, int step, int zero_from = 1 << 30) {
   return m;
 }
 
-size_t keep(double ratio, size_t n) {  // the documented k = max(1, ceil(ratio x n))
+size_t keep(double ratio, size_t n) {  // the documented k with min_k 1: max(1, ceil(ratio x n))
   return std::min(
       n, std::max<size_t>(1, static_cast<size_t>(std::ceil(ratio * static_cast<double>(n)))));
 }
@@ -488,4 +491,79 @@ TEST_CASE("a ratio of 0 is refused at create with a message") {
                : 1;
   });
   CHECK(codes[0] == 0);
+}
+
+namespace {
+// DGC momentum correction on top of top-k with error feedback, computed
+// locally for every rank (Lin et al. 2018, section 3.2):
+//   u = m u + g;  p = e + u;  S = top-k |p| per tensor;  e = p off S;
+//   u = 0 on S (masking);  out = mean over ranks of p on S.
+std::vector<Grad> topk_momentum_reference(int world, int steps, double ratio, size_t min_k,
+                                          float m, bool masking) {
+  Layout l = layout();
+  std::vector<Grad> u(static_cast<size_t>(world)), e(static_cast<size_t>(world));
+  std::vector<Grad> out;
+  for (int s = 0; s < steps; ++s) {
+    Grad mean = gradient(0, s, 1 << 30);
+    for (auto& b : mean) std::fill(b.begin(), b.end(), 0.0f);
+    for (int r = 0; r < world; ++r) {
+      Grad g = gradient(r, s, 1 << 30);
+      Grad& ur = u[static_cast<size_t>(r)];
+      Grad& er = e[static_cast<size_t>(r)];
+      if (ur.empty()) ur = er = Grad(g.size());
+      for (size_t b = 0; b < g.size(); ++b) {
+        ur[b].resize(g[b].size(), 0.0f);
+        er[b].resize(g[b].size(), 0.0f);
+        for (size_t x = 0; x < kEntries[b].size(); ++x) {
+          const size_t off = l.offsets[b][x], n = kEntries[b][x];
+          const size_t k = std::min(n, std::max(min_k, keep(ratio, n)));
+          std::vector<float> p(n), a(n);
+          for (size_t i = 0; i < n; ++i) {
+            ur[b][off + i] = m * ur[b][off + i] + g[b][off + i];
+            p[i] = er[b][off + i] + ur[b][off + i];
+            a[i] = std::fabs(p[i]);
+          }
+          std::vector<float> sorted = a;
+          std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+          for (size_t i = 0; i < n; ++i) {
+            const bool sent = a[i] >= sorted[k - 1];
+            er[b][off + i] = sent ? 0.0f : p[i];
+            if (sent) mean[b][off + i] += p[i];
+            if (sent && masking) ur[b][off + i] = 0.0f;
+          }
+        }
+      }
+    }
+    for (auto& b : mean)
+      for (float& v : b) v /= static_cast<float>(world);
+    out.push_back(mean);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("topk momentum correction and masking follow DGC; min_k keeps small tensors sending") {
+  const int w = 2, steps = 4;
+  for (bool masking : {true, false}) {
+    CAPTURE(masking);
+    const std::string opts = std::string("{ratio: 0.1, min_k: 8, momentum: 0.9, momentum_masking: ") +
+                             (masking ? "true" : "false") + "}";
+    auto res = run("topk", opts, w, steps);
+    check_same_on_every_rank(res);
+    auto ref = topk_momentum_reference(w, steps, 0.1, 8, 0.9f, masking);
+    for (int s = 0; s < steps; ++s) {
+      CAPTURE(s);
+      CHECK(max_diff(res[0].steps[static_cast<size_t>(s)], ref[static_cast<size_t>(s)]) <= 1e-4);
+    }
+  }
+  // Masking matters: without it the stale velocity keeps pushing.
+  auto a = topk_momentum_reference(w, steps, 0.1, 8, 0.9f, true);
+  auto b = topk_momentum_reference(w, steps, 0.1, 8, 0.9f, false);
+  CHECK(max_diff(a[3], b[3]) > 1e-3);
+  // min_k: the 9-, 13- and 64-element tensors send 8 (not 1, 2 and 7) per rank.
+  auto res = run("topk", "{ratio: 0.1, min_k: 8, error_feedback: false}", w, 1);
+  Layout l = layout();
+  size_t nz = 0;
+  for (size_t i = 0; i < kEntries[0][0]; ++i) nz += res[0].steps[0][0][l.offsets[0][0] + i] != 0;
+  CHECK((nz >= 8 && nz <= 16));
 }

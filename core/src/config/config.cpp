@@ -408,6 +408,24 @@ const std::vector<OptionSpec>& optimizer_option_specs(const std::string& name) {
   return it->second;
 }
 
+namespace {
+// A reducer option `momentum` means the reducer applies the momentum itself
+// (DGC momentum correction, plugins/compress): momentum applied twice is
+// 1 / (1 - m)^2 times the step, so the combination is refused.
+void check_momentum_owner(const JobConfig& cfg, const ValidatedJob& v) {
+  auto positive = [](const Options& o) {
+    return o.has("momentum") && o.values().at("momentum").index() == 2 &&
+           o.get_double("momentum") > 0;
+  };
+  if (!positive(v.reducer) || !positive(v.optimizer)) return;
+  fail(cfg.path, mark_of(child(cfg.reducer.options, "momentum"), cfg.reducer.mark),
+       "reducer.options.momentum: reducer '" + cfg.reducer.name +
+           "' applies momentum itself (momentum correction), and optimizer.momentum is " +
+           std::to_string(v.optimizer.get_double("momentum")) +
+           ": set optimizer.momentum: 0 (or drop reducer.options.momentum)");
+}
+}  // namespace
+
 ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) {
   const std::string& file = cfg.path;
   auto component = [&](dopt_component_kind kind, const char* section,
@@ -470,6 +488,7 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) 
   }
   out.optimizer =
       validate_options(cfg.optimizer_options, *ospecs, file, "optimizer", cfg.optimizer_mark);
+  check_momentum_owner(cfg, out);
   return out;
 }
 
