@@ -3,10 +3,16 @@
 #include <doctest/doctest.h>
 #include <sched.h>
 
+#include <ATen/Parallel.h>
+#include <stdlib.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "distopt/blas.hpp"
+#include "distopt/config.hpp"
+#include "distopt/runtime.hpp"
 #include "distopt/threads.hpp"
 
 using distopt::openblas_coretype_rule;
@@ -70,5 +76,41 @@ TEST_CASE("threads per rank: the configured value, else OMP_NUM_THREADS, else co
   CHECK(distopt::choose_threads_per_rank(2, 1) == 2);  // the config wins
   setenv("OMP_NUM_THREADS", "lots", 1);                  // not a number: ignored
   CHECK(distopt::choose_threads_per_rank(0, 1) == cores);
+  unsetenv("OMP_NUM_THREADS");
+}
+
+namespace {
+// A one-rank job file: plugins from the build tree, optional train.threads.
+std::string one_rank_job(const std::string& threads_line) {
+  const char* plugins = std::getenv("DISTOPT_PLUGIN_DIR");
+  REQUIRE_MESSAGE(plugins, "DISTOPT_PLUGIN_DIR is not set (run through ctest)");
+  char tmpl[] = "/tmp/distopt_threads_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string path = std::string(tmpl) + "/job.yaml";
+  std::ofstream(path) << "plugins: {paths: [" << plugins << "]}\n"
+                      << "world: {size: 1}\n"
+                      << threads_line;
+  return path;
+}
+}  // namespace
+
+TEST_CASE("an embedding program gets the CLI's threads per rank from Runtime") {
+  unsetenv("OMP_NUM_THREADS");
+  const distopt::ProcessInfo one{0, 1, 0, 1, "", "", "test"};
+  at::set_num_threads(7);  // whatever the program had: Runtime applies the rule
+  {
+    auto rt = distopt::Runtime::from_config(distopt::load_job_config(one_rank_job("")), one);
+    CHECK(at::get_num_threads() == distopt::default_threads_per_rank(1));
+  }
+  {
+    auto rt = distopt::Runtime::from_config(
+        distopt::load_job_config(one_rank_job("train: {threads: 3}\n")), one);
+    CHECK(at::get_num_threads() == 3);
+  }
+  setenv("OMP_NUM_THREADS", "2", 1);
+  {
+    auto rt = distopt::Runtime::from_config(distopt::load_job_config(one_rank_job("")), one);
+    CHECK(at::get_num_threads() == 2);
+  }
   unsetenv("OMP_NUM_THREADS");
 }

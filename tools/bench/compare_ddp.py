@@ -238,19 +238,36 @@ def blas_name():
     return name + ", OPENBLAS_CORETYPE=" + os.environ.get("OPENBLAS_CORETYPE", "(auto)")
 
 
+GENERIC_KERNELS = ("Prescott", "Core2", "Nehalem", "Sandybridge", "Katmai", "Coppermine", "Northwood", "Banias",
+                   "Atom", "Penryn", "Dunnington")
+
+
 def best_openblas_coretype():
-    """The kernel set `distopt` itself picks (core/src/blas.cpp): OpenBLAS
-    misdetects this VM's CPU as Prescott, so both sides must get the same fix
-    or the comparison measures the BLAS, not the distributed runtime."""
+    """The OPENBLAS_CORETYPE `distopt` itself sets (core/src/blas.cpp, openblas_coretype_rule): the best
+    kernel set of the CPU, but only where OpenBLAS fell back to a generic one (as it does for CPU models it
+    does not recognise, e.g. some VMs); "" where OpenBLAS's own choice stands. Both sides of a comparison
+    must get the same, or it measures the BLAS, not the distributed runtime."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
     except OSError:
         return ""
+    best = ""
     if all(x in flags for x in ("avx512f", "avx512bw", "avx512vl", "avx512dq")):
-        return "SkylakeX"
-    if "avx2" in flags and "fma" in flags:
-        return "Haswell"
+        best = "SkylakeX"
+    elif "avx2" in flags and "fma" in flags:
+        best = "Haswell"
+    try:
+        import ctypes
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        own = lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return ""
+    if not best or own.lower() == best.lower():
+        return ""
+    if own.lower() in (g.lower() for g in GENERIC_KERNELS) or (own == "Haswell" and best == "SkylakeX"):
+        return best
     return ""
 
 
