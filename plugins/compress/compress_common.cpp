@@ -282,9 +282,9 @@ SparseOptions SparseOptions::read(const char* who, const dopt_options* options) 
   s.ratio = read_ratio(who, options);
   const int64_t min_k = o.get_int("min_k");
   if (min_k < 1)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     std::string(who) + ": option min_k must be at least 1, got " +
-                         std::to_string(min_k));
+    throw sdk::Error(
+        DOPT_ERR_INVALID_ARGUMENT,
+        std::string(who) + ": option min_k must be at least 1, got " + std::to_string(min_k));
   s.min_k = static_cast<size_t>(min_k);
   s.error_feedback = o.get_bool("error_feedback");
   s.momentum = o.get_double("momentum");

@@ -8,12 +8,15 @@ namespace {
 
 namespace c = distopt::plugins::compress;
 
-#define DOPT_MOMENTUM_OPTION                                                                   \
-  {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "momentum", DOPT_OPTION_DOUBLE, "0", 0, 0.999999,   \
-   nullptr,                                                                                    \
-   "DGC momentum correction (Lin et al. 2018): accumulate a local velocity "                   \
-   "u = momentum u + g instead of the gradient; the optimizer must then run without momentum " \
-   "(optimizer.momentum: 0)"}
+#define DOPT_MOMENTUM_OPTION                                                                 \
+  {                                                                                          \
+    DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "momentum", DOPT_OPTION_DOUBLE, "0", 0, 0.999999, \
+        nullptr,                                                                             \
+        "DGC momentum correction (Lin et al. 2018): accumulate a local velocity "            \
+        "u = momentum u + g instead of the gradient; the optimizer must then run without "   \
+        "momentum "                                                                          \
+        "(optimizer.momentum: 0)"                                                            \
+  }
 
 constexpr dopt_option_spec kSignOptions[] = {
     {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "error_feedback", DOPT_OPTION_BOOL, "false", 0, -1,
@@ -24,18 +27,39 @@ constexpr dopt_option_spec kSignOptions[] = {
 };
 
 #define DOPT_SPARSE_OPTIONS                                                                       \
-  {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "ratio", DOPT_OPTION_DOUBLE, "0.01", 0, 1, nullptr,     \
-   "fraction of each tensor's elements sent per step, in (0, 1]: k = min(numel, max(min_k, "     \
+  {DOPT_OPTION_SPEC_STRUCT_SIZE,                                                                  \
+   nullptr,                                                                                       \
+   "ratio",                                                                                       \
+   DOPT_OPTION_DOUBLE,                                                                            \
+   "0.01",                                                                                        \
+   0,                                                                                             \
+   1,                                                                                             \
+   nullptr,                                                                                       \
+   "fraction of each tensor's elements sent per step, in (0, 1]: k = min(numel, max(min_k, "      \
    "ceil(ratio x numel)))"},                                                                      \
-      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "min_k", DOPT_OPTION_INT, "256", 1, 4.0e9, nullptr, \
+      {DOPT_OPTION_SPEC_STRUCT_SIZE,                                                              \
+       nullptr,                                                                                   \
+       "min_k",                                                                                   \
+       DOPT_OPTION_INT,                                                                           \
+       "256",                                                                                     \
+       1,                                                                                         \
+       4.0e9,                                                                                     \
+       nullptr,                                                                                   \
        "at least this many elements of each tensor are sent per step (all of a smaller one), so " \
        "biases and small layers are not starved"},                                                \
-      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "error_feedback", DOPT_OPTION_BOOL, "true", 0, -1,  \
+      {DOPT_OPTION_SPEC_STRUCT_SIZE,                                                              \
+       nullptr,                                                                                   \
+       "error_feedback",                                                                          \
+       DOPT_OPTION_BOOL,                                                                          \
+       "true",                                                                                    \
+       0,                                                                                         \
+       -1,                                                                                        \
        nullptr,                                                                                   \
        "keep what was not sent (per parameter element) and add it to the next step's gradient"},  \
-      DOPT_MOMENTUM_OPTION,                                                                       \
-      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "momentum_masking", DOPT_OPTION_BOOL, "true", 0, -1, \
-       nullptr, "DGC momentum factor masking: zero the velocity of the elements sent"}
+      DOPT_MOMENTUM_OPTION, {                                                                     \
+    DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "momentum_masking", DOPT_OPTION_BOOL, "true", 0, -1,   \
+        nullptr, "DGC momentum factor masking: zero the velocity of the elements sent"            \
+  }
 
 constexpr dopt_option_spec kTopkOptions[] = {DOPT_SPARSE_OPTIONS};
 constexpr dopt_option_spec kRandomkOptions[] = {

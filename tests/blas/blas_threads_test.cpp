@@ -1,9 +1,8 @@
 // The kernel-set rule as a table (every case, whatever this machine's CPU),
 // and the threads-per-rank rule.
+#include <ATen/Parallel.h>
 #include <doctest/doctest.h>
 #include <sched.h>
-
-#include <ATen/Parallel.h>
 #include <stdlib.h>
 
 #include <cstdlib>
@@ -36,7 +35,9 @@ TEST_CASE("a kernel set OpenBLAS chose for a CPU it recognised is kept") {
   CHECK(openblas_coretype_rule("", "SkylakeX") == "");  // not OpenBLAS
 }
 
-TEST_CASE("an explicit OPENBLAS_CORETYPE is never overridden, and DISTOPT_BLAS_AUTOTUNE=0 turns the fix off") {
+TEST_CASE(
+    "an explicit OPENBLAS_CORETYPE is never overridden, and DISTOPT_BLAS_AUTOTUNE=0 turns the fix "
+    "off") {
   setenv("OPENBLAS_CORETYPE", "Prescott", 1);
   CHECK(distopt::openblas_coretype_fix() == "");
   unsetenv("OPENBLAS_CORETYPE");
@@ -59,7 +60,8 @@ TEST_CASE("the BLAS description names the kernels and the threading of OpenBLAS"
   CHECK(distopt::blas_description().rfind("OpenBLAS, " + core + " kernels, " + threading, 0) == 0);
 }
 
-TEST_CASE("threads per rank: the configured value, else OMP_NUM_THREADS, else cores / local ranks") {
+TEST_CASE(
+    "threads per rank: the configured value, else OMP_NUM_THREADS, else cores / local ranks") {
   cpu_set_t set;
   CPU_ZERO(&set);
   REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
@@ -74,7 +76,7 @@ TEST_CASE("threads per rank: the configured value, else OMP_NUM_THREADS, else co
   setenv("OMP_NUM_THREADS", "5", 1);
   CHECK(distopt::choose_threads_per_rank(0, 1) == 5);
   CHECK(distopt::choose_threads_per_rank(2, 1) == 2);  // the config wins
-  setenv("OMP_NUM_THREADS", "lots", 1);                  // not a number: ignored
+  setenv("OMP_NUM_THREADS", "lots", 1);                // not a number: ignored
   CHECK(distopt::choose_threads_per_rank(0, 1) == cores);
   unsetenv("OMP_NUM_THREADS");
 }

@@ -390,8 +390,13 @@ TEST_CASE("distopt replaces only a generic OpenBLAS kernel set, and respects OPE
   std::string cfg = write_job(t, j);
   // `env` clears what this test's own environment may hold, then sets `vars`.
   auto train = [&](const std::vector<std::string>& vars) {
-    std::vector<std::string> argv = {"env", "-u", "OPENBLAS_CORETYPE", "-u", "DISTOPT_BLAS_REEXEC",
-                                     "-u", "DISTOPT_BLAS_AUTOTUNE"};
+    std::vector<std::string> argv = {"env",
+                                     "-u",
+                                     "OPENBLAS_CORETYPE",
+                                     "-u",
+                                     "DISTOPT_BLAS_REEXEC",
+                                     "-u",
+                                     "DISTOPT_BLAS_AUTOTUNE"};
     argv.insert(argv.end(), vars.begin(), vars.end());
     argv.insert(argv.end(), {cli(), "train", cfg});
     ProcResult r = run_command(argv, {}, std::chrono::seconds(120));
@@ -407,10 +412,10 @@ TEST_CASE("distopt replaces only a generic OpenBLAS kernel set, and respects OPE
   }
   const std::string out = train({});
   const std::string used = blas_kernels(out), best = best_coretype_from_cpuinfo();
-  MESSAGE("OpenBLAS chooses " << own << "; distopt runs " << used << "; best for the CPU: "
-                              << (best.empty() ? "none" : best));
-  const bool replace =
-      !best.empty() && own != best && (generic_fallback(own) || (own == "Haswell" && best == "SkylakeX"));
+  MESSAGE("OpenBLAS chooses " << own << "; distopt runs " << used
+                              << "; best for the CPU: " << (best.empty() ? "none" : best));
+  const bool replace = !best.empty() && own != best &&
+                       (generic_fallback(own) || (own == "Haswell" && best == "SkylakeX"));
   if (replace) {
     CHECK(used == best);
     CHECK(out.find("(OpenBLAS chose " + own + "; OPENBLAS_CORETYPE set by distopt)") !=

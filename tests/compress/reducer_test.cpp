@@ -498,8 +498,8 @@ namespace {
 // locally for every rank (Lin et al. 2018, section 3.2):
 //   u = m u + g;  p = e + u;  S = top-k |p| per tensor;  e = p off S;
 //   u = 0 on S (masking);  out = mean over ranks of p on S.
-std::vector<Grad> topk_momentum_reference(int world, int steps, double ratio, size_t min_k,
-                                          float m, bool masking) {
+std::vector<Grad> topk_momentum_reference(int world, int steps, double ratio, size_t min_k, float m,
+                                          bool masking) {
   Layout l = layout();
   std::vector<Grad> u(static_cast<size_t>(world)), e(static_cast<size_t>(world));
   std::vector<Grad> out;
@@ -546,8 +546,9 @@ TEST_CASE("topk momentum correction and masking follow DGC; min_k keeps small te
   const int w = 2, steps = 4;
   for (bool masking : {true, false}) {
     CAPTURE(masking);
-    const std::string opts = std::string("{ratio: 0.1, min_k: 8, momentum: 0.9, momentum_masking: ") +
-                             (masking ? "true" : "false") + "}";
+    const std::string opts =
+        std::string("{ratio: 0.1, min_k: 8, momentum: 0.9, momentum_masking: ") +
+        (masking ? "true" : "false") + "}";
     auto res = run("topk", opts, w, steps);
     check_same_on_every_rank(res);
     auto ref = topk_momentum_reference(w, steps, 0.1, 8, 0.9f, masking);

@@ -71,15 +71,15 @@ TEST_CASE("compress reducers train the mlp on Fashion-MNIST (2 ranks x 2 epochs)
   // and the BLAS kernels (issue 8; README "Compression" has the study).
   // Sign methods take a smaller step than SGD (Bernstein et al. tune lr
   // separately for signSGD).
-  Outcome sign = train(dir, "signsgd", "{name: signsgd, options: {error_feedback: true, momentum: 0.9}}",
-                       0.02, 0.0);
+  Outcome sign = train(
+      dir, "signsgd", "{name: signsgd, options: {error_feedback: true, momentum: 0.9}}", 0.02, 0.0);
   Outcome topk =
-      train(dir, "topk", "{name: topk, options: {ratio: 0.01, error_feedback: true, momentum: 0.9}}",
-            0.1, 0.0);
+      train(dir, "topk",
+            "{name: topk, options: {ratio: 0.01, error_feedback: true, momentum: 0.9}}", 0.1, 0.0);
   // Random-k has no momentum that works (README): every element waits
   // ~1/ratio steps, and any momentum on top of that staleness diverges.
-  Outcome randomk =
-      train(dir, "randomk", "{name: randomk, options: {ratio: 0.01, error_feedback: true}}", 0.1, 0.0);
+  Outcome randomk = train(
+      dir, "randomk", "{name: randomk, options: {ratio: 0.01, error_feedback: true}}", 0.1, 0.0);
   fs::remove_all(dir);
 
   // Floors: the issue's targets; over 3 seeds x 3 BLAS kernel sets the

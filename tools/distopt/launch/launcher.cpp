@@ -2,8 +2,6 @@
 // rank prefix, and tear the job down on failure, timeout or interrupt.
 #include "launch/launcher.hpp"
 
-#include "distopt/threads.hpp"
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -25,6 +23,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "distopt/threads.hpp"
 
 extern char** environ;
 

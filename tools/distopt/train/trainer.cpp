@@ -18,13 +18,13 @@
 #include <vector>
 
 #include "distopt/blas.hpp"
-#include "distopt/threads.hpp"
 #include "distopt/checkpoint.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/precision.hpp"
 #include "distopt/process.hpp"
 #include "distopt/runtime.hpp"
+#include "distopt/threads.hpp"
 #include "train/dataset.hpp"
 #include "train/metrics.hpp"
 #include "train/models.hpp"
