@@ -250,9 +250,13 @@ DistributedOptimizer Runtime::make_optimizer(torch::nn::Module& module,
                                              const std::vector<ParamGroupSpec>& groups) {
   std::vector<torch::Tensor> buffers = module.buffers();
   broadcast(buffers, 0);
-  std::vector<std::pair<std::string, torch::Tensor>> named;
+  std::vector<std::pair<std::string, torch::Tensor>> named, named_buffers;
   for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
-  return make_optimizer(named, groups);
+  for (const auto& item : module.named_buffers())
+    named_buffers.emplace_back(item.key(), item.value());
+  DistributedOptimizer opt = make_optimizer(named, groups);
+  opt.set_buffers(named_buffers, impl_->cfg.buffer_sync);
+  return opt;
 }
 
 }  // namespace distopt

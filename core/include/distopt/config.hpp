@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "distopt/options.hpp"
+#include "distopt/buffers.hpp"
 #include "distopt/precision.hpp"
 
 namespace distopt {
@@ -50,6 +51,7 @@ struct JobConfig {
   TrainConfig train;
   PrecisionConfig precision;  ///< precision: (absent = fp32, off); see precision.hpp
   YAML::Mark precision_mark;  ///< where `precision:` (or its dtype) is written
+  BufferSync buffer_sync = BufferSync::broadcast;  ///< buffers.sync
   YAML::Node root;
 };
 

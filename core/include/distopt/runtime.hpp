@@ -58,7 +58,9 @@ class Runtime {
   DistributedOptimizer make_optimizer(
       const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
       const std::vector<ParamGroupSpec>& groups = {});
-  /// Convenience: named_parameters() of a module, and its buffers broadcast from rank 0.
+  /// Convenience: named_parameters() of a module, and its buffers broadcast
+  /// from rank 0 now and kept in sync after every step() as the job's
+  /// `buffers.sync` says (DistributedOptimizer::set_buffers).
   DistributedOptimizer make_optimizer(torch::nn::Module& module,
                                       const std::vector<ParamGroupSpec>& groups = {});
 

@@ -18,6 +18,25 @@
 #include "distopt/sdk/optimizer_schema.hpp"
 
 namespace distopt {
+
+const char* buffer_sync_name(BufferSync s) {
+  switch (s) {
+    case BufferSync::broadcast:
+      return "broadcast";
+    case BufferSync::average:
+      return "average";
+    case BufferSync::none:
+      return "none";
+  }
+  return "?";
+}
+
+BufferSync parse_buffer_sync(const std::string& name) {
+  for (BufferSync s : {BufferSync::broadcast, BufferSync::average, BufferSync::none})
+    if (name == buffer_sync_name(s)) return s;
+  throw ConfigError("unknown buffer synchronisation '" + name +
+                    "' (valid: broadcast, average, none)");
+}
 namespace {
 
 namespace fs = std::filesystem;
@@ -55,7 +74,7 @@ class Parser {
            "expected a map of sections at the top level, got " + describe(root));
     check_keys(root, "the top level",
                {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train",
-                "precision"});
+                "precision", "buffers"});
     parse_plugins(section(root, "plugins"), cfg);
     parse_world(section(root, "world"), cfg);
     parse_component(root, "communicator", cfg.communicator);
@@ -64,6 +83,7 @@ class Parser {
     parse_optimizer(root, cfg);
     parse_train(section(root, "train"), cfg.train);
     parse_precision(root, cfg);
+    parse_buffers(section(root, "buffers"), cfg);
     return cfg;
   }
 
@@ -272,6 +292,14 @@ class Parser {
       fail(file_, mark_of(n), path + ": value " + n.Scalar() + " is out of range " + range.str());
     }
     out = *v;
+  }
+
+  void parse_buffers(const YAML::Node& s, JobConfig& cfg) {
+    if (!s.IsDefined()) return;
+    check_keys(s, "buffers", {"sync"});
+    std::string sync = buffer_sync_name(cfg.buffer_sync);
+    get_string(s, "sync", "buffers.sync", sync, {"broadcast", "average", "none"});
+    cfg.buffer_sync = parse_buffer_sync(sync);
   }
 
   void parse_precision(const YAML::Node& root, JobConfig& cfg) {

@@ -15,6 +15,7 @@
 #include "distopt/host.hpp"
 #include "distopt/reducer.h"
 #include "distopt/sdk/tensor.hpp"
+#include "optim/buffer_sync.hpp"
 #include "optim/optimizer_impl.hpp"
 
 namespace distopt {
@@ -204,6 +205,7 @@ void DistributedOptimizer::step() {
     m.mixed_precision_step();
     metric_add("optim.step_seconds",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    m.sync_buffers();  // the forward changed them even if the step was skipped
     if (m.steps == before) return;  // skipped: nothing was sent
     metric_add("optim.steps", 1);
     metric_add("optim.bytes_plain_allreduce", static_cast<double>(m.plain_bytes_per_step));
@@ -225,6 +227,7 @@ void DistributedOptimizer::step() {
   }
   check_status(m.avt->step(m.algorithm), m.algorithm_who, "step");
   ++m.steps;
+  m.sync_buffers();
   metric_add("optim.steps", 1);
   metric_add("optim.step_seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -257,6 +260,26 @@ int DistributedOptimizer::num_param_groups() const {
   return static_cast<int>(impl_->groups.size());
 }
 int64_t DistributedOptimizer::steps() const { return impl_->steps; }
+
+void DistributedOptimizer::set_buffers(
+    const std::vector<std::pair<std::string, at::Tensor>>& named_buffers, BufferSync mode) {
+  auto& m = *impl_;
+  m.build.buffers = std::make_shared<optim::BufferSynchronizer>(
+      named_buffers, mode, m.build.comm, m.build.common.rank, m.build.common.world_size);
+}
+
+BufferSync DistributedOptimizer::buffer_sync() const {
+  return impl_->build.buffers ? impl_->build.buffers->mode() : BufferSync::none;
+}
+
+void DistributedOptimizer::Impl::sync_buffers() {
+  if (!build.buffers || build.buffers->payload_bytes() == 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  build.buffers->sync();
+  metric_add("optim.buffer_sync_seconds",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  metric_add("optim.buffer_sync_bytes", static_cast<double>(build.buffers->payload_bytes()));
+}
 const std::string& DistributedOptimizer::algorithm_name() const {
   return impl_->build.algorithm.name;
 }

@@ -18,6 +18,8 @@
 
 namespace distopt::optim {
 
+class BufferSynchronizer;
+
 struct OptimizerBuild {
   std::shared_ptr<const void> keepalive;  ///< the runtime state (communicator, store, options)
   std::vector<std::pair<std::string, at::Tensor>> params;  ///< already broadcast from rank 0
@@ -32,6 +34,9 @@ struct OptimizerBuild {
       common{};       ///< rank, world, store, token, bind; options / scope set per component
   std::string scope;  ///< unique per optimizer, identical across ranks ("optimizer/0")
   PrecisionConfig precision;  ///< mixed precision (off by default)
+  /// Module buffers kept equal across ranks after every step (null: none
+  /// set). Shared so that add_param_group's rebuild keeps it.
+  std::shared_ptr<BufferSynchronizer> buffers;
 };
 
 /// Plan buckets, install hooks, create the reducer then the algorithm.

@@ -73,6 +73,8 @@ struct DistributedOptimizer::Impl {
   }
   bool any_rank_found_inf(bool mine);
   void mixed_precision_step();
+  /// build.buffers->sync() with metrics; nothing if no buffers were set.
+  void sync_buffers();
 
   ~Impl() {
     // Hooks first (backward must not reach a destroyed algorithm), then the

@@ -1,0 +1,52 @@
+// Module buffers (BatchNorm running statistics, ...) made equal on every
+// rank after each step, with one collective for all of them (config.hpp,
+// BufferSync): a byte broadcast from rank 0, or a float64 allreduce that
+// averages floating-point buffers and carries integer ones from rank 0.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distopt/communicator.h"
+#include "distopt/buffers.hpp"
+
+namespace distopt::optim {
+
+class BufferSynchronizer {
+ public:
+  /// `buffers`: dense host tensors (empty ones are skipped). The tensors are
+  /// written in place by sync(), so they must stay the module's storage.
+  /// Throws ConfigError for a buffer that is not on the CPU.
+  BufferSynchronizer(const std::vector<std::pair<std::string, at::Tensor>>& buffers,
+                     BufferSync mode, dopt_comm_ref comm, int rank, int world_size);
+
+  /// Collective: every rank calls it at the same point (the end of step()).
+  /// Nothing is sent for mode none, one rank, or no buffers. average: each
+  /// floating-point buffer becomes the mean over ranks (computed in float64:
+  /// exact to the buffer's precision and identical on every rank); integer
+  /// and bool buffers take rank 0's value (exact up to 2^53). Throws
+  /// CommError naming the operation (a dead peer, a timeout).
+  void sync();
+
+  BufferSync mode() const { return mode_; }
+  size_t num_buffers() const { return buffers_.size(); }
+  /// Payload of one sync() in bytes (the broadcast's bytes, or 8 per element
+  /// for average); 0 when nothing is sent.
+  uint64_t payload_bytes() const;
+
+ private:
+  void broadcast_bytes();
+  void average();
+
+  std::vector<at::Tensor> buffers_;
+  BufferSync mode_;
+  dopt_comm_ref comm_;
+  int rank_, world_size_;
+  at::Tensor flat_;  // uint8 (broadcast) or float64 (average), allocated once
+};
+
+}  // namespace distopt::optim
