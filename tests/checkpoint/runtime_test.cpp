@@ -7,6 +7,8 @@
 #include <torch/utils.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "distopt/checkpoint.hpp"
 #include "distopt/config.hpp"
@@ -139,4 +141,29 @@ TEST_CASE("a reducer built for ABI 1.0 trains, and checkpointing with it fails n
     CHECK(msg.find("libdistopt_abi10.so was built for ABI 1.0") != std::string::npos);
   }
   CHECK_FALSE(distopt::find_checkpoint((t.path / "c").string()).has_value());
+}
+
+TEST_CASE("the manifest writes floating-point options so that they read back exactly") {
+  TempDir t;
+  const std::string dir = (t.path / "ckpt").string();
+  distopt::ProcessInfo proc;
+  proc.source = "test";
+  std::string text = job_text();
+  text.replace(text.find("optimizer: {name: sgd, lr: 0.1, momentum: 0.9}"),
+               std::string("optimizer: {name: sgd, lr: 0.1, momentum: 0.9}").size(),
+               "optimizer: {name: adam, lr: 0.001, eps: 1e-8, weight_decay: 0.3}");
+  auto rt = distopt::Runtime::from_config(distopt::parse_job_config(text, "job.yaml"), proc);
+  torch::manual_seed(1);
+  torch::nn::Linear net(4, 3);
+  auto opt = rt.make_optimizer(*net);
+  train(net, opt, 1, 2);
+  auto info = rt.save_checkpoint(dir, *net, opt);
+  std::ifstream in(fs::path(info.path) / "manifest.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string m = ss.str();
+  INFO(m);
+  CHECK(m.find("\"eps\": \"1e-08\"") != std::string::npos);  // was "0.000000"
+  CHECK(m.find("\"lr\": \"0.001\"") != std::string::npos);
+  CHECK(m.find("\"weight_decay\": \"0.3\"") != std::string::npos);
 }

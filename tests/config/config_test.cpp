@@ -432,3 +432,32 @@ TEST_CASE("the shipped example jobs pass distopt check against the project's plu
     CHECK(r.output.find(": OK (") != std::string::npos);
   }
 }
+
+TEST_CASE("an empty job file is an error that says so; text may still be empty") {
+  fs::path dir = fs::temp_directory_path() / ("distopt-empty-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* body : {"", "\n\n", "# only a comment\n"}) {
+    const std::string path = (dir / "job.yaml").string();
+    std::ofstream(path) << body;
+    try {
+      distopt::load_job_config(path);
+      FAIL("an empty job file was accepted");
+    } catch (const distopt::ConfigError& e) {
+      const std::string m = e.what();
+      CHECK(m.find(path) != std::string::npos);
+      CHECK(m.find("empty") != std::string::npos);
+    }
+  }
+  fs::remove_all(dir);
+  CHECK(distopt::parse_job_config("").world_size == 1);  // programmatic defaults
+}
+
+TEST_CASE("app: is the program's own section, any YAML, not validated") {
+  auto cfg = distopt::parse_job_config(
+      "world: {size: 2}\napp: {dataset: /data/x, layers: [64, 32], anything: {nested: true}}\n");
+  REQUIRE(cfg.app.IsMap());
+  CHECK(cfg.app["dataset"].as<std::string>() == "/data/x");
+  CHECK(cfg.app["layers"][1].as<int>() == 32);
+  CHECK(cfg.app["anything"]["nested"].as<bool>());
+  CHECK(distopt::parse_job_config("world: {size: 2}\n").app.IsNull());  // absent: null
+}

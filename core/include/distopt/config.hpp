@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "distopt/options.hpp"
 #include "distopt/buffers.hpp"
+#include "distopt/options.hpp"
 #include "distopt/precision.hpp"
 
 namespace distopt {
@@ -52,12 +52,16 @@ struct JobConfig {
   PrecisionConfig precision;  ///< precision: (absent = fp32, off); see precision.hpp
   YAML::Mark precision_mark;  ///< where `precision:` (or its dtype) is written
   BufferSync buffer_sync = BufferSync::broadcast;  ///< buffers.sync
+  /// `app:`, the embedding program's own section: any YAML, not validated by
+  /// distopt (a null node when absent). Read it through Runtime::config().app.
+  YAML::Node app;
   YAML::Node root;
 };
 
 /// Parse a job file. Throws ConfigError naming file:line:column for a YAML
 /// syntax error, an unknown key (listing the valid keys of that section), a
-/// wrong type, or a missing required key. Plugin options are not checked here.
+/// wrong type, or a missing required key, and naming the file when it is
+/// empty (no sections). Plugin options are not checked here.
 JobConfig load_job_config(const std::string& path);
 /// Same, from text; `name` is used in messages in place of the file name.
 JobConfig parse_job_config(const std::string& yaml_text, const std::string& name = "<string>");

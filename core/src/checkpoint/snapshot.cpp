@@ -2,6 +2,8 @@
 
 #include <torch/nn/module.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <variant>
 
 #include "checkpoint/exchange.hpp"
@@ -42,6 +44,15 @@ std::map<std::string, std::string> as_text(const Options* o) {
             return x;
           } else if constexpr (std::is_same_v<T, bool>) {
             return x ? "true" : "false";
+          } else if constexpr (std::is_same_v<T, double>) {
+            // Shortest text that reads back to the same double (eps 1e-8 is
+            // "1e-08", not std::to_string's "0.000000").
+            char buf[32];
+            for (int digits = 6; digits <= 17; ++digits) {
+              std::snprintf(buf, sizeof buf, "%.*g", digits, x);
+              if (std::strtod(buf, nullptr) == x) break;
+            }
+            return buf;
           } else {
             return std::to_string(x);
           }

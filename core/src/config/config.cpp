@@ -74,7 +74,10 @@ class Parser {
            "expected a map of sections at the top level, got " + describe(root));
     check_keys(root, "the top level",
                {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train",
-                "precision", "buffers"});
+                "precision", "buffers", "app"});
+    // The program's own section: not validated here. (Assigning yaml-cpp's
+    // invalid node for a missing key throws, hence the check.)
+    if (YAML::Node app = child(root, "app"); app.IsDefined()) cfg.app = app;
     parse_plugins(section(root, "plugins"), cfg);
     parse_world(section(root, "world"), cfg);
     parse_component(root, "communicator", cfg.communicator);
@@ -388,7 +391,14 @@ JobConfig load_job_config(const std::string& path) {
   ss << in.rdbuf();
   std::error_code ec;
   fs::path abs = fs::absolute(path, ec);
-  return parse_text(ss.str(), path, ec ? std::string(".") : abs.parent_path().string());
+  JobConfig cfg = parse_text(ss.str(), path, ec ? std::string(".") : abs.parent_path().string());
+  // A job file with no sections is almost always a mistake (a wrong or
+  // truncated file); running every default would hide it.
+  if (!cfg.root.IsDefined() || cfg.root.IsNull())
+    throw ConfigError(path +
+                      ": the job file is empty (no sections); a job names at least its "
+                      "sections, e.g. share/distopt/examples/allreduce-sgd.yaml");
+  return cfg;
 }
 
 JobConfig parse_job_config(const std::string& yaml_text, const std::string& name) {
