@@ -1,4 +1,4 @@
-// The BLAS libtorch runs on decides CPU training speed (DESIGN.md,
+// The BLAS libtorch runs on decides CPU training speed (share/doc/distopt/DESIGN.md,
 // "Performance notes"). Debian's libtorch calls libblas.so.3; with OpenBLAS
 // built for DYNAMIC_ARCH, the kernel set is chosen from CPUID at load time,
 // and on virtual CPUs that report a generic model name it falls back to the

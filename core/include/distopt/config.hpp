@@ -1,4 +1,4 @@
-// The job's YAML configuration (DESIGN.md "Configuration").
+// The job's YAML configuration (share/doc/distopt/DESIGN.md, "Configuration").
 #pragma once
 
 #include <yaml-cpp/yaml.h>

@@ -1,5 +1,5 @@
 // Embedding API: the runtime of one rank (rendezvous, plugins, communicator)
-// and the optimizer it builds. See DESIGN.md "Embedding".
+// and the optimizer it builds. See share/doc/distopt/DESIGN.md, "Embedding".
 #pragma once
 
 #include <torch/nn/module.h>

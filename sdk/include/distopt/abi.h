@@ -1,7 +1,7 @@
 /*
  * distopt plugin ABI, version 1.x: the part shared by every component kind.
  *
- * Rules (see DESIGN.md "The plugin ABI"):
+ * Rules (see share/doc/distopt/DESIGN.md, "The plugin ABI"):
  *  - Only C crosses this boundary. Strings are UTF-8, NUL-terminated; arrays
  *    are pointer + count; tensors are borrowed DLPack DLTensor*.
  *  - Every extensible struct starts with `size_t struct_size; void* ext;`.
