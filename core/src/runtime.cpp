@@ -98,6 +98,15 @@ std::string choose_bind_address(const std::string& rendezvous) {
 
 Runtime Runtime::from_yaml(const std::string& path) { return from_config(load_job_config(path)); }
 
+Runtime Runtime::from_env() {
+  const char* path = std::getenv("DISTOPT_CONFIG");
+  if (!path || !*path)
+    throw ConfigError(
+        "DISTOPT_CONFIG is not set: start the program with `distopt launch --config JOB.yaml`, "
+        "export DISTOPT_CONFIG, or call Runtime::from_yaml(path)");
+  return from_yaml(path);
+}
+
 Runtime Runtime::from_config(const JobConfig& cfg) {
   ProcessInfo proc = detect_process_info();
   if (proc.source == "default" && cfg.world_size > 1)
@@ -113,6 +122,12 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   if (proc.world_size < 1 || proc.rank < 0 || proc.rank >= proc.world_size)
     throw ConfigError("rank " + std::to_string(proc.rank) + " is not in [0, " +
                       std::to_string(proc.world_size) + ")");
+  if (proc.source != "default" && proc.rank == 0 && cfg.root.IsMap() && cfg.root["world"].IsMap() &&
+      cfg.root["world"]["size"].IsDefined() && cfg.world_size != proc.world_size)
+    log(DOPT_LOG_WARN, "runtime",
+        cfg.path + ": world.size is " + std::to_string(cfg.world_size) + ", but the launcher (" +
+            proc.source + ") started " + std::to_string(proc.world_size) + " ranks: running with " +
+            std::to_string(proc.world_size));
   auto impl = std::make_shared<Impl>();
   Impl& m = *impl;
   m.cfg = cfg;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <string>
@@ -213,4 +215,20 @@ TEST_CASE("SIGINT to launch stops every rank and leaves no process behind") {
     }
     for (pid_t p : pids) CHECK_MESSAGE(!process_exists(p), "grandchild " << p << " survived");
   }
+}
+
+TEST_CASE("launch refuses -n that contradicts the job file's world.size, naming both") {
+  char tmpl[] = "/tmp/distopt_launch_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string job = std::string(tmpl) + "/job.yaml";
+  std::ofstream(job) << "world:\n  size: 2\n";
+  ProcResult r = run_command({cli(), "launch", "-n", "3", "--config", job, "--", "true"});
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("-n 3") != std::string::npos);
+  CHECK(r.output.find(job + ":2: world.size is 2") != std::string::npos);
+  // The same number, or no -n, is fine.
+  CHECK(run_command({cli(), "launch", "-n", "2", "--config", job, "--", "true"}).exit_code == 0);
+  CHECK(run_command({cli(), "launch", "--config", job, "--", "true"}).exit_code == 0);
+  std::filesystem::remove_all(tmpl);
 }

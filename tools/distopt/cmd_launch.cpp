@@ -1,6 +1,7 @@
 // `distopt launch -n N [--config JOB.yaml] [--port P] [--timeout S] -- PROGRAM ARGS...`
 #include <boost/program_options.hpp>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -74,6 +75,18 @@ int cmd_launch(int argc, char** argv) {
       return 2;
     }
     nprocs = static_cast<int>(load_job_config(lo.config).world_size);
+  } else if (!lo.config.empty() && std::ifstream(lo.config).good()) {
+    // Two numbers of ranks: refuse rather than guess which one was meant.
+    // (A file this host cannot read is the program's business.)
+    const JobConfig job = load_job_config(lo.config);
+    YAML::Node size =
+        job.root.IsMap() && job.root["world"].IsMap() ? job.root["world"]["size"] : YAML::Node();
+    if (size.IsDefined() && !size.IsNull() && job.world_size != nprocs) {
+      std::cerr << "distopt launch: -n " << nprocs << " but " << lo.config << ":"
+                << size.Mark().line + 1 << ": world.size is " << job.world_size
+                << "; give the same number, or leave out -n\n";
+      return 2;
+    }
   }
   if (nprocs < 1 || nprocs > 4096) {
     std::cerr << "distopt launch: -n must be between 1 and 4096 (got " << nprocs << ")\n";

@@ -39,6 +39,10 @@ class Runtime {
   /// at::set_num_threads afterwards to override. Throws ConfigError,
   /// PluginError, RendezvousError, ComponentError.
   static Runtime from_yaml(const std::string& path);
+  /// from_yaml($DISTOPT_CONFIG), the job file `distopt launch --config`
+  /// exports. Throws ConfigError when DISTOPT_CONFIG is unset, and as
+  /// from_yaml.
+  static Runtime from_env();
   static Runtime from_config(const JobConfig& cfg);
   /// As from_config, with rank / world size given instead of read from the
   /// environment (tests, embedding in a program with its own launcher).

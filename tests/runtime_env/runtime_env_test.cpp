@@ -11,6 +11,7 @@
 
 #include "distopt/blas.hpp"
 #include "distopt/config.hpp"
+#include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
 #include "distopt/threads.hpp"
 
@@ -115,4 +116,20 @@ TEST_CASE("an embedding program gets the CLI's threads per rank from Runtime") {
     CHECK(at::get_num_threads() == 2);
   }
   unsetenv("OMP_NUM_THREADS");
+}
+
+TEST_CASE("Runtime::from_env reads the job file distopt launch --config exports") {
+  unsetenv("DISTOPT_CONFIG");
+  try {
+    distopt::Runtime::from_env();
+    FAIL("from_env without DISTOPT_CONFIG succeeded");
+  } catch (const distopt::ConfigError& e) {
+    CHECK(std::string(e.what()).find("DISTOPT_CONFIG is not set") != std::string::npos);
+  }
+  const std::string path = one_rank_job("train: {threads: 1}\n");
+  setenv("DISTOPT_CONFIG", path.c_str(), 1);
+  auto rt = distopt::Runtime::from_env();
+  CHECK(rt.config().path == path);
+  CHECK(rt.config().train.threads == 1);
+  unsetenv("DISTOPT_CONFIG");
 }
