@@ -232,3 +232,25 @@ TEST_CASE("launch refuses -n that contradicts the job file's world.size, naming 
   CHECK(run_command({cli(), "launch", "--config", job, "--", "true"}).exit_code == 0);
   std::filesystem::remove_all(tmpl);
 }
+
+TEST_CASE(
+    "plugins: the build tree's plugins are found without DISTOPT_PLUGIN_PATH; -P comes first") {
+  ProcResult r = run_command({"env", "-u", "DISTOPT_PLUGIN_PATH", cli(), "plugins"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("libdistopt_tcp.so") != std::string::npos);
+  // A second file providing the same component: -P's copy wins, in every
+  // command (one search order).
+  const char* plugins = std::getenv("DISTOPT_PLUGIN_DIR");
+  REQUIRE(plugins);
+  char tmpl[] = "/tmp/distopt_ppath_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string copy = std::string(tmpl) + "/libdistopt_mean.so";
+  std::filesystem::copy_file(std::string(plugins) + "/libdistopt_mean.so", copy);
+  ProcResult p = run_command({"env", "-u", "DISTOPT_PLUGIN_PATH", cli(), "plugins", "-P", tmpl});
+  INFO(p.output);
+  const size_t row = p.output.find("reducer       mean");
+  REQUIRE(row != std::string::npos);
+  CHECK(p.output.substr(row, p.output.find('\n', row) - row).find(copy) != std::string::npos);
+  std::filesystem::remove_all(tmpl);
+}

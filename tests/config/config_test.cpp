@@ -360,7 +360,8 @@ TEST_CASE("distopt plugins lists components, options and skipped files") {
   auto r = cli({"plugins", "--plugin-path", kMockDir});
   CAPTURE(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("Components (6)") != std::string::npos);
+  // The mock directory's 6, besides the build tree's own plugins.
+  CHECK(r.output.find("Components (") != std::string::npos);
   CHECK(r.output.find(kMockDir + "/libdistopt_mock.so") != std::string::npos);
   CHECK(r.output.find("compression level") != std::string::npos);
   CHECK(r.output.find("fast|slow") != std::string::npos);
@@ -375,7 +376,10 @@ TEST_CASE("distopt plugins lists components, options and skipped files") {
   r = cli({"plugins", "--plugin-path", kMockDir, "--json"});
   REQUIRE(r.exit_code == 0);
   auto j = nlohmann::json::parse(r.output);  // nothing but JSON on stdout
-  REQUIRE(j["components"].size() == 6);
+  size_t mocks = 0;
+  for (const auto& c : j["components"])
+    mocks += c["file"].get<std::string>().rfind(kMockDir + "/", 0) == 0;
+  REQUIRE(mocks == 6);
   REQUIRE(j["skipped"].size() == 9);
   bool found = false;
   for (const auto& c : j["components"]) {
@@ -409,7 +413,11 @@ TEST_CASE("distopt plugins lists components, options and skipped files") {
   r = cli({"plugins", "--config", (tmp / "job.yaml").string(), "--json"});
   fs::remove_all(tmp);
   REQUIRE(r.exit_code == 0);
-  CHECK(nlohmann::json::parse(r.output)["components"].size() == 6);
+  mocks = 0;
+  const auto listed = nlohmann::json::parse(r.output);  // kept alive for the loop
+  for (const auto& c : listed["components"])
+    mocks += c["file"].get<std::string>().rfind(kMockDir + "/", 0) == 0;
+  CHECK(mocks == 6);
 }
 
 TEST_CASE("the shipped example jobs pass distopt check against the project's plugins") {

@@ -231,24 +231,28 @@ TEST_CASE("load_file of a missing file is skipped naming it") {
 }
 
 TEST_CASE(
-    "search_path: config paths, then $DISTOPT_PLUGIN_PATH, then the core's libdir, then the "
+    "search_path: -P, config paths, $DISTOPT_PLUGIN_PATH, the build tree, the core's libdir, the "
     "install dir") {
   const char* old = std::getenv("DISTOPT_PLUGIN_PATH");
   std::string saved = old ? old : "";
   setenv("DISTOPT_PLUGIN_PATH", "/env/a::/env/b:/cfg/one", 1);
-  auto p = PluginRegistry::search_path({"/cfg/one", "/cfg/two"});
-  REQUIRE(p.size() == 6);
-  CHECK(p[0] == "/cfg/one");
-  CHECK(p[1] == "/cfg/two");
-  CHECK(p[2] == "/env/a");
-  CHECK(p[3] == "/env/b");  // "/cfg/one" again is not repeated
+  auto p = PluginRegistry::search_path({"/cli/x"}, {"/cfg/one", "/cfg/two"});
+  REQUIRE(p.size() == 8);
+  CHECK(p[0] == "/cli/x");
+  CHECK(p[1] == "/cfg/one");
+  CHECK(p[2] == "/cfg/two");
+  CHECK(p[3] == "/env/a");
+  CHECK(p[4] == "/env/b");  // "/cfg/one" again is not repeated
+  // This test runs on the build tree's libdistopt_core: its plugins/ next.
+  CHECK(p[5] == DISTOPT_BUILD_PLUGIN_DIR_FOR_TEST);
   // <dir of libdistopt_core.so>/distopt/plugins: here, build/lib/distopt/plugins.
-  CHECK(p[4].find("libdistopt_core") == std::string::npos);
-  CHECK(p[4].size() > std::string("/distopt/plugins").size());
-  CHECK(p[4].substr(p[4].size() - std::string("/distopt/plugins").size()) == "/distopt/plugins");
-  CHECK(p[5] == DISTOPT_INSTALL_PLUGIN_DIR_FOR_TEST);
+  CHECK(p[6].find("libdistopt_core") == std::string::npos);
+  CHECK(p[6].size() > std::string("/distopt/plugins").size());
+  CHECK(p[6].substr(p[6].size() - std::string("/distopt/plugins").size()) == "/distopt/plugins");
+  CHECK(p[7] == DISTOPT_INSTALL_PLUGIN_DIR_FOR_TEST);
   unsetenv("DISTOPT_PLUGIN_PATH");
-  CHECK(PluginRegistry::search_path({}).size() == 2);
+  CHECK(PluginRegistry::search_path({}).size() == 3);
+  CHECK(PluginRegistry::search_path({"/cli/x"}, {}).front() == "/cli/x");
   if (old) setenv("DISTOPT_PLUGIN_PATH", saved.c_str(), 1);
 }
 

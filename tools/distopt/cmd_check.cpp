@@ -22,7 +22,8 @@ int run_check(int argc, char** argv) {
       "Exit status 0 when valid, 1 with FILE:LINE:COLUMN and the reason when not.\n\noptions");
   visible.add_options()("help,h", "show this help")(
       "plugin-path,P", po::value<std::vector<std::string>>()->composing(),
-      "also search DIR for plugins, after plugins.paths, $DISTOPT_PLUGIN_PATH and the install dir "
+      "search DIR for plugins first, before plugins.paths, $DISTOPT_PLUGIN_PATH and the install "
+      "dir "
       "(repeatable)");
   po::options_description all;
   all.add(visible).add_options()("job", po::value<std::string>(), "job file");
@@ -48,9 +49,10 @@ int run_check(int argc, char** argv) {
   const std::string path = vm["job"].as<std::string>();
   try {
     distopt::JobConfig cfg = distopt::load_job_config(path);
-    std::vector<std::string> dirs = distopt::PluginRegistry::search_path(cfg.plugin_paths);
-    if (vm.count("plugin-path"))
-      for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>()) dirs.push_back(d);
+    std::vector<std::string> cli_paths;
+    if (vm.count("plugin-path")) cli_paths = vm["plugin-path"].as<std::vector<std::string>>();
+    std::vector<std::string> dirs =
+        distopt::PluginRegistry::search_path(cli_paths, cfg.plugin_paths);
     distopt::PluginRegistry registry;
     registry.discover(dirs);
     distopt::validate_job(cfg, registry);

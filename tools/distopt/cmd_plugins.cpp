@@ -93,11 +93,12 @@ int run_plugins(int argc, char** argv) {
   po::options_description desc(
       "usage: distopt plugins [--plugin-path DIR]... [--config JOB.yaml] [--json]\n\n"
       "List the components found by plugin discovery (searched in order: the job's\n"
-      "plugins.paths, $DISTOPT_PLUGIN_PATH, the install dir, then --plugin-path), their\n"
+      "--plugin-path, plugins.paths, $DISTOPT_PLUGIN_PATH, the build tree, the install dir), "
+      "their\n"
       "options, and the plugin files that were skipped with the reason.\n\noptions");
   desc.add_options()("help,h", "show this help")("plugin-path,P",
                                                  po::value<std::vector<std::string>>()->composing(),
-                                                 "also search DIR (repeatable)")(
+                                                 "search DIR first (repeatable)")(
       "config,c", po::value<std::string>(), "use the plugins.paths of this job file")(
       "json", "print JSON instead of tables");
   po::variables_map vm;
@@ -116,9 +117,9 @@ int run_plugins(int argc, char** argv) {
   std::vector<std::string> config_paths;
   if (vm.count("config"))
     config_paths = distopt::load_job_config(vm["config"].as<std::string>()).plugin_paths;
-  std::vector<std::string> dirs = distopt::PluginRegistry::search_path(config_paths);
-  if (vm.count("plugin-path"))
-    for (const auto& d : vm["plugin-path"].as<std::vector<std::string>>()) dirs.push_back(d);
+  std::vector<std::string> cli_paths;
+  if (vm.count("plugin-path")) cli_paths = vm["plugin-path"].as<std::vector<std::string>>();
+  std::vector<std::string> dirs = distopt::PluginRegistry::search_path(cli_paths, config_paths);
 
   // Skipped files are part of this command's output: no warning lines too.
   distopt::set_log_level(DOPT_LOG_ERROR);

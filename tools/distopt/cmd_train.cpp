@@ -53,7 +53,7 @@ int cmd_train(int argc, char** argv) {
       "data", po::value<std::string>(&data), "Fashion-MNIST directory (default: train.data_dir)")(
       "metrics", po::value<std::string>(&metrics),
       "write per-epoch and summary metrics as JSON lines")(
-      "plugin-path", po::value<std::vector<std::string>>(&plugin_paths)->composing(),
+      "plugin-path,P", po::value<std::vector<std::string>>(&plugin_paths)->composing(),
       "extra plugin directory, searched before plugins.paths (repeatable)")(
       "epochs", po::value<int64_t>(&epochs), "override train.epochs")(
       "max-steps", po::value<int64_t>(&max_steps),

@@ -55,11 +55,20 @@ class PluginRegistry {
   /// available names, and every skipped library with its reason.
   const ComponentInfo& get(dopt_component_kind kind, const std::string& name) const;
 
-  /// The search order: `config_paths` (YAML plugins.paths), then each entry
-  /// of $DISTOPT_PLUGIN_PATH (':'-separated), then <libdir of this
+  /// The search order, the same for every command and for Runtime:
+  /// `cli_paths` (--plugin-path / -P), then `config_paths` (YAML
+  /// plugins.paths), then each entry of $DISTOPT_PLUGIN_PATH (':'-separated),
+  /// then, when this libdistopt_core is the one in its build tree, that
+  /// tree's plugins/ directory, then <libdir of this
   /// libdistopt_core>/distopt/plugins (a relocated install), then the
-  /// configured install prefix's <libdir>/distopt/plugins. Duplicates dropped.
-  static std::vector<std::string> search_path(const std::vector<std::string>& config_paths);
+  /// configured install prefix's <libdir>/distopt/plugins. Duplicates
+  /// dropped; the first file that provides a component name wins.
+  static std::vector<std::string> search_path(const std::vector<std::string>& cli_paths,
+                                              const std::vector<std::string>& config_paths);
+  /// search_path({}, config_paths).
+  static std::vector<std::string> search_path(const std::vector<std::string>& config_paths) {
+    return search_path({}, config_paths);
+  }
 
  private:
   std::vector<ComponentInfo> components_;

@@ -381,13 +381,15 @@ const ComponentInfo& PluginRegistry::get(dopt_component_kind kind, const std::st
   throw PluginError(msg);
 }
 
-std::vector<std::string> PluginRegistry::search_path(const std::vector<std::string>& config_paths) {
+std::vector<std::string> PluginRegistry::search_path(const std::vector<std::string>& cli_paths,
+                                                     const std::vector<std::string>& config_paths) {
   std::vector<std::string> out;
   auto add = [&](const std::string& p) {
     if (p.empty()) return;
     std::string norm = fs::path(p).lexically_normal().string();
     if (std::find(out.begin(), out.end(), norm) == out.end()) out.push_back(norm);
   };
+  for (const auto& p : cli_paths) add(fs::absolute(p).string());
   for (const auto& p : config_paths) add(p);
   if (const char* env = std::getenv("DISTOPT_PLUGIN_PATH")) {
     std::string s = env;
@@ -403,6 +405,10 @@ std::vector<std::string> PluginRegistry::search_path(const std::vector<std::stri
   // after install (a relocated prefix): <its libdir>/distopt/plugins.
   boost::system::error_code ec;
   boost::dll::fs::path self = boost::dll::this_line_location(ec);
+  // Run from the build tree (build/bin/distopt, tests, an uninstalled
+  // embedding): that tree's plugins, as an install finds its own.
+  const std::string build_dir = DISTOPT_BUILD_DIR;
+  if (!ec && self.string().rfind(build_dir + "/", 0) == 0) add(DISTOPT_BUILD_PLUGIN_DIR);
   if (!ec) add((self.parent_path() / "distopt" / "plugins").string());
   add(DISTOPT_INSTALL_PLUGIN_DIR);
   return out;
