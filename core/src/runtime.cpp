@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <deque>
+#include <thread>
 
 #include "distopt/blas.hpp"
 #include "distopt/communicator.hpp"
@@ -98,6 +99,35 @@ std::string choose_bind_address(const std::string& rendezvous) {
 
 Runtime Runtime::from_yaml(const std::string& path) { return from_config(load_job_config(path)); }
 
+namespace {
+// The rendezvous proper: every rank checks in through the store and waits,
+// within world.timeout_s in all, for the others, so a rank that never
+// started is named here rather than as a communicator's socket timeout.
+void wait_for_every_rank(Store& store, const ProcessInfo& proc, const std::string& url,
+                         double timeout_s) {
+  if (proc.world_size <= 1) return;
+  auto key = [](int r) { return "rendezvous/joined/" + std::to_string(r); };
+  store.set(key(proc.rank), std::vector<uint8_t>{1});
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  std::vector<int> missing;
+  for (;;) {
+    missing.clear();
+    for (int r = 0; r < proc.world_size; ++r)
+      if (r != proc.rank && !store.check(key(r))) missing.push_back(r);
+    if (missing.empty()) return;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::string names;
+  for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
+  throw RendezvousError(
+      "rendezvous " + url + ": rank " + std::to_string(proc.rank) + " of " +
+      std::to_string(proc.world_size) + " waited world.timeout_s = " + std::to_string(timeout_s) +
+      " s, and rank(s) " + names + " never joined (not started, or at another rendezvous address)");
+}
+}  // namespace
+
 Runtime Runtime::from_env() {
   const char* path = std::getenv("DISTOPT_CONFIG");
   if (!path || !*path)
@@ -159,6 +189,7 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   so.token = proc.token;
   so.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
   m.store = make_store(so);
+  wait_for_every_rank(*m.store, proc, m.rendezvous, cfg.timeout_s);
 
   const ComponentInfo& ci = m.registry.get(DOPT_KIND_COMMUNICATOR, cfg.communicator.name);
   dopt_create_args args{};

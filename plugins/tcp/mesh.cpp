@@ -132,9 +132,17 @@ Mesh build_mesh(const MeshArgs& a) {
     int need = 3 * (a.world_size - 1 - a.rank);
     while (need > 0) {
       int fd = accept_until(lfd, a.deadline);
-      if (fd < 0)
-        throw std::runtime_error("timed out waiting for " + std::to_string(need) +
-                                 " connection(s) from higher ranks");
+      if (fd < 0) {
+        // Name the ranks, not the sockets (each rank opens three).
+        std::string missing;
+        for (int p = a.rank + 1; p < a.world_size; ++p)
+          for (uint8_t c = 0; c < 3; ++c)
+            if (slot(c, false, p) < 0) {
+              missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+              break;
+            }
+        throw std::runtime_error("timed out waiting for rank(s) " + missing + " to connect");
+      }
       int peer = -1, ch = -1;
       std::string why = read_hello(fd, a, &peer, &ch);
       if (why.empty() && slot(ch, false, peer) >= 0)

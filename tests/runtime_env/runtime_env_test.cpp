@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -12,8 +13,10 @@
 #include "distopt/blas.hpp"
 #include "distopt/config.hpp"
 #include "distopt/error.hpp"
+#include "distopt/registry.hpp"
 #include "distopt/runtime.hpp"
 #include "distopt/threads.hpp"
+#include "multiproc.hpp"
 
 using distopt::openblas_coretype_rule;
 
@@ -132,4 +135,46 @@ TEST_CASE("Runtime::from_env reads the job file distopt launch --config exports"
   CHECK(rt.config().path == path);
   CHECK(rt.config().train.threads == 1);
   unsetenv("DISTOPT_CONFIG");
+}
+
+TEST_CASE("a rank that never starts is named by the rendezvous within world.timeout_s") {
+  const char* plugins = std::getenv("DISTOPT_PLUGIN_DIR");
+  REQUIRE(plugins);
+  const int port = distopt::test::random_port();
+  auto cfg = distopt::parse_job_config(std::string("plugins: {paths: [") + plugins +
+                                           "]}\nworld: {size: 3, rendezvous: 'tcp://127.0.0.1:" +
+                                           std::to_string(port) + "', timeout_s: 2}\n",
+                                       "job.yaml");
+  distopt::ProcessInfo rank0;
+  rank0.world_size = rank0.local_world_size = 3;
+  rank0.source = "test";
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    distopt::Runtime::from_config(cfg, rank0);
+    FAIL("rank 0 of 3 connected alone");
+  } catch (const distopt::RendezvousError& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(m.find("rank(s) 1, 2 never joined") != std::string::npos);
+    CHECK(m.find("world.timeout_s") != std::string::npos);
+  }
+  // The job's timeout, not the communicator's default 60 s (limit generous
+  // for a loaded machine; the bug was 61 s).
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+}
+
+TEST_CASE("the communicator's timeout_s defaults to world.timeout_s unless set") {
+  const char* plugins = std::getenv("DISTOPT_PLUGIN_DIR");
+  REQUIRE(plugins);
+  distopt::PluginRegistry reg;
+  reg.discover({plugins});
+  const std::string head = std::string("plugins: {paths: [") + plugins + "]}\n";
+  auto v = distopt::validate_job(
+      distopt::parse_job_config(head + "world: {timeout_s: 7}\ncommunicator: {name: tcp}\n"), reg);
+  CHECK(v.communicator.get_double("timeout_s") == 7);
+  v = distopt::validate_job(distopt::parse_job_config(head + "world: {timeout_s: 7}\n"
+                                                             "communicator: {name: tcp, options: "
+                                                             "{timeout_s: 30}}\n"),
+                            reg);
+  CHECK(v.communicator.get_double("timeout_s") == 30);
 }

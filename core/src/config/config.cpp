@@ -2,6 +2,7 @@
 // validating the selected components' options against the plugins' schemas.
 #include "distopt/config.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -489,8 +490,24 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) 
   const ComponentInfo& red = component(DOPT_KIND_REDUCER, "reducer", cfg.reducer);
   const ComponentInfo& alg = component(DOPT_KIND_ALGORITHM, "algorithm", cfg.algorithm);
 
-  out.communicator = validate_options(cfg.communicator.options, comm.options, file,
-                                      "communicator.options", cfg.communicator.mark);
+  // A communicator's own timeout_s defaults to world.timeout_s (the one
+  // timeout a user sets for the job) unless communicator.options sets it.
+  YAML::Node comm_options =
+      cfg.communicator.options.IsMap() ? YAML::Clone(cfg.communicator.options) : YAML::Node();
+  auto spec = std::find_if(comm.options.begin(), comm.options.end(), [](const auto& s) {
+    return s.name == "timeout_s" && s.type == DOPT_OPTION_DOUBLE;
+  });
+  const bool has_timeout = spec != comm.options.end();
+  const bool malformed =
+      cfg.communicator.options.IsDefined() && !cfg.communicator.options.IsNull() &&
+      !cfg.communicator.options.IsMap();  // validate_options reports it as written
+  if (malformed) comm_options = cfg.communicator.options;
+  if (has_timeout && !malformed && !comm_options["timeout_s"])
+    comm_options["timeout_s"] = spec->min_value <= spec->max_value
+                                    ? std::clamp(cfg.timeout_s, spec->min_value, spec->max_value)
+                                    : cfg.timeout_s;
+  out.communicator = validate_options(comm_options, comm.options, file, "communicator.options",
+                                      cfg.communicator.mark);
 
   // A reducer also takes core's bucketing options (its own declaration wins).
   std::vector<OptionSpec> rschema = red.options;
