@@ -33,12 +33,6 @@ void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_of
 
 }  // namespace
 
-size_t numel(const DLTensor& t) {
-  size_t n = 1;
-  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
-  return n;
-}
-
 std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* buckets, size_t n) {
   std::vector<BucketLayout> out(n);
   for (size_t b = 0; b < n; ++b) {
@@ -56,7 +50,7 @@ std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* bucke
       throw sdk::Error(DOPT_ERR_UNSUPPORTED,
                        where + ": dtype must be float32, float64, float16 or bfloat16");
     BucketLayout& l = out[b];
-    l.length = numel(*bk.flat);
+    l.length = sdk::dl_numel(*bk.flat);
     l.dtype = bk.flat->dtype;
     for (size_t e = 0; e < bk.num_entries; ++e) {
       const dopt_bucket_entry& en = bk.entries[e];
@@ -92,7 +86,8 @@ const BucketLayout& layout_of(const char* who, const std::vector<BucketLayout>& 
                          " was not among the " + std::to_string(layouts.size()) +
                          " buckets given to create");
   const BucketLayout& l = layouts[static_cast<size_t>(bucket.index)];
-  if (!bucket.flat || numel(*bucket.flat) != l.length || !is_dtype(bucket.flat->dtype, l.dtype))
+  if (!bucket.flat || sdk::dl_numel(*bucket.flat) != l.length ||
+      !is_dtype(bucket.flat->dtype, l.dtype))
     throw sdk::Error(
         DOPT_ERR_INVALID_ARGUMENT,
         std::string(who) + ": bucket " + std::to_string(bucket.index) + " changed length or dtype");
@@ -100,7 +95,7 @@ const BucketLayout& layout_of(const char* who, const std::vector<BucketLayout>& 
 }
 
 void load_float(const DLTensor& flat, std::vector<float>& out) {
-  const size_t n = numel(flat);
+  const size_t n = sdk::dl_numel(flat);
   out.resize(n);
   const void* src = data_of(flat);
   if (flat.dtype.code == kDLBfloat) {
@@ -115,7 +110,7 @@ void load_float(const DLTensor& flat, std::vector<float>& out) {
 }
 
 void store_float(const std::vector<float>& in, DLTensor& flat) {
-  const size_t n = numel(flat);
+  const size_t n = sdk::dl_numel(flat);
   if (in.size() != n) throw sdk::Error(DOPT_ERR_INTERNAL, "store_float: length mismatch");
   void* dst = data_of(flat);
   if (flat.dtype.code == kDLBfloat) {
@@ -140,15 +135,6 @@ DLTensor host_tensor(void* data, int64_t count, DLDataType dtype, int64_t* shape
   t.strides = nullptr;
   t.byte_offset = 0;
   return t;
-}
-
-uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world) {
-  if (world <= 1) return 0;
-  return 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
-}
-
-uint64_t allgather_bytes(uint64_t bytes, int32_t world) {
-  return world <= 1 ? 0 : bytes * static_cast<uint64_t>(world - 1);
 }
 
 bool StagedRequest::test() {

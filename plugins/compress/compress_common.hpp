@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "distopt/sdk/sdk.hpp"
+#include "distopt/sdk/traffic.hpp"
 
 namespace distopt::plugins::compress {
 
@@ -44,9 +45,6 @@ std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* bucke
 const BucketLayout& layout_of(const char* who, const std::vector<BucketLayout>& layouts,
                               const dopt_bucket& bucket);
 
-/// Element count of a 1-D (or any) DLTensor.
-size_t numel(const DLTensor& t);
-
 /// Copy the bucket's flat buffer into `out` as float32 (resized to length).
 void load_float(const DLTensor& flat, std::vector<float>& out);
 /// Write `in` (float32, the flat length) back into the bucket's dtype (RNE).
@@ -61,13 +59,8 @@ inline constexpr DLDataType kF32{kDLFloat, 32, 1};
 inline constexpr DLDataType kF16{kDLFloat, 16, 1};
 inline constexpr DLDataType kBF16{kDLBfloat, 16, 1};
 
-/// Bytes one rank sends in a ring allreduce of `bytes` over `world` ranks:
-/// 2 (W-1)/W x bytes (the `mean` reducer's formula; 0 on one rank).
-uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world);
-/// Bytes one rank sends in an allgather of its `bytes` (ring or direct:
-/// each other rank needs them once): (W-1) x bytes.
-uint64_t allgather_bytes(uint64_t bytes, int32_t world);
-
+using sdk::allgather_bytes;  // distopt/sdk/traffic.hpp
+using sdk::ring_allreduce_bytes;
 /// A bucket reduction: one collective in flight, then `finish` (decompress
 /// into the bucket) runs exactly once, on the first thread whose test() or
 /// wait() sees the collective complete. Thread-safe.

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "distopt/sdk/traffic.hpp"
+
 namespace distopt::plugins {
 namespace {
 
@@ -21,18 +23,7 @@ class MeanRequest : public sdk::Request {
   sdk::CommHandle h_;
 };
 
-uint64_t dl_nbytes(const DLTensor& t) {
-  uint64_t n = 1;
-  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<uint64_t>(t.shape[i]);
-  return n * ((t.dtype.bits * t.dtype.lanes + 7) / 8);
-}
-
 }  // namespace
-
-uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world) {
-  if (world <= 1) return 0;
-  return 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
-}
 
 MeanReducer::MeanReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket*,
                          size_t)
@@ -48,7 +39,7 @@ std::unique_ptr<sdk::Request> MeanReducer::reduce(const dopt_bucket& bucket) {
   if (!bucket.flat)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "mean: bucket without a flat buffer");
   auto h = comm_.allreduce(*bucket.flat, *bucket.flat, DOPT_REDUCE_AVG);
-  uint64_t sent = ring_allreduce_bytes(dl_nbytes(*bucket.flat), world_size_);
+  uint64_t sent = sdk::ring_allreduce_bytes(sdk::dl_nbytes(*bucket.flat), world_size_);
   bytes_sent_ += sent;
   sdk::metric_add("reducer.bytes_sent", static_cast<double>(sent));
   return std::make_unique<MeanRequest>(std::move(h));

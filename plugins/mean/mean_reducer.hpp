@@ -30,7 +30,4 @@ class MeanReducer : public sdk::Reducer {
   std::atomic<uint64_t> bytes_sent_{0};
 };
 
-/// Bytes one rank sends in a ring allreduce of `bytes` over `world` ranks.
-uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world);
-
 }  // namespace distopt::plugins

@@ -9,6 +9,7 @@
 
 #include "distopt/sdk/tensor.hpp"
 #include "distopt/sdk/tensor_state.hpp"
+#include "distopt/sdk/traffic.hpp"
 #include "orthogonalize.hpp"
 
 namespace distopt::plugins::powersgd {
@@ -19,12 +20,6 @@ constexpr const char* kWho = "powersgd";
 
 sdk::Error bad(const std::string& msg) {
   return sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string("powersgd: ") + msg);
-}
-
-size_t dl_numel(const DLTensor& t) {
-  size_t n = 1;
-  for (int32_t i = 0; i < t.ndim; ++i) n *= static_cast<size_t>(t.shape[i]);
-  return n;
 }
 
 size_t dtype_bytes(at::ScalarType t) { return static_cast<size_t>(c10::elementSize(t)); }
@@ -43,17 +38,12 @@ void orthogonalize(at::Tensor& a) {  // a: contiguous CPU (rows x cols)
 
 }  // namespace
 
-uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world) {
-  if (world <= 1) return 0;
-  return 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
-}
-
 BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts) {
   if (!bucket.flat) throw bad("bucket " + std::to_string(bucket.index) + " has no flat buffer");
   if (bucket.num_entries && !bucket.entries)
     throw bad("bucket " + std::to_string(bucket.index) + " has no entries");
   BucketPlan plan;
-  plan.flat_numel = dl_numel(*bucket.flat);
+  plan.flat_numel = sdk::dl_numel(*bucket.flat);
   std::vector<size_t> uncompressed;
   for (size_t i = 0; i < bucket.num_entries; ++i) {
     const dopt_bucket_entry& e = bucket.entries[i];
@@ -191,7 +181,7 @@ PowerSgdReducer::BucketState& PowerSgdReducer::state_for(const dopt_bucket& buck
   } else {
     // Same index, same layout: the state (residuals, Q's) belongs to it.
     const BucketPlan& p = states_[i]->plan;
-    bool same = bucket.flat && dl_numel(*bucket.flat) == p.flat_numel &&
+    bool same = bucket.flat && sdk::dl_numel(*bucket.flat) == p.flat_numel &&
                 bucket.num_entries == p.entries.size();
     for (size_t k = 0; same && k < bucket.num_entries; ++k)
       same = bucket.entries[k].offset == p.entries[k].offset &&
@@ -269,7 +259,7 @@ void PowerSgdReducer::run_job(Job& job) {
     sdk::DLView v(flat);
     comm_.allreduce(*v.get(), *v.get(), DOPT_REDUCE_AVG).wait();
     bytes_sent_ +=
-        ring_allreduce_bytes(plan.flat_numel * dtype_bytes(flat.scalar_type()), world_size_);
+        sdk::ring_allreduce_bytes(plan.flat_numel * dtype_bytes(flat.scalar_type()), world_size_);
     ++s.steps;
     return;
   }
@@ -319,7 +309,7 @@ void PowerSgdReducer::run_job(Job& job) {
   if (plan.p_numel > 0) {
     sdk::DLView v(s.p);
     comm_.allreduce(*v.get(), *v.get(), DOPT_REDUCE_AVG).wait();
-    bytes_sent_ += ring_allreduce_bytes(plan.p_numel * esz, world_size_);
+    bytes_sent_ += sdk::ring_allreduce_bytes(plan.p_numel * esz, world_size_);
   }
   for (const EntryPlan& ep : plan.entries)
     if (!ep.compressed) {
@@ -336,7 +326,7 @@ void PowerSgdReducer::run_job(Job& job) {
     at::Tensor qs = s.q.narrow(0, 0, static_cast<int64_t>(plan.q_numel));
     sdk::DLView v(qs);
     comm_.allreduce(*v.get(), *v.get(), DOPT_REDUCE_AVG).wait();
-    bytes_sent_ += ring_allreduce_bytes(plan.q_numel * esz, world_size_);
+    bytes_sent_ += sdk::ring_allreduce_bytes(plan.q_numel * esz, world_size_);
     for (Mats& x : mats) {
       at::mm_out(x.m, x.p, x.q.t());  // P Q^T: rank-r approximation of the average
       x.e.sub_(x.m);                  // residual M - P Q^T, kept for the next step

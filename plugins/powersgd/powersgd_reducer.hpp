@@ -93,10 +93,6 @@ struct BucketPlan {
 /// does not fit in the flat buffer or has a bad shape).
 BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts);
 
-/// Bytes one rank sends in a ring allreduce of `bytes` over `world` ranks:
-/// 2 (W-1)/W x bytes (0 on one rank).
-uint64_t ring_allreduce_bytes(uint64_t bytes, int32_t world);
-
 class PowerSgdReducer : public sdk::Reducer {
  public:
   /// Options from args.options (the plugin's schema). Plans the given buckets

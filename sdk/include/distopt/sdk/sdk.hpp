@@ -9,3 +9,4 @@
 #include "distopt/sdk/options.hpp"
 #include "distopt/sdk/plugin.hpp"
 #include "distopt/sdk/request.hpp"
+#include "distopt/sdk/traffic.hpp"
