@@ -25,7 +25,7 @@ cmake -S "$work/template" -B "$work/template/build" "${gen[@]}" \
 cmake --build "$work/template/build" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 
 mkdir -p "$work/plugins"
-cp "$work/template/build/libdistopt_template_sgd.so" "$work/plugins/"
+cp "$work/template/build/libdistopt_template.so" "$work/plugins/"
 
 echo "== distopt plugins lists it"
 export DISTOPT_PLUGIN_PATH="$work/prefix/lib/distopt/plugins"
@@ -33,14 +33,16 @@ out=$("$work/prefix/bin/distopt" plugins --plugin-path "$work/plugins")
 echo "$out"
 echo "$out" | grep -E "algorithm +template_sgd" >/dev/null ||
   { echo "FAIL: template_sgd not listed by distopt plugins"; exit 1; }
+echo "$out" | grep -E "reducer +template_mean" >/dev/null ||
+  { echo "FAIL: template_mean not listed by distopt plugins"; exit 1; }
 
 echo "== distopt train selects it"
 cat >"$work/job.yaml" <<YAML
 plugins: {paths: [$work/plugins]}
 world: {size: 2, timeout_s: 60}
 communicator: {name: tcp}
-reducer: {name: mean}
-algorithm: {name: template_sgd, options: {lr: 0.1}}
+reducer: {name: template_mean}
+algorithm: {name: template_sgd}
 optimizer: {name: sgd, lr: 0.1}
 train: {model: mlp, epochs: 1, batch_size: 64, seed: 0, max_steps: 30, log_every: 10}
 YAML
@@ -51,4 +53,18 @@ acc=$(echo "$out" | grep -oiE "test accuracy[^0-9]*[0-9.]+" | tail -1 | grep -oE
 echo "test accuracy: $acc"
 # 30 steps of SGD on Fashion-MNIST reach well above chance (10%).
 awk -v a="$acc" 'BEGIN { exit !(a > 40) }' || { echo "FAIL: accuracy $acc% is not above 40%"; exit 1; }
+
+echo "== the learning rate is optimizer.lr (said once): lr 0 leaves the model at chance"
+sed -i 's/lr: 0.1}/lr: 0.0}/' "$work/job.yaml"
+out=$("$work/prefix/bin/distopt" train "$work/job.yaml" 2>&1) || { echo "$out"; echo "FAIL: train (lr 0) exited non-zero"; exit 1; }
+acc0=$(echo "$out" | grep -oiE "test accuracy[^0-9]*[0-9.]+" | tail -1 | grep -oE "[0-9.]+$")
+echo "test accuracy at lr 0: $acc0"
+awk -v a="$acc0" 'BEGIN { exit !(a < 25) }' || { echo "FAIL: lr 0 trained to $acc0%"; exit 1; }
+
+echo "== template_sgd refuses another optimizer, naming it"
+sed -i 's/name: sgd, lr: 0.0/name: adam, lr: 0.001/' "$work/job.yaml"
+if out=$("$work/prefix/bin/distopt" train "$work/job.yaml" 2>&1); then
+  echo "$out"; echo "FAIL: template_sgd accepted adam"; exit 1
+fi
+echo "$out" | grep -q "optimizer.name must be sgd" || { echo "$out"; echo "FAIL: no clear error"; exit 1; }
 echo "PASS"

@@ -1,7 +1,14 @@
-// template_sgd: the smallest useful algorithm plugin. Every bucket is handed
-// to the job's reducer as soon as backward completes it; step() waits for
-// the reductions and applies plain SGD, p -= lr * mean_grad, to every
-// parameter. Copy this folder to start a plugin of your own.
+// The smallest useful plugin with two components; copy this folder to start
+// one of your own.
+//
+// template_mean (reducer): averages each gradient bucket over the ranks with
+// one in-place allreduce, and counts the bytes it sends.
+// template_sgd (algorithm): hands every bucket to the job's reducer as soon
+// as backward completes it; step() waits for the reductions and applies
+// plain SGD, p -= lr * grad, with the learning rate of the job's `optimizer:`
+// section (and of each parameter group), so the job file says it once.
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "distopt/sdk/sdk.hpp"
@@ -9,19 +16,66 @@
 
 namespace {
 
-class TemplateSgd : public distopt::sdk::Algorithm {
+namespace sdk = distopt::sdk;
+
+// ---- reducer ----
+
+// The reducer's request is the communicator's: done when the allreduce is.
+class AllreduceRequest : public sdk::Request {
+ public:
+  explicit AllreduceRequest(sdk::CommHandle h) : h_(std::move(h)) {}
+  bool test() override { return h_.test(); }
+  bool wait(int64_t timeout_ms) override {
+    h_.wait(timeout_ms);  // throws on failure or timeout, with the detail
+    return true;
+  }
+
+ private:
+  sdk::CommHandle h_;
+};
+
+class TemplateMean : public sdk::Reducer {
+ public:
+  TemplateMean(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket*, size_t)
+      : comm_(comm), world_size_(args.world_size) {}
+
+  std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override {
+    auto h = comm_.allreduce(*bucket.flat, *bucket.flat, DOPT_REDUCE_AVG);
+    bytes_sent_ += sdk::ring_allreduce_bytes(sdk::dl_nbytes(*bucket.flat), world_size_);
+    return std::make_unique<AllreduceRequest>(std::move(h));
+  }
+  uint64_t bytes_sent() const override { return bytes_sent_; }
+  // Stateless: nothing to checkpoint (the SDK's defaults refuse, so even a
+  // stateless component says so explicitly).
+  void save_state(sdk::StateWriter&) override {}
+  void load_state(const sdk::StateReader&) override {}
+
+ private:
+  sdk::CommView comm_;
+  int32_t world_size_;
+  uint64_t bytes_sent_ = 0;  // reduce() runs on one thread at a time
+};
+
+// ---- algorithm ----
+
+class TemplateSgd : public sdk::Algorithm {
  public:
   explicit TemplateSgd(const dopt_algorithm_args& args) : reducer_(args.reducer) {
-    distopt::sdk::OptionsView opts(args.common->options);
-    lr_ = opts.get_double("lr");
+    if (std::string(args.optimizer_name) != "sgd")
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                       std::string("template_sgd applies plain SGD: optimizer.name must be sgd, "
+                                   "got ") +
+                           args.optimizer_name);
+    const double lr = sdk::OptionsView(args.optimizer_options).get_double("lr");
+    for (size_t g = 0; g < args.num_groups; ++g)  // a negative group lr inherits
+      group_lr_.push_back(args.groups[g].lr >= 0 ? args.groups[g].lr : lr);
     for (size_t b = 0; b < args.num_buckets; ++b) buckets_.push_back(&args.buckets[b]);
     pending_.resize(args.num_buckets);
     for (size_t i = 0; i < args.num_params; ++i) {
       const dopt_param& p = args.params[i];
       if (!p.requires_grad || !p.grad) continue;
       // Non-owning views: updating them updates the application's parameters.
-      params_.push_back(distopt::sdk::as_tensor(*p.data));
-      grads_.push_back(distopt::sdk::as_tensor(*p.grad));
+      params_.push_back({sdk::as_tensor(*p.data), sdk::as_tensor(*p.grad), p.group});
     }
   }
 
@@ -35,38 +89,37 @@ class TemplateSgd : public distopt::sdk::Algorithm {
       r.reset();
     }
     at::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].add_(grads_[i], -lr_);
+    for (Param& p : params_) p.data.add_(p.grad, -group_lr_.at(static_cast<size_t>(p.group)));
   }
 
-  void set_lr(int32_t, double lr) override { lr_ = lr; }
+  void set_lr(int32_t group, double lr) override { group_lr_.at(static_cast<size_t>(group)) = lr; }
   uint64_t state_bytes() const override { return 0; }  // plain SGD keeps no state
 
-  // Checkpoints (ABI 1.1, distopt/state.h). The host saves the parameters;
-  // plain SGD keeps no other state (lr_ comes from options and set_lr).
-  // A stateful algorithm puts each rank's state here, e.g. a momentum
-  // buffer under "optimizer/<param name>/momentum_buffer" with
-  // distopt::sdk::put_whole (distopt/sdk/tensor_state.hpp), and reads it back
-  // in load_state with distopt::sdk::read_into. The SDK's defaults refuse
-  // with UNSUPPORTED, so a plugin never writes an incomplete checkpoint by
-  // accident: even a stateless one overrides both.
-  void save_state(distopt::sdk::StateWriter&) override {}
-  void load_state(const distopt::sdk::StateReader&) override {}
+  // Checkpoints (ABI 1.1, distopt/state.h). The host saves the parameters and
+  // the learning rates set with set_lr; plain SGD keeps no other state. A
+  // stateful algorithm puts each rank's state here, e.g. a momentum buffer
+  // under "optimizer/<param name>/momentum_buffer" with sdk::put_whole
+  // (distopt/sdk/tensor_state.hpp), and reads it back with sdk::read_into.
+  void save_state(sdk::StateWriter&) override {}
+  void load_state(const sdk::StateReader&) override {}
 
  private:
-  distopt::sdk::ReducerView reducer_;
-  double lr_ = 0.1;
+  struct Param {
+    at::Tensor data, grad;
+    int32_t group;
+  };
+  sdk::ReducerView reducer_;
+  std::vector<double> group_lr_;
   std::vector<const dopt_bucket*> buckets_;
-  std::vector<distopt::sdk::ReduceHandle> pending_;
-  std::vector<at::Tensor> params_, grads_;
-};
-
-constexpr dopt_option_spec kOptions[] = {
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "lr", DOPT_OPTION_DOUBLE, "0.1", 0, 10, nullptr,
-     "learning rate of the plain SGD update"},
+  std::vector<sdk::ReduceHandle> pending_;
+  std::vector<Param> params_;
 };
 
 }  // namespace
 
-DOPT_PLUGIN("template_sgd", "0.1.0",
-            DOPT_COMPONENT(TemplateSgd, "template_sgd", "0.1.0",
-                           "template: reduce every bucket, then plain SGD", kOptions))
+DOPT_PLUGIN("template", "0.2.0",
+            DOPT_COMPONENT(TemplateMean, "template_mean", "0.2.0",
+                           "template: average each bucket with one allreduce", nullptr),
+            DOPT_COMPONENT(TemplateSgd, "template_sgd", "0.2.0",
+                           "template: reduce every bucket, then plain SGD at optimizer.lr",
+                           nullptr))
