@@ -108,17 +108,24 @@ void wait_for_every_rank(Store& store, const ProcessInfo& proc, const std::strin
   if (proc.world_size <= 1) return;
   auto key = [](int r) { return "rendezvous/joined/" + std::to_string(r); };
   store.set(key(proc.rank), std::vector<uint8_t>{1});
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  std::vector<int> missing;
-  for (;;) {
-    missing.clear();
-    for (int r = 0; r < proc.world_size; ++r)
-      if (r != proc.rank && !store.check(key(r))) missing.push_back(r);
-    if (missing.empty()) return;
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  using Clock = std::chrono::steady_clock;
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  // Blocking waits, one key after another (O(world size) store requests per
+  // rank, no polling); only a timeout asks which ranks are missing.
+  try {
+    for (int r = 0; r < proc.world_size; ++r) {
+      if (r == proc.rank) continue;
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      store.get(key(r), std::max(left, std::chrono::milliseconds(1)));
+    }
+    return;
+  } catch (const RendezvousError&) {
   }
+  std::vector<int> missing;
+  for (int r = 0; r < proc.world_size; ++r)
+    if (r != proc.rank && !store.check(key(r))) missing.push_back(r);
+  if (missing.empty()) return;  // they arrived just now
   std::string names;
   for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
   throw RendezvousError(
