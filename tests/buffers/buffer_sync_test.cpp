@@ -77,7 +77,8 @@ Run train(const std::string& mode, int world, const std::string& dir) {
           auto y = torch::randint(0, 2, {16});
           opt.zero_grad();
           torch::nn::functional::cross_entropy(net->forward(x), y).backward();
-          if (s == kSteps - 1) write_doubles(dir + "/before" + std::to_string(rank), buffers_of(net));
+          if (s == kSteps - 1)
+            write_doubles(dir + "/before" + std::to_string(rank), buffers_of(net));
           opt.step();
         }
         write_doubles(dir + "/after" + std::to_string(rank), buffers_of(net));

@@ -54,8 +54,8 @@ void BufferSynchronizer::broadcast_bytes() {
     }
   sdk::DLView v(flat_);
   dopt_request* req = nullptr;
-  const std::string what = "broadcast(buffers from rank 0, " +
-                           std::to_string(flat_.numel()) + " bytes)";
+  const std::string what =
+      "broadcast(buffers from rank 0, " + std::to_string(flat_.numel()) + " bytes)";
   dopt_status st = comm_.vt->broadcast(comm_.comm, v.get(), 0, &req);
   if (st != DOPT_OK) throw CommError(st, "communicator", what, take_last_error());
   CommRequest(comm_.vt, req, "communicator:" + what).wait();

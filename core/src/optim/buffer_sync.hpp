@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "distopt/communicator.h"
 #include "distopt/buffers.hpp"
+#include "distopt/communicator.h"
 
 namespace distopt::optim {
 

@@ -205,7 +205,7 @@ void DistributedOptimizer::step() {
     m.mixed_precision_step();
     metric_add("optim.step_seconds",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    m.sync_buffers();  // the forward changed them even if the step was skipped
+    m.sync_buffers();               // the forward changed them even if the step was skipped
     if (m.steps == before) return;  // skipped: nothing was sent
     metric_add("optim.steps", 1);
     metric_add("optim.bytes_plain_allreduce", static_cast<double>(m.plain_bytes_per_step));
