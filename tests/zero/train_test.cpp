@@ -75,3 +75,29 @@ TEST_CASE("distopt train: zero + adam, 2 ranks x 1 epoch, half of allreduce's op
   }
   fs::remove_all(dir);
 }
+
+TEST_CASE("zero stage 2 with another reducer says the reducer does not apply") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  const std::string cli = env_path("DISTOPT_CLI"), plugins = env_path("DISTOPT_PLUGIN_DIR");
+  const fs::path dir = distopt::test::make_temp_dir("distopt_zero_reducer");
+  auto run = [&](const std::string& stage) {
+    const fs::path job = dir / ("stage" + stage + ".yaml");
+    std::ofstream(job) << "plugins: {paths: [" << plugins << "]}\n"
+                       << "world: {size: 2, timeout_s: 60}\n"
+                       << "reducer: {name: topk, options: {ratio: 0.5}}\n"
+                       << "algorithm: {name: zero, options: {stage: " << stage << "}}\n"
+                       << "optimizer: {name: adam, lr: 1.0e-3}\n"
+                       << "train: {model: mlp, epochs: 1, max_steps: 2, batch_size: 64, seed: 0, "
+                          "threads: 1}\n";
+    return run_command({cli, "train", job.string()}, {}, std::chrono::seconds(120));
+  };
+  auto s2 = run("2");
+  INFO(s2.output);
+  CHECK(s2.exit_code == 0);
+  CHECK(s2.output.find("reduced the gradients without reducer compress/topk") != std::string::npos);
+  auto s1 = run("1");  // stage 1 hands buckets to the reducer
+  INFO(s1.output);
+  CHECK(s1.exit_code == 0);
+  CHECK(s1.output.find("without reducer") == std::string::npos);
+  fs::remove_all(dir);
+}

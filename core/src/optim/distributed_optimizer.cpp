@@ -207,6 +207,7 @@ void DistributedOptimizer::step() {
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     m.sync_buffers();               // the forward changed them even if the step was skipped
     if (m.steps == before) return;  // skipped: nothing was sent
+    m.check_reducer_used();
     metric_add("optim.steps", 1);
     metric_add("optim.bytes_plain_allreduce", static_cast<double>(m.plain_bytes_per_step));
     return;
@@ -228,6 +229,7 @@ void DistributedOptimizer::step() {
   check_status(m.avt->step(m.algorithm), m.algorithm_who, "step");
   ++m.steps;
   m.sync_buffers();
+  m.check_reducer_used();
   metric_add("optim.steps", 1);
   metric_add("optim.step_seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -270,6 +272,16 @@ void DistributedOptimizer::set_buffers(
 
 BufferSync DistributedOptimizer::buffer_sync() const {
   return impl_->build.buffers ? impl_->build.buffers->mode() : BufferSync::none;
+}
+
+void DistributedOptimizer::Impl::check_reducer_used() {
+  if (reducer_use_checked) return;
+  reducer_use_checked = true;
+  if (world_size <= 1 || build.common.rank != 0 || rvt->bytes_sent(reducer) > 0) return;
+  log(DOPT_LOG_WARN, "optimizer",
+      "algorithm " + algorithm_who + " reduced the gradients without reducer " + reducer_who +
+          " (it sent nothing in the first step): the reducer's compression or scaling does not "
+          "apply to this job, and the bytes reported are what the algorithm sent");
 }
 
 void DistributedOptimizer::Impl::sync_buffers() {

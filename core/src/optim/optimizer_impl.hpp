@@ -75,6 +75,11 @@ struct DistributedOptimizer::Impl {
   void mixed_precision_step();
   /// build.buffers->sync() with metrics; nothing if no buffers were set.
   void sync_buffers();
+  /// After the first step: warn (rank 0) if the reducer sent nothing on
+  /// several ranks, i.e. the algorithm reduced the gradients itself (zero
+  /// stage 2) and the configured reducer's semantics did not apply.
+  void check_reducer_used();
+  bool reducer_use_checked = false;
 
   ~Impl() {
     // Hooks first (backward must not reach a destroyed algorithm), then the
