@@ -218,9 +218,8 @@ TEST_CASE("SIGINT to launch stops every rank and leaves no process behind") {
 }
 
 TEST_CASE("launch refuses -n that contradicts the job file's world.size, naming both") {
-  char tmpl[] = "/tmp/distopt_launch_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string job = std::string(tmpl) + "/job.yaml";
+  TempDir t;  // cli_util.hpp: removed at scope exit
+  const std::string job = t.file("job.yaml");
   std::ofstream(job) << "world:\n  size: 2\n";
   ProcResult r = run_command({cli(), "launch", "-n", "3", "--config", job, "--", "true"});
   INFO(r.output);
@@ -230,7 +229,6 @@ TEST_CASE("launch refuses -n that contradicts the job file's world.size, naming 
   // The same number, or no -n, is fine.
   CHECK(run_command({cli(), "launch", "-n", "2", "--config", job, "--", "true"}).exit_code == 0);
   CHECK(run_command({cli(), "launch", "--config", job, "--", "true"}).exit_code == 0);
-  std::filesystem::remove_all(tmpl);
 }
 
 TEST_CASE(
@@ -243,14 +241,13 @@ TEST_CASE(
   // command (one search order).
   const char* plugins = std::getenv("DISTOPT_PLUGIN_DIR");
   REQUIRE(plugins);
-  char tmpl[] = "/tmp/distopt_ppath_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string copy = std::string(tmpl) + "/libdistopt_mean.so";
+  TempDir t;
+  const std::string copy = t.file("libdistopt_mean.so");
   std::filesystem::copy_file(std::string(plugins) + "/libdistopt_mean.so", copy);
-  ProcResult p = run_command({"env", "-u", "DISTOPT_PLUGIN_PATH", cli(), "plugins", "-P", tmpl});
+  ProcResult p =
+      run_command({"env", "-u", "DISTOPT_PLUGIN_PATH", cli(), "plugins", "-P", t.path.string()});
   INFO(p.output);
   const size_t row = p.output.find("reducer       mean");
   REQUIRE(row != std::string::npos);
   CHECK(p.output.substr(row, p.output.find('\n', row) - row).find(copy) != std::string::npos);
-  std::filesystem::remove_all(tmpl);
 }

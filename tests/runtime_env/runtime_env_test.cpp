@@ -17,6 +17,7 @@
 #include "distopt/runtime.hpp"
 #include "distopt/threads.hpp"
 #include "multiproc.hpp"
+#include "result_files.hpp"
 
 using distopt::openblas_coretype_rule;
 
@@ -90,9 +91,7 @@ namespace {
 std::string one_rank_job(const std::string& threads_line) {
   const char* plugins = std::getenv("DISTOPT_PLUGIN_DIR");
   REQUIRE_MESSAGE(plugins, "DISTOPT_PLUGIN_DIR is not set (run through ctest)");
-  char tmpl[] = "/tmp/distopt_threads_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string path = std::string(tmpl) + "/job.yaml";
+  const std::string path = distopt::test::make_temp_dir("distopt_threads") + "/job.yaml";
   std::ofstream(path) << "plugins: {paths: [" << plugins << "]}\n"
                       << "world: {size: 1}\n"
                       << threads_line;
