@@ -191,6 +191,21 @@ void CompressReducer::save_rank_local(sdk::StateWriter& w, const std::string& pr
   }
 }
 
+void CompressReducer::save_feedback_state(sdk::StateWriter& w,
+                                          const std::vector<std::vector<float>*>& residual,
+                                          MomentumCorrection& momentum) const {
+  save_residuals(w, residual);
+  if (momentum.enabled()) save_rank_local(w, kVelocityPrefix, momentum.buffers());
+}
+
+void CompressReducer::load_feedback_state(const sdk::StateReader& r,
+                                          const std::vector<std::vector<float>*>& residual,
+                                          MomentumCorrection& momentum) const {
+  load_residuals(r, residual);
+  if (momentum.enabled())
+    load_rank_local(r, kVelocityPrefix, "momentum-correction velocity", momentum.buffers());
+}
+
 void CompressReducer::load_rank_local(const sdk::StateReader& r, const std::string& prefix,
                                       const std::string& what,
                                       const std::vector<std::vector<float>*>& residual) const {

@@ -78,6 +78,8 @@ class StagedRequest : public sdk::Request {
   std::function<void()> finish_;
 };
 
+class MomentumCorrection;
+
 /// Base of the compress reducers: communicator, world, layouts, byte count.
 class CompressReducer : public sdk::Reducer {
  public:
@@ -110,6 +112,14 @@ class CompressReducer : public sdk::Reducer {
   /// The same for any per-element float32 buffers under "<prefix><param
   /// name>" (MomentumCorrection's velocity: "momentum_correction/");
   /// `what` names them in warnings.
+  /// save_residuals(residual), and the velocity of `momentum` under
+  /// kVelocityPrefix when it is enabled: what every EF reducer checkpoints.
+  void save_feedback_state(sdk::StateWriter& w, const std::vector<std::vector<float>*>& residual,
+                           MomentumCorrection& momentum) const;
+  /// The inverse (load_rank_local's rules for missing keys / world sizes).
+  void load_feedback_state(const sdk::StateReader& r,
+                           const std::vector<std::vector<float>*>& residual,
+                           MomentumCorrection& momentum) const;
   void save_rank_local(sdk::StateWriter& w, const std::string& prefix,
                        const std::vector<std::vector<float>*>& buffers) const;
   void load_rank_local(const sdk::StateReader& r, const std::string& prefix,

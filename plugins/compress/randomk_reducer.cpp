@@ -82,8 +82,7 @@ void RandomkReducer::save_state(sdk::StateWriter& w) {
       for (const Slice& e : layouts_[b].entries) w.put_sharded("randomk/step/" + e.name, t, 0, {});
     }
   }
-  save_residuals(w, residuals());
-  if (momentum_.enabled()) save_rank_local(w, kVelocityPrefix, momentum_.buffers());
+  save_feedback_state(w, residuals(), momentum_);
 }
 
 void RandomkReducer::load_state(const sdk::StateReader& r) {
@@ -117,9 +116,7 @@ void RandomkReducer::load_state(const sdk::StateReader& r) {
   if (missing > 0 && rank_ == 0)
     sdk::log_warn(who_, "checkpoint has no randomk/step for " + std::to_string(missing) +
                             " parameter(s); their buckets' index draws restart from step 0");
-  load_residuals(r, residuals());
-  if (momentum_.enabled())
-    load_rank_local(r, kVelocityPrefix, "momentum-correction velocity", momentum_.buffers());
+  load_feedback_state(r, residuals(), momentum_);
 }
 
 std::unique_ptr<sdk::Request> RandomkReducer::reduce(const dopt_bucket& bucket) {

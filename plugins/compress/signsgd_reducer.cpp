@@ -64,14 +64,11 @@ std::vector<std::vector<float>*> SignSgdReducer::residuals() {
 }
 
 void SignSgdReducer::save_state(sdk::StateWriter& w) {
-  save_residuals(w, residuals());
-  if (momentum_.enabled()) save_rank_local(w, kVelocityPrefix, momentum_.buffers());
+  save_feedback_state(w, residuals(), momentum_);
 }
 
 void SignSgdReducer::load_state(const sdk::StateReader& r) {
-  load_residuals(r, residuals());
-  if (momentum_.enabled())
-    load_rank_local(r, kVelocityPrefix, "momentum-correction velocity", momentum_.buffers());
+  load_feedback_state(r, residuals(), momentum_);
 }
 
 void SignSgdReducer::finish(size_t b, DLTensor* flat) {

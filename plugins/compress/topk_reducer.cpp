@@ -107,14 +107,11 @@ std::vector<std::vector<float>*> TopkReducer::residuals() {
 }
 
 void TopkReducer::save_state(sdk::StateWriter& w) {
-  save_residuals(w, residuals());
-  if (momentum_.enabled()) save_rank_local(w, kVelocityPrefix, momentum_.buffers());
+  save_feedback_state(w, residuals(), momentum_);
 }
 
 void TopkReducer::load_state(const sdk::StateReader& r) {
-  load_residuals(r, residuals());
-  if (momentum_.enabled())
-    load_rank_local(r, kVelocityPrefix, "momentum-correction velocity", momentum_.buffers());
+  load_feedback_state(r, residuals(), momentum_);
 }
 
 void TopkReducer::finish(size_t b, DLTensor* flat) {
