@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "comm_check/checked_comm.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host.hpp"
 
@@ -53,7 +54,8 @@ bool CommRequest::test() {
   return done != 0;
 }
 
-Communicator::Communicator(const ComponentInfo& info, const dopt_create_args& args)
+Communicator::Communicator(const ComponentInfo& info, const dopt_create_args& args,
+                           const CollectiveCheck& check)
     : info_(info), vt_(static_cast<const dopt_communicator_v1*>(info.vtable)) {
   if (info.kind != DOPT_KIND_COMMUNICATOR || !vt_)
     throw PluginError("component '" + info.name + "' is not a communicator");
@@ -64,6 +66,13 @@ Communicator::Communicator(const ComponentInfo& info, const dopt_create_args& ar
     check_status(st, info_.name, "create");
   }
   if (!comm_) throw ComponentError(DOPT_ERR_INTERNAL, info_.name, "create", "returned no instance");
+  if (check.store && check.stall_after.count() > 0) {
+    comm_check::Settings s{check.store, std::string(args.scope ? args.scope : "comm") + "/check",
+                           info_.name, check.stall_after};
+    dopt_comm_ref wrapped = comm_check::wrap({vt_, comm_}, std::move(s));
+    vt_ = wrapped.vt;
+    comm_ = wrapped.comm;
+  }
 }
 
 Communicator::Communicator(const ComponentInfo& info, dopt_comm* comm)

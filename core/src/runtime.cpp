@@ -210,7 +210,9 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   args.scope = "comm/0";
   args.job_token = m.proc.token.c_str();
   args.bind_address = m.bind_address.c_str();
-  m.comm = std::make_unique<Communicator>(ci, args);
+  CollectiveCheck check{m.store, std::chrono::milliseconds(
+                                     static_cast<int64_t>(cfg.collective_check_s * 1000))};
+  m.comm = std::make_unique<Communicator>(ci, args, check);
   if (m.comm->world_size() != proc.world_size || m.comm->rank() != proc.rank)
     throw ComponentError(DOPT_ERR_INTERNAL, ci.name, "create",
                          "communicator reports rank " + std::to_string(m.comm->rank()) + " of " +

@@ -2,6 +2,7 @@
 // Torch-free: tensors are DLTensors, so the CLI's `bench comm` needs no libtorch.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -36,6 +37,22 @@ class CommRequest {
   std::string what_;
 };
 
+/// Collective mismatch detection (the job's `world.collective_check_s`).
+/// When a wait on a collective has not completed after `stall_after`, the
+/// ranks publish what they wait on (kind, position, size, dtype) in `store`
+/// and compare: if they issued different collectives every waiting rank
+/// fails with CommError naming each rank's collective ("rank 0: allreduce
+/// #117 of 2.1 MB float32 (avg); rank 1: barrier #3"), within a few
+/// stall intervals instead of at the timeout. Nothing is exchanged while
+/// waits complete within `stall_after`. Disabled when `store` is null or
+/// stall_after <= 0. Same-size collectives that only differ in position
+/// (one extra allreduce of the same shape) complete silently on transports
+/// that match by size and are caught only where a later one stalls.
+struct CollectiveCheck {
+  std::shared_ptr<Store> store;
+  std::chrono::milliseconds stall_after{1000};
+};
+
 /// One rank's endpoint of a communicator. Not copyable. Methods may be called
 /// from several threads, but collectives must be issued in the same order on
 /// every rank.
@@ -43,7 +60,9 @@ class Communicator {
  public:
   /// Collective: create the instance (connects to peers through the store).
   /// Throws ComponentError / CommError with the plugin's detail.
-  Communicator(const ComponentInfo& info, const dopt_create_args& args);
+  /// `check`: see CollectiveCheck (off by default).
+  Communicator(const ComponentInfo& info, const dopt_create_args& args,
+               const CollectiveCheck& check = {});
   /// Wrap an instance made by split (takes ownership).
   Communicator(const ComponentInfo& info, dopt_comm* comm);
   ~Communicator();

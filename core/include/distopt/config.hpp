@@ -42,6 +42,10 @@ struct JobConfig {
   int64_t world_size = 1;                 ///< world.size
   std::string rendezvous = "tcp://127.0.0.1:29500";  ///< world.rendezvous
   double timeout_s = 60;  ///< world.timeout_s: rendezvous and default op timeout
+  /// world.collective_check_s: a collective wait this long (seconds) makes
+  /// the ranks compare what they wait on and fail naming a mismatch
+  /// (communicator.hpp, CollectiveCheck); 0 turns the check off.
+  double collective_check_s = 2;
   ComponentConfig communicator{"tcp", {}, {}};
   ComponentConfig reducer{"mean", {}, {}};
   ComponentConfig algorithm{"allreduce", {}, {}};

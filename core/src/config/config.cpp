@@ -175,7 +175,7 @@ class Parser {
 
   void parse_world(const YAML::Node& s, JobConfig& cfg) {
     if (!s.IsDefined() || s.IsNull()) return;
-    check_keys(s, "world", {"size", "rendezvous", "timeout_s"});
+    check_keys(s, "world", {"size", "rendezvous", "timeout_s", "collective_check_s"});
     get_int(s, "size", "world.size", 1, 1 << 20, cfg.world_size);
     get_string(s, "rendezvous", "world.rendezvous", cfg.rendezvous);
     if (YAML::Node r = s["rendezvous"]; r.IsDefined()) check_rendezvous(cfg.rendezvous, mark_of(r));
@@ -188,6 +188,14 @@ class Parser {
         fail(file_, mark_of(t),
              "world.timeout_s: value " + t.Scalar() + " is out of range (0, 1e9]");
       cfg.timeout_s = *v;
+    }
+    if (YAML::Node t = s["collective_check_s"]; t.IsDefined()) {
+      auto v = to_double(t);
+      if (!v || !(*v >= 0 && *v <= 1e9))
+        fail(file_, mark_of(t),
+             "world.collective_check_s: expected seconds in [0, 1e9] (0 = off), got " +
+                 describe(t));
+      cfg.collective_check_s = *v;
     }
   }
 

@@ -1,0 +1,32 @@
+// A communicator vtable that forwards to a plugin's and fingerprints every
+// collective (kind, position, size, dtype, root, reduction). Waits run in
+// slices of `stall_after`; a slice that ends with the collective still
+// pending asks the MismatchDetector whether the ranks disagree. Plugins and
+// the host use the wrapper exactly as the plugin's own communicator.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "distopt/communicator.h"
+
+namespace distopt {
+class Store;
+}
+
+namespace distopt::comm_check {
+
+struct Settings {
+  std::shared_ptr<Store> store;  ///< the job's rendezvous store
+  std::string prefix;            ///< store key prefix, identical on every rank
+  std::string comm_name;         ///< for messages ("tcp")
+  std::chrono::milliseconds stall_after{1000};
+};
+
+/// Wrap `inner` (ownership moves to the wrapper: destroying the returned
+/// communicator through its vtable destroys `inner`). Requests made through
+/// the wrapper must be waited / tested / freed through it.
+dopt_comm_ref wrap(dopt_comm_ref inner, Settings settings);
+
+}  // namespace distopt::comm_check

@@ -1,0 +1,154 @@
+#include "comm_check/mismatch_detector.hpp"
+
+#include <chrono>
+#include <sstream>
+#include <utility>
+
+#include "distopt/store.hpp"
+
+namespace distopt::comm_check {
+
+MismatchDetector::MismatchDetector(std::shared_ptr<Store> store, std::string prefix, int rank,
+                                   int world_size, std::string comm_name)
+    : store_(std::move(store)),
+      prefix_(std::move(prefix)),
+      rank_(rank),
+      world_size_(world_size),
+      comm_name_(std::move(comm_name)) {}
+
+std::string MismatchDetector::key(int rank) const {
+  return prefix_ + "/rank/" + std::to_string(rank);
+}
+
+std::string MismatchDetector::read(const std::string& k) {
+  try {
+    if (!store_->check(k)) return "";
+    auto v = store_->get(k, std::chrono::milliseconds(1000));
+    return std::string(v.begin(), v.end());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+void MismatchDetector::write(const std::string& k, const std::string& value) {
+  try {
+    store_->set(k, value);
+  } catch (const std::exception&) {
+  }
+}
+
+std::string MismatchDetector::message(const std::string& ranks_line) const {
+  return "collective mismatch on communicator " + comm_name_ + ": " + ranks_line +
+         ". Every rank must issue the same collectives in the same order: did the ranks run "
+         "different numbers of steps (a rank whose data ran out calls join()), or take a "
+         "rank-dependent branch?";
+}
+
+// Posts: "wait GEN SEQ KIND_SEQ SIGNATURE", "left ISSUED", or "" (not waiting).
+std::string MismatchDetector::compare(const Fingerprint& mine, bool* mismatch) {
+  std::ostringstream line;
+  *mismatch = false;
+  for (int r = 0; r < world_size_; ++r) {
+    if (r) line << "; ";
+    line << "rank " << r << ": ";
+    if (r == rank_) {
+      line << mine.describe();
+      continue;
+    }
+    const std::string post = read(key(r));
+    std::istringstream in(post);
+    std::string tag;
+    in >> tag;
+    bool differs = false;
+    if (tag == "left") {
+      uint64_t issued = 0;
+      in >> issued;
+      std::string rest;
+      std::getline(in, rest);
+      auto last = Fingerprint::decode(rest);
+      line << "left the communicator after " << issued << " collective(s)";
+      if (last) line << ", the last " << last->describe();
+      // Its last collective was ours with another shape: the transport let
+      // it complete on its side, and ours can never complete.
+      if (last && last->seq == mine.seq && last->signature() != mine.signature()) *mismatch = true;
+      differs = issued < mine.seq;
+    } else if (tag == "wait") {
+      uint64_t gen = 0;
+      in >> gen;
+      std::string rest;
+      std::getline(in, rest);
+      auto fp = Fingerprint::decode(rest);
+      if (!fp) {
+        line << "unreadable post";
+        continue;
+      }
+      line << fp->describe();
+      if (fp->seq == mine.seq) {
+        if (fp->signature() != mine.signature()) *mismatch = true;
+        continue;
+      }
+      differs = true;
+    } else {
+      line << "not waiting in a collective";
+    }
+    if (!differs) continue;
+    // Another position (or a departure): a peer's post may trail its
+    // progress by a moment, so it counts once seen unchanged twice.
+    auto it = seen_.find(r);
+    if (it != seen_.end() && it->second.post == post && it->second.my_seq == mine.seq)
+      *mismatch = true;
+    else
+      seen_[r] = {post, mine.seq};
+  }
+  return line.str();
+}
+
+std::string MismatchDetector::on_stall(const Fingerprint& mine) {
+  std::lock_guard<std::mutex> lk(mu_);
+  write(key(rank_), "wait " + std::to_string(++gen_) + " " + mine.encode());
+  posted_ = true;
+  const std::string reported = read(prefix_ + "/mismatch");
+  if (!reported.empty()) return reported;
+  bool mismatch = false;
+  const std::string line = compare(mine, &mismatch);
+  if (!mismatch) return "";
+  const std::string msg = message(line);
+  write(prefix_ + "/mismatch", msg);
+  return msg;
+}
+
+void MismatchDetector::on_wait_done() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!posted_) return;
+  write(key(rank_), "");
+  posted_ = false;
+}
+
+std::string MismatchDetector::explain_failure(const Fingerprint& mine) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const std::string reported = read(prefix_ + "/mismatch");
+  if (!reported.empty()) return reported;
+  for (int r = 0; r < world_size_; ++r) {
+    if (r == rank_) continue;
+    std::istringstream in(read(key(r)));
+    std::string tag;
+    uint64_t issued = 0;
+    std::string rest;
+    std::getline(in >> tag >> issued, rest);
+    auto last = Fingerprint::decode(rest);
+    if (tag == "left" && (issued < mine.seq || (last && last->seq == mine.seq &&
+                                                last->signature() != mine.signature()))) {
+      bool unused = false;
+      seen_.clear();
+      return message(compare(mine, &unused));
+    }
+  }
+  return "";
+}
+
+void MismatchDetector::on_leave(uint64_t issued, const Fingerprint& last) {
+  std::lock_guard<std::mutex> lk(mu_);
+  write(key(rank_), "left " + std::to_string(issued) + (last.seq ? " " + last.encode() : ""));
+}
+
+}  // namespace distopt::comm_check

@@ -1,0 +1,150 @@
+// Collective mismatch detection (world.collective_check_s) on real ranks:
+// ranks that issue different collectives fail within seconds, not at the
+// timeout, with a message naming what each rank was doing; matching but slow
+// collectives are never reported.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distopt/communicator.hpp"
+#include "distopt/error.hpp"
+#include "distopt/runtime.hpp"
+#include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
+
+namespace {
+
+using distopt::test::fork_ranks;
+using distopt::test::random_port;
+using distopt::test::rank_runtime;
+using distopt::test::read_text;
+
+struct Outcome {
+  std::vector<int> codes;
+  std::vector<std::string> messages;  // per rank: the exception text ("" if none)
+  std::vector<double> seconds;        // per rank: time spent in the scenario
+};
+
+/// Run `body(rank, runtime)` on `world` ranks; a throw is recorded, not fatal.
+Outcome run(int world, const std::string& world_extra,
+            const std::function<void(int, distopt::Runtime&)>& body) {
+  const std::string dir = distopt::test::make_temp_dir("collcheck");
+  const int port = random_port();
+  std::string yaml = "plugins: {paths: ['" + distopt::test::env_path("DISTOPT_PLUGIN_DIR") +
+                     "']}\nworld: {size: " + std::to_string(world) +
+                     ", rendezvous: 'tcp://127.0.0.1:" + std::to_string(port) + "'" + world_extra +
+                     "}\ncommunicator: {name: tcp}\n";
+  Outcome out;
+  out.codes = fork_ranks(world, [&](int rank) {
+    auto rt = rank_runtime(yaml, rank, world);
+    std::string msg;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      body(rank, rt);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ofstream(dir + "/msg" + std::to_string(rank)) << msg;
+    std::ofstream(dir + "/sec" + std::to_string(rank)) << s;
+    return 0;
+  });
+  for (int r = 0; r < world; ++r) {
+    out.messages.push_back(read_text(dir + "/msg" + std::to_string(r)));
+    out.seconds.push_back(std::stod(read_text(dir + "/sec" + std::to_string(r))));
+  }
+  std::filesystem::remove_all(dir);
+  return out;
+}
+
+void allreduce(distopt::Runtime& rt, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n), 1.0f);
+  int64_t shape = 0;
+  DLTensor t = distopt::make_dltensor(v.data(), n, DLDataType{kDLFloat, 32, 1}, &shape);
+  rt.communicator().allreduce(t, t, DOPT_REDUCE_SUM).wait();
+  if (v[0] != static_cast<float>(rt.world_size())) throw std::runtime_error("wrong sum");
+}
+
+}  // namespace
+
+TEST_CASE("another operation: allreduce on rank 0, barrier on rank 1, named within seconds") {
+  // timeout_s 60: failing at the timeout would take a minute.
+  auto o = run(2, ", timeout_s: 60, collective_check_s: 1", [](int rank, distopt::Runtime& rt) {
+    allreduce(rt, 1000);  // a matching one first: positions count from the start
+    if (rank == 0)
+      allreduce(rt, 1000);
+    else
+      rt.communicator().barrier().wait();
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << o.messages[r]);
+    CHECK(o.codes[r] == 0);
+    CHECK(o.messages[r].find("collective mismatch") != std::string::npos);
+    CHECK(o.messages[r].find("rank 0: allreduce #2 of 4.0 kB float32 (sum)") != std::string::npos);
+    CHECK(o.messages[r].find("rank 1: barrier #1") != std::string::npos);
+    CHECK(o.seconds[r] < 20);
+  }
+}
+
+TEST_CASE("another size on one of 3 ranks is named") {
+  // tcp's shared-memory path lets the small rank finish (it reads the first
+  // 500 sums): it leaves, and the two ranks left waiting name its collective.
+  auto o = run(3, ", timeout_s: 60, collective_check_s: 1",
+               [](int rank, distopt::Runtime& rt) { allreduce(rt, rank == 2 ? 500 : 250000); });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << o.messages[r]);
+    CHECK(o.messages[r].find("collective mismatch") != std::string::npos);
+    CHECK(o.messages[r].find("rank 2: left the communicator after 1 collective(s), the last "
+                             "allreduce #1 of 2.0 kB float32") != std::string::npos);
+    CHECK(o.messages[r].find("rank 0: allreduce #1 of 1.0 MB float32") != std::string::npos);
+    CHECK(o.seconds[r] < 20);
+  }
+}
+
+TEST_CASE("a rank that ran one step fewer and left is named") {
+  auto o = run(2, ", timeout_s: 60, collective_check_s: 1", [](int rank, distopt::Runtime& rt) {
+    const int steps = rank == 1 ? 2 : 3;
+    for (int s = 0; s < steps; ++s) allreduce(rt, 1000);
+  });
+  INFO("rank 0: " << o.messages[0]);
+  CHECK(o.messages[1].empty());
+  CHECK(o.messages[0].find("rank 1: left the communicator after 2 collective(s)") !=
+        std::string::npos);
+  CHECK(o.messages[0].find("rank 0: allreduce #3") != std::string::npos);
+  CHECK(o.seconds[0] < 20);
+}
+
+TEST_CASE("matching collectives that wait longer than the check interval are not reported") {
+  auto o = run(2, ", timeout_s: 60, collective_check_s: 0.5", [](int rank, distopt::Runtime& rt) {
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    allreduce(rt, 1000);
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    rt.communicator().barrier().wait();
+    allreduce(rt, 1000);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << o.messages[r]);
+    CHECK(o.messages[r].empty());
+  }
+}
+
+TEST_CASE("collective_check_s: 0 turns the check off (the timeout reports instead)") {
+  auto o = run(2, ", timeout_s: 3, collective_check_s: 0", [](int rank, distopt::Runtime& rt) {
+    if (rank == 0)
+      allreduce(rt, 1000);
+    else
+      rt.communicator().barrier().wait();
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << o.messages[r]);
+    CHECK(!o.messages[r].empty());
+    CHECK(o.messages[r].find("collective mismatch") == std::string::npos);
+  }
+}
