@@ -288,6 +288,7 @@ DistributedOptimizer Runtime::make_optimizer(
   b.optimizer_options = &m.validated.optimizer;
   b.optimizer_name = m.cfg.optimizer_name;
   b.precision = m.cfg.precision;
+  b.join = m.cfg.join;
   b.comm = m.comm->ref();
   b.common.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
   b.common.rank = m.proc.rank;

@@ -35,6 +35,7 @@ struct Job {
   std::string optimizer = "{name: sgd, lr: 0.1, momentum: 0.9}";
   std::string model = "mlp";
   double timeout_s = 30;
+  bool drop_last = true;
 };
 
 // A job file whose plugins come from the build tree ($DISTOPT_PLUGIN_DIR).
@@ -51,7 +52,8 @@ std::string write_job(const TempDir& t, const Job& j, const std::string& name = 
     << "algorithm: {name: allreduce}\n"
     << "optimizer: " << j.optimizer << "\n"
     << "train: {model: " << j.model << ", epochs: " << j.epochs << ", batch_size: " << j.batch
-    << ", seed: 0, max_steps: " << j.max_steps << ", log_every: 5, threads: 1}\n";
+    << ", seed: 0, max_steps: " << j.max_steps << ", log_every: 5, threads: 1"
+    << (j.drop_last ? "" : ", drop_last: false") << "}\n";
   std::string path = t.file(name);
   std::ofstream(path) << y.str();
   return path;
@@ -149,6 +151,49 @@ TEST_CASE("2 ranks with batch B follow a single process with batch 2B") {
         doctest::Approx(b[0]["test_loss"].get<double>()).epsilon(1e-4));
   CHECK(std::abs(a[0]["test_accuracy"].get<double>() - b[0]["test_accuracy"].get<double>()) <=
         0.0005);
+}
+
+TEST_CASE("drop_last: false: a rank without samples in the last step joins; equals 1 process") {
+  if (!have_data()) {
+    MESSAGE("dataset-fashion-mnist is not installed; skipping");
+    return;
+  }
+  // 60000 images, global batch 50000: one full step, then 10000 images, all
+  // in rank 0's slice (batch 25000), so rank 1 joins and shadows that step.
+  // (Few large steps: over hundreds of steps float rounding alone drifts.)
+  TempDir t;
+  Job two;
+  two.batch = 25000;
+  two.max_steps = 0;
+  two.epochs = 2;
+  two.drop_last = false;
+  Job one = two;
+  one.world = 1;
+  one.batch = 50000;
+  std::string m2 = t.file("two.jsonl"), m1 = t.file("one.jsonl");
+  ProcResult r2 = run_command({cli(), "train", write_job(t, two, "two.yaml"), "--metrics", m2}, {},
+                              std::chrono::seconds(300));
+  INFO(r2.output);
+  REQUIRE(r2.exit_code == 0);
+  CHECK(r2.output.find("the last step of each epoch has 10000 sample(s)") != std::string::npos);
+  ProcResult r1 = run_command({cli(), "train", write_job(t, one, "one.yaml"), "--metrics", m1}, {},
+                              std::chrono::seconds(300));
+  INFO(r1.output);
+  REQUIRE(r1.exit_code == 0);
+  auto a = read_metrics(m2), b = read_metrics(m1);
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  CHECK(a[0]["steps"] == 2);
+  CHECK(b[0]["steps"] == 2);
+  CHECK(a[2]["samples"] == 120000);
+  for (int e = 0; e < 2; ++e) {
+    CAPTURE(e);
+    CHECK(a[e]["test_loss"].get<double>() ==
+          doctest::Approx(b[e]["test_loss"].get<double>()).epsilon(1e-4));
+    CHECK(std::abs(a[e]["test_accuracy"].get<double>() - b[e]["test_accuracy"].get<double>()) <=
+          0.0005);
+  }
+  CHECK(a[1]["test_accuracy"].get<double>() > 0.3);  // it learnt: 4 steps, far above chance
 }
 
 TEST_CASE(

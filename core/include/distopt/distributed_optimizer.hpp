@@ -35,6 +35,27 @@ class DistributedOptimizer {
   /// Finish reducing the gradients of the last backward and run the
   /// algorithm's step. Collective. Throws CommError / ComponentError.
   void step();
+  /// Uneven inputs (PyTorch's Join context manager, with DDP and
+  /// ZeroRedundancyOptimizer as Joinables): a rank whose data is exhausted
+  /// calls join() instead of further steps, and every rank calls it once
+  /// after its own last step(). It returns on every rank when all ranks have
+  /// joined. Until then the joined rank shadows each step of the others: it
+  /// takes part in that step's collectives with zero gradients and runs the
+  /// same algorithm step (zero: it still owns its shard, updates it and
+  /// takes part in the parameter sync), and buffers are synchronised as in
+  /// step(), so every rank ends with the same parameters and buffers. While
+  /// k ranks have joined, the gradients are averaged over the W - k ranks
+  /// that contributed (the job's join.divide_by_initial_world_size: over W,
+  /// as DDP's option). Lossy reducers see the joined rank's zero gradient
+  /// (plus its error-feedback residual) like any other.
+  ///
+  /// Cost: every step starts with one 4-byte SUM allreduce counting the
+  /// ranks not joined (the job's join.enabled, default true; 1 rank: none).
+  /// Returns the number of steps this rank shadowed. Throws ConfigError when
+  /// join.enabled is false, distopt::Error when a backward's buckets await
+  /// step(); CommError / ComponentError as step(). Training thread only.
+  int64_t join();
+
   /// Set the learning rate of parameter group `group`.
   void set_lr(double lr, int group = 0);
 

@@ -75,7 +75,7 @@ class Parser {
            "expected a map of sections at the top level, got " + describe(root));
     check_keys(root, "the top level",
                {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train",
-                "precision", "buffers", "app"});
+                "precision", "buffers", "join", "app"});
     // The program's own section: not validated here. (Assigning yaml-cpp's
     // invalid node for a missing key throws, hence the check.)
     if (YAML::Node app = child(root, "app"); app.IsDefined()) cfg.app = app;
@@ -88,6 +88,7 @@ class Parser {
     parse_train(section(root, "train"), cfg.train);
     parse_precision(root, cfg);
     parse_buffers(section(root, "buffers"), cfg);
+    parse_join(section(root, "join"), cfg);
     return cfg;
   }
 
@@ -130,6 +131,13 @@ class Parser {
                (hi >= kHuge
                     ? " must be >= " + std::to_string(lo)
                     : " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"));
+    out = *v;
+  }
+  void get_bool(const YAML::Node& map, const char* key, const std::string& path, bool& out) {
+    YAML::Node n = child(map, key);
+    if (!n.IsDefined()) return;
+    auto v = to_bool(n);
+    if (!v) fail(file_, mark_of(n), path + ": expected true or false, got " + describe(n));
     out = *v;
   }
   void get_string(const YAML::Node& map, const char* key, const std::string& path, std::string& out,
@@ -192,9 +200,9 @@ class Parser {
     if (YAML::Node t = s["collective_check_s"]; t.IsDefined()) {
       auto v = to_double(t);
       if (!v || !(*v >= 0 && *v <= 1e9))
-        fail(file_, mark_of(t),
-             "world.collective_check_s: expected seconds in [0, 1e9] (0 = off), got " +
-                 describe(t));
+        fail(
+            file_, mark_of(t),
+            "world.collective_check_s: expected seconds in [0, 1e9] (0 = off), got " + describe(t));
       cfg.collective_check_s = *v;
     }
   }
@@ -272,7 +280,7 @@ class Parser {
     if (!s.IsDefined() || s.IsNull()) return;
     check_keys(s, "train",
                {"model", "dataset", "data_dir", "epochs", "batch_size", "seed", "threads",
-                "log_every", "max_steps"});
+                "log_every", "max_steps", "drop_last"});
     get_string(s, "model", "train.model", t.model, {"mlp", "cnn"});
     get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist"});
     get_string(s, "data_dir", "train.data_dir", t.data_dir);
@@ -282,6 +290,7 @@ class Parser {
     get_int(s, "threads", "train.threads", 0, 4096, t.threads);
     get_int(s, "log_every", "train.log_every", 0, kHuge, t.log_every);
     get_int(s, "max_steps", "train.max_steps", 0, kHuge, t.max_steps);
+    get_bool(s, "drop_last", "train.drop_last", t.drop_last);
   }
 
   // A number in [lo, hi] (lo_open / hi_open: that end excluded), else fail at
@@ -312,6 +321,14 @@ class Parser {
     std::string sync = buffer_sync_name(cfg.buffer_sync);
     get_string(s, "sync", "buffers.sync", sync, {"broadcast", "average", "none"});
     cfg.buffer_sync = parse_buffer_sync(sync);
+  }
+
+  void parse_join(const YAML::Node& s, JobConfig& cfg) {
+    if (!s.IsDefined() || s.IsNull()) return;
+    check_keys(s, "join", {"enabled", "divide_by_initial_world_size"});
+    get_bool(s, "enabled", "join.enabled", cfg.join.enabled);
+    get_bool(s, "divide_by_initial_world_size", "join.divide_by_initial_world_size",
+             cfg.join.divide_by_initial_world_size);
   }
 
   void parse_precision(const YAML::Node& root, JobConfig& cfg) {

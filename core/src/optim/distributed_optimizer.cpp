@@ -88,6 +88,11 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
     m.inf_flag_dl.dtype = {kDLFloat, 32, 1};
     m.inf_flag_dl.shape = &m.inf_flag_shape;
   }
+  m.join_count_dl.data = &m.join_count;
+  m.join_count_dl.device = {kDLCPU, 0};
+  m.join_count_dl.ndim = 1;
+  m.join_count_dl.dtype = {kDLFloat, 32, 1};
+  m.join_count_dl.shape = &m.join_count_shape;
   for (size_t k = 0; k < m.buckets->num_buckets(); ++k)
     m.plain_bytes_per_step += ring_bytes(m.algorithm_bucket_bytes(k), m.world_size);
 
@@ -171,8 +176,37 @@ bool DistributedOptimizer::Impl::any_rank_found_inf(bool mine) {
   return inf_flag != 0.0f;
 }
 
+int DistributedOptimizer::Impl::count_ranks_not_joined(bool mine) {
+  join_count = mine ? 1.0f : 0.0f;
+  const dopt_comm_ref& c = build.comm;
+  dopt_request* req = nullptr;
+  const std::string op = "allreduce(join: ranks not joined, SUM)";
+  dopt_status st = c.vt->allreduce(c.comm, &join_count_dl, &join_count_dl, DOPT_REDUCE_SUM, &req);
+  if (st != DOPT_OK) throw CommError(st, "communicator", op, take_last_error());
+  CommRequest(c.vt, req, "communicator:" + op).wait();
+  return static_cast<int>(join_count + 0.5f);
+}
+
+void DistributedOptimizer::Impl::ensure_join_notified() {
+  if (join_notified || !build.join.enabled || world_size <= 1) return;
+  join_notified = true;
+  const int active = count_ranks_not_joined(!joined);
+  grad_scale = 1;
+  if (!joined && active < world_size && !build.join.divide_by_initial_world_size)
+    grad_scale = static_cast<double>(world_size) / active;
+}
+
+void DistributedOptimizer::Impl::launch(const dopt_bucket& bucket) {
+  launched = true;
+  ensure_join_notified();
+  if (grad_scale != 1) sdk::as_tensor(*bucket.flat).mul_(grad_scale);
+  check_status(avt->on_bucket_ready(algorithm, &bucket), algorithm_who,
+               "on_bucket_ready(bucket " + std::to_string(bucket.index) + ")");
+}
+
 void DistributedOptimizer::Impl::mixed_precision_step() {
-  buckets->finish();  // completes the low-precision buckets (launches nothing)
+  buckets->finish();       // completes the low-precision buckets (launches nothing)
+  ensure_join_notified();  // before the inf/NaN flag: the order joined ranks shadow
   const bool local_inf = masters->unscale_grads(scaler->scale());
   if (any_rank_found_inf(local_inf)) {
     scaler->update(/*found_inf=*/true);
@@ -196,9 +230,13 @@ void DistributedOptimizer::step() {
   // Whatever happens below, nothing of this backward is in flight afterwards
   // (the algorithm waits for every bucket or drops its requests on error).
   struct Done {
-    std::atomic<bool>& launched;
-    ~Done() { launched = false; }
-  } done{m.launched};
+    DistributedOptimizer::Impl& m;
+    ~Done() {
+      m.launched = false;
+      m.join_notified = false;
+      m.grad_scale = 1;
+    }
+  } done{m};
   auto t0 = std::chrono::steady_clock::now();
   if (m.masters) {
     const int64_t before = m.steps;
@@ -213,6 +251,7 @@ void DistributedOptimizer::step() {
     return;
   }
   m.buckets->finish();
+  m.ensure_join_notified();  // a step that launched no bucket still counts
   // A parameter whose .data user code replaced (set_data, same size and
   // dtype) now lives elsewhere: re-point its descriptor so algorithms that
   // check (fused's check_flatten) update the memory the model uses.
@@ -234,6 +273,42 @@ void DistributedOptimizer::step() {
   metric_add("optim.step_seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   metric_add("optim.bytes_plain_allreduce", static_cast<double>(m.plain_bytes_per_step));
+}
+
+int64_t DistributedOptimizer::join() {
+  auto& m = *impl_;
+  if (m.world_size <= 1) return 0;
+  if (!m.build.join.enabled)
+    throw ConfigError(
+        "join(): the job sets join.enabled: false, so the ranks still stepping do not count "
+        "joined ranks; enable it (the default) on every rank");
+  if (m.launched)
+    throw Error(
+        "join(): a backward launched gradient buckets whose step() has not run; call "
+        "step() first");
+  struct Joined {
+    bool& joined;
+    ~Joined() { joined = false; }
+  } guard{m.joined};
+  m.joined = true;
+  int64_t shadowed = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    const int active = m.count_ranks_not_joined(false);
+    if (active == 0) break;  // every rank has joined: all leave together
+    m.join_notified = true;
+    zero_grad();
+    step();  // the others' step, with zero gradients
+    ++shadowed;
+  }
+  metric_add("optim.join_shadow_steps", static_cast<double>(shadowed));
+  metric_add("optim.join_seconds",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (shadowed > 0)
+    log(DOPT_LOG_DEBUG, "optimizer",
+        "rank " + std::to_string(m.build.common.rank) + " joined and shadowed " +
+            std::to_string(shadowed) + " step(s) of the other ranks");
+  return shadowed;
 }
 
 void DistributedOptimizer::set_lr(double lr, int group) {

@@ -10,6 +10,7 @@
 
 #include "distopt/abi.h"
 #include "distopt/communicator.h"
+#include "distopt/config.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/options.hpp"
 #include "distopt/precision.hpp"
@@ -37,6 +38,7 @@ struct OptimizerBuild {
   /// Module buffers kept equal across ranks after every step (null: none
   /// set). Shared so that add_param_group's rebuild keeps it.
   std::shared_ptr<BufferSynchronizer> buffers;
+  JobConfig::Join join;  ///< uneven inputs (DistributedOptimizer::join)
 };
 
 /// Plan buckets, install hooks, create the reducer then the algorithm.

@@ -66,11 +66,22 @@ struct DistributedOptimizer::Impl {
   uint64_t algorithm_bucket_bytes(size_t b) const {
     return masters ? masters->bucket_bytes(b) : buckets->bucket_bytes(b);
   }
-  void launch(const dopt_bucket& bucket) {
-    launched = true;
-    check_status(avt->on_bucket_ready(algorithm, &bucket), algorithm_who,
-                 "on_bucket_ready(bucket " + std::to_string(bucket.index) + ")");
-  }
+  /// Hand a complete bucket to the algorithm (autograd thread, or step()):
+  /// first this step's join count, then the join scaling of the gradients.
+  void launch(const dopt_bucket& bucket);
+
+  // Join (uneven inputs, DistributedOptimizer::join). Each step starts with
+  // one SUM allreduce of "1 if this rank has not joined" (join_count).
+  std::atomic<bool> join_notified{false};  // this step's count is done
+  bool joined = false;                     // inside join(): shadowing the others' steps
+  double grad_scale = 1;                   // world / ranks that contributed this step
+  float join_count = 0;
+  int64_t join_count_shape = 1;
+  DLTensor join_count_dl{};
+  /// Allreduce `mine` (1 = still stepping, 0 = joined); the ranks not joined.
+  int count_ranks_not_joined(bool mine);
+  /// This step's join count, once (no-op when join is off or on 1 rank).
+  void ensure_join_notified();
   bool any_rank_found_inf(bool mine);
   void mixed_precision_step();
   /// build.buffers->sync() with metrics; nothing if no buffers were set.

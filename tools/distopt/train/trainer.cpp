@@ -175,7 +175,10 @@ int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
   DistributedOptimizer opt = rt.make_optimizer(*model);
 
   const int64_t global_batch = tc.batch_size * world;
-  int64_t steps_per_epoch = ds.train.count / global_batch;
+  // drop_last: false adds the partial global batch; its slices go to the
+  // ranks in order, and a rank whose slice is empty joins (opt.join()).
+  const int64_t partial = tc.drop_last ? 0 : ds.train.count % global_batch;
+  int64_t steps_per_epoch = ds.train.count / global_batch + (partial > 0 ? 1 : 0);
   if (steps_per_epoch < 1)
     throw ConfigError(cfg.path + ": global batch " + std::to_string(global_batch) +
                       " (train.batch_size " + std::to_string(tc.batch_size) + " x " +
@@ -194,6 +197,9 @@ int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
        << tc.batch_size << " per rank (global " << global_batch << "), " << threads
        << " thread(s) per rank, " << opt.num_buckets() << " bucket(s), data " << tc.data_dir
        << "\n";
+    if (partial > 0)
+      os << "  drop_last: false: the last step of each epoch has " << partial
+         << " sample(s); ranks without any join() and shadow it\n";
     os << "  BLAS: " << blas_description() << "\n";
     os << "  precision: " << precision_dtype_name(cfg.precision.dtype);
     if (opt.mixed_precision())
@@ -252,7 +258,8 @@ int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
   EvalResult last_eval;
   double last_train_loss = 0;
   const auto t_loop = Clock::now();
-  int64_t steps_run = 0;  // in this process (a resumed run skips the saved ones)
+  int64_t steps_run = 0;   // in this process (a resumed run skips the saved ones)
+  double samples_run = 0;  // global samples of those steps
   for (int64_t epoch = first_epoch; epoch <= tc.epochs; ++epoch) {
     const auto perm = epoch_permutation(ds.train.count, tc.seed, epoch);
     model->train();
@@ -260,6 +267,7 @@ int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
     const auto t_epoch = Clock::now();
     auto t_log = t_epoch;
     int64_t steps_since_log = 0;
+    int64_t epoch_steps_run = 0;  // by this rank (fewer when it joined early)
     const int64_t start = epoch == first_epoch ? first_step : 0;
     for (int64_t step = start; step < steps_per_epoch; ++step) {
       ++global_step;
@@ -271,8 +279,10 @@ int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
         std::fflush(stderr);
         _exit(137);
       }
-      const int64_t* idx = perm.data() + step * global_batch + rank * tc.batch_size;
-      auto index = at::from_blob(const_cast<int64_t*>(idx), {tc.batch_size}, at::kLong);
+      const int64_t first = step * global_batch + rank * tc.batch_size;
+      const int64_t mine = std::clamp<int64_t>(ds.train.count - first, 0, tc.batch_size);
+      if (mine == 0) break;  // this rank's data ran out: it joins below
+      auto index = at::from_blob(const_cast<int64_t*>(perm.data() + first), {mine}, at::kLong);
       auto x = normalise(train_x.index_select(0, index)).to(dtype);
       auto y = train_y.index_select(0, index);
 
@@ -284,6 +294,7 @@ int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
       loss_sum += loss.item<double>();
       ++steps_since_log;
       ++steps_run;
+      ++epoch_steps_run;
       if (opts.checkpoint_every > 0 && global_step % opts.checkpoint_every == 0 &&
           step + 1 < steps_per_epoch)
         save(epoch, step + 1);
@@ -298,18 +309,23 @@ int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
         steps_since_log = 0;
       }
     }
+    // Uneven last step (drop_last: false): every rank joins, and the ranks
+    // that ran out shadow the others' steps.
+    if (!tc.drop_last) opt.join();
     const double epoch_train_time = seconds_since(t_epoch);
     train_time += epoch_train_time;
     save(epoch, steps_per_epoch);
 
     model->eval();
     const int64_t epoch_steps = steps_per_epoch - start;
-    auto loss_t = at::tensor({loss_sum / static_cast<double>(std::max<int64_t>(1, epoch_steps))},
-                             at::kDouble);
+    auto loss_t = at::tensor(
+        {loss_sum / static_cast<double>(std::max<int64_t>(1, epoch_steps_run))}, at::kDouble);
     rt.allreduce(loss_t, /*average=*/true);
     last_train_loss = loss_t.item<double>();
     last_eval = evaluate(rt, *model, test_x, test_y, dtype);
-    const double epoch_samples = static_cast<double>(epoch_steps * global_batch);
+    const double epoch_samples = static_cast<double>(
+        std::min(steps_per_epoch * global_batch, ds.train.count) - start * global_batch);
+    samples_run += epoch_samples;
     if (lead) {
       std::cout << "epoch " << epoch << "/" << tc.epochs << ": train loss "
                 << fmt("%.4f", last_train_loss) << ", test loss " << fmt("%.4f", last_eval.loss)
@@ -333,7 +349,7 @@ int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
   const auto sent = per_rank(rt, static_cast<double>(opt.bytes_sent()));
   const auto plain = per_rank(rt, static_cast<double>(opt.bytes_sent_plain_allreduce()));
   const auto state = per_rank(rt, static_cast<double>(opt.state_bytes()));
-  const double samples = static_cast<double>(steps_run * global_batch);
+  const double samples = samples_run;
   const double sps = train_time > 0 ? samples / train_time : 0;
   if (lead) {
     std::cout << "summary: " << world << " rank(s), " << steps_run << " steps, "
