@@ -219,29 +219,26 @@ int free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
-int run(const LaunchOptions& o) {
-  if (o.nprocs < 1) throw std::runtime_error("the number of ranks must be at least 1");
-  if (o.argv.empty()) throw std::runtime_error("no program to launch (give it after --)");
+namespace {
 
+// Per-rank environment blocks, made before fork(): after it the children
+// make only async-signal-safe calls (the caller may have threads).
+struct ChildEnvironments {
+  std::vector<std::vector<std::string>> strings;
+  std::vector<std::vector<char*>> pointers;  // execvpe's envp, one per rank
+};
+
+ChildEnvironments child_environments(const LaunchOptions& o, int port, const std::string& token) {
   const int n = o.nprocs;
-  const int port = o.port > 0 ? o.port : free_loopback_port();
-  const std::string token = random_token();
-
-  SignalGuard guard;
-
-  // Everything the children need is prepared before fork(): after it only
-  // async-signal-safe calls are made (the caller may have threads).
-  std::vector<char*> argv;
-  for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
   // Ranks sharing the host split its cores unless told otherwise (threads.hpp,
   // the rule Runtime and `distopt train` apply; OpenMP and OpenBLAS read
   // OMP_NUM_THREADS too, so a program without distopt gets it as well).
   const char* omp = std::getenv("OMP_NUM_THREADS");
   const bool set_omp = !(omp && *omp);
   const std::string omp_threads = std::to_string(distopt::default_threads_per_rank(n));
-  std::vector<std::vector<std::string>> envs(n);
-  std::vector<std::vector<char*>> envps(n);
+  ChildEnvironments e;
+  e.strings.resize(n);
+  e.pointers.resize(n);
   for (int r = 0; r < n; ++r) {
     std::vector<std::pair<std::string, std::string>> vars = {
         {"DISTOPT_RANK", std::to_string(r)},
@@ -254,201 +251,250 @@ int run(const LaunchOptions& o) {
     if (!o.config.empty()) vars.emplace_back("DISTOPT_CONFIG", o.config);
     if (set_omp) vars.emplace_back("OMP_NUM_THREADS", omp_threads);
     for (const auto& kv : o.extra_env) vars.push_back(kv);
-    envs[r] = child_env(vars);
-    for (auto& s : envs[r]) envps[r].push_back(s.data());
-    envps[r].push_back(nullptr);
+    e.strings[r] = child_env(vars);
+    for (auto& str : e.strings[r]) e.pointers[r].push_back(str.data());
+    e.pointers[r].push_back(nullptr);
   }
-  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  const pid_t launcher_pid = getpid();
+  return e;
+}
 
-  std::vector<Rank> ranks(n);
-  auto signal_all = [&](int sig) {
-    for (auto& rk : ranks)
-      if (rk.running) ::kill(-rk.pid, sig);  // the rank's whole process group
-  };
+// In the forked child: its own process group, killed with the launcher,
+// stdin from /dev/null, stdout/stderr into the pipes; never returns.
+[[noreturn]] void exec_rank(char* const* argv, char* const* envp, int devnull, int out, int err,
+                            pid_t launcher_pid) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher_pid) _exit(1);  // launcher already gone
+  // Handlers are reset by exec; signal mask and SIGPIPE disposition are not.
+  signal(SIGPIPE, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (devnull >= 0) dup2(devnull, 0);
+  dup2(out, 1);
+  dup2(err, 2);
+  execvpe(argv[0], argv, envp);
+  const char* msg = "distopt launch: cannot execute ";
+  (void)!write(2, msg, strlen(msg));
+  (void)!write(2, argv[0], strlen(argv[0]));
+  (void)!write(2, ": ", 2);
+  const char* e = strerror(errno);
+  (void)!write(2, e, strlen(e));
+  (void)!write(2, "\n", 1);
+  _exit(127);
+}
 
-  int interrupted = 0;
-  for (int r = 0; r < n; ++r) {
-    int out[2], err[2];
-    if (pipe(out) != 0 || pipe(err) != 0) {
-      signal_all(SIGKILL);
-      for (auto& rk : ranks)
-        if (rk.running) waitpid(rk.pid, nullptr, 0);
-      throw std::runtime_error("pipe() failed: " + std::string(strerror(errno)));
+// The ranks of one job and the policy that supervises them: relay output,
+// forward signals, stop the job when a rank fails or time runs out.
+class Supervisor {
+ public:
+  explicit Supervisor(const LaunchOptions& o) : o_(o), ranks_(o.nprocs), running_(0) {}
+
+  void spawn(const ChildEnvironments& env, std::vector<char*>& argv) {
+    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const pid_t launcher_pid = getpid();
+    for (int r = 0; r < o_.nprocs; ++r) {
+      int out[2], err[2];
+      if (pipe(out) != 0 || pipe(err) != 0) abandon("pipe() failed: ");
+      pid_t pid = fork();
+      if (pid < 0) abandon("fork() failed: ");
+      if (pid == 0)
+        exec_rank(argv.data(), env.pointers[r].data(), devnull, out[1], err[1], launcher_pid);
+      setpgid(pid, pid);  // also from the parent, so kill(-pid) works at once
+      ::close(out[1]);
+      ::close(err[1]);
+      set_cloexec_nonblock(out[0]);
+      set_cloexec_nonblock(err[0]);
+      ranks_[r].pid = pid;
+      ranks_[r].running = true;
+      ranks_[r].streams[0] = Stream{out[0], 1, {}};
+      ranks_[r].streams[1] = Stream{err[0], 2, {}};
+      ++running_;
     }
-    pid_t pid = fork();
-    if (pid < 0) {
-      signal_all(SIGKILL);
-      for (auto& rk : ranks)
-        if (rk.running) waitpid(rk.pid, nullptr, 0);
-      throw std::runtime_error("fork() failed: " + std::string(strerror(errno)));
-    }
-    if (pid == 0) {
-      setpgid(0, 0);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != launcher_pid) _exit(1);  // launcher already gone
-      // Handlers are reset by exec; signal mask and SIGPIPE disposition are not.
-      signal(SIGPIPE, SIG_DFL);
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      if (devnull >= 0) dup2(devnull, 0);
-      dup2(out[1], 1);
-      dup2(err[1], 2);
-      execvpe(argv[0], argv.data(), envps[r].data());
-      const char* msg = "distopt launch: cannot execute ";
-      (void)!write(2, msg, strlen(msg));
-      (void)!write(2, argv[0], strlen(argv[0]));
-      (void)!write(2, ": ", 2);
-      const char* e = strerror(errno);
-      (void)!write(2, e, strlen(e));
-      (void)!write(2, "\n", 1);
-      _exit(127);
-    }
-    setpgid(pid, pid);  // also from the parent, so kill(-pid) works at once
-    ::close(out[1]);
-    ::close(err[1]);
-    set_cloexec_nonblock(out[0]);
-    set_cloexec_nonblock(err[0]);
-    ranks[r].pid = pid;
-    ranks[r].running = true;
-    ranks[r].streams[0] = Stream{out[0], 1, {}};
-    ranks[r].streams[1] = Stream{err[0], 2, {}};
+    if (devnull >= 0) ::close(devnull);
+    if (o_.timeout_s > 0) job_deadline_ = after(o_.timeout_s);
   }
-  if (devnull >= 0) ::close(devnull);
 
-  const auto never = Clock::time_point::max();
-  auto after = [](double s) {
+  // Until every rank has ended and its output is drained.
+  void supervise() {
+    while (relay_output()) {
+      handle_signals();
+      reap();
+      enforce_deadlines();
+    }
+  }
+
+  // Close what grandchildren may still hold open, stop those groups, and
+  // turn what happened into the exit code.
+  int finish() {
+    for (auto& rk : ranks_)
+      for (auto& s : rk.streams)
+        if (s.fd >= 0) {
+          emit(static_cast<int>(&rk - ranks_.data()), s, true);
+          ::close(s.fd);
+          s.fd = -1;
+        }
+    if (terminating_ || interrupted_)
+      for (auto& rk : ranks_) ::kill(-rk.pid, SIGKILL);
+    if (interrupted_) {
+      message(o_, "interrupted; all ranks stopped");
+      return kExitInterrupted;
+    }
+    if (timed_out_) return kExitTimeout;
+    if (failed_rank_ >= 0) {
+      message(o_, "job failed: rank " + std::to_string(failed_rank_) + " failed (" +
+                      describe_status(ranks_[failed_rank_].status) + ")");
+      return kExitRankFailed;
+    }
+    return kExitOk;
+  }
+
+ private:
+  static Clock::time_point after(double s) {
     return Clock::now() +
            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-  };
-  auto job_deadline = o.timeout_s > 0 ? after(o.timeout_s) : never;
-  auto term_at = never;  // when to send SIGTERM to the survivors
-  auto kill_at = never;  // when to send SIGKILL to the survivors
-  bool terminating = false;
-  bool timed_out = false;
-  int failed_rank = -1;
-  int running = n;
-  auto drain_deadline = never;
+  }
 
-  auto begin_terminate = [&](int sig) {
-    if (!terminating) {
-      terminating = true;
-      signal_all(sig);
-      kill_at = after(o.grace_s);
-    }
-  };
+  void signal_all(int sig) {
+    for (auto& rk : ranks_)
+      if (rk.running) ::kill(-rk.pid, sig);  // the rank's whole process group
+  }
 
-  for (;;) {
+  [[noreturn]] void abandon(const std::string& what) {
+    const int e = errno;
+    signal_all(SIGKILL);
+    for (auto& rk : ranks_)
+      if (rk.running) waitpid(rk.pid, nullptr, 0);
+    throw std::runtime_error(what + strerror(e));
+  }
+
+  void begin_terminate(int sig) {
+    if (terminating_) return;
+    terminating_ = true;
+    signal_all(sig);
+    kill_at_ = after(o_.grace_s);
+  }
+
+  // Poll the signal pipe and every open stream for up to 50 ms and copy what
+  // arrived; false once every rank has ended and its output is drained.
+  bool relay_output() {
     std::vector<pollfd> pfds;
     std::vector<std::pair<int, int>> who;  // (rank, stream) per pfd
     pfds.push_back({g_signal_pipe[0], POLLIN, 0});
     who.emplace_back(-1, -1);
-    for (int r = 0; r < n; ++r)
+    for (int r = 0; r < o_.nprocs; ++r)
       for (int s = 0; s < 2; ++s)
-        if (ranks[r].streams[s].fd >= 0) {
-          pfds.push_back({ranks[r].streams[s].fd, POLLIN, 0});
+        if (ranks_[r].streams[s].fd >= 0) {
+          pfds.push_back({ranks_[r].streams[s].fd, POLLIN, 0});
           who.emplace_back(r, s);
         }
-    if (running == 0 && (pfds.size() == 1 || Clock::now() >= drain_deadline)) break;
-
+    if (running_ == 0 && (pfds.size() == 1 || Clock::now() >= drain_deadline_)) return false;
     int pr = ::poll(pfds.data(), pfds.size(), 50);
     if (pr < 0 && errno != EINTR)
       throw std::runtime_error("poll() failed: " + std::string(strerror(errno)));
     for (size_t i = 1; pr > 0 && i < pfds.size(); ++i)
-      if (pfds[i].revents) pump(who[i].first, ranks[who[i].first].streams[who[i].second]);
+      if (pfds[i].revents) pump(who[i].first, ranks_[who[i].first].streams[who[i].second]);
+    return true;
+  }
 
-    // Signals sent to the launcher.
+  // Signals sent to the launcher: the first is forwarded (Ctrl-C reaches the
+  // ranks as SIGINT), a second one kills.
+  void handle_signals() {
     unsigned char sigbuf[16];
     ssize_t ns;
     while ((ns = ::read(g_signal_pipe[0], sigbuf, sizeof sigbuf)) > 0) {
       for (ssize_t i = 0; i < ns; ++i) {
-        if (!interrupted) {
-          interrupted = sigbuf[i];
-          const char* abbrev = sigabbrev_np(interrupted);
-          message(o, "got " +
-                         (abbrev ? "SIG" + std::string(abbrev)
-                                 : "signal " + std::to_string(interrupted)) +
-                         ", stopping " + std::to_string(running) + " rank(s)");
-          // Forward the very signal (Ctrl-C reaches the ranks as SIGINT).
-          if (!terminating) {
-            terminating = true;
-            signal_all(interrupted);
-            kill_at = after(o.grace_s);
-          } else {
-            signal_all(SIGTERM);
-          }
-        } else {
+        if (interrupted_) {
           signal_all(SIGKILL);  // second interrupt: no more patience
+          continue;
         }
+        interrupted_ = sigbuf[i];
+        const char* abbrev = sigabbrev_np(interrupted_);
+        message(o_, "got " +
+                        (abbrev ? "SIG" + std::string(abbrev)
+                                : "signal " + std::to_string(interrupted_)) +
+                        ", stopping " + std::to_string(running_) + " rank(s)");
+        if (!terminating_)
+          begin_terminate(interrupted_);
+        else
+          signal_all(SIGTERM);
       }
     }
+  }
 
-    // Reap ranks that ended.
-    for (int r = 0; r < n; ++r) {
-      Rank& rk = ranks[r];
+  // Ranks that ended: the first failure stops the others after failure_wait_s.
+  void reap() {
+    for (int r = 0; r < o_.nprocs; ++r) {
+      Rank& rk = ranks_[r];
       if (!rk.running) continue;
       int st = 0;
-      pid_t w = waitpid(rk.pid, &st, WNOHANG);
-      if (w != rk.pid) continue;
+      if (waitpid(rk.pid, &st, WNOHANG) != rk.pid) continue;
       rk.running = false;
       rk.status = st;
-      --running;
+      --running_;
       // Anything its own children still hold open is drained for a moment,
       // then the group is stopped so nothing outlives the job.
-      if (terminating) ::kill(-rk.pid, SIGKILL);
-      bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (!ok && !terminating && failed_rank < 0 && !interrupted) {
-        failed_rank = r;
-        message(o, "rank " + std::to_string(r) + " failed (" + describe_status(st) + ")" +
-                       (running > 0 ? ", stopping the other ranks" : ""));
-        term_at = after(o.failure_wait_s);
-      } else if (!ok && !terminating && failed_rank >= 0) {
-        message(o, "rank " + std::to_string(r) + " also failed (" + describe_status(st) + ")");
+      if (terminating_) ::kill(-rk.pid, SIGKILL);
+      const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      if (!ok && !terminating_ && failed_rank_ < 0 && !interrupted_) {
+        failed_rank_ = r;
+        message(o_, "rank " + std::to_string(r) + " failed (" + describe_status(st) + ")" +
+                        (running_ > 0 ? ", stopping the other ranks" : ""));
+        term_at_ = after(o_.failure_wait_s);
+      } else if (!ok && !terminating_ && failed_rank_ >= 0) {
+        message(o_, "rank " + std::to_string(r) + " also failed (" + describe_status(st) + ")");
       }
-      if (running == 0) drain_deadline = after(0.5);
+      if (running_ == 0) drain_deadline_ = after(0.5);
     }
+  }
 
-    auto now = Clock::now();
-    if (running > 0 && now >= term_at) {
-      term_at = never;
+  // SIGTERM after a failure or at the job timeout, SIGKILL after the grace.
+  void enforce_deadlines() {
+    const auto now = Clock::now();
+    if (running_ > 0 && now >= term_at_) {
+      term_at_ = kNever;
       begin_terminate(SIGTERM);
     }
-    if (running > 0 && now >= job_deadline && !terminating) {
-      timed_out = true;
-      message(o, "job timed out after " + seconds(o.timeout_s) + " s, stopping " +
-                     std::to_string(running) + " rank(s)");
+    if (running_ > 0 && now >= job_deadline_ && !terminating_) {
+      timed_out_ = true;
+      message(o_, "job timed out after " + seconds(o_.timeout_s) + " s, stopping " +
+                      std::to_string(running_) + " rank(s)");
       begin_terminate(SIGTERM);
     }
-    if (running > 0 && now >= kill_at) {
-      kill_at = never;
-      message(o, std::to_string(running) + " rank(s) still running " + seconds(o.grace_s) +
-                     " s after being asked to stop: sending SIGKILL");
+    if (running_ > 0 && now >= kill_at_) {
+      kill_at_ = kNever;
+      message(o_, std::to_string(running_) + " rank(s) still running " + seconds(o_.grace_s) +
+                      " s after being asked to stop: sending SIGKILL");
       signal_all(SIGKILL);
     }
   }
-  // Close what grandchildren may still hold open, and stop those groups.
-  for (auto& rk : ranks)
-    for (auto& s : rk.streams)
-      if (s.fd >= 0) {
-        emit(static_cast<int>(&rk - ranks.data()), s, true);
-        ::close(s.fd);
-        s.fd = -1;
-      }
-  if (terminating || interrupted)
-    for (auto& rk : ranks) ::kill(-rk.pid, SIGKILL);
 
-  if (interrupted) {
-    message(o, "interrupted; all ranks stopped");
-    return kExitInterrupted;
-  }
-  if (timed_out) return kExitTimeout;
-  if (failed_rank >= 0) {
-    message(o, "job failed: rank " + std::to_string(failed_rank) + " failed (" +
-                   describe_status(ranks[failed_rank].status) + ")");
-    return kExitRankFailed;
-  }
-  return kExitOk;
+  static constexpr Clock::time_point kNever = Clock::time_point::max();
+  const LaunchOptions& o_;
+  std::vector<Rank> ranks_;
+  int running_;
+  Clock::time_point job_deadline_ = kNever, term_at_ = kNever, kill_at_ = kNever;
+  Clock::time_point drain_deadline_ = kNever;
+  bool terminating_ = false, timed_out_ = false;
+  int interrupted_ = 0;
+  int failed_rank_ = -1;
+};
+
+}  // namespace
+
+int run(const LaunchOptions& o) {
+  if (o.nprocs < 1) throw std::runtime_error("the number of ranks must be at least 1");
+  if (o.argv.empty()) throw std::runtime_error("no program to launch (give it after --)");
+  const int port = o.port > 0 ? o.port : free_loopback_port();
+  SignalGuard guard;
+  std::vector<char*> argv;
+  for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const ChildEnvironments env = child_environments(o, port, random_token());
+  Supervisor supervisor(o);
+  supervisor.spawn(env, argv);
+  supervisor.supervise();
+  return supervisor.finish();
 }
 
 }  // namespace distopt::launch

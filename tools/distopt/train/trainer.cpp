@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -132,270 +134,334 @@ EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8,
   return r;
 }
 
-}  // namespace
-
-int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
+// Up-front checks of the train: section that the schema cannot express.
+void check_train_config(const JobConfig& cfg) {
   const TrainConfig& tc = cfg.train;
-  const std::string& metrics_path = opts.metrics_path;
   if (tc.dataset != "fashion-mnist")
     throw ConfigError(cfg.path + ": train.dataset '" + tc.dataset +
                       "' is not supported (known: fashion-mnist)");
   if (tc.batch_size < 1) throw ConfigError(cfg.path + ": train.batch_size must be at least 1");
   if (tc.epochs < 1) throw ConfigError(cfg.path + ": train.epochs must be at least 1");
   check_precision_supported(cfg, /*cpu_only=*/true);  // the models run on the CPU
-  const auto fault = fault_injection();
-  const auto t_start = Clock::now();
+}
 
-  // Data first: a missing file fails every rank at once, before rendezvous.
-  FashionMnist ds = load_fashion_mnist(tc.data_dir);
-  const int64_t rows = ds.train.rows, cols = ds.train.cols;
-  auto train_x = at::from_blob(ds.train.pixels.data(), {ds.train.count, 1, rows, cols}, at::kByte);
-  auto train_y = at::from_blob(ds.train.labels.data(), {ds.train.count}, at::kByte).to(at::kLong);
-  auto test_x = at::from_blob(ds.test.pixels.data(), {ds.test.count, 1, rows, cols}, at::kByte);
-  auto test_y = at::from_blob(ds.test.labels.data(), {ds.test.count}, at::kByte).to(at::kLong);
+// Fashion-MNIST as tensors over the loaded bytes (uint8 images, int64 labels).
+struct Data {
+  FashionMnist ds;
+  at::Tensor train_x, train_y, test_x, test_y;
+  explicit Data(const std::string& dir) : ds(load_fashion_mnist(dir)) {
+    const int64_t rows = ds.train.rows, cols = ds.train.cols;
+    train_x = at::from_blob(ds.train.pixels.data(), {ds.train.count, 1, rows, cols}, at::kByte);
+    train_y = at::from_blob(ds.train.labels.data(), {ds.train.count}, at::kByte).to(at::kLong);
+    test_x = at::from_blob(ds.test.pixels.data(), {ds.test.count, 1, rows, cols}, at::kByte);
+    test_y = at::from_blob(ds.test.labels.data(), {ds.test.count}, at::kByte).to(at::kLong);
+  }
+  int64_t train_count() const { return ds.train.count; }
+};
 
-  const ProcessInfo proc = detect_process_info();
-  // Runtime::from_config applies the same choice; known here for the log.
-  const int64_t threads =
-      choose_threads_per_rank(static_cast<int>(tc.threads), proc.local_world_size);
+// One rank's run, in the order run() calls the steps.
+class Trainer {
+ public:
+  Trainer(const JobConfig& cfg, const TrainOptions& opts)
+      : cfg_(cfg),
+        tc_(cfg.train),
+        opts_(opts),
+        fault_(fault_injection()),
+        data_(tc_.data_dir),  // a missing file fails every rank at once, before rendezvous
+        proc_(detect_process_info()),
+        // Runtime::from_config applies the same choice; known here for the log.
+        threads_(choose_threads_per_rank(static_cast<int>(tc_.threads), proc_.local_world_size)) {
+    // Opened before the rendezvous, so a bad path fails before the other ranks wait.
+    if (proc_.rank == 0 && !opts.metrics_path.empty()) metrics_ = MetricsWriter(opts.metrics_path);
+  }
 
-  // Opened before the rendezvous, so a bad path fails before the other ranks wait.
-  MetricsWriter metrics;
-  if (proc.rank == 0 && !metrics_path.empty()) metrics = MetricsWriter(metrics_path);
+  int run() {
+    connect();
+    plan_epochs();
+    print_header();
+    resume();
+    const auto t_loop = Clock::now();
+    for (int64_t epoch = first_epoch_; epoch <= tc_.epochs; ++epoch) train_epoch(epoch);
+    summarize(seconds_since(t_loop));
+    rt_->barrier();
+    return 0;
+  }
 
-  Runtime rt = Runtime::from_config(cfg);
-  const int rank = rt.rank(), world = rt.world_size();
-  const bool lead = rank == 0;
+ private:
+  bool lead() const { return rt_->rank() == 0; }
 
-  auto model = make_model(tc.model, rows, cols, FashionMnist::kNumClasses, tc.seed);
-  // Mixed precision: the model computes in the low dtype; the optimizer
-  // keeps fp32 masters (made from these parameters in make_optimizer).
-  const at::ScalarType dtype = precision_scalar_type(cfg.precision.dtype);
-  if (dtype != at::kFloat) model->to(dtype);
-  DistributedOptimizer opt = rt.make_optimizer(*model);
+  // Rendezvous, model (in the compute dtype), distributed optimizer.
+  void connect() {
+    rt_.emplace(Runtime::from_config(cfg_));
+    model_ = make_model(tc_.model, data_.ds.train.rows, data_.ds.train.cols,
+                        FashionMnist::kNumClasses, tc_.seed);
+    // Mixed precision: the model computes in the low dtype; the optimizer
+    // keeps fp32 masters (made from these parameters in make_optimizer).
+    dtype_ = precision_scalar_type(cfg_.precision.dtype);
+    if (dtype_ != at::kFloat) model_->to(dtype_);
+    opt_.emplace(rt_->make_optimizer(*model_));
+  }
 
-  const int64_t global_batch = tc.batch_size * world;
-  // drop_last: false adds the partial global batch; its slices go to the
-  // ranks in order, and a rank whose slice is empty joins (opt.join()).
-  const int64_t partial = tc.drop_last ? 0 : ds.train.count % global_batch;
-  int64_t steps_per_epoch = ds.train.count / global_batch + (partial > 0 ? 1 : 0);
-  if (steps_per_epoch < 1)
-    throw ConfigError(cfg.path + ": global batch " + std::to_string(global_batch) +
-                      " (train.batch_size " + std::to_string(tc.batch_size) + " x " +
-                      std::to_string(world) + " ranks) exceeds the " +
-                      std::to_string(ds.train.count) + " training images");
-  if (tc.max_steps > 0) steps_per_epoch = std::min(steps_per_epoch, tc.max_steps);
-  const int64_t log_every = tc.log_every > 0 ? tc.log_every : 0;
+  // Steps per epoch: whole global batches, plus (drop_last: false) the
+  // partial one, whose slices go to the ranks in order.
+  void plan_epochs() {
+    global_batch_ = tc_.batch_size * rt_->world_size();
+    partial_ = tc_.drop_last ? 0 : data_.train_count() % global_batch_;
+    steps_per_epoch_ = data_.train_count() / global_batch_ + (partial_ > 0 ? 1 : 0);
+    if (steps_per_epoch_ < 1)
+      throw ConfigError(cfg_.path + ": global batch " + std::to_string(global_batch_) +
+                        " (train.batch_size " + std::to_string(tc_.batch_size) + " x " +
+                        std::to_string(rt_->world_size()) + " ranks) exceeds the " +
+                        std::to_string(data_.train_count()) + " training images");
+    if (tc_.max_steps > 0) steps_per_epoch_ = std::min(steps_per_epoch_, tc_.max_steps);
+  }
 
-  if (lead) {
+  void print_header() const {
+    if (!lead()) return;
     std::ostringstream os;
-    os << "distopt train: " << world << " rank(s), model " << tc.model << " ("
-       << parameter_count(*model) << " parameters), algorithm " << opt.algorithm_name()
-       << ", reducer " << cfg.reducer.name << ", communicator " << cfg.communicator.name
-       << ", optimizer " << cfg.optimizer_name << "\n"
-       << "  " << tc.epochs << " epoch(s) x " << steps_per_epoch << " steps, batch "
-       << tc.batch_size << " per rank (global " << global_batch << "), " << threads
-       << " thread(s) per rank, " << opt.num_buckets() << " bucket(s), data " << tc.data_dir
+    os << "distopt train: " << rt_->world_size() << " rank(s), model " << tc_.model << " ("
+       << parameter_count(*model_) << " parameters), algorithm " << opt_->algorithm_name()
+       << ", reducer " << cfg_.reducer.name << ", communicator " << cfg_.communicator.name
+       << ", optimizer " << cfg_.optimizer_name << "\n"
+       << "  " << tc_.epochs << " epoch(s) x " << steps_per_epoch_ << " steps, batch "
+       << tc_.batch_size << " per rank (global " << global_batch_ << "), " << threads_
+       << " thread(s) per rank, " << opt_->num_buckets() << " bucket(s), data " << tc_.data_dir
        << "\n";
-    if (partial > 0)
-      os << "  drop_last: false: the last step of each epoch has " << partial
+    if (partial_ > 0)
+      os << "  drop_last: false: the last step of each epoch has " << partial_
          << " sample(s); ranks without any join() and shadow it\n";
     os << "  BLAS: " << blas_description() << "\n";
-    os << "  precision: " << precision_dtype_name(cfg.precision.dtype);
-    if (opt.mixed_precision())
+    os << "  precision: " << precision_dtype_name(cfg_.precision.dtype);
+    if (opt_->mixed_precision())
       os << " (fp32 master weights, loss scale "
-         << (cfg.precision.dynamic ? "dynamic, initial " : "static ") << opt.loss_scale() << ")";
+         << (cfg_.precision.dynamic ? "dynamic, initial " : "static ") << opt_->loss_scale() << ")";
     os << "\n";
     std::cout << os.str() << std::flush;
   }
 
-  // Resume: the newest checkpoint's parameters, optimizer state and data position.
-  int64_t first_epoch = 1, first_step = 0, global_step = 0;
-  if (opts.resume && !opts.checkpoint_dir.empty()) {
-    if (!find_checkpoint(opts.checkpoint_dir)) {
-      if (lead)
-        std::cout << "resume: no checkpoint in " << opts.checkpoint_dir << ", starting afresh"
+  // --resume: the newest checkpoint's parameters, optimizer state and data position.
+  void resume() {
+    if (!opts_.resume || opts_.checkpoint_dir.empty()) return;
+    if (!find_checkpoint(opts_.checkpoint_dir)) {
+      if (lead())
+        std::cout << "resume: no checkpoint in " << opts_.checkpoint_dir << ", starting afresh"
                   << std::endl;
-    } else {
-      CheckpointInfo ck = rt.load_checkpoint(opts.checkpoint_dir, *model, opt);
-      auto num = [&](const char* key) -> int64_t {
-        auto it = ck.extra.find(key);
-        if (it == ck.extra.end())
-          throw CheckpointError(ck.path + ": manifest extra has no '" + key +
-                                "' (not written by distopt train)");
-        return std::stoll(it->second);
-      };
-      first_epoch = num("epoch");
-      const int64_t samples = num("samples_in_epoch");
-      first_step = samples / global_batch;
-      global_step = num("global_step");
-      if (lead) {
-        std::cout << "resume: " << ck.path << " (step " << ck.step << ", saved by " << ck.world_size
-                  << " rank(s)): epoch " << first_epoch << ", step " << first_step << " of "
-                  << steps_per_epoch << std::endl;
-        if (samples % global_batch != 0)
-          std::cout << "resume: " << samples % global_batch
-                    << " sample(s) of a partial global batch are skipped (world size changed)"
-                    << std::endl;
-      }
-      if (first_step >= steps_per_epoch) {
-        ++first_epoch;
-        first_step = 0;
-      }
+      return;
+    }
+    CheckpointInfo ck = rt_->load_checkpoint(opts_.checkpoint_dir, *model_, *opt_);
+    auto num = [&](const char* key) -> int64_t {
+      auto it = ck.extra.find(key);
+      if (it == ck.extra.end())
+        throw CheckpointError(ck.path + ": manifest extra has no '" + key +
+                              "' (not written by distopt train)");
+      return std::stoll(it->second);
+    };
+    first_epoch_ = num("epoch");
+    const int64_t samples = num("samples_in_epoch");
+    first_step_ = samples / global_batch_;
+    global_step_ = num("global_step");
+    if (lead()) {
+      std::cout << "resume: " << ck.path << " (step " << ck.step << ", saved by " << ck.world_size
+                << " rank(s)): epoch " << first_epoch_ << ", step " << first_step_ << " of "
+                << steps_per_epoch_ << std::endl;
+      if (samples % global_batch_ != 0)
+        std::cout << "resume: " << samples % global_batch_
+                  << " sample(s) of a partial global batch are skipped (world size changed)"
+                  << std::endl;
+    }
+    if (first_step_ >= steps_per_epoch_) {
+      ++first_epoch_;
+      first_step_ = 0;
     }
   }
-  auto save = [&](int64_t epoch, int64_t steps_done) {
-    if (opts.checkpoint_dir.empty()) return;
-    CheckpointExtra extra{{"epoch", std::to_string(epoch)},
-                          {"samples_in_epoch", std::to_string(steps_done * global_batch)},
-                          {"global_step", std::to_string(global_step)},
-                          {"seed", std::to_string(tc.seed)}};
-    CheckpointInfo ck = rt.save_checkpoint(opts.checkpoint_dir, *model, opt, extra, opts.keep);
-    if (lead) std::cout << "checkpoint: " << ck.path << std::endl;
-  };
 
-  double train_time = 0;  // seconds inside training steps (evaluation excluded)
-  EvalResult last_eval;
-  double last_train_loss = 0;
-  const auto t_loop = Clock::now();
-  int64_t steps_run = 0;   // in this process (a resumed run skips the saved ones)
-  double samples_run = 0;  // global samples of those steps
-  for (int64_t epoch = first_epoch; epoch <= tc.epochs; ++epoch) {
-    const auto perm = epoch_permutation(ds.train.count, tc.seed, epoch);
-    model->train();
+  void save(int64_t epoch, int64_t steps_done) {
+    if (opts_.checkpoint_dir.empty()) return;
+    CheckpointExtra extra{{"epoch", std::to_string(epoch)},
+                          {"samples_in_epoch", std::to_string(steps_done * global_batch_)},
+                          {"global_step", std::to_string(global_step_)},
+                          {"seed", std::to_string(tc_.seed)}};
+    CheckpointInfo ck =
+        rt_->save_checkpoint(opts_.checkpoint_dir, *model_, *opt_, extra, opts_.keep);
+    if (lead()) std::cout << "checkpoint: " << ck.path << std::endl;
+  }
+
+  // DISTOPT_FAULT_INJECT=exit:RANK:STEP (test-only).
+  void maybe_die() const {
+    if (fault_.first != rt_->rank() || fault_.second != global_step_) return;
+    std::fprintf(stderr,
+                 "distopt train: DISTOPT_FAULT_INJECT: rank %d exits (137) at step %" PRId64 "\n",
+                 rt_->rank(), global_step_);
+    std::fflush(stderr);
+    _exit(137);
+  }
+
+  // One step on this rank's slice of global batch `step`; false when the
+  // slice is empty (drop_last: false, this rank's data ran out).
+  bool train_step(const std::vector<int64_t>& perm, int64_t step, double& loss_out) {
+    const int64_t first = step * global_batch_ + rt_->rank() * tc_.batch_size;
+    const int64_t mine = std::clamp<int64_t>(data_.train_count() - first, 0, tc_.batch_size);
+    if (mine == 0) return false;
+    auto index = at::from_blob(const_cast<int64_t*>(perm.data() + first), {mine}, at::kLong);
+    auto x = normalise(data_.train_x.index_select(0, index)).to(dtype_);
+    auto y = data_.train_y.index_select(0, index);
+    opt_->zero_grad();
+    // Softmax and loss in fp32 (as autocast does); backward from the scaled loss.
+    auto loss = at::nll_loss(at::log_softmax(model_->forward(x).to(at::kFloat), 1), y);
+    opt_->scale_loss(loss).backward();
+    opt_->step();
+    loss_out = loss.item<double>();
+    return true;
+  }
+
+  void train_epoch(int64_t epoch) {
+    const auto perm = epoch_permutation(data_.train_count(), tc_.seed, epoch);
+    model_->train();
     double loss_sum = 0;
     const auto t_epoch = Clock::now();
     auto t_log = t_epoch;
-    int64_t steps_since_log = 0;
-    int64_t epoch_steps_run = 0;  // by this rank (fewer when it joined early)
-    const int64_t start = epoch == first_epoch ? first_step : 0;
-    for (int64_t step = start; step < steps_per_epoch; ++step) {
-      ++global_step;
-      if (fault.first == rank && fault.second == global_step) {
-        std::fprintf(stderr,
-                     "distopt train: DISTOPT_FAULT_INJECT: rank %d exits (137) at step %" PRId64
-                     "\n",
-                     rank, global_step);
-        std::fflush(stderr);
-        _exit(137);
-      }
-      const int64_t first = step * global_batch + rank * tc.batch_size;
-      const int64_t mine = std::clamp<int64_t>(ds.train.count - first, 0, tc.batch_size);
-      if (mine == 0) break;  // this rank's data ran out: it joins below
-      auto index = at::from_blob(const_cast<int64_t*>(perm.data() + first), {mine}, at::kLong);
-      auto x = normalise(train_x.index_select(0, index)).to(dtype);
-      auto y = train_y.index_select(0, index);
-
-      opt.zero_grad();
-      // Softmax and loss in fp32 (as autocast does); backward from the scaled loss.
-      auto loss = at::nll_loss(at::log_softmax(model->forward(x).to(at::kFloat), 1), y);
-      opt.scale_loss(loss).backward();
-      opt.step();
-      loss_sum += loss.item<double>();
+    int64_t steps_since_log = 0, steps_done = 0;  // by this rank (fewer when it joined early)
+    const int64_t start = epoch == first_epoch_ ? first_step_ : 0;
+    for (int64_t step = start; step < steps_per_epoch_; ++step) {
+      ++global_step_;
+      maybe_die();
+      double loss = 0;
+      if (!train_step(perm, step, loss)) break;  // it joins below
+      loss_sum += loss;
       ++steps_since_log;
-      ++steps_run;
-      ++epoch_steps_run;
-      if (opts.checkpoint_every > 0 && global_step % opts.checkpoint_every == 0 &&
-          step + 1 < steps_per_epoch)
+      ++steps_done;
+      ++steps_run_;
+      if (opts_.checkpoint_every > 0 && global_step_ % opts_.checkpoint_every == 0 &&
+          step + 1 < steps_per_epoch_)
         save(epoch, step + 1);
-
-      if (lead && log_every > 0 && ((step + 1) % log_every == 0 || step + 1 == steps_per_epoch)) {
-        double dt = seconds_since(t_log);
-        std::cout << "epoch " << epoch << "/" << tc.epochs << " step " << (step + 1) << "/"
-                  << steps_per_epoch << " loss " << fmt("%.4f", loss.item<double>())
-                  << " samples/s "
-                  << fmt("%.0f", dt > 0 ? steps_since_log * global_batch / dt : 0.0) << std::endl;
+      const int64_t log_every = std::max<int64_t>(0, tc_.log_every);
+      if (lead() && log_every > 0 &&
+          ((step + 1) % log_every == 0 || step + 1 == steps_per_epoch_)) {
+        const double dt = seconds_since(t_log);
+        std::cout << "epoch " << epoch << "/" << tc_.epochs << " step " << (step + 1) << "/"
+                  << steps_per_epoch_ << " loss " << fmt("%.4f", loss) << " samples/s "
+                  << fmt("%.0f", dt > 0 ? steps_since_log * global_batch_ / dt : 0.0) << std::endl;
         t_log = Clock::now();
         steps_since_log = 0;
       }
     }
     // Uneven last step (drop_last: false): every rank joins, and the ranks
     // that ran out shadow the others' steps.
-    if (!tc.drop_last) opt.join();
-    const double epoch_train_time = seconds_since(t_epoch);
-    train_time += epoch_train_time;
-    save(epoch, steps_per_epoch);
-
-    model->eval();
-    const int64_t epoch_steps = steps_per_epoch - start;
-    auto loss_t = at::tensor(
-        {loss_sum / static_cast<double>(std::max<int64_t>(1, epoch_steps_run))}, at::kDouble);
-    rt.allreduce(loss_t, /*average=*/true);
-    last_train_loss = loss_t.item<double>();
-    last_eval = evaluate(rt, *model, test_x, test_y, dtype);
-    const double epoch_samples = static_cast<double>(
-        std::min(steps_per_epoch * global_batch, ds.train.count) - start * global_batch);
-    samples_run += epoch_samples;
-    if (lead) {
-      std::cout << "epoch " << epoch << "/" << tc.epochs << ": train loss "
-                << fmt("%.4f", last_train_loss) << ", test loss " << fmt("%.4f", last_eval.loss)
-                << ", test accuracy " << fmt("%.2f", 100 * last_eval.accuracy) << "% ("
-                << last_eval.count << " images), " << fmt("%.2f", epoch_train_time) << " s, "
-                << fmt("%.0f", epoch_samples / epoch_train_time) << " samples/s" << std::endl;
-      metrics.write({{"event", "epoch"},
-                     {"epoch", epoch},
-                     {"steps", epoch_steps},
-                     {"samples", static_cast<int64_t>(epoch_samples)},
-                     {"train_loss", last_train_loss},
-                     {"test_loss", last_eval.loss},
-                     {"test_accuracy", last_eval.accuracy},
-                     {"test_images", last_eval.count},
-                     {"epoch_time_s", epoch_train_time},
-                     {"samples_per_s", epoch_samples / epoch_train_time}});
-    }
+    if (!tc_.drop_last) opt_->join();
+    const double epoch_time = seconds_since(t_epoch);
+    train_time_ += epoch_time;
+    save(epoch, steps_per_epoch_);
+    end_epoch(epoch, start, loss_sum / static_cast<double>(std::max<int64_t>(1, steps_done)),
+              epoch_time);
   }
-  const double wall = seconds_since(t_loop);
 
-  const auto sent = per_rank(rt, static_cast<double>(opt.bytes_sent()));
-  const auto plain = per_rank(rt, static_cast<double>(opt.bytes_sent_plain_allreduce()));
-  const auto state = per_rank(rt, static_cast<double>(opt.state_bytes()));
-  const double samples = samples_run;
-  const double sps = train_time > 0 ? samples / train_time : 0;
-  if (lead) {
-    std::cout << "summary: " << world << " rank(s), " << steps_run << " steps, "
-              << static_cast<int64_t>(samples) << " samples in " << fmt("%.2f", train_time)
+  // Mean train loss over ranks, test evaluation, the epoch's report.
+  void end_epoch(int64_t epoch, int64_t start, double my_mean_loss, double epoch_time) {
+    model_->eval();
+    auto loss_t = at::tensor({my_mean_loss}, at::kDouble);
+    rt_->allreduce(loss_t, /*average=*/true);
+    last_train_loss_ = loss_t.item<double>();
+    last_eval_ = evaluate(*rt_, *model_, data_.test_x, data_.test_y, dtype_);
+    const int64_t epoch_steps = steps_per_epoch_ - start;
+    const double samples = static_cast<double>(
+        std::min(steps_per_epoch_ * global_batch_, data_.train_count()) - start * global_batch_);
+    samples_run_ += samples;
+    if (!lead()) return;
+    std::cout << "epoch " << epoch << "/" << tc_.epochs << ": train loss "
+              << fmt("%.4f", last_train_loss_) << ", test loss " << fmt("%.4f", last_eval_.loss)
+              << ", test accuracy " << fmt("%.2f", 100 * last_eval_.accuracy) << "% ("
+              << last_eval_.count << " images), " << fmt("%.2f", epoch_time) << " s, "
+              << fmt("%.0f", samples / epoch_time) << " samples/s" << std::endl;
+    metrics_.write({{"event", "epoch"},
+                    {"epoch", epoch},
+                    {"steps", epoch_steps},
+                    {"samples", static_cast<int64_t>(samples)},
+                    {"train_loss", last_train_loss_},
+                    {"test_loss", last_eval_.loss},
+                    {"test_accuracy", last_eval_.accuracy},
+                    {"test_images", last_eval_.count},
+                    {"epoch_time_s", epoch_time},
+                    {"samples_per_s", samples / epoch_time}});
+  }
+
+  // Per-rank byte and state counts (collective), then rank 0's summary.
+  void summarize(double wall) {
+    auto& opt = *opt_;
+    const auto sent = per_rank(*rt_, static_cast<double>(opt.bytes_sent()));
+    const auto plain = per_rank(*rt_, static_cast<double>(opt.bytes_sent_plain_allreduce()));
+    const auto state = per_rank(*rt_, static_cast<double>(opt.state_bytes()));
+    const double sps = train_time_ > 0 ? samples_run_ / train_time_ : 0;
+    if (!lead()) return;
+    std::cout << "summary: " << rt_->world_size() << " rank(s), " << steps_run_ << " steps, "
+              << static_cast<int64_t>(samples_run_) << " samples in " << fmt("%.2f", train_time_)
               << " s of training (" << fmt("%.2f", wall) << " s wall incl. evaluation, "
-              << fmt("%.2f", seconds_since(t_start)) << " s incl. setup)\n"
+              << fmt("%.2f", seconds_since(t_start_)) << " s incl. setup)\n"
               << "  samples/s (global): " << fmt("%.0f", sps) << "\n"
               << "  bytes sent per rank: " << join_bytes(sent)
               << " (plain allreduce: " << join_bytes(plain) << ")\n"
               << "  optimizer state per rank: " << join_bytes(state) << "\n"
-              << "  precision: " << precision_dtype_name(cfg.precision.dtype)
+              << "  precision: " << precision_dtype_name(cfg_.precision.dtype)
               << ", final loss scale " << opt.loss_scale() << ", skipped steps "
               << opt.skipped_steps() << "\n"
-              << "  final test accuracy: " << fmt("%.2f", 100 * last_eval.accuracy)
-              << "% (train loss " << fmt("%.4f", last_train_loss) << ")" << std::endl;
-    metrics.write({{"event", "summary"},
-                   {"world_size", world},
-                   {"model", tc.model},
-                   {"algorithm", opt.algorithm_name()},
-                   {"reducer", cfg.reducer.name},
-                   {"communicator", cfg.communicator.name},
-                   {"optimizer", cfg.optimizer_name},
-                   {"epochs", tc.epochs},
-                   {"steps", steps_run},
-                   {"global_step", global_step},
-                   {"batch_size", tc.batch_size},
-                   {"global_batch", global_batch},
-                   {"threads_per_rank", threads},
-                   {"samples", static_cast<int64_t>(samples)},
-                   {"train_time_s", train_time},
-                   {"wall_time_s", wall},
-                   {"total_time_s", seconds_since(t_start)},
-                   {"samples_per_s", sps},
-                   {"bytes_sent_per_rank", as_ints(sent)},
-                   {"bytes_sent_plain_allreduce_per_rank", as_ints(plain)},
-                   {"state_bytes_per_rank", as_ints(state)},
-                   {"final_train_loss", last_train_loss},
-                   {"final_test_loss", last_eval.loss},
-                   {"final_test_accuracy", last_eval.accuracy},
-                   {"dtype", precision_dtype_name(cfg.precision.dtype)},
-                   {"mixed_precision", opt.mixed_precision()},
-                   {"final_loss_scale", opt.loss_scale()},
-                   {"skipped_steps", opt.skipped_steps()}});
+              << "  final test accuracy: " << fmt("%.2f", 100 * last_eval_.accuracy)
+              << "% (train loss " << fmt("%.4f", last_train_loss_) << ")" << std::endl;
+    metrics_.write({{"event", "summary"},
+                    {"world_size", rt_->world_size()},
+                    {"model", tc_.model},
+                    {"algorithm", opt.algorithm_name()},
+                    {"reducer", cfg_.reducer.name},
+                    {"communicator", cfg_.communicator.name},
+                    {"optimizer", cfg_.optimizer_name},
+                    {"epochs", tc_.epochs},
+                    {"steps", steps_run_},
+                    {"global_step", global_step_},
+                    {"batch_size", tc_.batch_size},
+                    {"global_batch", global_batch_},
+                    {"threads_per_rank", threads_},
+                    {"samples", static_cast<int64_t>(samples_run_)},
+                    {"train_time_s", train_time_},
+                    {"wall_time_s", wall},
+                    {"total_time_s", seconds_since(t_start_)},
+                    {"samples_per_s", sps},
+                    {"bytes_sent_per_rank", as_ints(sent)},
+                    {"bytes_sent_plain_allreduce_per_rank", as_ints(plain)},
+                    {"state_bytes_per_rank", as_ints(state)},
+                    {"final_train_loss", last_train_loss_},
+                    {"final_test_loss", last_eval_.loss},
+                    {"final_test_accuracy", last_eval_.accuracy},
+                    {"dtype", precision_dtype_name(cfg_.precision.dtype)},
+                    {"mixed_precision", opt.mixed_precision()},
+                    {"final_loss_scale", opt.loss_scale()},
+                    {"skipped_steps", opt.skipped_steps()}});
   }
-  rt.barrier();
-  return 0;
+
+  const JobConfig& cfg_;
+  const TrainConfig& tc_;
+  const TrainOptions& opts_;
+  const std::pair<int, int64_t> fault_;
+  const Clock::time_point t_start_ = Clock::now();
+  Data data_;
+  const ProcessInfo proc_;
+  const int64_t threads_;
+  MetricsWriter metrics_;
+  std::optional<Runtime> rt_;
+  std::shared_ptr<Classifier> model_;
+  at::ScalarType dtype_ = at::kFloat;
+  std::optional<DistributedOptimizer> opt_;  // after rt_: destroyed first
+  int64_t global_batch_ = 0, partial_ = 0, steps_per_epoch_ = 0;
+  int64_t first_epoch_ = 1, first_step_ = 0, global_step_ = 0;
+  int64_t steps_run_ = 0;   // in this process (a resumed run skips the saved ones)
+  double samples_run_ = 0;  // global samples of the epochs run
+  double train_time_ = 0;   // seconds inside training steps (evaluation excluded)
+  EvalResult last_eval_;
+  double last_train_loss_ = 0;
+};
+
+}  // namespace
+
+int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
+  check_train_config(cfg);
+  return Trainer(cfg, opts).run();
 }
 
 }  // namespace distopt::train
