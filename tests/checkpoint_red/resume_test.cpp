@@ -87,6 +87,7 @@ std::vector<double> as_doubles(const at::Tensor& t) {
 struct Job {
   std::string reducer = "mean", reducer_options = "{}";
   std::string precision;  // YAML of `precision:` ("" = none)
+  std::string optimizer = "{name: sgd, lr: 0.05, momentum: 0.9}";
   int world = 2;
   int inf_rank = -1, inf_step = -1;  // that rank's loss x inf at that (global) step
 };
@@ -106,7 +107,7 @@ std::string yaml_of(const Job& j, int port) {
   y << plugins_and_world_yaml(j.world, port) << "communicator: {name: tcp}\n"
     << "reducer: {name: " << j.reducer << ", options: " << j.reducer_options << "}\n"
     << "algorithm: {name: allreduce}\n"
-    << "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
+    << "optimizer: " << j.optimizer << "\n";
   if (!j.precision.empty()) y << "precision: " << j.precision << "\n";
   return y.str();
 }
@@ -314,6 +315,22 @@ TEST_CASE("signsgd, topk and randomk with error feedback resume bit-exactly") {
     CHECK(o.save[0].count("saved:reducer/error_feedback/fc2.weight@rank1") == 1);
     if (name == "randomk")
       CHECK(o.save[0].at("saved:reducer/randomk/step/fc2.weight") == std::vector<double>{kSaveAt});
+  }
+}
+
+TEST_CASE("topk and signsgd with momentum correction resume bit-exactly (velocity saved)") {
+  for (const auto& [name, options] : std::vector<std::pair<std::string, std::string>>{
+           {"topk", "{ratio: 0.05, momentum: 0.9}"},
+           {"signsgd", "{error_feedback: true, momentum: 0.9}"}}) {
+    CAPTURE(name);
+    Dir d;
+    Job j;
+    j.reducer = name;
+    j.reducer_options = options;
+    j.optimizer = "{name: sgd, lr: 0.05}";  // the momentum lives in the reducer (DGC)
+    auto o = resume_case(j, d, true);
+    CHECK(o.save[0].count("saved:reducer/momentum_correction/fc2.weight@rank1") == 1);
+    CHECK(o.save[0].count("saved:reducer/error_feedback/fc2.weight@rank1") == 1);
   }
 }
 
