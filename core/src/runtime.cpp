@@ -170,7 +170,7 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   m.cfg = cfg;
   m.proc = proc;
   m.registry.discover(PluginRegistry::search_path(cfg.plugin_paths));
-  m.validated = validate_job(cfg, m.registry);
+  m.validated = validate_job(cfg, m.registry, proc.world_size);  // components may refuse the job
   // Before the rendezvous: every rank fails at once, nobody waits for a peer.
   check_precision_supported(cfg);
   set_threads_per_rank(

@@ -7,65 +7,52 @@
 namespace {
 
 namespace c = distopt::plugins::compress;
+namespace sdk = distopt::sdk;
 
-#define DOPT_MOMENTUM_OPTION                                                                 \
-  {                                                                                          \
-    DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "momentum", DOPT_OPTION_DOUBLE, "0", 0, 0.999999, \
-        nullptr,                                                                             \
-        "DGC momentum correction (Lin et al. 2018): accumulate a local velocity "            \
-        "u = momentum u + g instead of the gradient; the optimizer must then run without "   \
-        "momentum "                                                                          \
-        "(optimizer.momentum: 0)"                                                            \
-  }
+// DGC momentum correction: a velocity decay factor, [0, 1).
+constexpr sdk::OptionDecl kMomentum =
+    sdk::option_double("momentum", "0",
+                       "DGC momentum correction (Lin et al. 2018): accumulate a local velocity "
+                       "u = momentum u + g instead of the gradient; the optimizer must then run "
+                       "without momentum (optimizer.momentum: 0)")
+        .range_open_max(0, 1);
 
 constexpr dopt_option_spec kSignOptions[] = {
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "error_feedback", DOPT_OPTION_BOOL, "false", 0, -1,
-     nullptr,
-     "EF-SignSGD (Karimireddy et al. 2019): keep e = p - mean|p| sign(p) per parameter, add it "
-     "next step"},
-    DOPT_MOMENTUM_OPTION,
+    sdk::option_bool("error_feedback", "false",
+                     "EF-SignSGD (Karimireddy et al. 2019): keep e = p - mean|p| sign(p) per "
+                     "parameter, add it next step"),
+    kMomentum,
 };
 
-#define DOPT_SPARSE_OPTIONS                                                                       \
-  {DOPT_OPTION_SPEC_STRUCT_SIZE,                                                                  \
-   nullptr,                                                                                       \
-   "ratio",                                                                                       \
-   DOPT_OPTION_DOUBLE,                                                                            \
-   "0.01",                                                                                        \
-   0,                                                                                             \
-   1,                                                                                             \
-   nullptr,                                                                                       \
-   "fraction of each tensor's elements sent per step, in (0, 1]: k = min(numel, max(min_k, "      \
-   "ceil(ratio x numel)))"},                                                                      \
-      {DOPT_OPTION_SPEC_STRUCT_SIZE,                                                              \
-       nullptr,                                                                                   \
-       "min_k",                                                                                   \
-       DOPT_OPTION_INT,                                                                           \
-       "256",                                                                                     \
-       1,                                                                                         \
-       4.0e9,                                                                                     \
-       nullptr,                                                                                   \
-       "at least this many elements of each tensor are sent per step (all of a smaller one), so " \
-       "biases and small layers are not starved"},                                                \
-      {DOPT_OPTION_SPEC_STRUCT_SIZE,                                                              \
-       nullptr,                                                                                   \
-       "error_feedback",                                                                          \
-       DOPT_OPTION_BOOL,                                                                          \
-       "true",                                                                                    \
-       0,                                                                                         \
-       -1,                                                                                        \
-       nullptr,                                                                                   \
-       "keep what was not sent (per parameter element) and add it to the next step's gradient"},  \
-      DOPT_MOMENTUM_OPTION, {                                                                     \
-    DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "momentum_masking", DOPT_OPTION_BOOL, "true", 0, -1,   \
-        nullptr, "DGC momentum factor masking: zero the velocity of the elements sent"            \
-  }
+// The sparsifiers' common options (topk, randomk).
+constexpr sdk::OptionDecl kRatio =
+    sdk::option_double("ratio", "0.01",
+                       "fraction of each tensor's elements sent per step: k = min(numel, "
+                       "max(min_k, ceil(ratio x numel)))")
+        .range_open_min(0, 1);
+constexpr sdk::OptionDecl kMinK =
+    sdk::option_int("min_k", "256",
+                    "at least this many elements of each tensor are sent per step (all of a "
+                    "smaller one), so biases and small layers are not starved")
+        .range(1, 4.0e9);
+constexpr sdk::OptionDecl kErrorFeedback = sdk::option_bool(
+    "error_feedback", "true",
+    "keep what was not sent (per parameter element) and add it to the next step's gradient");
+constexpr sdk::OptionDecl kMomentumMasking =
+    sdk::option_bool("momentum_masking", "true",
+                     "DGC momentum factor masking: zero the velocity of the elements sent");
 
-constexpr dopt_option_spec kTopkOptions[] = {DOPT_SPARSE_OPTIONS};
+constexpr dopt_option_spec kTopkOptions[] = {kRatio, kMinK, kErrorFeedback, kMomentum,
+                                             kMomentumMasking};
 constexpr dopt_option_spec kRandomkOptions[] = {
-    DOPT_SPARSE_OPTIONS,
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "seed", DOPT_OPTION_INT, "0", 0, 9.0e15, nullptr,
-     "seed of the index draws (same on every rank: all ranks pick the same indices)"},
+    kRatio,
+    kMinK,
+    kErrorFeedback,
+    kMomentum,
+    kMomentumMasking,
+    sdk::option_int("seed", "0",
+                    "seed of the index draws (same on every rank: all ranks pick the same indices)")
+        .range(0, 9.0e15),
 };
 
 }  // namespace

@@ -3,15 +3,17 @@
 #include "fused_algorithm.hpp"
 
 namespace {
+namespace sdk = distopt::sdk;
 constexpr dopt_option_spec kOptions[] = {
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "do_flatten", DOPT_OPTION_BOOL, "true", 0, -1, nullptr,
-     "true: one flat optimizer-state buffer and ONE fused update pass per parameter group (Bagua "
-     "fuse_optimizer do_flatten); false: fuse only runs of parameters already contiguous in "
-     "memory"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "check_flatten", DOPT_OPTION_BOOL, "true", 0, -1,
-     nullptr,
-     "before each step verify every parameter still has the memory it had when flattened; a "
-     "replaced .data is re-flattened (warning, state kept), a changed size is an error"},
+    sdk::option_bool(
+        "do_flatten", "true",
+        "true: one flat optimizer-state buffer and ONE fused update pass per parameter group "
+        "(Bagua fuse_optimizer do_flatten); false: fuse only runs of parameters already "
+        "contiguous in memory"),
+    sdk::option_bool(
+        "check_flatten", "true",
+        "before each step verify every parameter still has the memory it had when flattened; a "
+        "replaced .data is re-flattened (warning, state kept), a changed size is an error"),
 };
 }  // namespace
 

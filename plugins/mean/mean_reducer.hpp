@@ -12,6 +12,11 @@ namespace distopt::plugins {
 
 class MeanReducer : public sdk::Reducer {
  public:
+  /// ABI 1.2: the result is the exact mean of the bucket over ranks, with
+  /// any options (they are core's bucketing options only), so an algorithm
+  /// that averages the gradients itself (zero stage 2) computes the same.
+  static constexpr uint32_t traits = DOPT_TRAIT_EXACT_MEAN;
+
   MeanReducer(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket* buckets,
               size_t num_buckets);
   /// Starts the allreduce and returns at once; the request completes when it does.

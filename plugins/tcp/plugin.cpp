@@ -5,6 +5,7 @@
 
 #include "comm.hpp"
 #include "distopt/communicator.h"
+#include "distopt/sdk/options.hpp"
 #include "host.hpp"
 
 namespace dopt_tcp {
@@ -13,21 +14,27 @@ const dopt_host_api* g_host = nullptr;
 
 namespace {
 
-const dopt_option_spec kOptions[] = {
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "timeout_s", DOPT_OPTION_DOUBLE, "60", 0.001, 1e7,
-     nullptr, "seconds any operation (and connecting) may take before it fails with TIMEOUT"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "chunk_bytes", DOPT_OPTION_INT, "262144", 4096, 1 << 30,
-     nullptr,
-     "pipeline grain of reductions: bytes received into a cache-sized window before being reduced"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "socket_buffer_bytes", DOPT_OPTION_INT, "0", 0, 1 << 30,
-     nullptr, "SO_SNDBUF/SO_RCVBUF of data connections; 0 leaves the kernel's autotuning on"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "max_io_bytes", DOPT_OPTION_INT, "4194304", 4096,
-     1 << 30, nullptr, "largest single send()/recv() call"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "shm", DOPT_OPTION_BOOL, "true", 0, -1, nullptr,
-     "run allreduce, reduce_scatter, allgather and broadcast over shared memory when every rank is "
-     "on one host (TCP if any rank says false)"},
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "shm_bytes", DOPT_OPTION_INT, "1048576", 65536, 1 << 30,
-     nullptr, "shared-memory segment per rank (two slots that tensors stream through)"},
+namespace sdk = distopt::sdk;
+constexpr dopt_option_spec kOptions[] = {
+    sdk::option_double("timeout_s", "60",
+                       "seconds any operation (and connecting) may take before it fails with "
+                       "TIMEOUT")
+        .range(0.001, 1e7),
+    sdk::option_int("chunk_bytes", "262144",
+                    "pipeline grain of reductions: bytes received into a cache-sized window "
+                    "before being reduced")
+        .range(4096, 1 << 30),
+    sdk::option_int("socket_buffer_bytes", "0",
+                    "SO_SNDBUF/SO_RCVBUF of data connections; 0 leaves the kernel's autotuning on")
+        .range(0, 1 << 30),
+    sdk::option_int("max_io_bytes", "4194304", "largest single send()/recv() call")
+        .range(4096, 1 << 30),
+    sdk::option_bool("shm", "true",
+                     "run allreduce, reduce_scatter, allgather and broadcast over shared memory "
+                     "when every rank is on one host (TCP if any rank says false)"),
+    sdk::option_int("shm_bytes", "1048576",
+                    "shared-memory segment per rank (two slots that tensors stream through)")
+        .range(65536, 1 << 30),
 };
 
 template <class F>
@@ -179,7 +186,7 @@ const dopt_communicator_v1 kVtable = {
 };
 
 const dopt_component kComponents[] = {{
-    DOPT_COMPONENT_STRUCT_SIZE,
+    DOPT_COMPONENT_V1_2_STRUCT_SIZE,
     nullptr,
     DOPT_KIND_COMMUNICATOR,
     "tcp",
@@ -188,7 +195,9 @@ const dopt_component kComponents[] = {{
     kOptions,
     sizeof(kOptions) / sizeof(kOptions[0]),
     &kVtable,
-}};
+    0,
+    nullptr,
+}};  // no traits; no check_job: every job its schema accepts
 
 }  // namespace
 }  // namespace dopt_tcp

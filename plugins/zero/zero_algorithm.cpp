@@ -35,6 +35,19 @@ uint64_t chain_broadcast_bytes(uint64_t bytes, int32_t root, int32_t rank, int32
 
 }  // namespace
 
+void ZeroAlgorithm::check_job(const sdk::JobView& job) {
+  if (job.self().options().get_int("stage") != 2) return;  // stage 1 uses the reducer
+  const sdk::JobComponentView red = job.reducer();
+  if (red.has_trait(DOPT_TRAIT_EXACT_MEAN)) return;
+  job.reject("algorithm.options.stage",
+             "stage 2 reduce-scatters the plain gradients itself and never calls the reducer, so "
+             "reducer '" +
+                 red.name() + "' (plugin " + red.plugin() +
+                 ") would not apply: its compression, scaling or error feedback would be "
+                 "ignored. Use stage: 1 (it hands every bucket to the reducer), or a reducer "
+                 "that declares the exact mean (reducer: {name: mean})");
+}
+
 ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
     : comm_(args.comm), reducer_(args.reducer) {
   if (!args.common) fail(DOPT_ERR_INVALID_ARGUMENT, "needs common args");

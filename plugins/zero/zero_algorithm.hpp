@@ -18,7 +18,12 @@
 // 1/W of the elements only (the host's bucket buffers still hold this rank's
 // local, unreduced gradients: the host owns them; a bucket whose length is
 // not a multiple of W is sent through a zero-padded copy that lives until
-// step()). The job's reducer is not used. Ownership follows the bucket
+// step()). The job's reducer is not used, so stage 2 accepts only a reducer
+// that declares the exact mean (DOPT_TRAIT_EXACT_MEAN, ABI 1.2; in this tree
+// `mean`): with any other (fp16, topk, powersgd, ...) its compression,
+// scaling or error feedback would silently not apply, and check_job refuses
+// the job at `distopt check`, naming algorithm.options.stage. Stage 1 hands
+// every bucket to the reducer and takes any. Ownership follows the bucket
 // layout: each bucket's flat range is cut into W equal chunks (padded to a
 // multiple of W), whatever `partition` says; parameters may be split across
 // ranks, the inner optimizer runs over the owned slices. Parameters are
@@ -83,6 +88,8 @@ namespace distopt::plugins::zero {
 class ZeroAlgorithm : public sdk::Algorithm {
  public:
   explicit ZeroAlgorithm(const dopt_algorithm_args& args);
+  /// ABI 1.2 job check: stage 2 refuses a reducer without DOPT_TRAIT_EXACT_MEAN.
+  static void check_job(const sdk::JobView& job);
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;

@@ -63,7 +63,19 @@ static const reducer_v1_0 k_vtable = {DOPT_REDUCER_V1_STRUCT_SIZE,
                                       {(void*)create, (void*)destroy, (void*)reduce, (void*)test,
                                        (void*)wait, (void*)request_free, (void*)bytes_sent}};
 
-static const dopt_component k_components[] = {
+/* Laid out exactly as ABI 1.0's dopt_component (1.2 appended traits and
+ * check_job). */
+typedef struct {
+  size_t struct_size;
+  void* ext;
+  dopt_component_kind kind;
+  const char *name, *version, *description;
+  const dopt_option_spec* options;
+  size_t num_options;
+  const void* vtable;
+} component_v1_0;
+DOPT_STATIC_ASSERT(sizeof(component_v1_0) == DOPT_COMPONENT_STRUCT_SIZE, "1.0 component layout");
+static const component_v1_0 k_components[] = {
     {DOPT_COMPONENT_STRUCT_SIZE, NULL, DOPT_KIND_REDUCER, "abi10_mean", "1.0.0",
      "an ABI 1.0 reducer (no checkpoint state)", NULL, 0, &k_vtable}};
 
@@ -73,7 +85,7 @@ DOPT_EXPORT dopt_status dopt_plugin_init_v1(const dopt_host_api* host, dopt_plug
   info->abi_minor = 0;
   info->plugin_name = "abi10";
   info->plugin_version = "1.0.0";
-  info->components = k_components;
+  info->components = (const dopt_component*)(const void*)k_components;
   info->num_components = 1;
   return DOPT_OK;
 }

@@ -19,6 +19,7 @@
 
 #include "bitpack.hpp"  // plugins/compress: the signsgd wire format
 #include "comm_helpers.hpp"
+#include "distopt/error.hpp"
 #include "distopt/host.hpp"
 
 namespace {
@@ -468,12 +469,26 @@ TEST_CASE("bf16 buckets go through topk (ratio 1) unchanged up to bf16 rounding"
   check_same_on_every_rank(res);
 }
 
-TEST_CASE("a ratio of 0 is refused at create with a message") {
+TEST_CASE("a ratio of 0 is refused by the schema, (0, 1], and at create with a message") {
   const int port = free_port();
   auto codes = fork_ranks(1, [&](int) {
     auto ep = make_endpoint("tcp", 0, 1, port);
     const distopt::ComponentInfo& info = ep->registry.get(DOPT_KIND_REDUCER, "topk");
-    auto opts = distopt::Options::validate(YAML::Load("{ratio: 0}"), info.options, "<test>",
+    // The schema's open lower bound (ABI 1.2) refuses it before anything is created.
+    try {
+      distopt::Options::validate(YAML::Load("{ratio: 0}"), info.options, "<test>",
+                                 "reducer.options");
+      return 2;
+    } catch (const distopt::ConfigError& e) {
+      if (std::string(e.what()).find("reducer.options.ratio: value 0 is out of range (0, 1]") ==
+          std::string::npos)
+        return 3;
+    }
+    // A host that reads the bounds as inclusive (older than 1.2) lets it
+    // through: the reducer refuses it itself.
+    std::vector<distopt::OptionSpec> inclusive = info.options;
+    for (auto& s : inclusive) s.min_exclusive = s.max_exclusive = false;
+    auto opts = distopt::Options::validate(YAML::Load("{ratio: 0}"), inclusive, "<test>",
                                            "reducer.options");
     dopt_create_args a{};
     a.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;

@@ -11,6 +11,7 @@
 #include <cstring>  // multiproc.hpp uses strdup without including it
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -19,6 +20,7 @@
 #include "distopt/error.hpp"
 #include "distopt/options.hpp"
 #include "distopt/registry.hpp"
+#include "distopt/sdk/options.hpp"
 #include "multiproc.hpp"
 
 namespace fs = std::filesystem;
@@ -37,9 +39,9 @@ struct BadCase {
   std::string expect;
 };
 
-std::vector<BadCase> bad_corpus() {
+std::vector<BadCase> bad_corpus(const fs::path& dir = kTestDir / "bad") {
   std::vector<BadCase> out;
-  for (const auto& e : fs::directory_iterator(kTestDir / "bad")) {
+  for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() != ".yaml") continue;
     BadCase c;
     c.file = e.path().string();
@@ -271,19 +273,28 @@ TEST_CASE("Options::validate: types, ranges, choices, defaults, getters") {
 }
 
 TEST_CASE("specs_from_c reads only the fields struct_size covers") {
-  dopt_option_spec specs[2] = {
+  dopt_option_spec specs[3] = {
       {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "full", DOPT_OPTION_STRING, "a", 0, -1, "a|b",
-       "help text"},
-      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "n", DOPT_OPTION_INT, nullptr, 2, 3, nullptr,
-       nullptr},
+       "help text", 0},
+      // The 1.1 size: `flags` is not read (bounds stay inclusive).
+      {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "n", DOPT_OPTION_INT, nullptr, 2, 3, nullptr, nullptr,
+       DOPT_OPTION_MIN_EXCLUSIVE},
+      // The 1.2 size: it is.
+      {DOPT_OPTION_SPEC_V1_2_STRUCT_SIZE, nullptr, "x", DOPT_OPTION_DOUBLE, "0.5", 0, 1, nullptr,
+       nullptr, DOPT_OPTION_MIN_EXCLUSIVE | DOPT_OPTION_MAX_EXCLUSIVE},
   };
-  auto v = distopt::specs_from_c(specs, 2);
-  REQUIRE(v.size() == 2);
+  auto v = distopt::specs_from_c(specs, 3);
+  REQUIRE(v.size() == 3);
   CHECK(v[0].choices == std::vector<std::string>{"a", "b"});
   CHECK(v[0].help == "help text");
   CHECK_FALSE(v[1].default_value.has_value());
   CHECK(v[1].min_value == 2);
   CHECK(v[1].max_value == 3);
+  CHECK_FALSE(v[1].min_exclusive);
+  CHECK(v[1].range_text() == "[2, 3]");
+  CHECK(v[2].min_exclusive);
+  CHECK(v[2].max_exclusive);
+  CHECK(v[2].range_text() == "(0, 1)");
 
   // A struct_size ending before `choices` hides choices and help.
   dopt_option_spec shortspec = specs[0];
@@ -360,7 +371,7 @@ TEST_CASE("distopt plugins lists components, options and skipped files") {
   auto r = cli({"plugins", "--plugin-path", kMockDir});
   CAPTURE(r.output);
   REQUIRE(r.exit_code == 0);
-  // The mock directory's 6, besides the build tree's own plugins.
+  // The mock directory's 8, besides the build tree's own plugins.
   CHECK(r.output.find("Components (") != std::string::npos);
   CHECK(r.output.find(kMockDir + "/libdistopt_mock.so") != std::string::npos);
   CHECK(r.output.find("compression level") != std::string::npos);
@@ -379,7 +390,7 @@ TEST_CASE("distopt plugins lists components, options and skipped files") {
   size_t mocks = 0;
   for (const auto& c : j["components"])
     mocks += c["file"].get<std::string>().rfind(kMockDir + "/", 0) == 0;
-  REQUIRE(mocks == 6);
+  REQUIRE(mocks == 8);
   REQUIRE(j["skipped"].size() == 9);
   bool found = false;
   for (const auto& c : j["components"]) {
@@ -417,7 +428,201 @@ TEST_CASE("distopt plugins lists components, options and skipped files") {
   const auto listed = nlohmann::json::parse(r.output);  // kept alive for the loop
   for (const auto& c : listed["components"])
     mocks += c["file"].get<std::string>().rfind(kMockDir + "/", 0) == 0;
-  CHECK(mocks == 6);
+  CHECK(mocks == 8);
+}
+
+TEST_CASE("distopt plugins prints ranges in interval notation, open bounds included") {
+  auto r = cli({"plugins", "--plugin-path", kMockDir});
+  CAPTURE(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("(0, 1]") != std::string::npos);            // mock's ratio (ABI 1.2 flags)
+  CHECK(r.output.find("[0, 10]") != std::string::npos);           // mock's level
+  CHECK(r.output.find("inclusive [0, 1]") != std::string::npos);  // mock_v11 (1.1): help text
+  CHECK(r.output.find("(0, 1000000]") != std::string::npos);      // bucket_cap_mb
+  CHECK(r.output.find("reduces to the exact mean") != std::string::npos);
+  CHECK(r.output.find("checks the whole job") != std::string::npos);
+  CHECK(r.output.find("2.2250738585072014e-308") == std::string::npos);
+
+  r = cli({"plugins", "--plugin-path", kMockDir, "--json"});
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.output);
+  int seen = 0;
+  for (const auto& c : j["components"]) {
+    if (c["kind"] == "reducer" && c["name"] == "mock") {
+      ++seen;
+      CHECK(c["traits"]["exact_mean"] == true);
+      CHECK(c["checks_job"] == false);
+      CHECK(c["options"][1]["name"] == "ratio");
+      CHECK(c["options"][1]["interval"] == "(0, 1]");
+      CHECK(c["options"][1]["min_exclusive"] == true);
+      CHECK(c["options"][1]["max_exclusive"] == false);
+      CHECK(c["options"][1]["range"][0] == "0");
+    }
+    if (c["kind"] == "reducer" && c["name"] == "mock_v11") {
+      ++seen;
+      CHECK(c["abi"] == "1.1");
+      CHECK(c["traits"]["exact_mean"] == false);
+      CHECK(c["options"][0]["interval"] == "[0, 1]");
+    }
+    if (c["kind"] == "algorithm" && c["name"] == "mock") {
+      ++seen;
+      CHECK(c["checks_job"] == true);
+    }
+  }
+  CHECK(seen == 3);
+}
+
+TEST_CASE("an ABI 1.1 plugin's components load and check, with inclusive bounds") {
+  const std::string file = (kTestDir / "good" / "abi11.yaml").string();
+  auto cfg = distopt::load_job_config(file);
+  auto v = distopt::validate_job(cfg, mock_registry());
+  CHECK(v.reducer.get_double("ratio") == 0);  // [0, 1] in 1.1: 0 is allowed
+  CHECK(v.reducer.get_int("level") == 10);
+  CHECK(v.algorithm.get_int("stage") == 3);
+  CHECK(v.algorithm.get_string("mode") == "slow");
+  auto r = cli({"check", file, "--plugin-path", kMockDir});
+  CAPTURE(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("OK (communicator mock, reducer mock_v11, algorithm mock_v11") !=
+        std::string::npos);
+}
+
+TEST_CASE("job checks (ABI 1.2) see the whole job: accepted combinations pass") {
+  // mock's check_job refuses only stage 3 with reducer mode 'slow'.
+  auto ok = [&](const std::string& yaml) {
+    auto cfg = distopt::parse_job_config(yaml, "job.yaml");
+    CHECK_NOTHROW(distopt::validate_job(cfg, mock_registry()));
+  };
+  ok("communicator: {name: mock}\nreducer: {name: mock, options: {mode: fast}}\n"
+     "algorithm: {name: mock, options: {stage: 3}}\n");
+  ok("communicator: {name: mock}\nreducer: {name: mock, options: {mode: slow}}\n"
+     "algorithm: {name: mock, options: {stage: 2}}\n");
+  // mock_req refuses more than 4 ranks: it is told the world size given to
+  // validate_job (Runtime's launcher count), else world.size.
+  const std::string req =
+      "communicator: {name: mock}\nreducer: {name: mock}\n"
+      "algorithm: {name: mock_req, options: {target: x}}\n";
+  auto cfg = distopt::parse_job_config("world: {size: 8}\n" + req, "job.yaml");
+  CHECK_NOTHROW(distopt::validate_job(cfg, mock_registry(), 4));
+  std::string m = error_of([&] { distopt::validate_job(cfg, mock_registry()); });
+  CHECK(m.rfind("job.yaml:4:1: algorithm: algorithm 'mock_req' refuses this job: mock_req: at "
+                "most 4 ranks",
+                0) == 0);
+  cfg = distopt::parse_job_config(req, "job.yaml");
+  m = error_of([&] { distopt::validate_job(cfg, mock_registry(), 5); });
+  CHECK(m.find("at most 4 ranks") != std::string::npos);
+}
+
+TEST_CASE("the SDK option builder makes ABI 1.2 specs") {
+  namespace sdk = distopt::sdk;
+  constexpr dopt_option_spec specs[] = {
+      sdk::option_double("ratio", "0.01", "fraction").range_open_min(0, 1),
+      sdk::option_double("decay", "0", "factor").range_open_max(0, 1),
+      sdk::option_int("k", "1", "count").at_least(1),
+      sdk::option_double("scale", "1", "positive").greater_than(0),
+      sdk::option_double("t", "0.5", "open").range_open(0, 1),
+      sdk::option_int("n", "2", "closed").range(1, 8),
+      sdk::option_string("mode", "a", "choice").choices("a|b"),
+      sdk::option_bool("on", "true", "flag"),
+      sdk::option_string("target", nullptr, "required"),
+  };
+  static_assert(specs[0].struct_size == DOPT_OPTION_SPEC_V1_2_STRUCT_SIZE);
+  static_assert(specs[0].flags == DOPT_OPTION_MIN_EXCLUSIVE);
+  static_assert(specs[7].min_value > specs[7].max_value);  // a bool has no range
+  auto v = distopt::specs_from_c(specs, sizeof specs / sizeof specs[0]);
+  REQUIRE(v.size() == 9);
+  CHECK(v[0].range_text() == "(0, 1]");
+  CHECK(v[1].range_text() == "[0, 1)");
+  CHECK(v[2].range_text() == "[1, inf)");
+  CHECK(v[3].range_text() == "(0, inf)");
+  CHECK(v[4].range_text() == "(0, 1)");
+  CHECK(v[5].range_text() == "[1, 8]");
+  CHECK(v[6].range_text().empty());
+  CHECK(v[6].choices == std::vector<std::string>{"a", "b"});
+  CHECK(v[7].range_text().empty());
+  CHECK_FALSE(v[8].default_value.has_value());
+  CHECK_FALSE(v[0].in_range(0));
+  CHECK(v[0].in_range(1));
+  CHECK_FALSE(v[1].in_range(1));
+  CHECK_FALSE(v[3].in_range(std::numeric_limits<double>::infinity()));  // inf bounds are open
+
+  auto err = [&](const char* yaml) {
+    return error_of([&] { Options::validate(YAML::Load(yaml), v, "f.yaml", "sec"); });
+  };
+  CHECK(err("{target: x, ratio: 0}")
+            .rfind("f.yaml:1:20: sec.ratio: value 0 is out of range (0, 1]", 0) == 0);
+  CHECK(err("{target: x, decay: 1}").find("sec.decay: value 1 is out of range [0, 1)") !=
+        std::string::npos);
+  CHECK(err("{target: x, k: 0}").find("sec.k: value 0 is out of range [1, inf)") !=
+        std::string::npos);
+  CHECK(err("{target: x, scale: .inf}").find("out of range (0, inf)") != std::string::npos);
+  auto o = Options::validate(YAML::Load("{target: x, ratio: 1, decay: 0, scale: 1e-300}"), v,
+                             "f.yaml", "sec");
+  CHECK(o.get_double("ratio") == 1);
+}
+
+TEST_CASE("the project's plugins: open bounds and job checks at distopt check time") {
+  const std::string plugins = distopt::test::env_path("DISTOPT_PLUGIN_DIR");
+  distopt::PluginRegistry reg;
+  reg.discover({plugins});
+  if (!reg.find(DOPT_KIND_COMMUNICATOR, "tcp") || !reg.find(DOPT_KIND_REDUCER, "mean") ||
+      !reg.find(DOPT_KIND_REDUCER, "topk") || !reg.find(DOPT_KIND_ALGORITHM, "zero") ||
+      !reg.find(DOPT_KIND_ALGORITHM, "allreduce")) {
+    MESSAGE("the tcp/mean/compress/zero/allreduce plugins are not built here; nothing to check");
+    return;
+  }
+  CHECK(reg.get(DOPT_KIND_REDUCER, "mean").traits == DOPT_TRAIT_EXACT_MEAN);
+  CHECK(reg.get(DOPT_KIND_REDUCER, "topk").traits == 0);
+  CHECK((reg.get(DOPT_KIND_ALGORITHM, "zero").check_job != nullptr));
+
+  const auto corpus = bad_corpus(kTestDir / "project" / "bad");
+  REQUIRE(corpus.size() >= 5);
+  for (const auto& c : corpus) {
+    CAPTURE(c.file);
+    REQUIRE(c.line > 0);
+    REQUIRE(c.col > 0);
+    std::string msg = error_of([&] {
+      auto cfg = distopt::load_job_config(c.file);
+      distopt::validate_job(cfg, reg);
+    });
+    CAPTURE(msg);
+    CHECK(msg.rfind(location(c), 0) == 0);
+    CHECK(msg.find(c.expect) != std::string::npos);
+    auto r = cli({"check", c.file, "--plugin-path", plugins});
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find(location(c) + " " + c.expect) != std::string::npos);
+  }
+  for (const auto& e : fs::directory_iterator(kTestDir / "project" / "good")) {
+    CAPTURE(e.path());
+    auto r = cli({"check", e.path().string(), "--plugin-path", plugins});
+    CAPTURE(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find(": OK (") != std::string::npos);
+  }
+
+  // `distopt plugins` says (0, 1] for topk's and randomk's ratio, [0, 1) for momentum.
+  auto r = cli({"plugins", "--plugin-path", plugins, "--json"});
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.output);
+  int seen = 0;
+  for (const auto& comp : j["components"]) {
+    if (comp["kind"] != "reducer" || (comp["name"] != "topk" && comp["name"] != "randomk"))
+      continue;
+    for (const auto& o : comp["options"]) {
+      if (o["name"] == "ratio") seen += o["interval"] == "(0, 1]";
+      if (o["name"] == "momentum") seen += o["interval"] == "[0, 1)";
+    }
+  }
+  CHECK(seen == 4);
+  r = cli({"plugins", "--plugin-path", plugins});
+  CAPTURE(r.output);
+  bool ratio_line = false;
+  std::istringstream lines(r.output);
+  for (std::string l; std::getline(lines, l);)
+    ratio_line = ratio_line || (l.find(" ratio ") != std::string::npos &&
+                                l.find(" (0, 1] ") != std::string::npos);
+  CHECK(ratio_line);
 }
 
 TEST_CASE("the shipped example jobs pass distopt check against the project's plugins") {

@@ -4,6 +4,7 @@
 
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "distopt/host.hpp"
@@ -17,6 +18,7 @@ using namespace distopt;
 // Throws from its constructor according to args.rank (1..4), else works:
 // reduce() returns a request the test completes by hand.
 struct TestReducer : sdk::Reducer {
+  static constexpr uint32_t traits = DOPT_TRAIT_EXACT_MEAN;  // ABI 1.2, found by DOPT_COMPONENT
   static inline std::shared_ptr<sdk::Completion> last;
   TestReducer(const dopt_create_args& args, dopt_comm_ref, const dopt_bucket*, size_t) {
     switch (args.rank) {
@@ -43,6 +45,13 @@ struct TestReducer : sdk::Reducer {
 };
 
 struct TestAlgorithm : sdk::Algorithm {
+  // ABI 1.2 job check: refuses adam (naming the key) and more than 8 ranks
+  // (an sdk::Error: status and error sink, no key).
+  static void check_job(const sdk::JobView& job) {
+    if (job.optimizer_name() == "adam")
+      job.reject("optimizer.name", "testalg runs sgd only, got " + job.optimizer_name());
+    if (job.world_size() > 8) throw sdk::Error(DOPT_ERR_UNSUPPORTED, "at most 8 ranks");
+  }
   explicit TestAlgorithm(const dopt_algorithm_args&) {}
   void on_bucket_ready(const dopt_bucket&) override {}
   void step() override { throw sdk::Error(DOPT_ERR_STATE, "step before ready"); }
@@ -51,8 +60,7 @@ struct TestAlgorithm : sdk::Algorithm {
 };
 
 constexpr dopt_option_spec kTestOptions[] = {
-    {DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, "factor", DOPT_OPTION_DOUBLE, "7", 0, 100, nullptr,
-     "a factor"},
+    sdk::option_double("factor", "7", "a factor").range(0, 100),
 };
 
 }  // namespace
@@ -81,7 +89,11 @@ TEST_CASE("DOPT_PLUGIN fills the plugin info and component table") {
   CHECK(info.components[0].kind == DOPT_KIND_REDUCER);
   CHECK(std::string(info.components[0].name) == "testred");
   CHECK(info.components[0].num_options == 1);
-  CHECK(info.components[0].struct_size == DOPT_COMPONENT_STRUCT_SIZE);
+  CHECK(info.components[0].struct_size == DOPT_COMPONENT_V1_2_STRUCT_SIZE);
+  CHECK(info.components[0].traits == DOPT_TRAIT_EXACT_MEAN);
+  CHECK((info.components[0].check_job == nullptr));  // the class has no check_job
+  CHECK(info.components[1].traits == 0);
+  CHECK((info.components[1].check_job != nullptr));
   CHECK(info.components[1].kind == DOPT_KIND_ALGORITHM);
   CHECK(info.components[1].options == nullptr);
   CHECK(info.components[1].num_options == 0);
@@ -95,6 +107,58 @@ TEST_CASE("DOPT_PLUGIN fills the plugin info and component table") {
   CHECK(avt->struct_size == DOPT_ALGORITHM_V1_1_STRUCT_SIZE);
   CHECK(reinterpret_cast<void*>(avt->bytes_sent) != nullptr);
   CHECK(sdk::host() == host_api());
+}
+
+namespace {
+struct Refusal {
+  int calls = 0;
+  std::string key, message;
+};
+struct TestJob {
+  dopt_job job{};  // first: the callback casts back
+  Refusal* refusal = nullptr;
+};
+void record_reject(const dopt_job* j, const char* key, const char* message) {
+  auto* r = reinterpret_cast<const TestJob*>(j)->refusal;
+  ++r->calls;
+  r->key = key;
+  r->message = message;
+}
+}  // namespace
+
+TEST_CASE("a static check_job becomes dopt_component::check_job; reject names the key") {
+  dopt_plugin_info info = init_plugin();
+  auto check = info.components[1].check_job;
+  REQUIRE((check != nullptr));
+  Refusal refusal;
+  TestJob t;
+  t.refusal = &refusal;
+  t.job.struct_size = DOPT_JOB_STRUCT_SIZE;
+  t.job.world_size = 2;
+  t.job.optimizer_name = "sgd";
+  t.job.precision_dtype = "fp32";
+  t.job.reject = &record_reject;
+  CHECK(check(&t.job) == DOPT_OK);
+  CHECK(refusal.calls == 0);
+
+  t.job.optimizer_name = "adam";
+  take_last_error();
+  CHECK(check(&t.job) == DOPT_ERR_INVALID_ARGUMENT);
+  CHECK(refusal.calls == 1);
+  CHECK(refusal.key == "optimizer.name");
+  CHECK(refusal.message == "testalg runs sgd only, got adam");
+
+  t.job.optimizer_name = "sgd";
+  t.job.world_size = 9;
+  take_last_error();
+  CHECK(check(&t.job) == DOPT_ERR_UNSUPPORTED);
+  CHECK(refusal.calls == 1);  // no key: only the error sink
+  CHECK(take_last_error() == "at most 8 ranks");
+
+  // A view older than 1.2's or a NULL job is refused before any C++ runs.
+  t.job.struct_size = DOPT_STRUCT_SIZE_UPTO(dopt_job, precision_dtype);
+  CHECK(check(&t.job) == DOPT_ERR_INVALID_ARGUMENT);
+  CHECK(check(nullptr) == DOPT_ERR_INVALID_ARGUMENT);
 }
 
 TEST_CASE("the entry refuses another ABI major and a NULL info") {

@@ -35,6 +35,11 @@ echo "$out" | grep -E "algorithm +template_sgd" >/dev/null ||
   { echo "FAIL: template_sgd not listed by distopt plugins"; exit 1; }
 echo "$out" | grep -E "reducer +template_mean" >/dev/null ||
   { echo "FAIL: template_mean not listed by distopt plugins"; exit 1; }
+# ABI 1.2: the SDK found the template's traits and check_job.
+echo "$out" | grep -A1 -E "^reducer template_mean" | grep -q "reduces to the exact mean" ||
+  { echo "FAIL: template_mean's exact-mean trait is not listed"; exit 1; }
+echo "$out" | grep -A1 -E "^algorithm template_sgd" | grep -q "checks the whole job" ||
+  { echo "FAIL: template_sgd's check_job is not listed"; exit 1; }
 
 echo "== distopt train selects it"
 cat >"$work/job.yaml" <<YAML
@@ -61,10 +66,16 @@ acc0=$(echo "$out" | grep -oiE "test accuracy[^0-9]*[0-9.]+" | tail -1 | grep -o
 echo "test accuracy at lr 0: $acc0"
 awk -v a="$acc0" 'BEGIN { exit !(a < 25) }' || { echo "FAIL: lr 0 trained to $acc0%"; exit 1; }
 
-echo "== template_sgd refuses another optimizer, naming it"
+echo "== template_sgd refuses another optimizer at check time (ABI 1.2 check_job), at its line"
 sed -i 's/name: sgd, lr: 0.0/name: adam, lr: 0.001/' "$work/job.yaml"
+# Line 6, column 19: the `adam` of `optimizer: {name: adam, ...}`.
+where="$work/job.yaml:6:19: optimizer.name: algorithm 'template_sgd' refuses this job: template_sgd applies plain SGD: optimizer.name must be sgd, got adam"
+if out=$("$work/prefix/bin/distopt" check "$work/job.yaml" 2>&1); then
+  echo "$out"; echo "FAIL: distopt check accepted template_sgd with adam"; exit 1
+fi
+echo "$out" | grep -qF "$where" || { echo "$out"; echo "FAIL: no file:line:column error from check"; exit 1; }
 if out=$("$work/prefix/bin/distopt" train "$work/job.yaml" 2>&1); then
   echo "$out"; echo "FAIL: template_sgd accepted adam"; exit 1
 fi
-echo "$out" | grep -q "optimizer.name must be sgd" || { echo "$out"; echo "FAIL: no clear error"; exit 1; }
+echo "$out" | grep -qF "$where" || { echo "$out"; echo "FAIL: train did not refuse before starting"; exit 1; }
 echo "PASS"

@@ -14,15 +14,27 @@
  *   MOCK_BAD_DEFAULT  an int option whose default is not an integer
  *   MOCK_SMALL_STRUCT a component struct_size smaller than the v1.0 size
  *   MOCK_MISSING_DEP  links a library the loader cannot find
+ *   MOCK_ABI_1_1      an ABI 1.1 build: dopt_component and dopt_option_spec
+ *                     laid out as 1.1 declared them (no traits / check_job,
+ *                     no option flags), two components with options; must
+ *                     load, with inclusive bounds, and check
+ *
+ * The good variant is an ABI 1.2 build: the reducer "mock" declares the
+ * exact-mean trait and an open bound (ratio in (0, 1]); the algorithm "mock"
+ * refuses stage 3 with reducer mode 'slow' through job->reject (naming
+ * algorithm.options.stage), and "mock_req" refuses more than 4 ranks with
+ * only the error sink (the host reports it at the section).
  *
  * Only rank/world_size/create/destroy do real work (all the loader tests
  * call); the data-moving functions return DOPT_ERR_UNSUPPORTED: no test moves
  * data through a mock.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "distopt/algorithm.h"
 #include "distopt/communicator.h"
+#include "distopt/job.h"
 #include "distopt/reducer.h"
 
 #ifndef MOCK_PREFIX
@@ -186,19 +198,48 @@ static uint64_t alg_state_bytes(const dopt_algorithm* a) {
   (void)a;
   return 0;
 }
-static const dopt_algorithm_v1 k_alg_vt = {
-    DOPT_ALGORITHM_V1_STRUCT_SIZE, NULL,     alg_create, alg_destroy,
-    alg_on_bucket_ready,           alg_step, alg_set_lr, alg_state_bytes,
-    NULL, /* ABI 1.0: no save_state / load_state */
-    NULL, NULL};
+static const dopt_algorithm_v1 k_alg_vt = {DOPT_ALGORITHM_V1_STRUCT_SIZE,
+                                           NULL,
+                                           alg_create,
+                                           alg_destroy,
+                                           alg_on_bucket_ready,
+                                           alg_step,
+                                           alg_set_lr,
+                                           alg_state_bytes,
+                                           NULL, /* ABI 1.0: no save_state / load_state */
+                                           NULL,
+                                           NULL};
+
+/* ---------------- job checks (ABI 1.2) ---------------- */
+/* "mock": stage 3 cannot run with the mock reducer in mode 'slow'. */
+static dopt_status alg_check_job(const dopt_job* job) {
+  int64_t stage = 0;
+  const char* mode = NULL;
+  if (g_host->option_int(job->self->options, "stage", &stage) != DOPT_OK) return DOPT_ERR_INTERNAL;
+  if (stage != 3 || strcmp(job->reducer->name, "mock") != 0) return DOPT_OK;
+  if (g_host->option_string(job->reducer->options, "mode", &mode) == DOPT_OK && mode &&
+      strcmp(mode, "slow") == 0) {
+    job->reject(job, "algorithm.options.stage",
+                "mock: stage 3 cannot run with reducer mode 'slow'");
+    return DOPT_ERR_INVALID_ARGUMENT;
+  }
+  return DOPT_OK;
+}
+/* "mock_req": at most 4 ranks; says so through the error sink only. */
+static dopt_status req_check_job(const dopt_job* job) {
+  if (job->world_size <= 4) return DOPT_OK;
+  g_host->set_error("mock_req: at most 4 ranks");
+  return DOPT_ERR_UNSUPPORTED;
+}
 
 /* ---------------- option schemas ---------------- */
 #define SPEC(NAME, TYPE, DEF, LO, HI, CHOICES, HELP) \
-  { DOPT_OPTION_SPEC_STRUCT_SIZE, NULL, NAME, TYPE, DEF, LO, HI, CHOICES, HELP }
+  { DOPT_OPTION_SPEC_V1_2_STRUCT_SIZE, NULL, NAME, TYPE, DEF, LO, HI, CHOICES, HELP, 0 }
 
 static const dopt_option_spec k_red_options[] = {
     SPEC("level", DOPT_OPTION_INT, "3", 0, 10, NULL, "compression level"),
-    SPEC("ratio", DOPT_OPTION_DOUBLE, "0.5", 0, 1, NULL, "fraction kept"),
+    {DOPT_OPTION_SPEC_V1_2_STRUCT_SIZE, NULL, "ratio", DOPT_OPTION_DOUBLE, "0.5", 0, 1, NULL,
+     "fraction kept", DOPT_OPTION_MIN_EXCLUSIVE}, /* (0, 1] */
     SPEC("mode", DOPT_OPTION_STRING, "fast", 0, -1, "fast|slow", "how hard to try"),
     SPEC("verbose", DOPT_OPTION_BOOL, "false", 0, -1, NULL, "log every bucket"),
 };
@@ -214,14 +255,57 @@ static const dopt_option_spec k_bad_default_options[] = {
 };
 #endif
 
-#define COMPONENT(KIND, NAME, OPTS, NOPTS, VT)                                                \
-  {                                                                                           \
-    DOPT_COMPONENT_STRUCT_SIZE, NULL, KIND, NAME, "0.1.0", "mock for the loader tests", OPTS, \
-        NOPTS, VT                                                                             \
+#define COMPONENT_EX(KIND, NAME, OPTS, NOPTS, VT, TRAITS, CHECK)                                   \
+  {                                                                                                \
+    DOPT_COMPONENT_V1_2_STRUCT_SIZE, NULL, KIND, NAME, "0.1.0", "mock for the loader tests", OPTS, \
+        NOPTS, VT, TRAITS, CHECK                                                                   \
   }
+#define COMPONENT(KIND, NAME, OPTS, NOPTS, VT) COMPONENT_EX(KIND, NAME, OPTS, NOPTS, VT, 0, NULL)
 
-#if defined(MOCK_NEWER_MINOR)
-/* A plugin built against a future v1.1 whose structs gained a field each:
+#if defined(MOCK_ABI_1_1)
+/* dopt_option_spec and dopt_component exactly as the ABI 1.1 headers laid
+ * them out: the host must walk both arrays with these (smaller) strides and
+ * read no 1.2 field. */
+typedef struct {
+  size_t struct_size;
+  void* ext;
+  const char* name;
+  dopt_option_type type;
+  const char* default_value;
+  double min_value, max_value;
+  const char* choices;
+  const char* help;
+} spec_v1_1;
+typedef struct {
+  size_t struct_size;
+  void* ext;
+  dopt_component_kind kind;
+  const char *name, *version, *description;
+  const spec_v1_1* options;
+  size_t num_options;
+  const void* vtable;
+} component_v1_1;
+DOPT_STATIC_ASSERT(sizeof(spec_v1_1) == DOPT_OPTION_SPEC_STRUCT_SIZE, "1.1 spec layout");
+DOPT_STATIC_ASSERT(sizeof(component_v1_1) == DOPT_COMPONENT_STRUCT_SIZE, "1.1 component layout");
+DOPT_STATIC_ASSERT(sizeof(component_v1_1) < sizeof(dopt_component), "1.2 grew the component");
+static const spec_v1_1 k_v11_red_options[] = {
+    {sizeof(spec_v1_1), NULL, "ratio", DOPT_OPTION_DOUBLE, "0.5", 0, 1, NULL, "inclusive [0, 1]"},
+    {sizeof(spec_v1_1), NULL, "level", DOPT_OPTION_INT, "3", 0, 10, NULL, "second option"},
+};
+static const spec_v1_1 k_v11_alg_options[] = {
+    {sizeof(spec_v1_1), NULL, "stage", DOPT_OPTION_INT, "1", 1, 3, NULL, "sharding stage"},
+    {sizeof(spec_v1_1), NULL, "mode", DOPT_OPTION_STRING, "fast", 0, -1, "fast|slow", "a choice"},
+};
+static const component_v1_1 k_components[] = {
+    {sizeof(component_v1_1), NULL, DOPT_KIND_REDUCER, "mock_v11", "1.1.0", "an ABI 1.1 reducer",
+     k_v11_red_options, 2, &k_red_vt},
+    {sizeof(component_v1_1), NULL, DOPT_KIND_ALGORITHM, "mock_v11", "1.1.0", "an ABI 1.1 algorithm",
+     k_v11_alg_options, 2, &k_alg_vt},
+};
+#define COMPONENTS ((const dopt_component*)(const void*)k_components)
+#define NUM_COMPONENTS 2
+#elif defined(MOCK_NEWER_MINOR)
+/* A plugin built against a future minor whose structs gained a field each:
  * the host must use struct_size as the array stride and ignore the extra. */
 typedef struct {
   dopt_option_spec v1;
@@ -232,15 +316,15 @@ typedef struct {
   const char* homepage; /* appended in the imaginary 1.1 */
 } component_v1_1;
 static const spec_v1_1 k_minor_options[] = {
-    {{sizeof(spec_v1_1), NULL, "alpha", DOPT_OPTION_INT, "2", 0, 5, NULL, "first"}, "items"},
-    {{sizeof(spec_v1_1), NULL, "beta", DOPT_OPTION_STRING, "x", 0, -1, "x|y", "second"}, "none"},
+    {{sizeof(spec_v1_1), NULL, "alpha", DOPT_OPTION_INT, "2", 0, 5, NULL, "first", 0}, "items"},
+    {{sizeof(spec_v1_1), NULL, "beta", DOPT_OPTION_STRING, "x", 0, -1, "x|y", "second", 0}, "none"},
 };
 static const component_v1_1 k_components[] = {
     {{sizeof(component_v1_1), NULL, DOPT_KIND_COMMUNICATOR, "mock_minor", "1.1.0", "newer minor",
-      &k_minor_options[0].v1, 2, &k_comm_vt},
+      &k_minor_options[0].v1, 2, &k_comm_vt, 0, NULL},
      "https://example.invalid/a"},
     {{sizeof(component_v1_1), NULL, DOPT_KIND_REDUCER, "mock_minor", "1.1.0", "newer minor", NULL,
-      0, &k_red_vt},
+      0, &k_red_vt, 0, NULL},
      "https://example.invalid/b"},
 };
 #define COMPONENTS (&k_components[0].v1)
@@ -260,14 +344,16 @@ static const dopt_component k_components[] = {
 #elif defined(MOCK_BAD_DEFAULT)
     COMPONENT(DOPT_KIND_ALGORITHM, "mock_baddefault", k_bad_default_options, 1, &k_alg_vt),
 #elif defined(MOCK_SMALL_STRUCT)
-    {16, NULL, DOPT_KIND_COMMUNICATOR, "mock_small", "0.1.0", "truncated", NULL, 0, &k_comm_vt},
+    {16, NULL, DOPT_KIND_COMMUNICATOR, "mock_small", "0.1.0", "truncated", NULL, 0, &k_comm_vt, 0,
+     NULL},
 #elif defined(MOCK_MISSING_DEP) || defined(MOCK_NO_ENTRY)
     COMPONENT(DOPT_KIND_COMMUNICATOR, MOCK_PREFIX, NULL, 0, &k_comm_vt),
 #else
     COMPONENT(DOPT_KIND_COMMUNICATOR, "mock", NULL, 0, &k_comm_vt),
-    COMPONENT(DOPT_KIND_REDUCER, "mock", k_red_options, 4, &k_red_vt),
-    COMPONENT(DOPT_KIND_ALGORITHM, "mock", k_alg_options, 1, &k_alg_vt),
-    COMPONENT(DOPT_KIND_ALGORITHM, "mock_req", k_req_options, 1, &k_alg_vt),
+    COMPONENT_EX(DOPT_KIND_REDUCER, "mock", k_red_options, 4, &k_red_vt, DOPT_TRAIT_EXACT_MEAN,
+                 NULL),
+    COMPONENT_EX(DOPT_KIND_ALGORITHM, "mock", k_alg_options, 1, &k_alg_vt, 0, alg_check_job),
+    COMPONENT_EX(DOPT_KIND_ALGORITHM, "mock_req", k_req_options, 1, &k_alg_vt, 0, req_check_job),
 #endif
 };
 #define COMPONENTS k_components
@@ -295,6 +381,9 @@ static dopt_status mock_init(const dopt_host_api* host, dopt_plugin_info* info) 
 #elif defined(MOCK_NEWER_MINOR)
   info->abi_major = DOPT_ABI_VERSION_MAJOR;
   info->abi_minor = DOPT_ABI_VERSION_MINOR + 1;
+#elif defined(MOCK_ABI_1_1)
+  info->abi_major = 1;
+  info->abi_minor = 1;
 #else
   info->abi_major = DOPT_ABI_VERSION_MAJOR;
   info->abi_minor = DOPT_ABI_VERSION_MINOR;

@@ -9,6 +9,7 @@
 #include <cstring>  // multiproc.hpp uses strdup without including it
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -74,7 +75,9 @@ TEST_CASE("discover: good mock plugins load, each broken one is skipped with its
   CHECK(reg.find(DOPT_KIND_ALGORITHM, "mock_req") != nullptr);
   CHECK(reg.find(DOPT_KIND_COMMUNICATOR, "mock_minor") != nullptr);
   CHECK(reg.find(DOPT_KIND_REDUCER, "mock_minor") != nullptr);
-  CHECK(reg.components().size() == 6);
+  CHECK(reg.find(DOPT_KIND_REDUCER, "mock_v11") != nullptr);  // an ABI 1.1 layout
+  CHECK(reg.find(DOPT_KIND_ALGORITHM, "mock_v11") != nullptr);
+  CHECK(reg.components().size() == 8);
   // A library failing a check is skipped as a whole, even its valid components.
   CHECK(reg.find(DOPT_KIND_REDUCER, "mock_nullfn_ok") == nullptr);
   CHECK(reg.find(DOPT_KIND_REDUCER, "mock_dup_only") == nullptr);
@@ -125,6 +128,57 @@ TEST_CASE("a newer ABI minor loads; larger structs are read with their own strid
   CHECK(c.options[1].choices == std::vector<std::string>{"x", "y"});
   // The second component is found through the component array's stride too.
   CHECK(reg.get(DOPT_KIND_REDUCER, "mock_minor").description == "newer minor");
+}
+
+TEST_CASE("an ABI 1.1 plugin loads: its smaller structs, inclusive bounds, no job check") {
+  PluginRegistry reg;
+  REQUIRE(reg.load_file(mock("mock_v11")));
+  CHECK(reg.skipped().empty());
+  // Both components, and both options of each, are where the 1.1 layout put
+  // them (walking them with this host's larger sizeof would misread all but
+  // the first).
+  const auto& r = reg.get(DOPT_KIND_REDUCER, "mock_v11");
+  CHECK(r.abi_minor == 1);
+  CHECK(r.description == "an ABI 1.1 reducer");
+  REQUIRE(r.options.size() == 2);
+  CHECK(r.options[0].name == "ratio");
+  CHECK(r.options[0].min_value == 0);
+  CHECK(r.options[0].max_value == 1);
+  CHECK_FALSE(r.options[0].min_exclusive);  // 1.1 has no flags: bounds are inclusive
+  CHECK_FALSE(r.options[0].max_exclusive);
+  CHECK(r.options[0].range_text() == "[0, 1]");
+  CHECK(r.options[1].name == "level");
+  CHECK(r.options[1].default_value.value_or("") == "3");
+  CHECK(r.traits == 0);
+  CHECK((r.check_job == nullptr));
+  const auto& a = reg.get(DOPT_KIND_ALGORITHM, "mock_v11");
+  CHECK(a.description == "an ABI 1.1 algorithm");
+  REQUIRE(a.options.size() == 2);
+  CHECK(a.options[0].name == "stage");
+  CHECK(a.options[1].name == "mode");
+  CHECK(a.options[1].choices == std::vector<std::string>{"fast", "slow"});
+  CHECK((a.check_job == nullptr));
+}
+
+TEST_CASE("ABI 1.2 fields are read: option flags, traits, check_job") {
+  PluginRegistry reg;
+  REQUIRE(reg.load_file(mock("mock")));
+  const auto& r = reg.get(DOPT_KIND_REDUCER, "mock");
+  CHECK(r.abi_minor == DOPT_ABI_VERSION_MINOR);
+  CHECK(r.traits == DOPT_TRAIT_EXACT_MEAN);
+  CHECK((r.check_job == nullptr));
+  REQUIRE(r.options.size() == 4);
+  CHECK(r.options[1].name == "ratio");
+  CHECK(r.options[1].min_exclusive);
+  CHECK_FALSE(r.options[1].max_exclusive);
+  CHECK(r.options[1].range_text() == "(0, 1]");
+  CHECK_FALSE(r.options[1].in_range(0));
+  CHECK(r.options[1].in_range(1));
+  CHECK(r.options[0].range_text() == "[0, 10]");
+  CHECK((reg.get(DOPT_KIND_ALGORITHM, "mock").check_job != nullptr));
+  CHECK((reg.get(DOPT_KIND_ALGORITHM, "mock_req").check_job != nullptr));
+  CHECK((reg.get(DOPT_KIND_COMMUNICATOR, "mock").check_job == nullptr));
+  CHECK(reg.get(DOPT_KIND_COMMUNICATOR, "mock").traits == 0);
 }
 
 TEST_CASE("component metadata and option schemas are copied from the plugin") {
@@ -272,6 +326,12 @@ TEST_CASE("the project's own plugins in build/plugins load cleanly (when built)"
   for (const auto& c : reg.components()) {
     CAPTURE(c.name);
     CHECK(c.abi_major == DOPT_ABI_VERSION_MAJOR);
+    CHECK(c.abi_minor == DOPT_ABI_VERSION_MINOR);  // built with this tree's headers
     CHECK(c.vtable != nullptr);
+    // No schema keeps the pre-1.2 trick of DBL_MIN for "greater than 0".
+    for (const auto& o : c.options) {
+      CAPTURE(o.name);
+      CHECK(o.min_value != std::numeric_limits<double>::min());
+    }
   }
 }

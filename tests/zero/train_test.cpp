@@ -64,6 +64,8 @@ TEST_CASE("distopt train: zero + adam, 2 ranks x 1 epoch, half of allreduce's op
     INFO(z.output);
     CHECK(z.summary["final_test_accuracy"].get<double>() > 0.80);
     CHECK(z.output.find("optimizer state per rank") != std::string::npos);
+    // Stage 2 bypasses `mean`, which declares the exact mean: nothing to warn about.
+    CHECK(z.output.find("without reducer") == std::string::npos);
     double sum = 0;
     for (int rank = 0; rank < 2; ++rank) {
       CAPTURE(rank);
@@ -76,28 +78,74 @@ TEST_CASE("distopt train: zero + adam, 2 ranks x 1 epoch, half of allreduce's op
   fs::remove_all(dir);
 }
 
-TEST_CASE("zero stage 2 with another reducer says the reducer does not apply") {
+TEST_CASE("zero stage 2 refuses a compressing reducer before any rank connects; stage 1 takes it") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI"), plugins = env_path("DISTOPT_PLUGIN_DIR");
   const fs::path dir = distopt::test::make_temp_dir("distopt_zero_reducer");
-  auto run = [&](const std::string& stage) {
-    const fs::path job = dir / ("stage" + stage + ".yaml");
-    std::ofstream(job) << "plugins: {paths: [" << plugins << "]}\n"
+  auto job = [&](const std::string& reducer, const std::string& algorithm) {
+    const fs::path path = dir / "job.yaml";
+    std::ofstream(path) << "plugins: {paths: [" << plugins << "]}\n"
+                        << "world: {size: 2, timeout_s: 60}\n"
+                        << "reducer: " << reducer << "\n"
+                        << "algorithm: " << algorithm << "\n"
+                        << "optimizer: {name: adam, lr: 1.0e-3}\n"
+                        << "train: {model: mlp, epochs: 1, max_steps: 2, batch_size: 64, seed: 0, "
+                           "threads: 1}\n";
+    return path.string();
+  };
+  // Line 4, column 42 is the 2 of `stage: 2`: zero's check_job (ABI 1.2)
+  // refuses there, in `distopt check` and in every rank before the rendezvous.
+  const std::string s2 =
+      job("{name: topk, options: {ratio: 0.5}}", "{name: zero, options: {stage: 2}}");
+  const std::string where =
+      s2 + ":4:42: algorithm.options.stage: algorithm 'zero' refuses this job";
+  auto check = run_command({cli, "check", s2}, {}, std::chrono::seconds(60));
+  INFO(check.output);
+  CHECK(check.exit_code == 1);
+  CHECK(check.output.find(where) != std::string::npos);
+  CHECK(check.output.find("reducer 'topk' (plugin compress) would not apply") != std::string::npos);
+  auto train = run_command({cli, "train", s2}, {}, std::chrono::seconds(120));
+  INFO(train.output);
+  CHECK(train.exit_code != 0);
+  CHECK(train.output.find(where) != std::string::npos);
+  CHECK(train.output.find("test accuracy") == std::string::npos);  // nothing trained
+
+  auto s1 =
+      run_command({cli, "train",
+                   job("{name: topk, options: {ratio: 0.5}}", "{name: zero, options: {stage: 1}}")},
+                  {}, std::chrono::seconds(120));  // stage 1 hands buckets to the reducer
+  INFO(s1.output);
+  CHECK(s1.exit_code == 0);
+  CHECK(s1.output.find("without reducer") == std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("an algorithm that cannot refuse the job and bypasses the reducer is warned about") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  const std::string cli = env_path("DISTOPT_CLI"), plugins = env_path("DISTOPT_PLUGIN_DIR");
+  const std::string extra = env_path("DISTOPT_NO_REDUCER_PLUGIN_DIR");
+  REQUIRE_MESSAGE(!extra.empty(), "DISTOPT_NO_REDUCER_PLUGIN_DIR is not set (run through ctest)");
+  const fs::path dir = distopt::test::make_temp_dir("distopt_no_reducer");
+  auto run = [&](const std::string& reducer) {
+    const fs::path job = dir / "job.yaml";
+    std::ofstream(job) << "plugins: {paths: [" << plugins << ", " << extra << "]}\n"
                        << "world: {size: 2, timeout_s: 60}\n"
-                       << "reducer: {name: topk, options: {ratio: 0.5}}\n"
-                       << "algorithm: {name: zero, options: {stage: " << stage << "}}\n"
-                       << "optimizer: {name: adam, lr: 1.0e-3}\n"
+                       << "reducer: " << reducer << "\n"
+                       << "algorithm: {name: no_reducer}\n"
+                       << "optimizer: {name: sgd, lr: 0.1}\n"
                        << "train: {model: mlp, epochs: 1, max_steps: 2, batch_size: 64, seed: 0, "
                           "threads: 1}\n";
     return run_command({cli, "train", job.string()}, {}, std::chrono::seconds(120));
   };
-  auto s2 = run("2");
-  INFO(s2.output);
-  CHECK(s2.exit_code == 0);
-  CHECK(s2.output.find("reduced the gradients without reducer compress/topk") != std::string::npos);
-  auto s1 = run("1");  // stage 1 hands buckets to the reducer
-  INFO(s1.output);
-  CHECK(s1.exit_code == 0);
-  CHECK(s1.output.find("without reducer") == std::string::npos);
+  auto topk = run("{name: topk, options: {ratio: 0.5}}");
+  INFO(topk.output);
+  CHECK(topk.exit_code == 0);
+  CHECK(topk.output.find("reduced the gradients without reducer compress/topk") !=
+        std::string::npos);
+  // A reducer that declares the exact mean lost nothing: no warning.
+  auto mean = run("{name: mean}");
+  INFO(mean.output);
+  CHECK(mean.exit_code == 0);
+  CHECK(mean.output.find("without reducer") == std::string::npos);
   fs::remove_all(dir);
 }

@@ -1,9 +1,6 @@
 // `distopt plugins`: what plugin discovery found (kind, name, version, ABI,
 // file, option schemas) and what it skipped, and why.
 #include <boost/program_options.hpp>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -14,6 +11,7 @@
 #include "distopt/config.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host.hpp"
+#include "distopt/options.hpp"
 #include "distopt/registry.hpp"
 
 namespace po = boost::program_options;
@@ -21,32 +19,25 @@ using nlohmann::json;
 
 namespace {
 
-std::string number(double v) {
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[40];
-  if (v == std::floor(v) && std::fabs(v) < 1e15) {  // integers in full: 1073741824, not 1.07374e+09
-    std::snprintf(buf, sizeof buf, "%.0f", v);
-    return buf;
-  }
-  for (int prec = 1; prec <= 17; ++prec) {  // the shortest text that reads back as v
-    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  return buf;
-}
-
 std::string join(const std::vector<std::string>& v, const char* sep) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
   return s;
 }
 
-/// "[0, 10]" for a ranged number, "fast|slow" for choices, "" otherwise.
+/// "[0, 10]", "(0, 1]", "[1, inf)" for a ranged number, "fast|slow" for
+/// choices, "" otherwise.
 std::string constraint(const distopt::OptionSpec& s) {
   if (!s.choices.empty()) return join(s.choices, "|");
-  if ((s.type == DOPT_OPTION_INT || s.type == DOPT_OPTION_DOUBLE) && s.min_value <= s.max_value)
-    return "[" + number(s.min_value) + ", " + number(s.max_value) + "]";
-  return "";
+  return s.range_text();
+}
+
+/// What a component declares beyond its options (ABI 1.2), "" for nothing.
+std::string declarations(const distopt::ComponentInfo& c) {
+  std::vector<std::string> parts;
+  if (c.traits & DOPT_TRAIT_EXACT_MEAN) parts.push_back("reduces to the exact mean");
+  if (c.check_job) parts.push_back("checks the whole job at `distopt check`");
+  return join(parts, "; ");
 }
 
 /// Left-aligned columns, two spaces apart; the last column is not padded.
@@ -72,8 +63,13 @@ json options_json(const std::vector<distopt::OptionSpec>& specs) {
     json o = {{"name", s.name}, {"type", distopt::option_type_name(s.type)}, {"help", s.help}};
     o["default"] = s.default_value ? json(*s.default_value) : json(nullptr);
     o["required"] = !s.default_value.has_value();
-    if ((s.type == DOPT_OPTION_INT || s.type == DOPT_OPTION_DOUBLE) && s.min_value <= s.max_value)
-      o["range"] = {number(s.min_value), number(s.max_value)};  // text: JSON has no inf
+    if (s.has_range()) {
+      o["range"] = {distopt::format_option_number(s.min_value),
+                    distopt::format_option_number(s.max_value)};  // text: JSON has no inf
+      o["interval"] = s.range_text();                             // "(0, 1]"
+      o["min_exclusive"] = s.min_exclusive;
+      o["max_exclusive"] = s.max_exclusive;
+    }
     if (!s.choices.empty()) o["choices"] = s.choices;
     arr.push_back(o);
   }
@@ -142,6 +138,8 @@ int run_plugins(int argc, char** argv) {
            {"plugin_version", c.plugin_version},
            {"abi", std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor)},
            {"file", c.file},
+           {"traits", {{"exact_mean", (c.traits & DOPT_TRAIT_EXACT_MEAN) != 0}}},
+           {"checks_job", c.check_job != nullptr},
            {"options", options_json(c.options)}});
     out["reducer_bucket_options"] = options_json(distopt::bucket_option_specs());
     out["skipped"] = json::array();
@@ -171,6 +169,7 @@ int run_plugins(int argc, char** argv) {
     os << "\n" << distopt::kind_name(c.kind) << " " << c.name;
     if (!c.description.empty()) os << ": " << c.description;
     os << "\n";
+    if (std::string d = declarations(c); !d.empty()) os << "    (" << d << ")\n";
     if (c.options.empty())
       os << "    (no options of its own)\n";
     else

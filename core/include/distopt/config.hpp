@@ -97,6 +97,12 @@ struct ValidatedJob {
 };
 /// Check that each selected component exists (PluginError/ConfigError naming
 /// the file, line, the name, and what is available) and validate its options.
-ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry);
+/// Then (ABI 1.2) each selected component with a check_job sees the whole
+/// validated job and may refuse it: a ConfigError "FILE:LINE:COLUMN: KEY:
+/// KIND 'NAME' refuses this job: WHY" at the YAML key it names. `world_size`
+/// is the number of ranks the components are told (0: cfg.world_size, as
+/// `distopt check` does; Runtime passes the launcher's).
+ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry,
+                          int64_t world_size = 0);
 
 }  // namespace distopt

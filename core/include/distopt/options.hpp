@@ -23,14 +23,33 @@ struct OptionSpec {
   double min_value = 0, max_value = -1;      ///< range checked when min <= max
   std::vector<std::string> choices;          ///< STRING: allowed values (empty = any)
   std::string help;
+  /// ABI 1.2 flags: that bound is open. An infinite bound is open either way.
+  bool min_exclusive = false, max_exclusive = false;
+
+  /// INT / DOUBLE with min <= max.
+  bool has_range() const {
+    return (type == DOPT_OPTION_INT || type == DOPT_OPTION_DOUBLE) && min_value <= max_value;
+  }
+  /// v within the range (always true without one).
+  bool in_range(double v) const;
+  /// The range in interval notation, "(0, 1]", "[1, inf)"; "" without one.
+  std::string range_text() const;
 };
 
 /// "bool", "int", "double" or "string" (as shown to users); "unknown" for
 /// a value outside the enum. Static lifetime, thread-safe.
 const char* option_type_name(dopt_option_type type);
 
-/// Copy n C specs, reading only the fields their struct_size covers.
-std::vector<OptionSpec> specs_from_c(const dopt_option_spec* specs, size_t n);
+/// A number as option ranges print it: integers in full ("1073741824"),
+/// others in the shortest text that reads back exactly ("0.1"), "inf".
+std::string format_option_number(double v);
+
+/// Copy n C specs, reading only the fields each one's struct_size covers
+/// (`flags` from ABI 1.2 on). `stride` is the byte distance between two
+/// specs, the plugin's sizeof(dopt_option_spec) (the registry derives it
+/// from the plugin's ABI minor); 0 = this host's sizeof, or the first spec's
+/// struct_size rounded up to the alignment when that is larger.
+std::vector<OptionSpec> specs_from_c(const dopt_option_spec* specs, size_t n, size_t stride = 0);
 
 /// One instance's validated options. Its address doubles as the opaque
 /// dopt_options* handed to plugins (see c_handle / from_c). Immutable after

@@ -17,7 +17,9 @@ struct ComponentInfo {
   std::string plugin_name, plugin_version, file;
   uint32_t abi_major = 0, abi_minor = 0;
   std::vector<OptionSpec> options;
-  const void* vtable = nullptr;   ///< dopt_communicator_v1* / dopt_reducer_v1* / dopt_algorithm_v1*
+  const void* vtable = nullptr;  ///< dopt_communicator_v1* / dopt_reducer_v1* / dopt_algorithm_v1*
+  uint32_t traits = 0;           ///< ABI 1.2: DOPT_TRAIT_* it declares (0 before)
+  dopt_status (*check_job)(const dopt_job*) = nullptr;  ///< ABI 1.2, optional (job.h)
   std::shared_ptr<void> library;  ///< keeps the .so loaded while any copy lives
 };
 
@@ -31,7 +33,9 @@ const char* kind_name(dopt_component_kind kind);  ///< "communicator", "reducer"
 
 /// Discovers plugins in directories. Loading validates: the entry symbol
 /// dopt_plugin_init_v1 exists; the ABI major equals the host's (a newer minor
-/// loads); struct sizes are at least the v1.0 sizes; every required vtable
+/// loads); struct sizes are at least the v1.0 sizes (the components and
+/// option arrays are walked with the plugin's sizeof: that of the ABI minor
+/// it declares, or its struct_size when larger); every required vtable
 /// function is non-NULL (naming the missing field); component names are
 /// unique per kind (a later duplicate is skipped naming both files). A library
 /// failing any check is skipped, the others still load. Not thread-safe.

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "config/job_check.hpp"
 #include "config/yaml_util.hpp"
 #include "distopt/error.hpp"
 #include "distopt/registry.hpp"
@@ -437,7 +438,8 @@ const std::vector<OptionSpec>& bucket_option_specs() {
     v[0].name = "bucket_cap_mb";
     v[0].type = DOPT_OPTION_DOUBLE;
     v[0].default_value = "25";
-    v[0].min_value = 0;  // exclusive: checked by validate_job (the schema's range is inclusive)
+    v[0].min_value = 0;
+    v[0].min_exclusive = true;  // (0, 1e6]
     v[0].max_value = 1e6;
     v[0].help = "gradient bucket size cap in MiB, > 0 (core bucketing)";
     v[1].name = "align_bytes";
@@ -490,7 +492,8 @@ void check_momentum_owner(const JobConfig& cfg, const ValidatedJob& v) {
 }
 }  // namespace
 
-ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) {
+ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry,
+                          int64_t world_size) {
   const std::string& file = cfg.path;
   auto component = [&](dopt_component_kind kind, const char* section,
                        const ComponentConfig& cc) -> const ComponentInfo& {
@@ -546,6 +549,8 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) 
   auto value_mark = [&](const char* key) {
     return mark_of(child(cfg.reducer.options, key), cfg.reducer.mark);
   };
+  // Core's bucketing needs these whatever range a reducer that redeclares
+  // them gives (bucket_cap_mb's own schema range is (0, 1e6]).
   if (out.reducer.has("bucket_cap_mb") && out.reducer.values().at("bucket_cap_mb").index() == 2 &&
       !(out.reducer.get_double("bucket_cap_mb") > 0))
     fail(file, value_mark("bucket_cap_mb"), "reducer.options.bucket_cap_mb: must be > 0 (MiB)");
@@ -569,6 +574,10 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry) 
   out.optimizer =
       validate_options(cfg.optimizer_options, *ospecs, file, "optimizer", cfg.optimizer_mark);
   check_momentum_owner(cfg, out);
+  // ABI 1.2: components that can see the whole job may refuse it.
+  config::check_job_with_components(cfg, world_size, {&comm, &out.communicator, &comm.options},
+                                    {&red, &out.reducer, &rschema},
+                                    {&alg, &out.algorithm, &alg.options}, out.optimizer, *ospecs);
   return out;
 }
 

@@ -2,6 +2,8 @@
 // schema it declares, and the typed getters behind dopt_host_api::option_*.
 #include "distopt/options.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -42,7 +44,9 @@ const char* value_type_name(const Options::Value& v) {
   }
 }
 
-std::string fmt_number(double v) {
+}  // namespace
+
+std::string format_option_number(double v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[64];
   if (v == std::floor(v) && std::fabs(v) < 1e15) {  // integers as integers: "10", not "1e+01"
@@ -58,6 +62,24 @@ std::string fmt_number(double v) {
   }
   return buf;
 }
+
+bool OptionSpec::in_range(double v) const {
+  if (!has_range()) return true;
+  // An infinite bound is open: inf itself is never a valid value.
+  const bool lo_open = min_exclusive || std::isinf(min_value);
+  const bool hi_open = max_exclusive || std::isinf(max_value);
+  return (lo_open ? v > min_value : v >= min_value) && (hi_open ? v < max_value : v <= max_value);
+}
+
+std::string OptionSpec::range_text() const {
+  if (!has_range()) return "";
+  const bool lo_open = min_exclusive || std::isinf(min_value);
+  const bool hi_open = max_exclusive || std::isinf(max_value);
+  return std::string(lo_open ? "(" : "[") + format_option_number(min_value) + ", " +
+         format_option_number(max_value) + (hi_open ? ")" : "]");
+}
+
+namespace {
 
 std::vector<std::string> split_choices(const char* s) {
   std::vector<std::string> out;
@@ -84,10 +106,8 @@ Options::Value convert_value(const YAML::Node& node, const OptionSpec& spec,
     fail(file, mark, key + ": expected " + expected + ", got " + describe(node));
   };
   auto check_range = [&](double v) {
-    if (spec.min_value <= spec.max_value && (v < spec.min_value || v > spec.max_value))
-      fail(file, mark,
-           key + ": value " + node.Scalar() + " is out of range [" + fmt_number(spec.min_value) +
-               ", " + fmt_number(spec.max_value) + "]");
+    if (!spec.in_range(v))
+      fail(file, mark, key + ": value " + node.Scalar() + " is out of range " + spec.range_text());
   };
   switch (spec.type) {
     case DOPT_OPTION_BOOL: {
@@ -123,15 +143,15 @@ Options::Value convert_value(const YAML::Node& node, const OptionSpec& spec,
 
 }  // namespace
 
-std::vector<OptionSpec> specs_from_c(const dopt_option_spec* specs, size_t n) {
+std::vector<OptionSpec> specs_from_c(const dopt_option_spec* specs, size_t n, size_t stride) {
   std::vector<OptionSpec> out;
   if (!specs || n == 0) return out;
-  // An array of extensible structs: its stride is the plugin's sizeof, which
-  // is its struct_size rounded up to the alignment (larger for a newer minor).
-  size_t stride = specs[0].struct_size >= DOPT_OPTION_SPEC_STRUCT_SIZE
-                      ? (specs[0].struct_size + alignof(dopt_option_spec) - 1) /
-                            alignof(dopt_option_spec) * alignof(dopt_option_spec)
-                      : sizeof(dopt_option_spec);
+  // An array of extensible structs: its stride is the plugin's sizeof. Not
+  // told, assume this host's headers (a newer minor's larger struct_size wins).
+  if (stride == 0) {
+    const size_t a = alignof(dopt_option_spec);
+    stride = std::max(sizeof(dopt_option_spec), (specs[0].struct_size + a - 1) / a * a);
+  }
   const char* base = reinterpret_cast<const char*>(specs);
   for (size_t i = 0; i < n; ++i) {
     const auto* s = reinterpret_cast<const dopt_option_spec*>(base + i * stride);
@@ -146,6 +166,10 @@ std::vector<OptionSpec> specs_from_c(const dopt_option_spec* specs, size_t n) {
     }
     if (DOPT_HAS_FIELD(s, dopt_option_spec, choices)) o.choices = split_choices(s->choices);
     if (DOPT_HAS_FIELD(s, dopt_option_spec, help) && s->help) o.help = s->help;
+    if (DOPT_HAS_FIELD(s, dopt_option_spec, flags)) {  // ABI 1.2; older bounds are inclusive
+      o.min_exclusive = (s->flags & DOPT_OPTION_MIN_EXCLUSIVE) != 0;
+      o.max_exclusive = (s->flags & DOPT_OPTION_MAX_EXCLUSIVE) != 0;
+    }
     out.push_back(std::move(o));
   }
   return out;

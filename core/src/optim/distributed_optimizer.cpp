@@ -353,6 +353,11 @@ void DistributedOptimizer::Impl::check_reducer_used() {
   if (reducer_use_checked) return;
   reducer_use_checked = true;
   if (world_size <= 1 || build.common.rank != 0 || rvt->bytes_sent(reducer) > 0) return;
+  // A reducer that declares an exact mean (ABI 1.2 traits) computes what the
+  // algorithm's own averaging computes: nothing was lost. A compressing
+  // reducer was refused at check time by an algorithm that can see the job
+  // (zero's check_job); this warning remains for those that cannot (1.0/1.1).
+  if (build.reducer.traits & DOPT_TRAIT_EXACT_MEAN) return;
   log(DOPT_LOG_WARN, "optimizer",
       "algorithm " + algorithm_who + " reduced the gradients without reducer " + reducer_who +
           " (it sent nothing in the first step): the reducer's compression or scaling does not "

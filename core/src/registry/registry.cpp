@@ -15,6 +15,7 @@
 #include "distopt/communicator.h"
 #include "distopt/error.hpp"
 #include "distopt/host.hpp"
+#include "distopt/job.h"
 #include "distopt/reducer.h"
 
 namespace distopt {
@@ -29,13 +30,30 @@ std::string version_string(uint32_t major, uint32_t minor) {
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
-/// Stride of an array of extensible structs: the plugin's sizeof, i.e. the
-/// first element's struct_size rounded up to the alignment (a plugin built
-/// against a newer minor has larger elements than this host's T).
 template <typename T>
-size_t array_stride(const T* first) {
-  size_t s = first->struct_size < sizeof(T) ? sizeof(T) : first->struct_size;
-  return (s + alignof(T) - 1) / alignof(T) * alignof(T);
+size_t round_up(size_t n) {
+  return (n + alignof(T) - 1) / alignof(T) * alignof(T);
+}
+
+/// Stride of an array of extensible structs: the plugin's sizeof(T). That
+/// is the size T had in the headers of the ABI minor the plugin declares
+/// (`size_at_minor`: a 1.1 plugin's dopt_component is smaller than this
+/// host's, even though a 1.2 plugin may leave struct_size at the 1.0 value
+/// with the appended fields zeroed), or the first element's struct_size
+/// rounded up to the alignment when that is larger (a newer minor's).
+template <typename T>
+size_t array_stride(const T* first, size_t size_at_minor) {
+  return round_up<T>(std::max(size_at_minor, first->struct_size));
+}
+
+/// sizeof(dopt_component) and sizeof(dopt_option_spec) in the headers of ABI
+/// minor `minor` (both grew in 1.2; the alignment did not).
+size_t component_size_at(uint32_t minor) {
+  return minor >= 2 ? sizeof(dopt_component) : round_up<dopt_component>(DOPT_COMPONENT_STRUCT_SIZE);
+}
+size_t option_spec_size_at(uint32_t minor) {
+  return minor >= 2 ? sizeof(dopt_option_spec)
+                    : round_up<dopt_option_spec>(DOPT_OPTION_SPEC_STRUCT_SIZE);
 }
 template <typename T>
 const T* element(const T* base, size_t stride, size_t i) {
@@ -123,7 +141,7 @@ std::string loader_message(const std::exception& e) {
 
 /// Validate one component as the plugin declared it; returns "" if fine.
 std::string check_component(const dopt_component* c, size_t index, const std::string& file,
-                            ComponentInfo& out) {
+                            uint32_t abi_minor, ComponentInfo& out) {
   const std::string at = "component #" + std::to_string(index);
   if (c->struct_size < DOPT_COMPONENT_STRUCT_SIZE)
     return at + ": struct_size " + std::to_string(c->struct_size) +
@@ -151,8 +169,10 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
   if (c->num_options > 0 && c->options->struct_size < DOPT_OPTION_SPEC_STRUCT_SIZE)
     return who + ": option spec struct_size " + std::to_string(c->options->struct_size) +
            " is smaller than the ABI v1.0 size " + std::to_string(DOPT_OPTION_SPEC_STRUCT_SIZE);
+  const size_t spec_stride =
+      c->num_options > 0 ? array_stride(c->options, option_spec_size_at(abi_minor)) : 0;
   if (c->num_options > 0) {
-    const size_t stride = array_stride(c->options);
+    const size_t stride = spec_stride;
     for (size_t i = 0; i < c->num_options; ++i) {
       const dopt_option_spec* s = element(c->options, stride, i);
       if (s->struct_size < DOPT_OPTION_SPEC_STRUCT_SIZE)
@@ -168,10 +188,14 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
   out.name = c->name;
   out.version = c->version ? c->version : "";
   out.description = c->description ? c->description : "";
-  out.options =
-      c->num_options ? specs_from_c(c->options, c->num_options) : std::vector<OptionSpec>{};
+  out.options = c->num_options ? specs_from_c(c->options, c->num_options, spec_stride)
+                               : std::vector<OptionSpec>{};
   out.vtable = c->vtable;
   out.file = file;
+  if (DOPT_HAS_FIELD(c, dopt_component, check_job)) {  // ABI 1.2
+    out.traits = c->traits;
+    out.check_job = c->check_job;
+  }
   // Option names must be unique and every default must be valid for its own schema.
   for (size_t i = 0; i < out.options.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
@@ -318,10 +342,11 @@ bool PluginRegistry::load_file(const std::string& path) {
                 " is smaller than the ABI v1.0 size " + std::to_string(DOPT_COMPONENT_STRUCT_SIZE));
 
   std::vector<ComponentInfo> found;
-  const size_t stride = array_stride(info.components);
+  const size_t stride = array_stride(info.components, component_size_at(info.abi_minor));
   for (size_t i = 0; i < info.num_components; ++i) {
     ComponentInfo ci;
-    std::string err = check_component(element(info.components, stride, i), i, file, ci);
+    std::string err =
+        check_component(element(info.components, stride, i), i, file, info.abi_minor, ci);
     if (!err.empty()) return skip(err);
     for (const auto& f : found)
       if (f.kind == ci.kind && f.name == ci.name)

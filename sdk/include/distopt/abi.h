@@ -28,14 +28,36 @@
 extern "C" {
 #endif
 
+/*
+ * ABI versions. A minor only appends fields (each with its *_STRUCT_SIZE
+ * macro); a plugin of any earlier minor keeps loading and running.
+ *
+ *   version  what it added                                  why
+ *   1.0      communicator / reducer / algorithm vtables,    the first ABI
+ *            option schemas, host services
+ *   1.1      save_state / load_state on the reducer and     checkpoints that reshard
+ *            algorithm vtables (state.h); the algorithm's   (and bytes reports that
+ *            own bytes_sent                                 include ZeRO's traffic)
+ *   1.2      dopt_option_spec::flags (open bounds);         "(0, 1]" said exactly; a
+ *            dopt_component::traits and ::check_job, the    component refuses a job
+ *            job view (job.h)                               at `distopt check` time,
+ *                                                           before any rendezvous
+ */
 #define DOPT_ABI_VERSION_MAJOR 1
-#define DOPT_ABI_VERSION_MINOR 1 /* 1.1: save_state / load_state (state.h) */
+#define DOPT_ABI_VERSION_MINOR 2 /* 1.2: option flags, traits, check_job (job.h) */
 
 /** Offset of the end of MEMBER in TYPE: the struct size a reader needs for it. */
 #define DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER) (offsetof(TYPE, MEMBER) + sizeof(((TYPE*)0)->MEMBER))
 
 /** True when the struct P (of TYPE) is big enough to hold MEMBER. */
 #define DOPT_HAS_FIELD(P, TYPE, MEMBER) ((P)->struct_size >= DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER))
+
+/** Compile-time check of a layout assumption (C11 and C++11). */
+#ifdef __cplusplus
+#define DOPT_STATIC_ASSERT(COND, MSG) static_assert(COND, MSG)
+#else
+#define DOPT_STATIC_ASSERT(COND, MSG) _Static_assert(COND, MSG)
+#endif
 
 #if defined(_WIN32)
 #define DOPT_EXPORT __declspec(dllexport)
@@ -102,18 +124,53 @@ typedef enum {
   DOPT_OPTION_STRING = 3,
 } dopt_option_type;
 
+/* dopt_option_spec::flags (ABI 1.2). */
+#define DOPT_OPTION_MIN_EXCLUSIVE 0x1u /* min_value itself is refused: (min, ... */
+#define DOPT_OPTION_MAX_EXCLUSIVE 0x2u /* max_value itself is refused: ..., max) */
+
+/*
+ * One option of a component's schema. Plugins declare arrays of these
+ * (dopt_component::options); C++ plugins write them with the builder of
+ * distopt/sdk/options.hpp (sdk::option_double("ratio", "0.01", "...")
+ * .range_open_min(0, 1)).
+ *
+ * Range (INT and DOUBLE): checked when min_value <= max_value (write 0, -1
+ * for "no range"). Each bound is inclusive unless `flags` says it is open; an
+ * infinite bound is always open (a value of inf is refused), so "x >= 1" is
+ * min 1, max INFINITY and reads [1, inf). `flags` exists from ABI 1.2 on: the
+ * host reads it only when struct_size >= DOPT_OPTION_SPEC_V1_2_STRUCT_SIZE,
+ * so the finite bounds of a 1.0 / 1.1 plugin stay inclusive.
+ *
+ * The array's stride is the plugin's sizeof(dopt_option_spec): the host takes
+ * it from the ABI minor the plugin declares (dopt_plugin_info::abi_minor) or
+ * from struct_size when that is larger, so set struct_size to
+ * DOPT_OPTION_SPEC_V1_2_STRUCT_SIZE (or sizeof) when you fill `flags`.
+ */
 typedef struct dopt_option_spec {
   size_t struct_size;
   void* ext;
   const char* name; /* YAML key, e.g. "bucket_cap_mb" */
   dopt_option_type type;
   const char* default_value; /* as YAML text ("25", "true", "greedy"); NULL = required */
-  double min_value;          /* INT/DOUBLE: inclusive range, checked when min_value <= max_value */
+  double min_value;          /* INT/DOUBLE: range, checked when min_value <= max_value */
   double max_value;
   const char* choices; /* STRING: '|'-separated allowed values, or NULL for any */
   const char* help;    /* one line, shown by `distopt plugins` */
+  /* ---- ABI 1.2 ---- */
+  uint32_t flags; /* DOPT_OPTION_MIN_EXCLUSIVE | DOPT_OPTION_MAX_EXCLUSIVE; 0 = [min, max] */
 } dopt_option_spec;
+/** The ABI 1.0 / 1.1 size (up to `help`); such specs have inclusive bounds. */
 #define DOPT_OPTION_SPEC_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_option_spec, help)
+/** The ABI 1.2 size (up to `flags`). */
+#define DOPT_OPTION_SPEC_V1_2_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_option_spec, flags)
+/* `flags` directly follows the 1.1 layout, and the alignment did not grow:
+ * an array of 1.1 specs keeps its stride (its sizeof) for a 1.2 host. */
+DOPT_STATIC_ASSERT(offsetof(dopt_option_spec, flags) == DOPT_OPTION_SPEC_STRUCT_SIZE,
+                   "dopt_option_spec::flags must follow help");
+DOPT_STATIC_ASSERT(DOPT_OPTION_SPEC_STRUCT_SIZE % sizeof(void*) == 0,
+                   "the ABI 1.1 dopt_option_spec ends on a pointer boundary");
+DOPT_STATIC_ASSERT(sizeof(dopt_option_spec) >= DOPT_OPTION_SPEC_V1_2_STRUCT_SIZE,
+                   "dopt_option_spec holds its 1.2 fields");
 
 /** Validated options of one component instance (host-owned, opaque). */
 typedef struct dopt_options dopt_options;
@@ -196,6 +253,18 @@ typedef enum {
   DOPT_KIND_ALGORITHM = 3,
 } dopt_component_kind;
 
+/* The job as one component sees it at check time (job.h). */
+typedef struct dopt_job dopt_job;
+
+/* dopt_component::traits (ABI 1.2): properties a component declares, which
+ * other components read from the job view (dopt_job_component::traits). */
+/** Reducer: the result is the exact mean over ranks of each bucket (up to the
+ * rounding of a floating-point sum), whatever the reducer's options: no
+ * compression, no scaling, no error feedback. An algorithm may then average
+ * the gradients itself (ZeRO stage 2's reduce-scatter) without changing what
+ * the job computes. */
+#define DOPT_TRAIT_EXACT_MEAN 0x1u
+
 typedef struct dopt_component {
   size_t struct_size;
   void* ext;
@@ -208,8 +277,36 @@ typedef struct dopt_component {
   /* Points to a dopt_communicator_v1, dopt_reducer_v1 or dopt_algorithm_v1
    * according to `kind`; each begins with struct_size. */
   const void* vtable;
+
+  /* ---- ABI 1.2. Read only when struct_size >= DOPT_COMPONENT_V1_2_STRUCT_SIZE;
+   * a 1.0 / 1.1 component declares no traits and cannot refuse a job. ---- */
+
+  /** DOPT_TRAIT_* bits; 0 for none. (32 bits, so that the struct's
+   * alignment stays a pointer's, as in 1.1.) */
+  uint32_t traits;
+  /** Optional (NULL: accept every job its option schema accepts). Called by
+   * the host after it validated every section of a job against the schemas,
+   * before anything is created or connected (`distopt check`, and `distopt
+   * train` / Runtime on every rank before the rendezvous), for each selected
+   * component that has it. Return DOPT_OK to accept; to refuse, call
+   * job->reject(job, key, message) and return a negative status
+   * (DOPT_ERR_INVALID_ARGUMENT, or DOPT_ERR_UNSUPPORTED for a combination it
+   * does not implement). See job.h for what the view holds, its lifetime and
+   * the rules (no side effects, no communication). */
+  dopt_status (*check_job)(const dopt_job* job);
 } dopt_component;
+/** The ABI 1.0 / 1.1 size (up to `vtable`). */
 #define DOPT_COMPONENT_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_component, vtable)
+/** The ABI 1.2 size (up to `check_job`). The components array's stride is
+ * the plugin's sizeof(dopt_component), as for dopt_option_spec: taken from
+ * the declared ABI minor, or from struct_size when that is larger. */
+#define DOPT_COMPONENT_V1_2_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_component, check_job)
+DOPT_STATIC_ASSERT(offsetof(dopt_component, traits) == DOPT_COMPONENT_STRUCT_SIZE,
+                   "dopt_component::traits must follow vtable");
+DOPT_STATIC_ASSERT(DOPT_COMPONENT_STRUCT_SIZE % sizeof(void*) == 0,
+                   "the ABI 1.1 dopt_component ends on a pointer boundary");
+DOPT_STATIC_ASSERT(sizeof(dopt_component) == DOPT_COMPONENT_V1_2_STRUCT_SIZE,
+                   "dopt_component has no tail padding in 1.2");
 
 typedef struct dopt_plugin_info {
   size_t struct_size;

@@ -7,6 +7,13 @@
 // as backward completes it; step() waits for the reductions and applies
 // plain SGD, p -= lr * grad, with the learning rate of the job's `optimizer:`
 // section (and of each parameter group), so the job file says it once.
+//
+// Two ABI 1.2 entry points, both optional static members found by
+// DOPT_COMPONENT: template_mean declares `traits` (it computes the exact
+// mean, which algorithms that average gradients themselves may rely on), and
+// template_sgd's check_job refuses a job whose optimizer is not sgd at
+// `distopt check` time, pointing at optimizer.name in the YAML, before any
+// rank starts.
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +43,9 @@ class AllreduceRequest : public sdk::Request {
 
 class TemplateMean : public sdk::Reducer {
  public:
+  // A plain allreduce average, whatever the options: say so (distopt/abi.h).
+  static constexpr uint32_t traits = DOPT_TRAIT_EXACT_MEAN;
+
   TemplateMean(const dopt_create_args& args, dopt_comm_ref comm, const dopt_bucket*, size_t)
       : comm_(comm), world_size_(args.world_size) {}
 
@@ -60,7 +70,18 @@ class TemplateMean : public sdk::Reducer {
 
 class TemplateSgd : public sdk::Algorithm {
  public:
+  // Called with the whole validated job before anything is created (`distopt
+  // check`, and every rank before the rendezvous). job.reject() names the
+  // YAML key; the host reports it as FILE:LINE:COLUMN: optimizer.name: ...
+  static void check_job(const sdk::JobView& job) {
+    if (job.optimizer_name() != "sgd")
+      job.reject("optimizer.name",
+                 "template_sgd applies plain SGD: optimizer.name must be sgd, got " +
+                     job.optimizer_name());
+  }
+
   explicit TemplateSgd(const dopt_algorithm_args& args) : reducer_(args.reducer) {
+    // The same rule for hosts older than ABI 1.2, which never call check_job.
     if (std::string(args.optimizer_name) != "sgd")
       throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
                        std::string("template_sgd applies plain SGD: optimizer.name must be sgd, "

@@ -4,58 +4,57 @@
 #pragma once
 
 #include <cstring>
-#include <limits>
 
 #include "distopt/abi.h"
+#include "distopt/sdk/options.hpp"
 
 namespace distopt::sdk {
 
 namespace detail {
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr dopt_option_spec opt(const char* name, dopt_option_type type, const char* def, double lo,
-                               double hi, const char* help) {
-  return dopt_option_spec{
-      DOPT_OPTION_SPEC_STRUCT_SIZE, nullptr, name, type, def, lo, hi, nullptr, help};
+// [0, inf) and [0, 1) (Adam's betas: 1 would divide by 1 - beta^t = 0).
+constexpr OptionDecl nonneg(const char* name, const char* def, const char* help) {
+  return option_double(name, def, help).at_least(0);
+}
+constexpr OptionDecl beta(const char* name, const char* def, const char* help) {
+  return option_double(name, def, help).range_open_max(0, 1);
 }
 inline constexpr dopt_option_spec kSgd[] = {
-    opt("lr", DOPT_OPTION_DOUBLE, "0.01", 0, kInf, "learning rate"),
-    opt("momentum", DOPT_OPTION_DOUBLE, "0", 0, kInf, "momentum factor"),
-    opt("dampening", DOPT_OPTION_DOUBLE, "0", 0, 1, "dampening for momentum"),
-    opt("weight_decay", DOPT_OPTION_DOUBLE, "0", 0, kInf, "L2 penalty"),
-    opt("nesterov", DOPT_OPTION_BOOL, "false", 0, -1,
-        "Nesterov momentum (needs momentum > 0, dampening 0)"),
+    nonneg("lr", "0.01", "learning rate"),
+    nonneg("momentum", "0", "momentum factor"),
+    option_double("dampening", "0", "dampening for momentum").range(0, 1),
+    nonneg("weight_decay", "0", "L2 penalty"),
+    option_bool("nesterov", "false", "Nesterov momentum (needs momentum > 0, dampening 0)"),
 };
 inline constexpr dopt_option_spec kAdam[] = {
-    opt("lr", DOPT_OPTION_DOUBLE, "0.001", 0, kInf, "learning rate"),
-    opt("beta1", DOPT_OPTION_DOUBLE, "0.9", 0, 1, "first-moment decay"),
-    opt("beta2", DOPT_OPTION_DOUBLE, "0.999", 0, 1, "second-moment decay"),
-    opt("eps", DOPT_OPTION_DOUBLE, "1e-8", 0, kInf, "denominator epsilon"),
-    opt("weight_decay", DOPT_OPTION_DOUBLE, "0", 0, kInf,
-        "L2 penalty (adam) / decoupled decay (adamw)"),
-    opt("amsgrad", DOPT_OPTION_BOOL, "false", 0, -1, "AMSGrad variant"),
+    nonneg("lr", "0.001", "learning rate"),
+    beta("beta1", "0.9", "first-moment decay"),
+    beta("beta2", "0.999", "second-moment decay"),
+    nonneg("eps", "1e-8", "denominator epsilon"),
+    nonneg("weight_decay", "0", "L2 penalty (adam) / decoupled decay (adamw)"),
+    option_bool("amsgrad", "false", "AMSGrad variant"),
 };
 inline constexpr dopt_option_spec kAdamW[] = {
-    opt("lr", DOPT_OPTION_DOUBLE, "0.001", 0, kInf, "learning rate"),
-    opt("beta1", DOPT_OPTION_DOUBLE, "0.9", 0, 1, "first-moment decay"),
-    opt("beta2", DOPT_OPTION_DOUBLE, "0.999", 0, 1, "second-moment decay"),
-    opt("eps", DOPT_OPTION_DOUBLE, "1e-8", 0, kInf, "denominator epsilon"),
-    opt("weight_decay", DOPT_OPTION_DOUBLE, "0.01", 0, kInf, "decoupled weight decay"),
-    opt("amsgrad", DOPT_OPTION_BOOL, "false", 0, -1, "AMSGrad variant"),
+    nonneg("lr", "0.001", "learning rate"),
+    beta("beta1", "0.9", "first-moment decay"),
+    beta("beta2", "0.999", "second-moment decay"),
+    nonneg("eps", "1e-8", "denominator epsilon"),
+    nonneg("weight_decay", "0.01", "decoupled weight decay"),
+    option_bool("amsgrad", "false", "AMSGrad variant"),
 };
 inline constexpr dopt_option_spec kAdagrad[] = {
-    opt("lr", DOPT_OPTION_DOUBLE, "0.01", 0, kInf, "learning rate"),
-    opt("lr_decay", DOPT_OPTION_DOUBLE, "0", 0, kInf, "learning-rate decay"),
-    opt("weight_decay", DOPT_OPTION_DOUBLE, "0", 0, kInf, "L2 penalty"),
-    opt("initial_accumulator_value", DOPT_OPTION_DOUBLE, "0", 0, kInf, "initial sum of squares"),
-    opt("eps", DOPT_OPTION_DOUBLE, "1e-10", 0, kInf, "denominator epsilon"),
+    nonneg("lr", "0.01", "learning rate"),
+    nonneg("lr_decay", "0", "learning-rate decay"),
+    nonneg("weight_decay", "0", "L2 penalty"),
+    nonneg("initial_accumulator_value", "0", "initial sum of squares"),
+    nonneg("eps", "1e-10", "denominator epsilon"),
 };
 inline constexpr dopt_option_spec kRmsprop[] = {
-    opt("lr", DOPT_OPTION_DOUBLE, "0.01", 0, kInf, "learning rate"),
-    opt("alpha", DOPT_OPTION_DOUBLE, "0.99", 0, 1, "smoothing constant"),
-    opt("eps", DOPT_OPTION_DOUBLE, "1e-8", 0, kInf, "denominator epsilon"),
-    opt("weight_decay", DOPT_OPTION_DOUBLE, "0", 0, kInf, "L2 penalty"),
-    opt("momentum", DOPT_OPTION_DOUBLE, "0", 0, kInf, "momentum factor"),
-    opt("centered", DOPT_OPTION_BOOL, "false", 0, -1, "normalise by an estimate of the variance"),
+    nonneg("lr", "0.01", "learning rate"),
+    option_double("alpha", "0.99", "smoothing constant").range(0, 1),
+    nonneg("eps", "1e-8", "denominator epsilon"),
+    nonneg("weight_decay", "0", "L2 penalty"),
+    nonneg("momentum", "0", "momentum factor"),
+    option_bool("centered", "false", "normalise by an estimate of the variance"),
 };
 }  // namespace detail
 

@@ -11,7 +11,9 @@
 //     std::unique_ptr<distopt::sdk::Request> reduce(const dopt_bucket& b) override;
 //     uint64_t bytes_sent() const override;
 //   };
-//   static constexpr dopt_option_spec kMyOptions[] = {...};
+//   static constexpr dopt_option_spec kMyOptions[] = {
+//       distopt::sdk::option_double("ratio", "0.01", "fraction sent").range_open_min(0, 1),
+//   };
 //   DOPT_PLUGIN("my", "1.0.0",
 //               DOPT_COMPONENT(MyReducer, "my", "1.0.0", "what it does", kMyOptions))
 //
@@ -19,7 +21,12 @@
 // (const dopt_create_args&, dopt_comm_ref, const dopt_bucket*, size_t); an
 // Algorithm from (const dopt_algorithm_args&). Throwing from a constructor
 // fails create with the mapped status. Pass nullptr as the schema for a
-// component without options. Torch-free.
+// component without options (the option builder is in options.hpp).
+//
+// Optional static members of the class (ABI 1.2, see job.hpp):
+//   static void check_job(const distopt::sdk::JobView& job);  // refuse a job at check time
+//   static constexpr uint32_t traits = DOPT_TRAIT_EXACT_MEAN;   // properties it declares
+// Torch-free.
 #pragma once
 
 #include <cstddef>
@@ -31,8 +38,10 @@
 #include "distopt/abi.h"
 #include "distopt/algorithm.h"
 #include "distopt/communicator.h"
+#include "distopt/job.h"
 #include "distopt/reducer.h"
 #include "distopt/sdk/host.hpp"
+#include "distopt/sdk/job.hpp"
 #include "distopt/sdk/request.hpp"
 #include "distopt/sdk/state.hpp"
 
@@ -403,6 +412,41 @@ struct AlgorithmGlue {
                                                &bytes_sent};
 };
 
+// ABI 1.2: the component class's optional static check_job and traits.
+template <class T, class = void>
+struct HasCheckJob : std::false_type {};
+template <class T>
+struct HasCheckJob<T, std::void_t<decltype(T::check_job(std::declval<const JobView&>()))>>
+    : std::true_type {};
+
+template <class T, class = void>
+struct TraitsOf : std::integral_constant<uint32_t, 0> {};
+template <class T>
+struct TraitsOf<T, std::void_t<decltype(T::traits)>>
+    : std::integral_constant<uint32_t, static_cast<uint32_t>(T::traits)> {};
+
+template <class T>
+dopt_status check_job(const dopt_job* job) noexcept {
+  if (!job || job->struct_size < DOPT_JOB_STRUCT_SIZE || !job->reject)
+    return null_arg("job (or a job view older than ABI 1.2's)");
+  return guard([&] {
+    try {
+      T::check_job(JobView(*job));
+    } catch (const JobRejected& e) {
+      job->reject(job, e.key().c_str(), e.what());
+      throw;  // the barrier returns its status
+    }
+  });
+}
+
+template <class T>
+constexpr dopt_status (*check_job_of() noexcept)(const dopt_job*) {
+  if constexpr (HasCheckJob<T>::value)
+    return &check_job<T>;
+  else
+    return nullptr;
+}
+
 inline dopt_status plugin_init(const dopt_host_api* h, dopt_plugin_info* info,
                                const char* plugin_name, const char* plugin_version,
                                const dopt_component* components, size_t n) noexcept {
@@ -449,7 +493,7 @@ constexpr dopt_component component(const char* name, const char* version, const 
                 "a component class derives from exactly one of sdk::Communicator, sdk::Reducer, "
                 "sdk::Algorithm");
   if constexpr (std::is_base_of_v<Communicator, T>) {
-    return {DOPT_COMPONENT_STRUCT_SIZE,
+    return {DOPT_COMPONENT_V1_2_STRUCT_SIZE,
             nullptr,
             DOPT_KIND_COMMUNICATOR,
             name,
@@ -457,9 +501,11 @@ constexpr dopt_component component(const char* name, const char* version, const 
             description,
             schema.specs,
             schema.count,
-            &detail::CommGlue<T>::vtable};
+            &detail::CommGlue<T>::vtable,
+            detail::TraitsOf<T>::value,
+            detail::check_job_of<T>()};
   } else if constexpr (std::is_base_of_v<Reducer, T>) {
-    return {DOPT_COMPONENT_STRUCT_SIZE,
+    return {DOPT_COMPONENT_V1_2_STRUCT_SIZE,
             nullptr,
             DOPT_KIND_REDUCER,
             name,
@@ -467,9 +513,11 @@ constexpr dopt_component component(const char* name, const char* version, const 
             description,
             schema.specs,
             schema.count,
-            &detail::ReducerGlue<T>::vtable};
+            &detail::ReducerGlue<T>::vtable,
+            detail::TraitsOf<T>::value,
+            detail::check_job_of<T>()};
   } else {
-    return {DOPT_COMPONENT_STRUCT_SIZE,
+    return {DOPT_COMPONENT_V1_2_STRUCT_SIZE,
             nullptr,
             DOPT_KIND_ALGORITHM,
             name,
@@ -477,7 +525,9 @@ constexpr dopt_component component(const char* name, const char* version, const 
             description,
             schema.specs,
             schema.count,
-            &detail::AlgorithmGlue<T>::vtable};
+            &detail::AlgorithmGlue<T>::vtable,
+            detail::TraitsOf<T>::value,
+            detail::check_job_of<T>()};
   }
 }
 
