@@ -124,7 +124,10 @@ class DistributedOptimizer {
   /// Bytes put on the wire from this rank since make_optimizer: the
   /// reducer's count plus (ABI 1.1) what the algorithm sent itself, e.g.
   /// ZeRO's reduce-scatter and parameter sync (the components
-  /// add_param_group replaced included).
+  /// add_param_group replaced included). Not counted: the host's own small
+  /// collectives (the join count, 4 bytes a step; the mixed-precision
+  /// inf/NaN flag) and buffer synchronisation (metric
+  /// optim.buffer_sync_bytes).
   uint64_t bytes_sent() const;
   /// Bytes a plain allreduce of the same buckets would have put on the wire.
   uint64_t bytes_sent_plain_allreduce() const;
