@@ -115,7 +115,7 @@ Outcome run(const Spec& s) {
   yaml << plugins_and_world_yaml(world, random_port()) << "communicator: {name: tcp}\n"
        << "reducer: " << s.reducer << "\nalgorithm: " << s.algorithm
        << "\noptimizer: " << optimizer_yaml(s) << "\n"
-       << s.extra_yaml;
+       << (s.extra_yaml.empty() ? "join: {enabled: true}\n" : s.extra_yaml);
   const std::string job = yaml.str();
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
@@ -182,7 +182,7 @@ TEST_CASE("allreduce, 3 ranks, differing by 1 and by 10, and 1 step against 11")
 
 TEST_CASE("join.divide_by_initial_world_size: the average divides by the world size") {
   Spec s({4, 14, 9});
-  s.extra_yaml = "join: {divide_by_initial_world_size: true}\n";
+  s.extra_yaml = "join: {enabled: true, divide_by_initial_world_size: true}\n";
   s.divide_by_world = true;
   check(s);
 }
@@ -212,11 +212,10 @@ TEST_CASE("fp16 reducer tracks the reference loosely") {
   check(Spec({10, 4}, "{name: allreduce}", "{name: fp16}"), 5e-3);
 }
 
-TEST_CASE("join.enabled: false refuses join() on every rank") {
+TEST_CASE("join() without join.enabled (the default) is refused on every rank") {
   const int port = random_port();
   const std::string job = plugins_and_world_yaml(2, port) +
-                          "communicator: {name: tcp}\noptimizer: {name: sgd, lr: 0.1}\n"
-                          "join: {enabled: false}\n";
+                          "communicator: {name: tcp}\noptimizer: {name: sgd, lr: 0.1}\n";
   auto codes = fork_ranks(2, [&](int rank) {
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, 2, "join.yaml");

@@ -49,8 +49,9 @@ class DistributedOptimizer {
   /// as DDP's option). Lossy reducers see the joined rank's zero gradient
   /// (plus its error-feedback residual) like any other.
   ///
-  /// Cost: every step starts with one 4-byte SUM allreduce counting the
-  /// ranks not joined (the job's join.enabled, default true; 1 rank: none).
+  /// Needs the job's `join: {enabled: true}` on every rank (off by default,
+  /// as PyTorch's Join is opt-in): then every step starts with one 4-byte
+  /// SUM allreduce counting the ranks not joined (1 rank: none).
   /// Returns the number of steps this rank shadowed. Throws ConfigError when
   /// join.enabled is false, distopt::Error when a backward's buckets await
   /// step(); CommError / ComponentError as step(). Training thread only.

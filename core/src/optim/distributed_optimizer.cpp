@@ -280,8 +280,8 @@ int64_t DistributedOptimizer::join() {
   if (m.world_size <= 1) return 0;
   if (!m.build.join.enabled)
     throw ConfigError(
-        "join(): the job sets join.enabled: false, so the ranks still stepping do not count "
-        "joined ranks; enable it (the default) on every rank");
+        "join(): the job has join.enabled: false (the default), so the ranks still stepping "
+        "do not count joined ranks; set join: {enabled: true} in the job of every rank");
   if (m.launched)
     throw Error(
         "join(): a backward launched gradient buckets whose step() has not run; call "

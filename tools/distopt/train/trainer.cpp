@@ -461,6 +461,11 @@ class Trainer {
 
 int train_rank(const JobConfig& cfg, const TrainOptions& opts) {
   check_train_config(cfg);
+  if (!cfg.train.drop_last && !cfg.join.enabled) {
+    JobConfig with_join = cfg;  // uneven last steps need join()
+    with_join.join.enabled = true;
+    return Trainer(with_join, opts).run();
+  }
   return Trainer(cfg, opts).run();
 }
 
