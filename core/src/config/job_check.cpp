@@ -48,7 +48,7 @@ void reject_cb(const dopt_job* job, const char* key, const char* message) noexce
 struct ComponentView {
   dopt_job_component c{};
   std::vector<const char*> names;
-  std::vector<dopt_option_type> types;
+  std::vector<int32_t> types;  // dopt_option_type values
 
   void fill(const CheckedComponent& cc) {
     const ComponentInfo& ci = *cc.info;
@@ -125,7 +125,7 @@ void check_job_with_components(const JobConfig& cfg, int64_t world_size,
   ComponentView views[3];
   for (int i = 0; i < 3; ++i) views[i].fill(*order[i]);
   std::vector<const char*> opt_names;
-  std::vector<dopt_option_type> opt_types;
+  std::vector<int32_t> opt_types;  // dopt_option_type values
   for (const auto& s : optimizer_schema) {
     opt_names.push_back(s.name.c_str());
     opt_types.push_back(s.type);

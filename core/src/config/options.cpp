@@ -157,7 +157,7 @@ std::vector<OptionSpec> specs_from_c(const dopt_option_spec* specs, size_t n, si
     const auto* s = reinterpret_cast<const dopt_option_spec*>(base + i * stride);
     OptionSpec o;
     if (DOPT_HAS_FIELD(s, dopt_option_spec, name) && s->name) o.name = s->name;
-    if (DOPT_HAS_FIELD(s, dopt_option_spec, type)) o.type = s->type;
+    if (DOPT_HAS_FIELD(s, dopt_option_spec, type)) o.type = static_cast<dopt_option_type>(s->type);
     if (DOPT_HAS_FIELD(s, dopt_option_spec, default_value) && s->default_value)
       o.default_value = std::string(s->default_value);
     if (DOPT_HAS_FIELD(s, dopt_option_spec, max_value)) {

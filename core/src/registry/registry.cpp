@@ -148,16 +148,16 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
            " is smaller than the ABI v1.0 size " + std::to_string(DOPT_COMPONENT_STRUCT_SIZE);
   if (!c->name || !*c->name) return at + ": has no name";
   const std::string who = "component '" + std::string(c->name) + "'";
-  if (!valid_kind(static_cast<int>(c->kind)))
-    return who + ": unknown kind " + std::to_string(static_cast<int>(c->kind));
-  const char* kn = kind_name(c->kind);
+  if (!valid_kind(c->kind)) return who + ": unknown kind " + std::to_string(c->kind);
+  const auto kind = static_cast<dopt_component_kind>(c->kind);
+  const char* kn = kind_name(kind);
   if (!c->vtable) return who + ": " + kn + " vtable is NULL";
   const size_t vt_size =
       *static_cast<const size_t*>(c->vtable);  // every vtable begins with struct_size
-  if (vt_size < vtable_min_size(c->kind))
+  if (vt_size < vtable_min_size(kind))
     return who + ": " + kn + " vtable struct_size " + std::to_string(vt_size) +
-           " is smaller than the ABI v1.0 size " + std::to_string(vtable_min_size(c->kind));
-  auto missing = null_fields(c->kind, c->vtable);
+           " is smaller than the ABI v1.0 size " + std::to_string(vtable_min_size(kind));
+  auto missing = null_fields(kind, c->vtable);
   if (missing.size() == 1) return who + ": " + kn + " vtable field '" + missing[0] + "' is NULL";
   if (!missing.empty())
     return who + ": " + kn + " vtable fields '" + yamlutil::join(missing, "', '") + "' are NULL";
@@ -184,7 +184,7 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
                std::to_string(static_cast<int>(s->type));
     }
   }
-  out.kind = c->kind;
+  out.kind = kind;
   out.name = c->name;
   out.version = c->version ? c->version : "";
   out.description = c->description ? c->description : "";

@@ -149,8 +149,8 @@ typedef enum {
 typedef struct dopt_option_spec {
   size_t struct_size;
   void* ext;
-  const char* name; /* YAML key, e.g. "bucket_cap_mb" */
-  dopt_option_type type;
+  const char* name;          /* YAML key, e.g. "bucket_cap_mb" */
+  int32_t type;              /* a dopt_option_type (fixed width, as DLPack holds its enums) */
   const char* default_value; /* as YAML text ("25", "true", "greedy"); NULL = required */
   double min_value;          /* INT/DOUBLE: range, checked when min_value <= max_value */
   double max_value;
@@ -165,6 +165,13 @@ typedef struct dopt_option_spec {
 #define DOPT_OPTION_SPEC_V1_2_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_option_spec, flags)
 /* `flags` directly follows the 1.1 layout, and the alignment did not grow:
  * an array of 1.1 specs keeps its stride (its sizeof) for a 1.2 host. */
+/* Enum values live in int32_t fields (1.0 and 1.1 declared them with the
+ * enum types, which have this size and place on every supported ABI). */
+DOPT_STATIC_ASSERT(sizeof(dopt_option_type) == sizeof(int32_t),
+                   "dopt_option_type values fit the int32_t field");
+DOPT_STATIC_ASSERT(offsetof(dopt_option_spec, type) ==
+                       offsetof(dopt_option_spec, name) + sizeof(const char*),
+                   "dopt_option_spec.type keeps its 1.0 offset");
 DOPT_STATIC_ASSERT(offsetof(dopt_option_spec, flags) == DOPT_OPTION_SPEC_STRUCT_SIZE,
                    "dopt_option_spec::flags must follow help");
 DOPT_STATIC_ASSERT(DOPT_OPTION_SPEC_STRUCT_SIZE % sizeof(void*) == 0,
@@ -268,7 +275,7 @@ typedef struct dopt_job dopt_job;
 typedef struct dopt_component {
   size_t struct_size;
   void* ext;
-  dopt_component_kind kind;
+  int32_t kind;            /* a dopt_component_kind (fixed width, as DLPack holds its enums) */
   const char* name;        /* the name YAML selects, e.g. "tcp" */
   const char* version;     /* the component's own version, e.g. "1.0.0" */
   const char* description; /* one line */
@@ -301,6 +308,10 @@ typedef struct dopt_component {
  * the plugin's sizeof(dopt_component), as for dopt_option_spec: taken from
  * the declared ABI minor, or from struct_size when that is larger. */
 #define DOPT_COMPONENT_V1_2_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_component, check_job)
+DOPT_STATIC_ASSERT(sizeof(dopt_component_kind) == sizeof(int32_t),
+                   "dopt_component_kind values fit the int32_t field");
+DOPT_STATIC_ASSERT(offsetof(dopt_component, kind) == offsetof(dopt_component, ext) + sizeof(void*),
+                   "dopt_component.kind keeps its 1.0 offset");
 DOPT_STATIC_ASSERT(offsetof(dopt_component, traits) == DOPT_COMPONENT_STRUCT_SIZE,
                    "dopt_component::traits must follow vtable");
 DOPT_STATIC_ASSERT(DOPT_COMPONENT_STRUCT_SIZE % sizeof(void*) == 0,

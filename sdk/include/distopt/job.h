@@ -69,7 +69,7 @@ extern "C" {
 typedef struct dopt_job_component {
   size_t struct_size;
   void* ext;
-  dopt_component_kind kind;
+  int32_t kind;            /* a dopt_component_kind */
   const char* name;        /* as selected in YAML, e.g. "topk" */
   const char* version;     /* the component's own version */
   const char* plugin_name; /* the plugin that provides it, e.g. "compress" */
@@ -83,7 +83,7 @@ typedef struct dopt_job_component {
   /** The names and types of every option in `options` (num_options each),
    * in schema order; NULL when num_options is 0. */
   const char* const* option_names;
-  const dopt_option_type* option_types;
+  const int32_t* option_types; /* dopt_option_type values */
   size_t num_options;
 } dopt_job_component;
 #define DOPT_JOB_COMPONENT_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_job_component, num_options)
@@ -104,7 +104,7 @@ struct dopt_job {
   const char* optimizer_name;            /* optimizer.name: "sgd", "adam", "adamw", ... */
   const dopt_options* optimizer_options; /* lr, momentum, ... validated, defaults filled in */
   const char* const* optimizer_option_names;
-  const dopt_option_type* optimizer_option_types;
+  const int32_t* optimizer_option_types; /* dopt_option_type values */
   size_t num_optimizer_options;
   /** precision.dtype: "fp32" (no mixed precision, the default), "bf16" or "fp16". */
   const char* precision_dtype;

@@ -55,7 +55,7 @@ class JobComponentView {
  public:
   explicit JobComponentView(const dopt_job_component* c) : c_(c) {}
 
-  dopt_component_kind kind() const { return c_->kind; }
+  dopt_component_kind kind() const { return static_cast<dopt_component_kind>(c_->kind); }
   std::string name() const { return str(c_->name); }
   std::string version() const { return str(c_->version); }
   /// The plugin that provides it ("compress" for topk).
