@@ -8,6 +8,7 @@
 #include "comm_check/fingerprint.hpp"
 #include "comm_check/mismatch_detector.hpp"
 #include "distopt/host.hpp"
+#include "distopt/sdk/traffic.hpp"
 
 namespace distopt::comm_check {
 namespace {
@@ -41,12 +42,6 @@ enum Kind { kAllreduce, kReduceScatter, kAllgather, kBroadcast, kBarrier, kSplit
 const char* kKindNames[] = {"allreduce", "reduce_scatter", "allgather",
                             "broadcast", "barrier",        "split"};
 
-int64_t numel(const DLTensor* t) {
-  int64_t n = 1;
-  for (int i = 0; t && i < t->ndim; ++i) n *= t->shape[i];
-  return t ? n : 0;
-}
-
 Fingerprint next_fingerprint(CheckedComm* c, Kind kind, const DLTensor* t, int32_t root,
                              int32_t op) {
   Fingerprint f;
@@ -55,7 +50,7 @@ Fingerprint next_fingerprint(CheckedComm* c, Kind kind, const DLTensor* t, int32
     f.seq = ++c->seq;
     f.kind_seq = ++c->kind_seq[kind];
     f.kind = kKindNames[kind];
-    f.count = numel(t);
+    f.count = t ? static_cast<int64_t>(sdk::dl_numel(*t)) : 0;
     if (t) f.dtype = t->dtype;
     f.root = root;
     f.op = op;

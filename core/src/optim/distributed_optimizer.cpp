@@ -15,19 +15,11 @@
 #include "distopt/host.hpp"
 #include "distopt/reducer.h"
 #include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/traffic.hpp"
 #include "optim/buffer_sync.hpp"
 #include "optim/optimizer_impl.hpp"
 
 namespace distopt {
-
-namespace {
-
-uint64_t ring_bytes(uint64_t bytes, int world) {
-  return world <= 1 ? 0
-                    : 2 * bytes * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
-}
-
-}  // namespace
 
 namespace optim {
 
@@ -82,19 +74,9 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   if (mixed) {
     m.masters = std::make_unique<optim::MasterWeights>(b.params, *m.buckets);
     m.scaler = std::make_unique<LossScaler>(b.precision);
-    m.inf_flag_dl.data = &m.inf_flag;
-    m.inf_flag_dl.device = {kDLCPU, 0};
-    m.inf_flag_dl.ndim = 1;
-    m.inf_flag_dl.dtype = {kDLFloat, 32, 1};
-    m.inf_flag_dl.shape = &m.inf_flag_shape;
   }
-  m.join_count_dl.data = &m.join_count;
-  m.join_count_dl.device = {kDLCPU, 0};
-  m.join_count_dl.ndim = 1;
-  m.join_count_dl.dtype = {kDLFloat, 32, 1};
-  m.join_count_dl.shape = &m.join_count_shape;
   for (size_t k = 0; k < m.buckets->num_buckets(); ++k)
-    m.plain_bytes_per_step += ring_bytes(m.algorithm_bucket_bytes(k), m.world_size);
+    m.plain_bytes_per_step += sdk::ring_allreduce_bytes(m.algorithm_bucket_bytes(k), m.world_size);
 
   m.params.resize(b.params.size());
   for (size_t i = 0; i < b.params.size(); ++i) {
@@ -163,28 +145,29 @@ DistributedOptimizer::~DistributedOptimizer() = default;
 
 void DistributedOptimizer::zero_grad() { impl_->buckets->zero_grad(); }
 
-bool DistributedOptimizer::Impl::any_rank_found_inf(bool mine) {
-  inf_flag = mine ? 1.0f : 0.0f;
-  if (world_size <= 1) return mine;
+float DistributedOptimizer::Impl::allreduce_scalar(float value, dopt_reduce_op op,
+                                                   const char* what) {
+  int64_t shape = 1;
+  DLTensor t = make_dltensor(&value, 1, DLDataType{kDLFloat, 32, 1}, &shape);
   const dopt_comm_ref& c = build.comm;
   dopt_request* req = nullptr;
-  const std::string op = "allreduce(mixed-precision inf/NaN flag, MAX)";
-  dopt_status st = c.vt->allreduce(c.comm, &inf_flag_dl, &inf_flag_dl, DOPT_REDUCE_MAX, &req);
-  if (st != DOPT_OK) throw CommError(st, "communicator", op, take_last_error());
-  const std::string what = "communicator:" + op;
-  CommRequest(c.vt, req, what).wait();
-  return inf_flag != 0.0f;
+  const std::string op_name = std::string("allreduce(") + what + ")";
+  dopt_status st = c.vt->allreduce(c.comm, &t, &t, op, &req);
+  if (st != DOPT_OK) throw CommError(st, "communicator", op_name, take_last_error());
+  CommRequest(c.vt, req, "communicator:" + op_name).wait();
+  return value;
+}
+
+bool DistributedOptimizer::Impl::any_rank_found_inf(bool mine) {
+  if (world_size <= 1) return mine;
+  return allreduce_scalar(mine ? 1.0f : 0.0f, DOPT_REDUCE_MAX,
+                          "mixed-precision inf/NaN flag, MAX") != 0.0f;
 }
 
 int DistributedOptimizer::Impl::count_ranks_not_joined(bool mine) {
-  join_count = mine ? 1.0f : 0.0f;
-  const dopt_comm_ref& c = build.comm;
-  dopt_request* req = nullptr;
-  const std::string op = "allreduce(join: ranks not joined, SUM)";
-  dopt_status st = c.vt->allreduce(c.comm, &join_count_dl, &join_count_dl, DOPT_REDUCE_SUM, &req);
-  if (st != DOPT_OK) throw CommError(st, "communicator", op, take_last_error());
-  CommRequest(c.vt, req, "communicator:" + op).wait();
-  return static_cast<int>(join_count + 0.5f);
+  const float n =
+      allreduce_scalar(mine ? 1.0f : 0.0f, DOPT_REDUCE_SUM, "join: ranks not joined, SUM");
+  return static_cast<int>(n + 0.5f);
 }
 
 void DistributedOptimizer::Impl::ensure_join_notified() {

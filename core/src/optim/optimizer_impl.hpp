@@ -56,9 +56,6 @@ struct DistributedOptimizer::Impl {
   // Mixed precision (null / unused when off).
   std::unique_ptr<optim::MasterWeights> masters;
   std::unique_ptr<LossScaler> scaler;
-  float inf_flag = 0;  // allreduced in place (MAX) at each mixed-precision step
-  int64_t inf_flag_shape = 1;
-  DLTensor inf_flag_dl{};
 
   const dopt_bucket* algorithm_buckets() const {
     return masters ? masters->buckets() : buckets->buckets();
@@ -71,17 +68,17 @@ struct DistributedOptimizer::Impl {
   void launch(const dopt_bucket& bucket);
 
   // Join (uneven inputs, DistributedOptimizer::join). Each step starts with
-  // one SUM allreduce of "1 if this rank has not joined" (join_count).
+  // one SUM allreduce of "1 if this rank has not joined".
   std::atomic<bool> join_notified{false};  // this step's count is done
   bool joined = false;                     // inside join(): shadowing the others' steps
   double grad_scale = 1;                   // world / ranks that contributed this step
-  float join_count = 0;
-  int64_t join_count_shape = 1;
-  DLTensor join_count_dl{};
   /// Allreduce `mine` (1 = still stepping, 0 = joined); the ranks not joined.
   int count_ranks_not_joined(bool mine);
   /// This step's join count, once (no-op when join is off or on 1 rank).
   void ensure_join_notified();
+  /// `value` reduced with `op` over the ranks (blocking; `what` names it in
+  /// errors). The host's own control values: the inf/NaN flag, the join count.
+  float allreduce_scalar(float value, dopt_reduce_op op, const char* what);
   bool any_rank_found_inf(bool mine);
   void mixed_precision_step();
   /// build.buffers->sync() with metrics; nothing if no buffers were set.
