@@ -216,6 +216,10 @@ void TcpComm::run_op(Op& op) {
   op.req->complete(st, name + ": " + cause);
 }
 
+ShmWaitCtx TcpComm::shm_ctx(Clock::time_point deadline) {
+  return ShmWaitCtx{deadline, &aborting_, &fault_, control_ ? control_->bye_flags() : nullptr};
+}
+
 RingResult TcpComm::run(const RingPlan& plan, Clock::time_point deadline) {
   RingIo io;
   io.send_fd = plan.send_peer >= 0 ? mesh_.out[plan.send_peer] : -1;

@@ -90,9 +90,7 @@ class TcpComm {
   void progress_loop();
   void run_op(Op& op);
   RingResult run(const RingPlan& plan, Clock::time_point deadline);
-  ShmWaitCtx shm_ctx(Clock::time_point deadline) {
-    return ShmWaitCtx{deadline, &aborting_, &fault_};
-  }
+  ShmWaitCtx shm_ctx(Clock::time_point deadline);
   Buffer check(const DLTensor* t, const char* op, const char* which, bool reduce_dtype,
                DType* dt = nullptr) const;
   char* scratch(size_t bytes);

@@ -126,6 +126,7 @@ Control::~Control() {
 }
 
 bool Control::said_bye(int peer) const { return st_->bye[peer].load(); }
+const std::atomic<bool>* Control::bye_flags() const { return st_->bye.data(); }
 
 void Control::wake() {
   uint64_t one = 1;

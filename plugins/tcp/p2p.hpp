@@ -38,6 +38,9 @@ class Control {
   void stop();
   /// True once `peer` announced it destroyed the communicator. Thread-safe.
   bool said_bye(int peer) const;
+  /// The flags said_bye reads, one per rank (shared-memory waits poll them):
+  /// valid as long as this Control.
+  const std::atomic<bool>* bye_flags() const;
 
   struct State;
 

@@ -113,12 +113,15 @@ ShmTransport::ShmTransport(int rank, int world, size_t segment_bytes, std::vecto
 bool ShmTransport::wait(int peer, std::atomic<uint64_t> ShmHeader::*counter, uint64_t value,
                         const ShmWaitCtx& ctx, RingResult* res) const {
   ShmHeader* h = hdr(peer);
-  dopt_status st = shm_wait(h, h->*counter, value, ctx);
+  dopt_status st =
+      shm_wait(h, h->*counter, value, ctx, ctx.peer_left ? &ctx.peer_left[peer] : nullptr);
   if (st == DOPT_OK) return true;
   res->status = st;
+  if (st == DOPT_ERR_COMM) res->peer = peer;  // the failure path names why it left
   res->why = st == DOPT_ERR_TIMEOUT
                  ? "timed out waiting for rank " + std::to_string(peer) + " (shared memory)"
-                 : "communicator failed";
+             : st == DOPT_ERR_COMM ? "rank " + std::to_string(peer) + " closed the communicator"
+                                   : "communicator failed";
   return false;
 }
 

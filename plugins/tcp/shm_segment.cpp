@@ -139,7 +139,7 @@ void shm_publish(ShmHeader* h, std::atomic<uint64_t>& counter, uint64_t value) {
 }
 
 dopt_status shm_wait(ShmHeader* h, const std::atomic<uint64_t>& counter, uint64_t value,
-                     const ShmWaitCtx& ctx) {
+                     const ShmWaitCtx& ctx, const std::atomic<bool>* peer_left) {
   // Brief spin: on an idle core the peer is usually microseconds away.
   for (int i = 0; i < 256; ++i) {
     if (counter.load(std::memory_order_acquire) >= value) return DOPT_OK;
@@ -150,6 +150,9 @@ dopt_status shm_wait(ShmHeader* h, const std::atomic<uint64_t>& counter, uint64_
   for (int i = 0;; ++i) {
     if (counter.load(std::memory_order_acquire) >= value) return DOPT_OK;
     if (ctx.abort && ctx.abort->load(std::memory_order_acquire)) return DOPT_ERR_ABORTED;
+    if (peer_left && peer_left->load(std::memory_order_acquire) &&
+        counter.load(std::memory_order_acquire) < value)
+      return DOPT_ERR_COMM;
     if (Clock::now() >= ctx.deadline) return DOPT_ERR_TIMEOUT;
     if (i < 16) {
       sched_yield();

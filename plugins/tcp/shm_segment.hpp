@@ -75,13 +75,17 @@ struct ShmWaitCtx {
   Clock::time_point deadline;
   const std::atomic<bool>* abort = nullptr;
   FaultPoint* fault = nullptr;  ///< test-only fault injection (fault.hpp)
+  /// Per rank: set once that rank closed the communicator (its goodbye on the
+  /// control channel); a wait on it can then never complete.
+  const std::atomic<bool>* peer_left = nullptr;
 };
 
 /// Wait until `counter` (in peer header `h`) reaches `value`: spin briefly,
 /// then yield, then sleep on the header's futex in short slices so the
-/// deadline and the abort flag are checked. Returns DOPT_OK, DOPT_ERR_ABORTED
-/// or DOPT_ERR_TIMEOUT.
+/// deadline, the abort flag and `peer_left` (the waited-for rank's goodbye,
+/// may be null) are checked. Returns DOPT_OK, DOPT_ERR_ABORTED,
+/// DOPT_ERR_COMM (that rank left) or DOPT_ERR_TIMEOUT.
 dopt_status shm_wait(ShmHeader* h, const std::atomic<uint64_t>& counter, uint64_t value,
-                     const ShmWaitCtx& ctx);
+                     const ShmWaitCtx& ctx, const std::atomic<bool>* peer_left = nullptr);
 
 }  // namespace dopt_tcp

@@ -715,6 +715,42 @@ bool refused(const std::string& addr, const std::string& bytes) {
 }
 }  // namespace
 
+TEST_CASE(
+    "a peer that closes the communicator fails a collective waiting on it at once, shm and tcp") {
+  // timeout_s 60: without noticing the goodbye, the wait would last a minute.
+  for (const char* opts : {"{timeout_s: 60}", "{timeout_s: 60, shm: false}"}) {
+    CAPTURE(opts);
+    run_ranks(
+        2,
+        [](Endpoint& ep, int me) -> std::string {
+          if (me == 1) {
+            ep.store->get("issued", std::chrono::seconds(60));
+            ep.comm.reset();  // destroy: goodbye to rank 0 (no crash)
+            ep.store->set("left", std::string("1"));
+            return "";
+          }
+          float x = 1;
+          int64_t s;
+          DLTensor t = make_dltensor(&x, 1, dl_f32(), &s);
+          auto req = ep.comm->allreduce(t, t, DOPT_REDUCE_SUM);
+          ep.store->set("issued", std::string("1"));
+          const auto t0 = std::chrono::steady_clock::now();
+          try {
+            req.wait();
+            return "allreduce with a peer that left completed";
+          } catch (const CommError& e) {
+            if (!std::strstr(e.what(), "rank 1 closed the communicator"))
+              return std::string("message: ") + e.what();
+          }
+          if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30))
+            return "noticed only at the timeout";
+          ep.store->get("left", std::chrono::seconds(60));  // rank 1 done with the store
+          return "";
+        },
+        opts);
+  }
+}
+
 TEST_CASE("communicator listeners refuse connections without the job token") {
   const int port = free_port();
   auto codes = fork_ranks(3, [&](int me) {
