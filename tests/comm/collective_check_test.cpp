@@ -2,12 +2,12 @@
 // ranks that issue different collectives fail within seconds, not at the
 // timeout, with a message naming what each rank was doing; matching but slow
 // collectives are never reported.
-#include <doctest/doctest.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +18,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "torch_doctest.hpp"  // last: after libtorch (glog) headers
 
 namespace {
 
@@ -33,14 +34,16 @@ struct Outcome {
 };
 
 /// Run `body(rank, runtime)` on `world` ranks; a throw is recorded, not fatal.
+/// `comm_options`: the tcp communicator's options ("{shm: false}": TCP ring).
 Outcome run(int world, const std::string& world_extra,
-            const std::function<void(int, distopt::Runtime&)>& body) {
+            const std::function<void(int, distopt::Runtime&)>& body,
+            const std::string& comm_options = "{}") {
   const std::string dir = distopt::test::make_temp_dir("collcheck");
   const int port = random_port();
   std::string yaml = "plugins: {paths: ['" + distopt::test::env_path("DISTOPT_PLUGIN_DIR") +
                      "']}\nworld: {size: " + std::to_string(world) +
                      ", rendezvous: 'tcp://127.0.0.1:" + std::to_string(port) + "'" + world_extra +
-                     "}\ncommunicator: {name: tcp}\n";
+                     "}\ncommunicator: {name: tcp, options: " + comm_options + "}\n";
   Outcome out;
   out.codes = fork_ranks(world, [&](int rank) {
     auto rt = rank_runtime(yaml, rank, world);
@@ -72,39 +75,60 @@ void allreduce(distopt::Runtime& rt, int64_t n) {
   if (v[0] != static_cast<float>(rt.world_size())) throw std::runtime_error("wrong sum");
 }
 
+/// Rank 0 allreduces, every other rank waits in a barrier: another operation.
+void allreduce_against_barrier(int rank, distopt::Runtime& rt) {
+  if (rank == 0)
+    allreduce(rt, 1000);
+  else
+    rt.communicator().barrier().wait();
+}
+
+// Both tcp transports: shared memory (ranks on one host) and the TCP ring.
+const char* const kTransports[] = {"{}", "{shm: false}"};
+
 }  // namespace
 
 TEST_CASE("another operation: allreduce on rank 0, barrier on rank 1, named within seconds") {
   // timeout_s 60: failing at the timeout would take a minute.
-  auto o = run(2, ", timeout_s: 60, collective_check_s: 1", [](int rank, distopt::Runtime& rt) {
-    allreduce(rt, 1000);  // a matching one first: positions count from the start
-    if (rank == 0)
-      allreduce(rt, 1000);
-    else
-      rt.communicator().barrier().wait();
-  });
-  for (int r = 0; r < 2; ++r) {
-    INFO("rank " << r << ": " << o.messages[r]);
-    CHECK(o.codes[r] == 0);
-    CHECK(o.messages[r].find("collective mismatch") != std::string::npos);
-    CHECK(o.messages[r].find("rank 0: allreduce #2 of 4.0 kB float32 (sum)") != std::string::npos);
-    CHECK(o.messages[r].find("rank 1: barrier #1") != std::string::npos);
-    CHECK(o.seconds[r] < 20);
+  for (const char* transport : kTransports) {
+    CAPTURE(transport);
+    auto o = run(
+        2, ", timeout_s: 60, collective_check_s: 1",
+        [](int rank, distopt::Runtime& rt) {
+          allreduce(rt, 1000);  // a matching one first: positions count from the start
+          allreduce_against_barrier(rank, rt);
+        },
+        transport);
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << ": " << o.messages[r]);
+      CHECK(o.codes[r] == 0);
+      CHECK(o.messages[r].find("collective mismatch") != std::string::npos);
+      CHECK(o.messages[r].find("rank 0: allreduce #2 of 4.0 kB float32 (sum)") !=
+            std::string::npos);
+      CHECK(o.messages[r].find("rank 1: barrier #1") != std::string::npos);
+      CHECK(o.seconds[r] < 20);
+    }
   }
 }
 
 TEST_CASE("another size on one of 3 ranks is named") {
-  // tcp's shared-memory path lets the small rank finish (it reads the first
-  // 500 sums): it leaves, and the two ranks left waiting name its collective.
-  auto o = run(3, ", timeout_s: 60, collective_check_s: 1",
-               [](int rank, distopt::Runtime& rt) { allreduce(rt, rank == 2 ? 500 : 250000); });
-  for (int r = 0; r < 2; ++r) {
-    INFO("rank " << r << ": " << o.messages[r]);
-    CHECK(o.messages[r].find("collective mismatch") != std::string::npos);
-    CHECK(o.messages[r].find("rank 2: left the communicator after 1 collective(s), the last "
-                             "allreduce #1 of 2.0 kB float32") != std::string::npos);
-    CHECK(o.messages[r].find("rank 0: allreduce #1 of 1.0 MB float32") != std::string::npos);
-    CHECK(o.seconds[r] < 20);
+  // Whether the small rank finishes (tcp's shared-memory path lets it read
+  // the first 500 sums, then it leaves) or waits too, the ranks left waiting
+  // name its collective.
+  const std::regex rank2(R"(rank 2: (left the communicator after 1 collective\(s\), the last )?)"
+                         R"(allreduce #1 of 2\.0 kB float32)");
+  for (const char* transport : kTransports) {
+    CAPTURE(transport);
+    auto o = run(
+        3, ", timeout_s: 60, collective_check_s: 1",
+        [](int rank, distopt::Runtime& rt) { allreduce(rt, rank == 2 ? 500 : 250000); }, transport);
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << ": " << o.messages[r]);
+      CHECK(o.messages[r].find("collective mismatch") != std::string::npos);
+      CHECK(std::regex_search(o.messages[r], rank2));
+      CHECK(o.messages[r].find("rank 0: allreduce #1 of 1.0 MB float32") != std::string::npos);
+      CHECK(o.seconds[r] < 20);
+    }
   }
 }
 
@@ -119,6 +143,21 @@ TEST_CASE("a rank that ran one step fewer and left is named") {
         std::string::npos);
   CHECK(o.messages[0].find("rank 0: allreduce #3") != std::string::npos);
   CHECK(o.seconds[0] < 20);
+}
+
+TEST_CASE("rank 0, which hosts the store, leaving early: the other rank still fails, not hangs") {
+  // The detector cannot read the store any more; the communicator's own
+  // error (rank 0 gone) must stand, well before the 60 s timeout.
+  auto o = run(2, ", timeout_s: 60, collective_check_s: 1", [](int rank, distopt::Runtime& rt) {
+    const int steps = rank == 0 ? 2 : 3;
+    for (int s = 0; s < steps; ++s) allreduce(rt, 1000);
+  });
+  INFO("rank 1: " << o.messages[1]);
+  CHECK(o.codes[0] == 0);
+  CHECK(o.codes[1] == 0);
+  CHECK(o.messages[0].empty());
+  CHECK(!o.messages[1].empty());
+  CHECK(o.seconds[1] < 30);
 }
 
 TEST_CASE("matching collectives that wait longer than the check interval are not reported") {
@@ -136,12 +175,7 @@ TEST_CASE("matching collectives that wait longer than the check interval are not
 }
 
 TEST_CASE("collective_check_s: 0 turns the check off (the timeout reports instead)") {
-  auto o = run(2, ", timeout_s: 3, collective_check_s: 0", [](int rank, distopt::Runtime& rt) {
-    if (rank == 0)
-      allreduce(rt, 1000);
-    else
-      rt.communicator().barrier().wait();
-  });
+  auto o = run(2, ", timeout_s: 3, collective_check_s: 0", allreduce_against_barrier);
   for (int r = 0; r < 2; ++r) {
     INFO("rank " << r << ": " << o.messages[r]);
     CHECK(!o.messages[r].empty());

@@ -116,9 +116,10 @@ dopt_status c_recv(dopt_comm* comm, DLTensor* buf, int32_t peer, int32_t tag, do
   return issued(st, inner, c->inner.vt, nullptr, {}, {}, out);
 }
 
-/// Replace the plugin's error detail by the detector's account, if it has one.
-void explain(CheckedRequest* r) {
-  const std::string why = r->detector->explain_failure(r->fp);
+/// Replace the plugin's error detail by the detector's account, if it has
+/// one; waits up to `patience` for the other ranks' posts.
+void explain(CheckedRequest* r, std::chrono::milliseconds patience) {
+  const std::string why = r->detector->explain_failure(r->fp, patience);
   if (why.empty()) return;
   const std::string detail = take_last_error();
   host_api()->set_error((why + " [" + detail + "]").c_str());
@@ -143,8 +144,10 @@ dopt_status c_wait(dopt_request* rq, int64_t timeout_ms) {
       if (done) st = t;
     }
     if (done) {
-      if (stalled) r->detector->on_wait_done();
-      if (st < 0) explain(r);
+      if (st < 0)
+        explain(r, r->stall_after);  // keeps this rank's post for the others
+      else if (stalled)
+        r->detector->on_wait_done();
       return st;
     }
     if (timeout_ms >= 0 && spent + slice >= timeout_ms) {
@@ -165,7 +168,7 @@ dopt_status c_wait(dopt_request* rq, int64_t timeout_ms) {
 dopt_status c_test(dopt_request* rq, int32_t* done) {
   CheckedRequest* r = req(rq);
   const dopt_status st = r->vt->test(r->inner, done);
-  if (st < 0 && r->detector) explain(r);
+  if (st < 0 && r->detector) explain(r, std::chrono::milliseconds(0));  // test() does not wait
   return st;
 }
 

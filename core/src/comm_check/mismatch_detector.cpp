@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "distopt/store.hpp"
@@ -44,10 +45,16 @@ std::string MismatchDetector::message(const std::string& ranks_line) const {
          "rank-dependent branch?";
 }
 
-// Posts: "wait GEN SEQ KIND_SEQ SIGNATURE", "left ISSUED", or "" (not waiting).
-std::string MismatchDetector::compare(const Fingerprint& mine, bool* mismatch) {
+// Posts: "wait GEN SEQ KIND_SEQ SIGNATURE", "left ISSUED [LAST]", or "" (not
+// waiting). The same position with another shape is a mismatch at once.
+// `confirm` (stalls): another position, or a rank that left before issuing
+// ours, counts once seen unchanged twice; without it (a failed collective)
+// only the departure counts, at once.
+std::string MismatchDetector::compare(const Fingerprint& mine, bool confirm, bool* mismatch,
+                                      int* silent) {
   std::ostringstream line;
   *mismatch = false;
+  *silent = 0;
   for (int r = 0; r < world_size_; ++r) {
     if (r) line << "; ";
     line << "rank " << r << ": ";
@@ -90,8 +97,15 @@ std::string MismatchDetector::compare(const Fingerprint& mine, bool* mismatch) {
       differs = true;
     } else {
       line << "not waiting in a collective";
+      ++*silent;
     }
-    if (!differs) continue;
+    // Without a stall to confirm it, another position proves nothing (ranks
+    // failing in a cascade stop at different collectives); a departure does.
+    if (!differs || (!confirm && tag != "left")) continue;
+    if (!confirm) {
+      *mismatch = true;
+      continue;
+    }
     // Another position (or a departure): a peer's post may trail its
     // progress by a moment, so it counts once seen unchanged twice.
     auto it = seen_.find(r);
@@ -110,7 +124,8 @@ std::string MismatchDetector::on_stall(const Fingerprint& mine) {
   const std::string reported = read(prefix_ + "/mismatch");
   if (!reported.empty()) return reported;
   bool mismatch = false;
-  const std::string line = compare(mine, &mismatch);
+  int silent = 0;
+  const std::string line = compare(mine, /*confirm=*/true, &mismatch, &silent);
   if (!mismatch) return "";
   const std::string msg = message(line);
   write(prefix_ + "/mismatch", msg);
@@ -124,26 +139,27 @@ void MismatchDetector::on_wait_done() {
   posted_ = false;
 }
 
-std::string MismatchDetector::explain_failure(const Fingerprint& mine) {
+std::string MismatchDetector::explain_failure(const Fingerprint& mine,
+                                              std::chrono::milliseconds patience) {
   std::lock_guard<std::mutex> lk(mu_);
-  const std::string reported = read(prefix_ + "/mismatch");
-  if (!reported.empty()) return reported;
-  for (int r = 0; r < world_size_; ++r) {
-    if (r == rank_) continue;
-    std::istringstream in(read(key(r)));
-    std::string tag;
-    uint64_t issued = 0;
-    std::string rest;
-    std::getline(in >> tag >> issued, rest);
-    auto last = Fingerprint::decode(rest);
-    if (tag == "left" && (issued < mine.seq || (last && last->seq == mine.seq &&
-                                                last->signature() != mine.signature()))) {
-      bool unused = false;
-      seen_.clear();
-      return message(compare(mine, &unused));
+  // Published first, so peers whose collective failed too can name ours.
+  write(key(rank_), "wait " + std::to_string(++gen_) + " " + mine.encode());
+  posted_ = true;
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    const std::string reported = read(prefix_ + "/mismatch");
+    if (!reported.empty()) return reported;
+    bool mismatch = false;
+    int silent = 0;
+    const std::string line = compare(mine, /*confirm=*/false, &mismatch, &silent);
+    if (mismatch) {
+      const std::string msg = message(line);
+      write(prefix_ + "/mismatch", msg);
+      return msg;
     }
+    if (silent == 0 || std::chrono::steady_clock::now() >= deadline) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return "";
 }
 
 void MismatchDetector::on_leave(uint64_t issued, const Fingerprint& last) {

@@ -4,6 +4,7 @@
 // collectives fail within a few stall intervals instead of at the timeout.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -36,9 +37,13 @@ class MismatchDetector {
   std::string on_stall(const Fingerprint& mine);
   /// The stalled wait completed: withdraw this rank's post.
   void on_wait_done();
-  /// Message for a failed collective `mine`: a mismatch some rank reported,
-  /// or a peer that left the communicator before issuing it ("" if neither).
-  std::string explain_failure(const Fingerprint& mine);
+  /// Message for a failed collective `mine` (a transport may fail fast on a
+  /// mismatch, before any wait stalls): publishes `mine`, then for up to
+  /// `patience` reads the other ranks' posts until none is silent, and
+  /// returns a mismatch some rank reported or the one the posts show (a peer
+  /// at another position or shape, or one that left before issuing it);
+  /// "" if none shows. Blocks at most `patience` plus store round trips.
+  std::string explain_failure(const Fingerprint& mine, std::chrono::milliseconds patience);
   /// This rank destroys the communicator after issuing `issued` collectives,
   /// the last one `last` (a default Fingerprint when none).
   void on_leave(uint64_t issued, const Fingerprint& last);
@@ -48,7 +53,7 @@ class MismatchDetector {
   std::string read(const std::string& key);
   void write(const std::string& key, const std::string& value);
   /// "rank r: <what it waits on>" for every rank, and whether they disagree.
-  std::string compare(const Fingerprint& mine, bool* mismatch);
+  std::string compare(const Fingerprint& mine, bool confirm, bool* mismatch, int* silent);
   std::string message(const std::string& ranks_line) const;
 
   std::shared_ptr<Store> store_;
