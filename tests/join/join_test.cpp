@@ -40,6 +40,7 @@ struct Spec {
   std::string extra_yaml;         // e.g. "join: {divide_by_initial_world_size: true}\n"
   bool divide_by_world = false;   // the reference divides by W (must match extra_yaml)
   bool reference = true;          // lossy reducers: only "equal on every rank"
+  bool bf16 = false;              // the model computes in bf16 (extra_yaml sets precision)
   Spec(std::vector<int> steps_, std::string algorithm_ = "{name: allreduce}",
        std::string reducer_ = "{name: mean}", std::string optimizer_ = "sgd")
       : steps(std::move(steps_)),
@@ -69,7 +70,7 @@ std::pair<at::Tensor, at::Tensor> batch(const at::Tensor& x, const at::Tensor& y
 }
 
 at::Tensor loss_of(Mlp3& net, const std::pair<at::Tensor, at::Tensor>& b) {
-  return at::nll_loss(at::log_softmax(net->forward(b.first), 1), b.second);
+  return at::nll_loss(at::log_softmax(net->forward(b.first).to(at::kFloat), 1), b.second);
 }
 
 struct Outcome {
@@ -122,11 +123,14 @@ Outcome run(const Spec& s) {
     auto [x, y] = data();
     torch::manual_seed(kInitSeed);
     Mlp3 net(kIn, kClasses);
+    if (s.bf16) net->to(at::kBFloat16);
     auto rt = rank_runtime(job, rank, world, "join.yaml");
     auto opt = rt.make_optimizer(*net);
     for (int t = 0; t < s.steps[rank]; ++t) {
       opt.zero_grad();
-      loss_of(net, batch(x, y, world, t, rank)).backward();
+      auto b = batch(x, y, world, t, rank);
+      if (s.bf16) b.first = b.first.to(at::kBFloat16);
+      opt.scale_loss(loss_of(net, b)).backward();
       opt.step();
     }
     const int64_t shadowed = opt.join();
@@ -208,6 +212,14 @@ TEST_CASE("every reducer: identical parameters on every rank after join") {
   }
 }
 
+TEST_CASE("bf16 mixed precision: joined ranks shadow the inf/NaN check in the same order") {
+  Spec s({6, 9, 3});
+  s.extra_yaml = "join: {enabled: true}\nprecision: {dtype: bf16}\n";
+  s.bf16 = true;
+  s.reference = false;
+  check(s);
+}
+
 TEST_CASE("fp16 reducer tracks the reference loosely") {
   check(Spec({10, 4}, "{name: allreduce}", "{name: fp16}"), 5e-3);
 }
@@ -226,6 +238,30 @@ TEST_CASE("join() without join.enabled (the default) is refused on every rank") 
       return std::string(e.what()).find("join.enabled: false") != std::string::npos ? 0 : 3;
     }
     return 2;
+  });
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
+}
+
+TEST_CASE("join() while a backward's buckets await step() is refused; after step() it works") {
+  const std::string job = plugins_and_world_yaml(2, random_port()) +
+                          "communicator: {name: tcp}\noptimizer: {name: sgd, lr: 0.1}\n"
+                          "join: {enabled: true}\n";
+  auto codes = fork_ranks(2, [&](int rank) {
+    torch::manual_seed(kInitSeed);
+    Mlp3 net(kIn, kClasses);
+    auto rt = rank_runtime(job, rank, 2, "join.yaml");
+    auto opt = rt.make_optimizer(*net);
+    opt.zero_grad();
+    loss_of(net, {at::randn({kBatch, kIn}), at::randint(0, kClasses, {kBatch})}).backward();
+    int rc = 2;
+    try {
+      opt.join();
+    } catch (const distopt::Error& e) {
+      rc = std::string(e.what()).find("call step() first") != std::string::npos ? 0 : 3;
+    }
+    opt.step();
+    return rc == 0 && opt.join() == 0 ? 0 : rc == 0 ? 4 : rc;
   });
   CHECK(codes[0] == 0);
   CHECK(codes[1] == 0);

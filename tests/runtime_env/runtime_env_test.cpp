@@ -1,7 +1,6 @@
 // The kernel-set rule as a table (every case, whatever this machine's CPU),
 // and the threads-per-rank rule.
 #include <ATen/Parallel.h>
-#include <doctest/doctest.h>
 #include <sched.h>
 #include <stdlib.h>
 
@@ -18,6 +17,7 @@
 #include "distopt/threads.hpp"
 #include "multiproc.hpp"
 #include "result_files.hpp"
+#include "torch_doctest.hpp"  // last: after libtorch (glog) headers
 
 using distopt::openblas_coretype_rule;
 
