@@ -41,9 +41,11 @@ int cmd_launch(int argc, char** argv) {
       "port", po::value<int>(&lo.port)->default_value(0),
       "rendezvous port on 127.0.0.1 (0 = a free one)")(
       "timeout", po::value<double>(&lo.timeout_s)->default_value(0),
-      "stop the job after S seconds (0 = never)")("grace",
-                                                  po::value<double>(&lo.grace_s)->default_value(5),
-                                                  "seconds between SIGTERM and SIGKILL");
+      "stop the job after S seconds (0 = never)")(
+      "failure-wait", po::value<double>(&lo.failure_wait_s)->default_value(4),
+      "seconds the other ranks get to exit and report after one fails, before SIGTERM")(
+      "grace", po::value<double>(&lo.grace_s)->default_value(5),
+      "seconds between SIGTERM and SIGKILL");
   po::options_description hidden;
   hidden.add_options()("program", po::value<std::vector<std::string>>(), "");
   po::options_description all;
@@ -96,8 +98,8 @@ int cmd_launch(int argc, char** argv) {
     std::cerr << "distopt launch: --port must be in 0..65535 (got " << lo.port << ")\n";
     return 2;
   }
-  if (lo.timeout_s < 0 || lo.grace_s < 0) {
-    std::cerr << "distopt launch: --timeout and --grace must not be negative\n";
+  if (lo.timeout_s < 0 || lo.grace_s < 0 || lo.failure_wait_s < 0) {
+    std::cerr << "distopt launch: --timeout, --failure-wait and --grace must not be negative\n";
     return 2;
   }
   lo.nprocs = nprocs;

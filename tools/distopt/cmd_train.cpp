@@ -3,6 +3,7 @@
 //  [--keep N] [--resume]]`
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <climits>
 #include <cstdio>
@@ -136,6 +137,9 @@ int cmd_train(int argc, char** argv) {
     lo.name = "distopt train";
     lo.nprocs = static_cast<int>(cfg.world_size);
     lo.argv = {self_exe(), "train"};
+    // Survivors of a failed rank get time to explain it: the collective
+    // check waits up to min(collective_check_s, 3 s) for a dead peer.
+    lo.failure_wait_s = 1.0 + std::min(cfg.collective_check_s, 3.0);
     for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
     std::cout.flush();
     return launch::run(lo);

@@ -125,6 +125,13 @@ void explain(CheckedRequest* r, std::chrono::milliseconds patience) {
   host_api()->set_error((why + " [" + detail + "]").c_str());
 }
 
+/// How long a failed collective waits for the other ranks' posts: a peer in
+/// another collective posts after one interval; a dead peer never does, so
+/// the wait is capped (launchers give survivors kFailurePatienceCap + 1 s).
+std::chrono::milliseconds failure_patience(std::chrono::milliseconds interval) {
+  return std::min(interval, std::chrono::milliseconds(kFailurePatienceCapMs));
+}
+
 dopt_status c_wait(dopt_request* rq, int64_t timeout_ms) {
   CheckedRequest* r = req(rq);
   if (!r->detector) return r->vt->wait(r->inner, timeout_ms);
@@ -145,7 +152,7 @@ dopt_status c_wait(dopt_request* rq, int64_t timeout_ms) {
     }
     if (done) {
       if (st < 0)
-        explain(r, r->stall_after);  // keeps this rank's post for the others
+        explain(r, failure_patience(r->stall_after));  // keeps this rank's post
       else if (stalled)
         r->detector->on_wait_done();
       return st;

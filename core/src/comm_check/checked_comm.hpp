@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,11 @@ class Store;
 }
 
 namespace distopt::comm_check {
+
+/// A collective that fails waits at most this long (and at most one
+/// `stall_after`) for the other ranks' posts before reporting; a launcher
+/// that stops survivors sooner than this after a failure loses their report.
+constexpr int64_t kFailurePatienceCapMs = 3000;
 
 struct Settings {
   std::shared_ptr<Store> store;  ///< the job's rendezvous store

@@ -26,7 +26,9 @@ struct LaunchOptions {
   /// After the first rank fails, the others get this long to exit on their
   /// own (so a surviving rank can report, e.g., which peer died) before
   /// they are sent SIGTERM. Interrupts are forwarded without this wait.
-  double failure_wait_s = 1.0;
+  /// The default covers the collective check's wait for a dead peer's post
+  /// (at most 3 s) plus a second to report.
+  double failure_wait_s = 4.0;
   double grace_s = 5.0;  ///< SIGTERM -> SIGKILL delay, seconds
   std::vector<std::pair<std::string, std::string>> extra_env;  ///< set in every rank
   std::string name = "distopt launch";  ///< prefix of the launcher's own messages
