@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 
 namespace distopt {
 

@@ -14,10 +14,10 @@
 #include <thread>
 
 #include "distopt/blas.hpp"
-#include "distopt/communicator.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/sdk/tensor.hpp"
@@ -210,8 +210,8 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   args.scope = "comm/0";
   args.job_token = m.proc.token.c_str();
   args.bind_address = m.bind_address.c_str();
-  CollectiveCheck check{m.store, std::chrono::milliseconds(
-                                     static_cast<int64_t>(cfg.collective_check_s * 1000))};
+  CollectiveCheck check{
+      m.store, std::chrono::milliseconds(static_cast<int64_t>(cfg.collective_check_s * 1000))};
   m.comm = std::make_unique<Communicator>(ci, args, check);
   if (m.comm->world_size() != proc.world_size || m.comm->rank() != proc.rank)
     throw ComponentError(DOPT_ERR_INTERNAL, ci.name, "create",

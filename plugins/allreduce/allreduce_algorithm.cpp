@@ -5,7 +5,7 @@
 #include "distopt/sdk/optimizer_factory.hpp"
 #include "distopt/sdk/tensor.hpp"
 
-namespace distopt::plugins {
+namespace distopt::plugins::allreduce {
 namespace {
 
 // torch::nn::utils::clip_grad_norm_ (L2), op for op, so clipping here matches
@@ -133,4 +133,4 @@ void AllreduceAlgorithm::load_state(const sdk::StateReader& r) {
   sdk::load_optimizer_state(*optimizer_, slices_, r);
 }
 
-}  // namespace distopt::plugins
+}  // namespace distopt::plugins::allreduce

@@ -28,7 +28,7 @@
 #include "distopt/sdk/optimizer_state.hpp"
 #include "distopt/sdk/sdk.hpp"
 
-namespace distopt::plugins {
+namespace distopt::plugins::allreduce {
 
 class AllreduceAlgorithm : public sdk::Algorithm {
  public:
@@ -58,4 +58,4 @@ class AllreduceAlgorithm : public sdk::Algorithm {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
-}  // namespace distopt::plugins
+}  // namespace distopt::plugins::allreduce

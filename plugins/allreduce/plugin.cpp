@@ -18,6 +18,6 @@ constexpr dopt_option_spec kOptions[] = {
 DOPT_PLUGIN(
     "allreduce", "1.0.0",
     DOPT_COMPONENT(
-        distopt::plugins::AllreduceAlgorithm, "allreduce", "1.0.0",
+        distopt::plugins::allreduce::AllreduceAlgorithm, "allreduce", "1.0.0",
         "centralized data parallel: reduce every bucket, then any inner optimizer on every rank",
         kOptions))

@@ -6,7 +6,7 @@
 #include "distopt/sdk/optimizer_state.hpp"
 #include "distopt/sdk/tensor_state.hpp"
 
-namespace distopt::plugins {
+namespace distopt::plugins::fused {
 namespace {
 
 bool is_f32_cpu(const DLTensor& t) {
@@ -247,9 +247,9 @@ uint64_t FusedAlgorithm::state_bytes() const {
   return n * sizeof(float);
 }
 
-}  // namespace distopt::plugins
+}  // namespace distopt::plugins::fused
 
-namespace distopt::plugins {
+namespace distopt::plugins::fused {
 
 std::vector<std::pair<const char*, int>> FusedAlgorithm::state_fields() const {
   if (optimizer_ == "sgd") {
@@ -343,4 +343,4 @@ void FusedAlgorithm::load_state(const sdk::StateReader& r) {
   for (size_t g = 0; g < groups_.size(); ++g) groups_[g].steps = std::max<int64_t>(0, step[g]);
 }
 
-}  // namespace distopt::plugins
+}  // namespace distopt::plugins::fused

@@ -50,7 +50,7 @@
 #include "distopt/sdk/sdk.hpp"
 #include "fused_kernels.hpp"
 
-namespace distopt::plugins {
+namespace distopt::plugins::fused {
 
 class FusedAlgorithm : public sdk::Algorithm {
  public:
@@ -103,4 +103,4 @@ class FusedAlgorithm : public sdk::Algorithm {
   uint64_t reflattens_ = 0;
 };
 
-}  // namespace distopt::plugins
+}  // namespace distopt::plugins::fused

@@ -18,7 +18,7 @@ constexpr dopt_option_spec kOptions[] = {
 }  // namespace
 
 DOPT_PLUGIN("fused", "1.0.0",
-            DOPT_COMPONENT(distopt::plugins::FusedAlgorithm, "fused", "1.0.0",
+            DOPT_COMPONENT(distopt::plugins::fused::FusedAlgorithm, "fused", "1.0.0",
                            "fused inner optimizer (sgd/adam/adamw): reduce buckets, then one "
                            "single-pass update per parameter group (Bagua fuse_optimizer)",
                            kOptions))

@@ -4,7 +4,7 @@
 
 #include "distopt/sdk/traffic.hpp"
 
-namespace distopt::plugins {
+namespace distopt::plugins::mean {
 namespace {
 
 /// The reducer's request: the communicator's allreduce request.
@@ -45,4 +45,4 @@ std::unique_ptr<sdk::Request> MeanReducer::reduce(const dopt_bucket& bucket) {
   return std::make_unique<MeanRequest>(std::move(h));
 }
 
-}  // namespace distopt::plugins
+}  // namespace distopt::plugins::mean

@@ -8,7 +8,7 @@
 
 #include "distopt/sdk/sdk.hpp"
 
-namespace distopt::plugins {
+namespace distopt::plugins::mean {
 
 class MeanReducer : public sdk::Reducer {
  public:
@@ -35,4 +35,4 @@ class MeanReducer : public sdk::Reducer {
   std::atomic<uint64_t> bytes_sent_{0};
 };
 
-}  // namespace distopt::plugins
+}  // namespace distopt::plugins::mean

@@ -2,6 +2,6 @@
 #include "mean_reducer.hpp"
 
 DOPT_PLUGIN("mean", "1.0.0",
-            DOPT_COMPONENT(distopt::plugins::MeanReducer, "mean", "1.0.0",
+            DOPT_COMPONENT(distopt::plugins::mean::MeanReducer, "mean", "1.0.0",
                            "average of each gradient bucket over ranks (one in-place allreduce)",
                            nullptr))

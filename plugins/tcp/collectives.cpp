@@ -13,7 +13,7 @@
 #include "comm.hpp"
 #include "p2p.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 namespace {
 
 int mod(int x, int n) { return ((x % n) + n) % n; }
@@ -263,4 +263,4 @@ std::shared_ptr<Request> TcpComm::recv(DLTensor* buf, int peer, int tag) {
   return req;
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

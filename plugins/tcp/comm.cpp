@@ -12,7 +12,7 @@
 #include "host.hpp"
 #include "p2p.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
   if (args.world_size < 1 || args.rank < 0 || args.rank >= args.world_size)
@@ -327,4 +327,4 @@ TcpComm* TcpComm::split(int color, int key) {
   return create(a, cfg_);
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

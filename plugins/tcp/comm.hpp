@@ -19,7 +19,7 @@
 #include "ring.hpp"
 #include "shm_collectives.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 class Control;
 
@@ -125,9 +125,9 @@ class TcpComm {
   std::string fail_cause_;
 };
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp
 
 /// The opaque handle handed to the host.
 struct dopt_comm {
-  dopt_tcp::TcpComm* impl;
+  distopt::plugins::tcp::TcpComm* impl;
 };

@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 class FaultPoint {
  public:
@@ -48,4 +48,4 @@ class FaultPoint {
   uint64_t ops_ = 0, sent_ = 0;
 };
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

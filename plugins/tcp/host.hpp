@@ -5,7 +5,7 @@
 
 #include "distopt/abi.h"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 /// Set once by dopt_plugin_init_v1; valid until the library is unloaded.
 extern const dopt_host_api* g_host;
@@ -20,4 +20,4 @@ inline void metric(const char* name, double v) {
   if (g_host && g_host->metric_add) g_host->metric_add(name, v);
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

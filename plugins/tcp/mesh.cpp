@@ -8,7 +8,7 @@
 
 #include "host.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'O', 'P', 'T', 'T', 'C', 'P', '1'};
@@ -176,4 +176,4 @@ Mesh build_mesh(const MeshArgs& a) {
   return m;
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

@@ -9,7 +9,7 @@
 #include "distopt/abi.h"
 #include "socket.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 struct MeshArgs {
   int rank = 0;
@@ -38,4 +38,4 @@ struct Mesh {
 /// logged, and does not count. Throws std::runtime_error on failure/timeout.
 Mesh build_mesh(const MeshArgs& a);
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

@@ -15,7 +15,7 @@
 #include "comm.hpp"
 #include "host.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 namespace {
 
 enum : uint32_t { kData = 1, kBye = 2, kAbort = 3 };
@@ -474,4 +474,4 @@ void Control::loop() {
   }
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

@@ -16,7 +16,7 @@
 #include "request.hpp"
 #include "socket.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 class TcpComm;
 
@@ -52,4 +52,4 @@ class Control {
   std::thread thread_;
 };
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

@@ -8,7 +8,7 @@
 #include "distopt/sdk/options.hpp"
 #include "host.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 const dopt_host_api* g_host = nullptr;
 
@@ -200,11 +200,11 @@ const dopt_component kComponents[] = {{
 }};  // no traits; no check_job: every job its schema accepts
 
 }  // namespace
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp
 
 extern "C" DOPT_EXPORT dopt_status dopt_plugin_init_v1(const dopt_host_api* host,
                                                        dopt_plugin_info* info) {
-  using namespace dopt_tcp;
+  using namespace distopt::plugins::tcp;
   if (!host || !info) return DOPT_ERR_INVALID_ARGUMENT;
   if (host->struct_size < DOPT_HOST_API_STRUCT_SIZE || host->abi_major != DOPT_ABI_VERSION_MAJOR) {
     if (host->struct_size >= DOPT_STRUCT_SIZE_UPTO(dopt_host_api, set_error) && host->set_error)

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 namespace {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -275,4 +275,4 @@ void divide(DType t, void* dst, const void* src, size_t n, int divisor) {
   }
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

@@ -10,7 +10,7 @@
 
 #include "distopt/communicator.h"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 enum class DType { F32, F64, BF16, F16, I32, I64 };
 
@@ -29,4 +29,4 @@ void reduce(DType t, dopt_reduce_op op, void* dst, const void* a, const void* b,
 /// dst[i] = src[i] / divisor (world-size-1 average; only used when divisor > 1).
 void divide(DType t, void* dst, const void* src, size_t n, int divisor);
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

@@ -3,7 +3,7 @@
 
 #include "host.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 void Request::complete(dopt_status status, const std::string& msg) {
   {
@@ -42,4 +42,4 @@ dopt_status Request::test(int32_t* done) {
   return status_;
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

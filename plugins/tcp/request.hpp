@@ -10,7 +10,7 @@
 
 #include "distopt/abi.h"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 class Request {
  public:
@@ -36,10 +36,10 @@ class Request {
   std::string msg_;
 };
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp
 
 /// The opaque handle given to callers: a reference to the shared state, so a
 /// request freed while running lets the operation finish and discards it.
 struct dopt_request {
-  std::shared_ptr<dopt_tcp::Request> req;
+  std::shared_ptr<distopt::plugins::tcp::Request> req;
 };

@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 namespace {
 
 std::string lost(int peer, int err) {
@@ -146,4 +146,4 @@ RingResult run_ring(const RingPlan& plan, const RingIo& io) {
   return res;
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

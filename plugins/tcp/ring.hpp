@@ -16,7 +16,7 @@
 #include "reduce_kernels.hpp"
 #include "socket.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 /// Where incoming bytes go. local == nullptr: copied into dst. Otherwise
 /// dst = local (op) incoming, then divided by `divisor` if > 1 (averages).
@@ -68,4 +68,4 @@ struct RingResult {
 /// Run the plan to completion, failure or the deadline.
 RingResult run_ring(const RingPlan& plan, const RingIo& io);
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

@@ -6,7 +6,7 @@
 
 #include "host.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 namespace {
 
 // Store helpers for the handshake: values are short strings.
@@ -276,4 +276,4 @@ RingResult ShmTransport::broadcast(char* buf, size_t bytes, int root, const ShmW
   return res;
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

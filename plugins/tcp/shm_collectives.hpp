@@ -23,7 +23,7 @@
 #include "ring.hpp"
 #include "shm_segment.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 struct ShmSetup {
   bool enabled = true;  ///< false: take part in the agreement, but vote for TCP
@@ -78,4 +78,4 @@ class ShmTransport {
   std::vector<ShmSegment> segs_;  ///< segs_[p]: rank p's segment (own included)
 };
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

@@ -16,7 +16,7 @@
 #include <random>
 #include <stdexcept>
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 namespace {
 
 std::string sys_error(const std::string& what, const std::string& name) {
@@ -166,4 +166,4 @@ dopt_status shm_wait(ShmHeader* h, const std::atomic<uint64_t>& counter, uint64_
   }
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

@@ -12,7 +12,7 @@
 #include "fault.hpp"
 #include "socket.hpp"
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 /// The header at the start of every rank's segment. Counters hold round
 /// numbers (1, 2, ...; 0 = none yet) and only grow; each on its own cache line
@@ -88,4 +88,4 @@ struct ShmWaitCtx {
 dopt_status shm_wait(ShmHeader* h, const std::atomic<uint64_t>& counter, uint64_t value,
                      const ShmWaitCtx& ctx, const std::atomic<bool>* peer_left = nullptr);
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 namespace {
 
 sockaddr_in resolve(const std::string& host, int port) {
@@ -176,4 +176,4 @@ std::string peer_address(int fd) {
   return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
 }
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

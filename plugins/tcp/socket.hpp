@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-namespace dopt_tcp {
+namespace distopt::plugins::tcp {
 
 using Clock = std::chrono::steady_clock;
 
@@ -41,4 +41,4 @@ int poll_ms(Clock::time_point deadline, int cap_ms);
 /// "ip:port" of the peer, for log messages.
 std::string peer_address(int fd);
 
-}  // namespace dopt_tcp
+}  // namespace distopt::plugins::tcp

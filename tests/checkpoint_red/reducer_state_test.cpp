@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "distopt/communicator.hpp"
+#include "distopt/component_options.hpp"
 #include "distopt/config.hpp"
-#include "distopt/host.hpp"
-#include "distopt/options.hpp"
+#include "distopt/host_api.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/reducer.h"
 #include "distopt/registry.hpp"
 #include "distopt/runtime.hpp"

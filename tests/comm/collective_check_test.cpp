@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "distopt/communicator.hpp"
 #include "distopt/error.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"

@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
-#include "distopt/communicator.hpp"
-#include "distopt/options.hpp"
+#include "distopt/component_options.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/store.hpp"
 #include "multiproc.hpp"

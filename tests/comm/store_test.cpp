@@ -14,7 +14,7 @@
 #include <string>
 
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "multiproc.hpp"
 
 using namespace distopt;

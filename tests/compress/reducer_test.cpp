@@ -20,7 +20,7 @@
 #include "bitpack.hpp"  // plugins/compress: the signsgd wire format
 #include "comm_helpers.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 
 namespace {
 

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "distopt/component_options.hpp"
 #include "distopt/error.hpp"
-#include "distopt/options.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/sdk/options.hpp"
 #include "multiproc.hpp"

@@ -25,7 +25,7 @@
 #include "distopt/config.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/runtime.hpp"
 #include "distopt/sdk/optimizer_factory.hpp"
 #include "distopt/sdk/tensor.hpp"

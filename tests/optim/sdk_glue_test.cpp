@@ -7,8 +7,8 @@
 #include <string>
 #include <thread>
 
-#include "distopt/host.hpp"
-#include "distopt/options.hpp"
+#include "distopt/component_options.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/sdk/sdk.hpp"
 
 namespace {

@@ -23,10 +23,10 @@
 #include <thread>
 #include <vector>
 
-#include "distopt/communicator.hpp"
+#include "distopt/component_options.hpp"
 #include "distopt/config.hpp"
-#include "distopt/host.hpp"
-#include "distopt/options.hpp"
+#include "distopt/host_api.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"

@@ -14,7 +14,7 @@
 
 #include "distopt/config.hpp"
 #include "distopt/distributed_optimizer.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"

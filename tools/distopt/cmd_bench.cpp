@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "command.hpp"
-#include "distopt/communicator.hpp"
+#include "distopt/component_options.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
-#include "distopt/options.hpp"
+#include "distopt/host_api.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/store.hpp"
 

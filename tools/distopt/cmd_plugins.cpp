@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "command.hpp"
+#include "distopt/component_options.hpp"
 #include "distopt/config.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
-#include "distopt/options.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/registry.hpp"
 
 namespace po = boost::program_options;

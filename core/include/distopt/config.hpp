@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "distopt/buffers.hpp"
-#include "distopt/options.hpp"
+#include "distopt/component_options.hpp"
 #include "distopt/precision.hpp"
 
 namespace distopt {
@@ -48,7 +48,7 @@ struct JobConfig {
   double timeout_s = 60;  ///< world.timeout_s: rendezvous and default op timeout
   /// world.collective_check_s: a collective wait this long (seconds) makes
   /// the ranks compare what they wait on and fail naming a mismatch
-  /// (communicator.hpp, CollectiveCheck); 0 turns the check off.
+  /// (host_communicator.hpp, CollectiveCheck); 0 turns the check off.
   double collective_check_s = 2;
   ComponentConfig communicator{"tcp", {}, {}};
   ComponentConfig reducer{"mean", {}, {}};

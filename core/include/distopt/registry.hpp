@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "distopt/abi.h"
-#include "distopt/options.hpp"
+#include "distopt/component_options.hpp"
 
 namespace distopt {
 

@@ -15,9 +15,9 @@
 #include "checkpoint/reading.hpp"
 #include "checkpoint/snapshot.hpp"
 #include "checkpoint/state_source.hpp"
-#include "distopt/communicator.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/runtime.hpp"
 
 namespace fs = std::filesystem;

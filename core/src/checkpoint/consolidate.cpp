@@ -10,8 +10,8 @@
 #include "checkpoint/reading.hpp"
 #include "checkpoint/snapshot.hpp"
 #include "checkpoint/state_source.hpp"
-#include "distopt/communicator.hpp"
 #include "distopt/error.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/runtime.hpp"
 #include "distopt/sdk/tensor.hpp"
 

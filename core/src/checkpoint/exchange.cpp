@@ -5,9 +5,9 @@
 #include <cstring>
 #include <deque>
 
-#include "distopt/communicator.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "optim/optimizer_impl.hpp"
 

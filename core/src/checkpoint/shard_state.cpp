@@ -5,7 +5,7 @@
 #include <torch/serialize.h>
 
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/sdk/tensor.hpp"
 
 namespace distopt::checkpoint {

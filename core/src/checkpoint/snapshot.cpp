@@ -8,7 +8,7 @@
 
 #include "checkpoint/exchange.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "optim/optimizer_impl.hpp"
 
 namespace distopt::checkpoint {

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/sdk/tensor.hpp"
 
 namespace distopt::checkpoint {

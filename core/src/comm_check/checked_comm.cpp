@@ -7,7 +7,7 @@
 
 #include "comm_check/fingerprint.hpp"
 #include "comm_check/mismatch_detector.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/sdk/traffic.hpp"
 
 namespace distopt::comm_check {

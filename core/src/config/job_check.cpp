@@ -8,7 +8,7 @@
 
 #include "config/yaml_util.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/job.h"
 #include "distopt/precision.hpp"
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "distopt/component_options.hpp"
 #include "distopt/config.hpp"
-#include "distopt/options.hpp"
 #include "distopt/registry.hpp"
 
 namespace distopt::config {

@@ -3,9 +3,9 @@
 
 #include <cstring>
 
-#include "distopt/communicator.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/sdk/tensor.hpp"
 
 namespace distopt::optim {

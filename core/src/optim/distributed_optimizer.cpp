@@ -10,9 +10,9 @@
 #include <set>
 
 #include "distopt/algorithm.h"
-#include "distopt/communicator.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/reducer.h"
 #include "distopt/sdk/tensor.hpp"
 #include "distopt/sdk/traffic.hpp"

@@ -10,9 +10,9 @@
 
 #include "distopt/abi.h"
 #include "distopt/communicator.h"
+#include "distopt/component_options.hpp"
 #include "distopt/config.hpp"
 #include "distopt/distributed_optimizer.hpp"
-#include "distopt/options.hpp"
 #include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/runtime.hpp"

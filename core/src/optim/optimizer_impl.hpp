@@ -11,7 +11,7 @@
 #include "distopt/algorithm.h"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/reducer.h"
 #include "distopt/sdk/tensor.hpp"
 #include "optim/bucket_manager.hpp"

@@ -28,10 +28,10 @@
 
 #include "checkpoint/exchange.hpp"
 #include "checkpoint/state_source.hpp"
-#include "distopt/communicator.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
+#include "distopt/host_communicator.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "optim/optimizer_builder.hpp"
 #include "optim/optimizer_impl.hpp"

@@ -14,7 +14,7 @@
 #include "distopt/algorithm.h"
 #include "distopt/communicator.h"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/job.h"
 #include "distopt/reducer.h"
 

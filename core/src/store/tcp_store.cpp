@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 #include "store/net.hpp"
 
 namespace distopt {

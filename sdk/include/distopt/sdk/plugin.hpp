@@ -23,7 +23,7 @@
 // fails create with the mapped status. Pass nullptr as the schema for a
 // component without options (the option builder is in options.hpp).
 //
-// Optional static members of the class (ABI 1.2, see job.hpp):
+// Optional static members of the class (ABI 1.2, see job_view.hpp):
 //   static void check_job(const distopt::sdk::JobView& job);  // refuse a job at check time
 //   static constexpr uint32_t traits = DOPT_TRAIT_EXACT_MEAN;   // properties it declares
 // Torch-free.
@@ -41,9 +41,9 @@
 #include "distopt/job.h"
 #include "distopt/reducer.h"
 #include "distopt/sdk/host.hpp"
-#include "distopt/sdk/job.hpp"
+#include "distopt/sdk/job_view.hpp"
 #include "distopt/sdk/request.hpp"
-#include "distopt/sdk/state.hpp"
+#include "distopt/sdk/state_io.hpp"
 
 namespace distopt::sdk {
 

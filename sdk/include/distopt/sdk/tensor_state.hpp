@@ -1,4 +1,4 @@
-// at::Tensor overloads of the state writer / reader (distopt/sdk/state.hpp).
+// at::Tensor overloads of the state writer / reader (distopt/sdk/state_io.hpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "distopt/sdk/state.hpp"
+#include "distopt/sdk/state_io.hpp"
 #include "distopt/sdk/tensor.hpp"
 
 namespace distopt::sdk {

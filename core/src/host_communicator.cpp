@@ -1,11 +1,11 @@
 // C++ owner of a communicator instance made through a plugin's vtable.
-#include "distopt/communicator.hpp"
+#include "distopt/host_communicator.hpp"
 
 #include <utility>
 
 #include "comm_check/checked_comm.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 
 namespace distopt {
 namespace {

@@ -1,6 +1,6 @@
 // distopt::Options: validation of a component's YAML options against the C
 // schema it declares, and the typed getters behind dopt_host_api::option_*.
-#include "distopt/options.hpp"
+#include "distopt/component_options.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // The host side of the plugin ABI: the dopt_host_api table every plugin gets,
 // the thread-local error sink, job metrics and status checking.
-#include "distopt/host.hpp"
+#include "distopt/host_api.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -11,8 +11,8 @@
 #include <mutex>
 #include <string>
 
+#include "distopt/component_options.hpp"
 #include "distopt/error.hpp"
-#include "distopt/options.hpp"
 #include "distopt/store.hpp"
 
 namespace distopt {
