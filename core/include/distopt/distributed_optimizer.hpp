@@ -120,7 +120,26 @@ class DistributedOptimizer {
   /// Number of parameter groups: set_lr takes 0 .. num_param_groups() - 1.
   int num_param_groups() const;
 
-  /// Bytes of optimizer state on this rank.
+  /// True when the algorithm keeps its own replica of the parameters on
+  /// every rank between synchronisations (ABI 1.2 trait
+  /// DOPT_TRAIT_LOCAL_REPLICAS: decentralized, local SGD). Checkpoints then
+  /// hold the replicas' mean as the model, and `distopt train` evaluates it.
+  bool replicas_differ() const;
+  /// The mean over ranks of the parameters the optimizer steps.
+  struct ReplicaAverage {
+    /// (name, mean) in make_optimizer's order, new tensors of each
+    /// parameter's dtype and shape (frozen parameters included: equal).
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    /// (1/W) sum_i ||x_i - mean||^2 over all parameters (squared L2, the
+    /// consensus distance of Kong et al., ICML 2021); 0 when every rank holds
+    /// the same values.
+    double consensus_distance = 0;
+  };
+  /// Collective (every rank, between steps): one SUM allreduce of all
+  /// parameters (fp32 accumulation for low-precision ones) and one of a
+  /// scalar. Changes nothing. Throws CommError.
+  ReplicaAverage average_replicas();
+
   uint64_t state_bytes() const;
   /// Bytes put on the wire from this rank since make_optimizer: the
   /// reducer's count plus (ABI 1.1) what the algorithm sent itself, e.g.

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <variant>
 
 #include "checkpoint/exchange.hpp"
@@ -80,8 +81,16 @@ ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int ran
   require_state_api(m);
   at::NoGradGuard no_grad;
   ShardState s;
+  // Local replicas (decentralized): the model saved is their mean, which
+  // every rank must help compute; each replica is in its algorithm state.
+  std::map<std::string, at::Tensor> mean;
+  if (opt.replicas_differ())
+    for (auto& [name, t] : opt.average_replicas().params) mean.emplace(name, t);
   if (rank == 0) {
-    for (const auto& [name, t] : model_tensors(model)) put_whole(s, kModel + name, t);
+    for (const auto& [name, t] : model_tensors(model)) {
+      auto it = mean.find(name);
+      put_whole(s, kModel + name, it != mean.end() ? it->second : t);
+    }
     if (m.masters)
       for (size_t i = 0; i < m.build.params.size(); ++i)
         put_whole(s, kMaster + m.build.params[i].first, m.masters->master(i));

@@ -271,6 +271,12 @@ typedef struct dopt_job dopt_job;
  * the gradients itself (ZeRO stage 2's reduce-scatter) without changing what
  * the job computes. */
 #define DOPT_TRAIT_EXACT_MEAN 0x1u
+/** Algorithm: between synchronisations every rank holds its own replica of
+ * the parameters (decentralized SGD, local SGD). The host then evaluates and
+ * checkpoints their mean over ranks (one allreduce of the parameters: the
+ * checkpoint's model, and `consolidate`'s), reports the consensus distance,
+ * and the algorithm saves its own replica as DOPT_STATE_RANK_LOCAL state. */
+#define DOPT_TRAIT_LOCAL_REPLICAS 0x2u
 
 typedef struct dopt_component {
   size_t struct_size;

@@ -361,7 +361,7 @@ class Trainer {
     auto loss_t = at::tensor({my_mean_loss}, at::kDouble);
     rt_->allreduce(loss_t, /*average=*/true);
     last_train_loss_ = loss_t.item<double>();
-    last_eval_ = evaluate(*rt_, *model_, data_.test_x, data_.test_y, dtype_);
+    last_eval_ = evaluate_model();
     const int64_t epoch_steps = steps_per_epoch_ - start;
     const double samples = static_cast<double>(
         std::min(steps_per_epoch_ * global_batch_, data_.train_count()) - start * global_batch_);
@@ -372,16 +372,43 @@ class Trainer {
               << ", test accuracy " << fmt("%.2f", 100 * last_eval_.accuracy) << "% ("
               << last_eval_.count << " images), " << fmt("%.2f", epoch_time) << " s, "
               << fmt("%.0f", samples / epoch_time) << " samples/s" << std::endl;
-    metrics_.write({{"event", "epoch"},
-                    {"epoch", epoch},
-                    {"steps", epoch_steps},
-                    {"samples", static_cast<int64_t>(samples)},
-                    {"train_loss", last_train_loss_},
-                    {"test_loss", last_eval_.loss},
-                    {"test_accuracy", last_eval_.accuracy},
-                    {"test_images", last_eval_.count},
-                    {"epoch_time_s", epoch_time},
-                    {"samples_per_s", samples / epoch_time}});
+    nlohmann::json event = {{"event", "epoch"},
+                            {"epoch", epoch},
+                            {"steps", epoch_steps},
+                            {"samples", static_cast<int64_t>(samples)},
+                            {"train_loss", last_train_loss_},
+                            {"test_loss", last_eval_.loss},
+                            {"test_accuracy", last_eval_.accuracy},
+                            {"test_images", last_eval_.count},
+                            {"epoch_time_s", epoch_time},
+                            {"samples_per_s", samples / epoch_time}};
+    if (consensus_distance_ >= 0) event["consensus_distance"] = consensus_distance_;
+    metrics_.write(event);
+  }
+
+  // With local replicas (decentralized) the model evaluated is their mean
+  // over ranks, swapped in for the evaluation; the consensus distance says
+  // how far the replicas are from it.
+  EvalResult evaluate_model() {
+    if (!opt_->replicas_differ())
+      return evaluate(*rt_, *model_, data_.test_x, data_.test_y, dtype_);
+    at::NoGradGuard ng;
+    auto avg = opt_->average_replicas();
+    consensus_distance_ = avg.consensus_distance;
+    std::vector<std::pair<at::Tensor, at::Tensor>> swapped;  // (parameter, its own values)
+    for (auto& p : model_->named_parameters(true))
+      for (auto& [name, mean] : avg.params)
+        if (name == p.key()) {
+          swapped.emplace_back(p.value(), p.value().detach().clone());
+          p.value().detach().copy_(mean);
+        }
+    EvalResult r = evaluate(*rt_, *model_, data_.test_x, data_.test_y, dtype_);
+    for (auto& [param, own] : swapped) param.detach().copy_(own);
+    if (lead())
+      std::cout << "  replicas: consensus distance " << fmt("%.3g", consensus_distance_)
+                << " (mean over ranks of ||x_i - x_mean||^2; the mean model is evaluated)"
+                << std::endl;
+    return r;
   }
 
   // Per-rank byte and state counts (collective), then rank 0's summary.
@@ -454,6 +481,7 @@ class Trainer {
   double samples_run_ = 0;  // global samples of the epochs run
   double train_time_ = 0;   // seconds inside training steps (evaluation excluded)
   EvalResult last_eval_;
+  double consensus_distance_ = -1;  // local replicas only: at the last evaluation
   double last_train_loss_ = 0;
 };
 

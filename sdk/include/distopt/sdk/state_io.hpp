@@ -94,6 +94,8 @@ class StateReader {
   void read(const std::string& key, int64_t offset, DLTensor& out) const {
     detail::check_host(r_.read(r_.ctx, key.c_str(), offset, &out), "state read '" + key + "'");
   }
+  /// The C reader this wraps (to build adapters such as PreferPrefixReader).
+  const dopt_state_reader& c() const { return r_; }
 
  private:
   const dopt_state_reader& r_;

@@ -1,0 +1,78 @@
+// The `decentralized` algorithm: decentralized SGD (D-PSGD, Lian et al.,
+// NeurIPS 2017; Bagua's Decentralized algorithm). Every rank keeps its own
+// replica x_i of the parameters. A communication step t (every
+// `communication_interval`-th step) computes
+//     x_i <- sum_j W_ij x_j        (gossip with the topology's neighbours)
+//     x_i <- inner_optimizer(x_i, g_i(x_i before the gossip))
+// where W is the topology's doubly stochastic mixing matrix (topology.hpp)
+// and g_i is this rank's own gradient: gradients are never reduced (the
+// reducer is not used; only one declaring the exact mean is accepted, as it
+// would change nothing). Other steps are plain local steps.
+//
+// Overlap (Bagua): the parameters do not change during backward, so a
+// bucket's exchange starts as soon as its gradients are ready (on the
+// autograd thread) and step() only waits for it; overlap: false starts
+// every exchange in step(). Both compute the same values bitwise.
+//
+// Checkpoints (ABI 1.2 trait DOPT_TRAIT_LOCAL_REPLICAS): the host saves the
+// replicas' mean as the model; this algorithm puts its own replica under
+// replica/<param> and its inner-optimizer state under local/optimizer/...
+// (both RANK_LOCAL: a resume at the same world size continues every rank
+// exactly; at another world size every rank reads the mean over the saved
+// ranks), plus rank 0's optimizer state under the usual optimizer/... keys
+// so that other algorithms load it, and the step counter.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "distopt/sdk/optimizer_state.hpp"
+#include "distopt/sdk/sdk.hpp"
+#include "gossip.hpp"
+#include "topology.hpp"
+
+namespace distopt::plugins::decentralized {
+
+class DecentralizedAlgorithm : public sdk::Algorithm {
+ public:
+  static constexpr uint32_t traits = DOPT_TRAIT_LOCAL_REPLICAS;
+  /// Refuses an odd world with shift_one, a bad neighbour list, a reducer
+  /// that is not an exact mean, and mixed precision.
+  static void check_job(const sdk::JobView& job);
+
+  explicit DecentralizedAlgorithm(const dopt_algorithm_args& args);
+  ~DecentralizedAlgorithm() override;
+  void on_bucket_ready(const dopt_bucket& bucket) override;
+  void step() override;
+  void set_lr(int32_t group, double lr) override;
+  uint64_t state_bytes() const override;
+  void save_state(sdk::StateWriter& w) override;
+  void load_state(const sdk::StateReader& r) override;
+  uint64_t bytes_sent() const override;
+
+ private:
+  bool communicates() const { return step_ % interval_ == 0; }
+  void start(size_t bucket);
+  void abandon_all();
+
+  sdk::CommView comm_;
+  int32_t rank_;
+  int32_t world_size_;
+  Topology topology_;
+  int64_t interval_;
+  bool overlap_;
+  int64_t step_ = 0;  // steps taken; communication round = step_ / interval_
+  std::vector<const dopt_bucket*> buckets_;
+  std::vector<std::unique_ptr<BucketGossip>> gossip_;
+  std::vector<at::Tensor> params_;  // by dopt_param index; undefined when frozen
+  std::vector<std::pair<std::string, at::Tensor>> trainable_;
+  std::vector<int32_t> group_slot_;
+  std::vector<std::vector<sdk::ParamSlice>> slices_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::atomic<uint64_t> bytes_{0};
+};
+
+}  // namespace distopt::plugins::decentralized

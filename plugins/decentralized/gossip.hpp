@@ -1,0 +1,48 @@
+// One bucket's parameter exchange in a gossip round: pack this rank's
+// parameters of the bucket, send them to every neighbour of the mixing row
+// and receive theirs (or allreduce them for `complete`), then write
+// self_weight * x + sum(w_j * x_j) back into the parameters.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "distopt/sdk/sdk.hpp"
+#include "distopt/sdk/tensor.hpp"
+#include "topology.hpp"
+
+namespace distopt::plugins::decentralized {
+
+class BucketGossip {
+ public:
+  /// `params`: the algorithm's parameter tensors (index = dopt_param index,
+  /// undefined for frozen ones); the bucket's entries name which it holds.
+  BucketGossip(const dopt_bucket& bucket, const std::vector<at::Tensor>& params);
+
+  /// Pack the parameters and start the exchange; `tag` identifies the
+  /// bucket on the wire. Returns the bytes this rank sends.
+  uint64_t start(sdk::CommView& comm, const MixingRow& row, int32_t tag);
+  bool started() const { return started_; }
+  /// Wait for the exchange and mix into the parameters. Throws the
+  /// communicator's error (naming the peer) on failure.
+  void finish();
+  /// Drop a started exchange (after a failure elsewhere).
+  void abandon();
+
+ private:
+  void scatter(const at::Tensor& mixed);
+
+  const dopt_bucket* bucket_;
+  std::vector<at::Tensor> views_;  // per entry: the parameter, flat
+  at::Tensor send_;
+  std::vector<at::Tensor> recv_;
+  std::vector<sdk::DLView> wire_;  // DLTensors of the pending operations
+  std::vector<sdk::CommHandle> pending_;
+  MixingRow row_;
+  int32_t world_size_ = 1;
+  bool started_ = false;
+};
+
+}  // namespace distopt::plugins::decentralized

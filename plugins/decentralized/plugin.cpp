@@ -1,0 +1,29 @@
+// ABI glue of the `decentralized` plugin (see decentralized_algorithm.hpp).
+#include "decentralized_algorithm.hpp"
+
+namespace {
+namespace sdk = distopt::sdk;
+constexpr dopt_option_spec kOptions[] = {
+    sdk::option_string("topology", "ring",
+                       "who averages with whom: ring (left and right, weights 1/3), shift_one "
+                       "(Bagua: one rotating peer, even world size), complete (mean over all "
+                       "ranks), exponential (peers at distance 2^k), neighbors (explicit lists)")
+        .choices("ring|shift_one|complete|exponential|neighbors"),
+    sdk::option_string("neighbors", "",
+                       "topology: neighbors: symmetric adjacency lists, e.g. \"0:1,3; 1:0,2; "
+                       "2:1,3; 3:2,0\" (Metropolis-Hastings weights)"),
+    sdk::option_int("communication_interval", "1",
+                    "gossip every k-th step; plain local steps between")
+        .range(1, 1000000),
+    sdk::option_bool("overlap", "true",
+                     "start each bucket's exchange during backward, as soon as its gradients "
+                     "are ready (same result; false: all exchanges in step())"),
+};
+}  // namespace
+
+DOPT_PLUGIN("decentralized", "1.0.0",
+            DOPT_COMPONENT(distopt::plugins::decentralized::DecentralizedAlgorithm, "decentralized",
+                           "1.0.0",
+                           "decentralized SGD (D-PSGD): every rank averages its parameters with "
+                           "its topology's neighbours and applies its own gradient",
+                           kOptions))
