@@ -26,30 +26,30 @@ Clock::time_point deadline_after(double seconds) {
 void check_op(dopt_reduce_op op, const char* name) {
   if (op != DOPT_REDUCE_SUM && op != DOPT_REDUCE_AVG && op != DOPT_REDUCE_MIN &&
       op != DOPT_REDUCE_MAX)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT,
-                   std::string(name) + ": unknown reduce op " + std::to_string(op)};
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     std::string(name) + ": unknown reduce op " + std::to_string(op));
 }
 
 void check_same_dtype(const Buffer& a, const Buffer& b, const char* name) {
   if (a.dtype.code != b.dtype.code || a.dtype.bits != b.dtype.bits ||
       a.dtype.lanes != b.dtype.lanes)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT,
-                   std::string(name) + ": send and recv have different dtypes"};
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     std::string(name) + ": send and recv have different dtypes");
 }
 
 }  // namespace
 
-std::shared_ptr<Request> TcpComm::allreduce(const DLTensor* send, DLTensor* recv,
-                                            dopt_reduce_op op) {
+std::unique_ptr<sdk::Request> TcpComm::allreduce(const DLTensor& send, DLTensor& recv,
+                                                 dopt_reduce_op op) {
   check_op(op, "allreduce");
   DType dt;
   Buffer s = check(send, "allreduce", "send", true, &dt);
   Buffer r = check(recv, "allreduce", "recv", true);
   check_same_dtype(s, r, "allreduce");
   if (s.count != r.count)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "allreduce: send has " + std::to_string(s.count) +
-                                                  " elements but recv has " +
-                                                  std::to_string(r.count)};
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: send has " + std::to_string(s.count) +
+                                                    " elements but recv has " +
+                                                    std::to_string(r.count));
   return enqueue("allreduce", [this, s, r, dt, op] {
     const int n = world_;
     const size_t N = s.count, esz = s.elem_size;
@@ -91,18 +91,18 @@ std::shared_ptr<Request> TcpComm::allreduce(const DLTensor* send, DLTensor* recv
   });
 }
 
-std::shared_ptr<Request> TcpComm::reduce_scatter(const DLTensor* send, DLTensor* recv,
-                                                 dopt_reduce_op op) {
+std::unique_ptr<sdk::Request> TcpComm::reduce_scatter(const DLTensor& send, DLTensor& recv,
+                                                      dopt_reduce_op op) {
   check_op(op, "reduce_scatter");
   DType dt;
   Buffer s = check(send, "reduce_scatter", "send", true, &dt);
   Buffer r = check(recv, "reduce_scatter", "recv", true);
   check_same_dtype(s, r, "reduce_scatter");
   if (s.count != r.count * static_cast<size_t>(world_))
-    throw ApiError{
+    throw sdk::Error(
         DOPT_ERR_INVALID_ARGUMENT,
         "reduce_scatter: send has " + std::to_string(s.count) +
-            " elements, expected world_size * recv = " + std::to_string(r.count * world_)};
+            " elements, expected world_size * recv = " + std::to_string(r.count * world_));
   return enqueue("reduce_scatter", [this, s, r, dt, op] {
     const int n = world_, me = rank_;
     const size_t len = r.bytes();
@@ -137,13 +137,13 @@ std::shared_ptr<Request> TcpComm::reduce_scatter(const DLTensor* send, DLTensor*
   });
 }
 
-std::shared_ptr<Request> TcpComm::allgather(const DLTensor* send, DLTensor* recv) {
+std::unique_ptr<sdk::Request> TcpComm::allgather(const DLTensor& send, DLTensor& recv) {
   Buffer s = check(send, "allgather", "send", false);
   Buffer r = check(recv, "allgather", "recv", false);
   if (s.bytes() * static_cast<size_t>(world_) != r.bytes())
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "allgather: recv has " + std::to_string(r.bytes()) +
-                                                  " bytes, expected world_size * send = " +
-                                                  std::to_string(s.bytes() * world_)};
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allgather: recv has " + std::to_string(r.bytes()) +
+                                                    " bytes, expected world_size * send = " +
+                                                    std::to_string(s.bytes() * world_));
   return enqueue("allgather", [this, s, r] {
     const int n = world_, me = rank_;
     const size_t len = s.bytes();
@@ -168,10 +168,11 @@ std::shared_ptr<Request> TcpComm::allgather(const DLTensor* send, DLTensor* recv
   });
 }
 
-std::shared_ptr<Request> TcpComm::broadcast(DLTensor* buf, int root) {
+std::unique_ptr<sdk::Request> TcpComm::broadcast(DLTensor& buf, int32_t root) {
   if (root < 0 || root >= world_)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) +
-                                                  " is not in [0, " + std::to_string(world_) + ")"};
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "broadcast: root " + std::to_string(root) +
+                                                    " is not in [0, " + std::to_string(world_) +
+                                                    ")");
   Buffer b = check(buf, "broadcast", "buf", false);
   return enqueue("broadcast", [this, b, root] {
     const int n = world_, me = rank_;
@@ -196,7 +197,7 @@ std::shared_ptr<Request> TcpComm::broadcast(DLTensor* buf, int root) {
   });
 }
 
-std::shared_ptr<Request> TcpComm::barrier() {
+std::unique_ptr<sdk::Request> TcpComm::barrier() {
   return enqueue("barrier", [this] {
     // A tiny allreduce: no rank finishes before every rank contributed.
     const int n = world_, me = rank_;
@@ -231,36 +232,36 @@ std::shared_ptr<Request> TcpComm::barrier() {
   });
 }
 
-std::shared_ptr<Request> TcpComm::send(const DLTensor* buf, int peer, int tag) {
+std::unique_ptr<sdk::Request> TcpComm::send(const DLTensor& buf, int32_t peer, int32_t tag) {
   if (peer < 0 || peer >= world_ || peer == rank_)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "send: peer " + std::to_string(peer) +
-                                                  " is not another rank in [0, " +
-                                                  std::to_string(world_) + ")"};
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "send: peer " + std::to_string(peer) +
+                                                    " is not another rank in [0, " +
+                                                    std::to_string(world_) + ")");
   Buffer b = check(buf, "send", "buf", false);
-  auto req = std::make_shared<Request>("send");
+  auto req = std::make_shared<sdk::Completion>("send");
   dopt_status st;
   std::string cause;
   if (failed(&st, &cause))
     req->complete(st, "send: " + cause);
   else
     control_->post_send(peer, tag, b.data, b.bytes(), req);
-  return req;
+  return request(req);
 }
 
-std::shared_ptr<Request> TcpComm::recv(DLTensor* buf, int peer, int tag) {
+std::unique_ptr<sdk::Request> TcpComm::recv(DLTensor& buf, int32_t peer, int32_t tag) {
   if (peer < 0 || peer >= world_ || peer == rank_)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "recv: peer " + std::to_string(peer) +
-                                                  " is not another rank in [0, " +
-                                                  std::to_string(world_) + ")"};
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "recv: peer " + std::to_string(peer) +
+                                                    " is not another rank in [0, " +
+                                                    std::to_string(world_) + ")");
   Buffer b = check(buf, "recv", "buf", false);
-  auto req = std::make_shared<Request>("recv");
+  auto req = std::make_shared<sdk::Completion>("recv");
   dopt_status st;
   std::string cause;
   if (failed(&st, &cause))
     req->complete(st, "recv: " + cause);
   else
     control_->post_recv(peer, tag, b.data, b.bytes(), req);
-  return req;
+  return request(req);
 }
 
 }  // namespace distopt::plugins::tcp

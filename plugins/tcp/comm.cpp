@@ -9,19 +9,46 @@
 #include <sstream>
 #include <thread>
 
-#include "host.hpp"
+#include "distopt/sdk/options.hpp"
 #include "p2p.hpp"
 
 namespace distopt::plugins::tcp {
 
-TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
+Config Config::from(const dopt_options* options) {
+  Config c;
+  if (!options) return c;  // no options object: the schema's defaults
+  sdk::OptionsView o(options);
+  c.timeout_s = o.get_double("timeout_s");
+  c.chunk_bytes = o.get_int("chunk_bytes");
+  c.socket_buffer_bytes = o.get_int("socket_buffer_bytes");
+  c.max_io_bytes = o.get_int("max_io_bytes");
+  c.shm = o.get_bool("shm");
+  c.shm_bytes = o.get_int("shm_bytes");
+  return c;
+}
+
+namespace {
+// The host's args, checked to be as large as ABI 1.0's before options is read.
+Config config_of(const dopt_create_args& args) {
+  if (args.struct_size < DOPT_CREATE_ARGS_STRUCT_SIZE)
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "create: dopt_create_args is smaller than v1.0's");
+  return Config::from(args.options);
+}
+}  // namespace
+
+TcpComm::TcpComm(const dopt_create_args& args) : TcpComm(args, config_of(args)) {}
+
+TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg)
+    : TcpComm(args, cfg, connect(args, cfg)) {}
+
+TcpComm::Links TcpComm::connect(const dopt_create_args& args, const Config& cfg) {
   if (args.world_size < 1 || args.rank < 0 || args.rank >= args.world_size)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT, "create: rank " + std::to_string(args.rank) +
-                                                  " is not in [0, " +
-                                                  std::to_string(args.world_size) + ")"};
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "create: rank " + std::to_string(args.rank) +
+                                                    " is not in [0, " +
+                                                    std::to_string(args.world_size) + ")");
   if (args.world_size > 1 && !args.store)
-    throw ApiError{DOPT_ERR_INVALID_ARGUMENT,
-                   "create: a rendezvous store is required for world_size > 1"};
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                     "create: a rendezvous store is required for world_size > 1");
   MeshArgs m;
   m.rank = args.rank;
   m.world_size = args.world_size;
@@ -36,8 +63,8 @@ TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
   try {
     mesh = build_mesh(m);
   } catch (const std::exception& e) {
-    throw ApiError{DOPT_ERR_COMM,
-                   std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what()};
+    throw sdk::Error(DOPT_ERR_COMM,
+                     std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what());
   }
   std::unique_ptr<ShmTransport> shm;
   try {
@@ -54,19 +81,13 @@ TcpComm* TcpComm::create(const dopt_create_args& args, const Config& cfg) {
     }
   } catch (const std::exception& e) {
     mesh.close_all();
-    throw ApiError{DOPT_ERR_COMM,
-                   std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what()};
+    throw sdk::Error(DOPT_ERR_COMM,
+                     std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what());
   }
-  try {
-    return new TcpComm(args, cfg, std::move(mesh), std::move(shm));
-  } catch (...) {
-    mesh.close_all();
-    throw;
-  }
+  return Links{std::move(mesh), std::move(shm)};
 }
 
-TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh,
-                 std::unique_ptr<ShmTransport> shm)
+TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Links links)
     : rank_(args.rank),
       world_(args.world_size),
       cfg_(cfg),
@@ -74,15 +95,22 @@ TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh,
       scope_(args.scope ? args.scope : "tcp"),
       token_(args.job_token ? args.job_token : ""),
       bind_address_(args.bind_address && *args.bind_address ? args.bind_address : "127.0.0.1"),
-      mesh_(std::move(mesh)),
-      shm_(std::move(shm)) {
-  fault_ = FaultPoint::from_env(rank_);
-  size_t st = static_cast<size_t>(std::max<int64_t>(cfg_.chunk_bytes, 4096));
-  staging_.resize(st - st % 8);
-  abort_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (abort_fd_ < 0) throw ApiError{DOPT_ERR_INTERNAL, "create: eventfd failed"};
-  control_ = std::make_unique<Control>(this, rank_, mesh_.ctrl);
-  progress_ = std::thread([this] { progress_loop(); });
+      mesh_(std::move(links.mesh)),
+      shm_(std::move(links.shm)) {
+  try {
+    fault_ = FaultPoint::from_env(rank_);
+    size_t st = static_cast<size_t>(std::max<int64_t>(cfg_.chunk_bytes, 4096));
+    staging_.resize(st - st % 8);
+    abort_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (abort_fd_ < 0) throw sdk::Error(DOPT_ERR_INTERNAL, "create: eventfd failed");
+    control_ = std::make_unique<Control>(this, rank_, mesh_.ctrl);
+    progress_ = std::thread([this] { progress_loop(); });
+  } catch (...) {
+    control_.reset();  // stops its thread before the sockets close
+    mesh_.close_all();
+    if (abort_fd_ >= 0) close(abort_fd_);
+    throw;
+  }
 }
 
 TcpComm::~TcpComm() {
@@ -118,7 +146,7 @@ void TcpComm::fail(dopt_status status, const std::string& cause, bool notify_pee
     fail_cause_ = cause;
     failed_ = true;
     if (!destroying_)
-      log(DOPT_LOG_WARN, "rank " + std::to_string(rank_) + ": communicator failed: " + cause);
+      sdk::log_warn("tcp", "rank " + std::to_string(rank_) + ": communicator failed: " + cause);
   }
   aborting_ = true;
   uint64_t one = 1;
@@ -134,25 +162,31 @@ bool TcpComm::failed(dopt_status* status, std::string* cause) const {
   return true;
 }
 
-std::shared_ptr<Request> TcpComm::enqueue(const std::string& name,
-                                          std::function<RingResult()> body) {
-  auto req = std::make_shared<Request>(name);
+std::unique_ptr<sdk::Request> TcpComm::request(std::shared_ptr<sdk::Completion> c) {
+  // No default timeout: a wait with timeout_ms < 0 waits for the operation,
+  // which itself fails after timeout_s.
+  return std::make_unique<sdk::CompletionRequest>(std::move(c));
+}
+
+std::unique_ptr<sdk::Request> TcpComm::enqueue(const std::string& name,
+                                               std::function<RingResult()> body) {
+  auto req = std::make_shared<sdk::Completion>(name);
   dopt_status st = DOPT_OK;
   std::string cause;
   if (failed(&st, &cause)) {
     req->complete(st, name + ": " + cause);
-    return req;
+    return request(req);
   }
   {
     std::lock_guard<std::mutex> lk(qmu_);
     if (stopping_) {
       req->complete(DOPT_ERR_ABORTED, name + ": aborted (communicator destroyed)");
-      return req;
+      return request(req);
     }
     queue_.push_back(Op{req, std::move(body)});
   }
   qcv_.notify_one();
-  return req;
+  return request(req);
 }
 
 void TcpComm::progress_loop() {
@@ -187,9 +221,10 @@ void TcpComm::run_op(Op& op) {
     r.why = e.what();
   }
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  metric("comm.seconds", secs);
-  if (r.bytes_sent) metric("comm.bytes_sent", static_cast<double>(r.bytes_sent));
-  if (r.bytes_received) metric("comm.bytes_received", static_cast<double>(r.bytes_received));
+  sdk::metric_add("comm.seconds", secs);
+  if (r.bytes_sent) sdk::metric_add("comm.bytes_sent", static_cast<double>(r.bytes_sent));
+  if (r.bytes_received)
+    sdk::metric_add("comm.bytes_received", static_cast<double>(r.bytes_received));
   if (r.status >= 0) {
     op.req->complete(DOPT_OK);
     return;
@@ -239,51 +274,50 @@ char* TcpComm::scratch(size_t bytes) {
   return scratch_.data();
 }
 
-Buffer TcpComm::check(const DLTensor* t, const char* op, const char* which, bool reduce_dtype,
+Buffer TcpComm::check(const DLTensor& t, const char* op, const char* which, bool reduce_dtype,
                       DType* dt) const {
   auto bad = [&](dopt_status s, const std::string& why) {
-    return ApiError{s, std::string(op) + ": " + which + " " + why};
+    return sdk::Error(s, std::string(op) + ": " + which + " " + why);
   };
-  if (!t) throw bad(DOPT_ERR_INVALID_ARGUMENT, "tensor is NULL");
-  if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
+  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost)
     throw bad(DOPT_ERR_UNSUPPORTED, "is not in host memory (tcp moves host memory only)");
-  if (t->ndim < 0 || (t->ndim > 0 && !t->shape))
+  if (t.ndim < 0 || (t.ndim > 0 && !t.shape))
     throw bad(DOPT_ERR_INVALID_ARGUMENT, "has an invalid shape");
   Buffer b;
-  b.dtype = t->dtype;
-  size_t bits = static_cast<size_t>(t->dtype.bits) * t->dtype.lanes;
+  b.dtype = t.dtype;
+  size_t bits = static_cast<size_t>(t.dtype.bits) * t.dtype.lanes;
   if (bits == 0 || bits % 8)
     throw bad(DOPT_ERR_UNSUPPORTED, "has a dtype that is not a whole number of bytes");
   b.elem_size = bits / 8;
   if (reduce_dtype) {
     DType d;
-    if (!dtype_from_dl(t->dtype, &d))
+    if (!dtype_from_dl(t.dtype, &d))
       throw bad(DOPT_ERR_UNSUPPORTED,
                 "dtype is not one of float32, float64, bfloat16, float16, int32, int64");
     if (dt) *dt = d;
   }
   size_t count = 1;
   int64_t expect = 1;
-  for (int i = t->ndim - 1; i >= 0; --i) {
-    if (t->shape[i] < 0) throw bad(DOPT_ERR_INVALID_ARGUMENT, "has a negative dimension");
-    if (t->strides && t->shape[i] > 1 && t->strides[i] != expect)
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] < 0) throw bad(DOPT_ERR_INVALID_ARGUMENT, "has a negative dimension");
+    if (t.strides && t.shape[i] > 1 && t.strides[i] != expect)
       throw bad(DOPT_ERR_INVALID_ARGUMENT, "is not contiguous");
-    expect *= t->shape[i];
-    count *= static_cast<size_t>(t->shape[i]);
+    expect *= t.shape[i];
+    count *= static_cast<size_t>(t.shape[i]);
   }
   b.count = count;
-  if (count > 0 && !t->data) throw bad(DOPT_ERR_INVALID_ARGUMENT, "has a NULL data pointer");
-  b.data = static_cast<char*>(t->data) + t->byte_offset;
+  if (count > 0 && !t.data) throw bad(DOPT_ERR_INVALID_ARGUMENT, "has a NULL data pointer");
+  b.data = static_cast<char*>(t.data) + t.byte_offset;
   return b;
 }
 
-TcpComm* TcpComm::split(int color, int key) {
+std::unique_ptr<sdk::Communicator> TcpComm::split(int32_t color, int32_t key) {
   const int seq = split_seq_++;
   const std::string base = scope_ + "/split/" + std::to_string(seq);
   std::string mine = std::to_string(color) + " " + std::to_string(key);
   std::string k = base + "/" + std::to_string(rank_);
-  if (world_ > 1 && g_host->store_set(store_, k.c_str(), mine.data(), mine.size()) != DOPT_OK)
-    throw ApiError{DOPT_ERR_COMM, "split: cannot publish this rank's color under '" + k + "'"};
+  if (world_ > 1 && sdk::host()->store_set(store_, k.c_str(), mine.data(), mine.size()) != DOPT_OK)
+    throw sdk::Error(DOPT_ERR_COMM, "split: cannot publish this rank's color under '" + k + "'");
   struct Member {
     int key, rank;
   };
@@ -294,12 +328,12 @@ TcpComm* TcpComm::split(int color, int key) {
       std::string pk = base + "/" + std::to_string(p);
       char buf[64];
       size_t len = 0;
-      dopt_status st = g_host->store_get(store_, pk.c_str(), buf, sizeof buf - 1, &len,
-                                         static_cast<int64_t>(cfg_.timeout_s * 1000));
+      dopt_status st = sdk::host()->store_get(store_, pk.c_str(), buf, sizeof buf - 1, &len,
+                                              static_cast<int64_t>(cfg_.timeout_s * 1000));
       if (st != DOPT_OK || len >= sizeof buf)
-        throw ApiError{
+        throw sdk::Error(
             st == DOPT_ERR_TIMEOUT ? DOPT_ERR_TIMEOUT : DOPT_ERR_COMM,
-            "split: rank " + std::to_string(p) + " did not publish its color (key '" + pk + "')"};
+            "split: rank " + std::to_string(p) + " did not publish its color (key '" + pk + "')");
       buf[len] = 0;
       std::istringstream in(buf);
       in >> c >> kk;
@@ -324,7 +358,7 @@ TcpComm* TcpComm::split(int color, int key) {
   a.scope = scope.c_str();
   a.job_token = token_.c_str();
   a.bind_address = bind_address_.c_str();
-  return create(a, cfg_);
+  return std::unique_ptr<sdk::Communicator>(new TcpComm(a, cfg_));
 }
 
 }  // namespace distopt::plugins::tcp

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "distopt/communicator.h"
+#include "distopt/sdk/plugin.hpp"
 #include "mesh.hpp"
-#include "request.hpp"
 #include "ring.hpp"
 #include "shm_collectives.hpp"
 
@@ -25,6 +25,9 @@ class Control;
 
 /// The component's options (see the schema in plugin.cpp).
 struct Config {
+  /// Read from a validated options object; nullptr: the schema's defaults.
+  static Config from(const dopt_options* options);
+
   double timeout_s = 60;
   int64_t chunk_bytes = 256 << 10;  ///< reduction staging window / pipeline grain
   int64_t socket_buffer_bytes = 0;  ///< 0 = kernel autotuning
@@ -32,12 +35,6 @@ struct Config {
   bool shm = true;                  ///< shared memory for collectives when all ranks share a host
   int64_t shm_bytes =
       1 << 20;  ///< per-rank shared segment: two slots, small enough to stay in cache
-};
-
-/// An error for the caller of an API function, returned as status + message.
-struct ApiError {
-  dopt_status status;
-  std::string msg;
 };
 
 /// A DLTensor checked to be dense host memory.
@@ -49,26 +46,32 @@ struct Buffer {
   size_t bytes() const { return count * elem_size; }
 };
 
-class TcpComm {
+/// Requests handed to the host are sdk::CompletionRequests over a shared
+/// sdk::Completion named after the operation ("allreduce", "send", ...): the
+/// progress and control threads complete it with "<op>: <cause>" on failure,
+/// and a wait that times out says "<op>: not complete after waiting N ms".
+class TcpComm final : public sdk::Communicator {
  public:
-  /// Collective; builds the mesh. Throws ApiError.
-  static TcpComm* create(const dopt_create_args& args, const Config& cfg);
+  /// Collective; builds the mesh. Options from args.options. Throws sdk::Error.
+  explicit TcpComm(const dopt_create_args& args);
   /// Aborts pending work (DOPT_ERR_ABORTED), says goodbye to peers, joins threads, closes sockets.
-  ~TcpComm();
+  ~TcpComm() override;
 
-  int rank() const { return rank_; }
-  int world_size() const { return world_; }
+  int32_t rank() const override { return rank_; }
+  int32_t world_size() const override { return world_; }
 
-  // Each returns a started request or throws ApiError for bad arguments.
-  std::shared_ptr<Request> allreduce(const DLTensor* send, DLTensor* recv, dopt_reduce_op op);
-  std::shared_ptr<Request> reduce_scatter(const DLTensor* send, DLTensor* recv, dopt_reduce_op op);
-  std::shared_ptr<Request> allgather(const DLTensor* send, DLTensor* recv);
-  std::shared_ptr<Request> broadcast(DLTensor* buf, int root);
-  std::shared_ptr<Request> send(const DLTensor* buf, int peer, int tag);
-  std::shared_ptr<Request> recv(DLTensor* buf, int peer, int tag);
-  std::shared_ptr<Request> barrier();
-  /// Blocking, collective; nullptr for color < 0. Throws ApiError.
-  TcpComm* split(int color, int key);
+  // Each returns a started request or throws sdk::Error for bad arguments.
+  std::unique_ptr<sdk::Request> allreduce(const DLTensor& send, DLTensor& recv,
+                                          dopt_reduce_op op) override;
+  std::unique_ptr<sdk::Request> reduce_scatter(const DLTensor& send, DLTensor& recv,
+                                               dopt_reduce_op op) override;
+  std::unique_ptr<sdk::Request> allgather(const DLTensor& send, DLTensor& recv) override;
+  std::unique_ptr<sdk::Request> broadcast(DLTensor& buf, int32_t root) override;
+  std::unique_ptr<sdk::Request> send(const DLTensor& buf, int32_t peer, int32_t tag) override;
+  std::unique_ptr<sdk::Request> recv(DLTensor& buf, int32_t peer, int32_t tag) override;
+  std::unique_ptr<sdk::Request> barrier() override;
+  /// Blocking, collective; nullptr for color < 0. Throws sdk::Error.
+  std::unique_ptr<sdk::Communicator> split(int32_t color, int32_t key) override;
 
   /// Record the first failure (later ones are ignored): every pending and
   /// future operation completes with `status` and "<op>: <cause>". Wakes the
@@ -80,18 +83,27 @@ class TcpComm {
 
  private:
   struct Op {
-    std::shared_ptr<Request> req;
+    std::shared_ptr<sdk::Completion> req;
     std::function<RingResult()> body;
   };
+  /// What the constructor connects before it starts the threads.
+  struct Links {
+    Mesh mesh;
+    std::unique_ptr<ShmTransport> shm;  ///< null: collectives use the TCP ring
+  };
 
-  TcpComm(const dopt_create_args& args, const Config& cfg, Mesh mesh,
-          std::unique_ptr<ShmTransport> shm);
-  std::shared_ptr<Request> enqueue(const std::string& name, std::function<RingResult()> body);
+  TcpComm(const dopt_create_args& args, const Config& cfg);
+  TcpComm(const dopt_create_args& args, const Config& cfg, Links links);
+  /// Checks args and builds the mesh and the shared-memory transport. Collective.
+  static Links connect(const dopt_create_args& args, const Config& cfg);
+  /// The caller's handle on a completion.
+  static std::unique_ptr<sdk::Request> request(std::shared_ptr<sdk::Completion> c);
+  std::unique_ptr<sdk::Request> enqueue(const std::string& name, std::function<RingResult()> body);
   void progress_loop();
   void run_op(Op& op);
   RingResult run(const RingPlan& plan, Clock::time_point deadline);
   ShmWaitCtx shm_ctx(Clock::time_point deadline);
-  Buffer check(const DLTensor* t, const char* op, const char* which, bool reduce_dtype,
+  Buffer check(const DLTensor& t, const char* op, const char* which, bool reduce_dtype,
                DType* dt = nullptr) const;
   char* scratch(size_t bytes);
 
@@ -126,8 +138,3 @@ class TcpComm {
 };
 
 }  // namespace distopt::plugins::tcp
-
-/// The opaque handle handed to the host.
-struct dopt_comm {
-  distopt::plugins::tcp::TcpComm* impl;
-};

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "host.hpp"
+#include "distopt/sdk/host.hpp"
 
 namespace distopt::plugins::tcp {
 namespace {
@@ -21,7 +21,7 @@ std::string store_get_string(const MeshArgs& a, const std::string& key) {
   auto left =
       std::chrono::duration_cast<std::chrono::milliseconds>(a.deadline - Clock::now()).count();
   dopt_status st =
-      g_host->store_get(a.store, key.c_str(), buf, sizeof buf, &len, left > 0 ? left : 0);
+      sdk::host()->store_get(a.store, key.c_str(), buf, sizeof buf, &len, left > 0 ? left : 0);
   if (st != DOPT_OK)
     throw std::runtime_error("rendezvous: no address under '" + key + "' (" +
                              dopt_status_string(st) + ")");
@@ -104,7 +104,7 @@ Mesh build_mesh(const MeshArgs& a) {
   try {
     std::string me = a.bind_address + ":" + std::to_string(port);
     std::string key = a.scope + "/tcp/addr/" + std::to_string(a.rank);
-    if (g_host->store_set(a.store, key.c_str(), me.data(), me.size()) != DOPT_OK)
+    if (sdk::host()->store_set(a.store, key.c_str(), me.data(), me.size()) != DOPT_OK)
       throw std::runtime_error("rendezvous: cannot publish this rank's address under '" + key +
                                "'");
 
@@ -148,7 +148,7 @@ Mesh build_mesh(const MeshArgs& a) {
       if (why.empty() && slot(ch, false, peer) >= 0)
         why = "duplicate connection from rank " + std::to_string(peer);
       if (!why.empty()) {
-        log(DOPT_LOG_WARN, "refused connection from " + peer_address(fd) + ": " + why);
+        sdk::log_warn("tcp", "refused connection from " + peer_address(fd) + ": " + why);
         ::close(fd);
         continue;
       }

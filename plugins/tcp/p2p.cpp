@@ -13,7 +13,6 @@
 #include <deque>
 
 #include "comm.hpp"
-#include "host.hpp"
 
 namespace distopt::plugins::tcp {
 namespace {
@@ -33,7 +32,7 @@ struct TxItem {
   const char* data;
   size_t len;
   size_t off = 0;  // over header + data
-  std::shared_ptr<Request> req;
+  std::shared_ptr<sdk::Completion> req;
   Clock::time_point deadline;
   std::string owned;  // ABORT payload
 };
@@ -41,7 +40,7 @@ struct Posted {
   int tag;
   char* dst;
   size_t len;
-  std::shared_ptr<Request> req;
+  std::shared_ptr<sdk::Completion> req;
   Clock::time_point deadline;
 };
 struct Unexpected {
@@ -61,7 +60,7 @@ struct Peer {
   char* dst = nullptr;
   size_t got = 0;
   std::vector<char> heap;
-  std::shared_ptr<Request> rx_req;
+  std::shared_ptr<sdk::Completion> rx_req;
   size_t want_len = 0;  // the posted buffer's size, when it does not match
   Clock::time_point rx_deadline;
   std::deque<Posted> posted;
@@ -74,7 +73,7 @@ struct Cmd {
   int peer = -1, tag = 0;
   char* data = nullptr;
   size_t len = 0;
-  std::shared_ptr<Request> req;
+  std::shared_ptr<sdk::Completion> req;
   dopt_status status = DOPT_OK;
   std::string cause;
   bool notify = false;
@@ -116,7 +115,7 @@ Control::Control(TcpComm* comm, int rank, std::vector<int> fds) : comm_(comm), s
   }
   st_->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (st_->wake_fd < 0)
-    throw ApiError{DOPT_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno)};
+    throw sdk::Error(DOPT_ERR_INTERNAL, std::string("eventfd: ") + std::strerror(errno));
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -134,7 +133,7 @@ void Control::wake() {
 }
 
 void Control::post_send(int peer, int tag, const char* data, size_t len,
-                        std::shared_ptr<Request> req) {
+                        std::shared_ptr<sdk::Completion> req) {
   Cmd c(Cmd::Send);
   c.peer = peer, c.tag = tag, c.data = const_cast<char*>(data), c.len = len, c.req = std::move(req);
   {
@@ -144,7 +143,8 @@ void Control::post_send(int peer, int tag, const char* data, size_t len,
   wake();
 }
 
-void Control::post_recv(int peer, int tag, char* data, size_t len, std::shared_ptr<Request> req) {
+void Control::post_recv(int peer, int tag, char* data, size_t len,
+                        std::shared_ptr<sdk::Completion> req) {
   Cmd c(Cmd::Recv);
   c.peer = peer, c.tag = tag, c.data = data, c.len = len, c.req = std::move(req);
   {
@@ -179,7 +179,8 @@ void Control::loop() {
   auto timeout =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(S.timeout_s));
 
-  auto fail_req = [](const std::shared_ptr<Request>& r, dopt_status st, const std::string& cause) {
+  auto fail_req = [](const std::shared_ptr<sdk::Completion>& r, dopt_status st,
+                     const std::string& cause) {
     if (r) r->complete(st, r->op() + ": " + cause);
   };
   // Complete every pending p2p request of every peer with (st, cause).
@@ -355,7 +356,7 @@ void Control::loop() {
         }
         it.off += static_cast<size_t>(k);
         if (it.off == sizeof(Header) + it.len) {
-          if (it.hdr.type == kData) metric("comm.bytes_sent", static_cast<double>(it.len));
+          if (it.hdr.type == kData) sdk::metric_add("comm.bytes_sent", static_cast<double>(it.len));
           if (it.req) it.req->complete(DOPT_OK);
           P.tx.pop_front();
         }
@@ -431,7 +432,7 @@ void Control::loop() {
             std::string cause(P.heap.begin(), P.heap.end());
             report(DOPT_ERR_COMM, cause, false);
           } else {
-            metric("comm.bytes_received", static_cast<double>(P.hdr.len));
+            sdk::metric_add("comm.bytes_received", static_cast<double>(P.hdr.len));
             if (P.rx_req) {
               if (P.want_len)
                 fail_req(P.rx_req, DOPT_ERR_INVALID_ARGUMENT,

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "request.hpp"
+#include "distopt/sdk/request.hpp"
 #include "socket.hpp"
 
 namespace distopt::plugins::tcp {
@@ -27,10 +27,11 @@ class Control {
   ~Control();  // stops the thread if still running (without BYE)
 
   /// Queue a message to `peer`; the request completes when it is on the wire.
-  void post_send(int peer, int tag, const char* data, size_t len, std::shared_ptr<Request> req);
+  void post_send(int peer, int tag, const char* data, size_t len,
+                 std::shared_ptr<sdk::Completion> req);
   /// Post a receive; completes when the matching (peer, tag) message arrived.
   /// The recv times out (DOPT_ERR_TIMEOUT) after timeout_s with no match.
-  void post_recv(int peer, int tag, char* data, size_t len, std::shared_ptr<Request> req);
+  void post_recv(int peer, int tag, char* data, size_t len, std::shared_ptr<sdk::Completion> req);
   /// The communicator failed: complete pending p2p work and, if `notify`,
   /// send ABORT(cause) to the peers.
   void on_failure(dopt_status status, const std::string& cause, bool notify);

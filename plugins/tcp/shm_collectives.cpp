@@ -4,22 +4,22 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "host.hpp"
+#include "distopt/sdk/host.hpp"
 
 namespace distopt::plugins::tcp {
 namespace {
 
 // Store helpers for the handshake: values are short strings.
 void store_put(dopt_store* st, const std::string& key, const std::string& v) {
-  if (g_host->store_set(st, key.c_str(), v.data(), v.size()) != DOPT_OK)
+  if (sdk::host()->store_set(st, key.c_str(), v.data(), v.size()) != DOPT_OK)
     throw std::runtime_error("cannot publish '" + key + "' in the store");
 }
 
 std::string store_fetch(dopt_store* st, const std::string& key, double timeout_s, int peer) {
   std::string buf(512, '\0');
   size_t len = 0;
-  dopt_status s = g_host->store_get(st, key.c_str(), &buf[0], buf.size(), &len,
-                                    static_cast<int64_t>(timeout_s * 1000));
+  dopt_status s = sdk::host()->store_get(st, key.c_str(), &buf[0], buf.size(), &len,
+                                         static_cast<int64_t>(timeout_s * 1000));
   if (s != DOPT_OK || len > buf.size())
     throw std::runtime_error("rank " + std::to_string(peer) + " did not publish '" + key +
                              "' (shared-memory setup)");
@@ -45,10 +45,11 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const ShmSetup& s) {
   for (int p = 0; p < n; ++p) {
     if (hosts[p] != "off" && hosts[p] == hosts[0]) continue;
     if (me == 0)
-      log(DOPT_LOG_INFO, "collectives over TCP: " +
-                             std::string(hosts[p] == "off" ? "shm is turned off on rank "
-                                                           : "another host than rank 0's: rank ") +
-                             std::to_string(p));
+      sdk::log_info("tcp",
+                    "collectives over TCP: " +
+                        std::string(hosts[p] == "off" ? "shm is turned off on rank "
+                                                      : "another host than rank 0's: rank ") +
+                        std::to_string(p));
     return nullptr;
   }
 
@@ -88,16 +89,17 @@ std::unique_ptr<ShmTransport> ShmTransport::create(const ShmSetup& s) {
     if (p != me && store_fetch(s.store, key("mapped", p), s.timeout_s, p) != "1") all = false;
   segs[me].unlink();
   if (!why.empty())
-    log(DOPT_LOG_WARN, "rank " + std::to_string(me) + ": shared memory unavailable: " + why);
+    sdk::log_warn("tcp", "rank " + std::to_string(me) + ": shared memory unavailable: " + why);
   if (!all) {
-    if (me == 0) log(DOPT_LOG_INFO, "collectives over TCP: a rank could not set up shared memory");
+    if (me == 0)
+      sdk::log_info("tcp", "collectives over TCP: a rank could not set up shared memory");
     return nullptr;
   }
   std::unique_ptr<ShmTransport> t(new ShmTransport(me, n, s.segment_bytes, std::move(segs)));
   if (me == 0)
-    log(DOPT_LOG_INFO, "collectives over shared memory: " + std::to_string(n) +
-                           " ranks on one host, 2 slots of " +
-                           std::to_string(t->slot_bytes_ >> 10) + " KiB per rank");
+    sdk::log_info("tcp", "collectives over shared memory: " + std::to_string(n) +
+                             " ranks on one host, 2 slots of " +
+                             std::to_string(t->slot_bytes_ >> 10) + " KiB per rank");
   return t;
 }
 

@@ -20,6 +20,7 @@ using namespace distopt;
 struct TestReducer : sdk::Reducer {
   static constexpr uint32_t traits = DOPT_TRAIT_EXACT_MEAN;  // ABI 1.2, found by DOPT_COMPONENT
   static inline std::shared_ptr<sdk::Completion> last;
+  static inline std::string op;  // names the next request's Completion ("": none)
   TestReducer(const dopt_create_args& args, dopt_comm_ref, const dopt_bucket*, size_t) {
     switch (args.rank) {
       case 1:
@@ -37,8 +38,8 @@ struct TestReducer : sdk::Reducer {
     factor_ = o.get_double("factor");
   }
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket&) override {
-    last = std::make_shared<sdk::Completion>();
-    return std::make_unique<sdk::CompletionRequest>(last, 50);
+    last = std::make_shared<sdk::Completion>(op);
+    return std::make_unique<sdk::CompletionRequest>(last, op.empty() ? 50 : -1);
   }
   uint64_t bytes_sent() const override { return static_cast<uint64_t>(factor_); }
   double factor_ = 0;
@@ -247,9 +248,42 @@ TEST_CASE("requests: test, wait, failure and timeout through the glue") {
   take_last_error();
   CHECK(rvt->wait(q, 1000) == DOPT_ERR_COMM);
   CHECK(take_last_error() == "rank 1 closed the connection during allreduce");
+  done = 0;
   CHECK(rvt->test(q, &done) == DOPT_ERR_COMM);
+  CHECK(done == 1);  // a failed request has completed (distopt/communicator.h)
   rvt->request_free(q);
   rvt->request_free(nullptr);
+  CHECK(rvt->destroy(r) == DOPT_OK);
+}
+
+TEST_CASE("a Completion that names its operation words the timeout") {
+  dopt_plugin_info info = init_plugin();
+  auto* rvt = static_cast<const dopt_reducer_v1*>(info.components[0].vtable);
+  Options opts =
+      Options::validate(YAML::Node(), specs_from_c(kTestOptions, 1), "<test>", "reducer.options");
+  dopt_create_args args{};
+  args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
+  args.world_size = 1;
+  args.options = opts.c_handle();
+  dopt_reducer* r = nullptr;
+  REQUIRE(rvt->create(&args, dopt_comm_ref{nullptr, nullptr}, nullptr, 0, &r) == DOPT_OK);
+  dopt_bucket bucket{};
+  bucket.struct_size = DOPT_BUCKET_STRUCT_SIZE;
+  TestReducer::op = "allreduce";
+  dopt_reduce_request* q = nullptr;
+  REQUIRE(rvt->reduce(r, &bucket, &q) == DOPT_OK);
+  TestReducer::op.clear();
+  CHECK(TestReducer::last->op() == "allreduce");
+  take_last_error();
+  CHECK(rvt->wait(q, 10) == DOPT_ERR_TIMEOUT);
+  CHECK(take_last_error() == "allreduce: not complete after waiting 10 ms");
+  int32_t done = 1;
+  CHECK(rvt->test(q, &done) == DOPT_OK);  // a timed-out wait leaves it running
+  CHECK(done == 0);
+  std::thread worker([c = TestReducer::last] { c->complete(); });
+  CHECK(rvt->wait(q, -1) == DOPT_OK);  // < 0 without a default: until it completes
+  worker.join();
+  rvt->request_free(q);
   CHECK(rvt->destroy(r) == DOPT_OK);
 }
 

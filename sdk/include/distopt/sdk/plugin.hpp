@@ -151,7 +151,14 @@ inline dopt_status null_arg(const char* what) {
 inline dopt_status request_test(Request* r, int32_t* done) {
   if (!r || !done) return null_arg("request or done");
   *done = 0;
-  return guard([&] { *done = r->test() ? 1 : 0; });
+  return guard([&] {
+    try {
+      *done = r->test() ? 1 : 0;
+    } catch (...) {
+      *done = 1;  // it failed, so it has completed (distopt/communicator.h)
+      throw;
+    }
+  });
 }
 inline dopt_status request_wait(Request* r, int64_t timeout_ms) {
   if (!r) return null_arg("request");
@@ -186,6 +193,7 @@ struct CommGlue {
     return guard([&] { delete c(comm); });
   }
   static int32_t rank(const dopt_comm* comm) noexcept {
+    if (!comm) return -1;
     try {
       return c(comm)->rank();
     } catch (...) {
@@ -193,6 +201,7 @@ struct CommGlue {
     }
   }
   static int32_t world_size(const dopt_comm* comm) noexcept {
+    if (!comm) return -1;
     try {
       return c(comm)->world_size();
     } catch (...) {

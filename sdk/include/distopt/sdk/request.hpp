@@ -21,10 +21,14 @@ class Request {
  public:
   virtual ~Request() = default;
   /// Non-blocking. true when the operation has completed successfully, false
-  /// while it runs; throws sdk::Error when it failed.
+  /// while it runs; throws sdk::Error when it failed (the glue then returns
+  /// the error's status with *done = 1: a failed operation has completed).
   virtual bool test() = 0;
   /// Block until completion or timeout_ms (< 0: the component's own default
   /// timeout). true on success, false on timeout; throws sdk::Error on failure.
+  /// On false the glue returns DOPT_ERR_TIMEOUT with the generic message
+  /// "request timed out after N ms"; to word the timeout itself (e.g. name
+  /// the operation), throw Error(DOPT_ERR_TIMEOUT, message) instead.
   virtual bool wait(int64_t timeout_ms) = 0;
 };
 
@@ -33,6 +37,14 @@ class Request {
 /// operation whose request was already freed. Thread-safe.
 class Completion {
  public:
+  Completion() = default;
+  /// `op` names the operation (e.g. "allreduce"): a CompletionRequest whose
+  /// wait times out then fails with DOPT_ERR_TIMEOUT and the message
+  /// "<op>: not complete after waiting N ms" (see CompletionRequest).
+  explicit Completion(std::string op) : op_(std::move(op)) {}
+  /// The operation's name given at construction ("" if none).
+  const std::string& op() const noexcept { return op_; }
+
   /// Mark done with `status` (DOPT_OK or negative) and, on failure, a message.
   /// Later calls are ignored (the first outcome wins).
   void complete(dopt_status status = DOPT_OK, std::string message = "") {
@@ -72,6 +84,7 @@ class Completion {
     if (status_ < 0)
       throw Error(status_, message_.empty() ? dopt_status_string(status_) : message_);
   }
+  const std::string op_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool done_ = false;
@@ -80,14 +93,21 @@ class Completion {
 };
 
 /// A Request backed by a Completion. `default_timeout_ms` is used when wait
-/// is called with a negative timeout (< 0 there too: wait forever).
+/// is called with a negative timeout (< 0 there too: wait forever). A wait
+/// that times out returns false (the glue's generic timeout message), or, when
+/// the Completion names its operation, throws Error(DOPT_ERR_TIMEOUT,
+/// "<op>: not complete after waiting N ms").
 class CompletionRequest : public Request {
  public:
   explicit CompletionRequest(std::shared_ptr<Completion> c, int64_t default_timeout_ms = -1)
       : c_(std::move(c)), default_timeout_ms_(default_timeout_ms) {}
   bool test() override { return c_->test(); }
   bool wait(int64_t timeout_ms) override {
-    return c_->wait(timeout_ms < 0 ? default_timeout_ms_ : timeout_ms);
+    const int64_t t = timeout_ms < 0 ? default_timeout_ms_ : timeout_ms;
+    if (c_->wait(t)) return true;
+    if (c_->op().empty()) return false;
+    throw Error(DOPT_ERR_TIMEOUT,
+                c_->op() + ": not complete after waiting " + std::to_string(t) + " ms");
   }
   const std::shared_ptr<Completion>& completion() const { return c_; }
 
