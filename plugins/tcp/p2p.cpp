@@ -212,6 +212,27 @@ void Control::loop() {
     P.tx.back().data = P.tx.back().owned.data();
   };
 
+  // A message that arrived with no receive posted for it (so it streamed
+  // into P.heap) goes to a receive posted while its payload was arriving,
+  // the first of its tag, before it would be kept as unexpected.
+  auto deliver_to_posted = [&](Peer& P, int p) {
+    for (auto it = P.posted.begin(); it != P.posted.end(); ++it) {
+      if (it->tag != P.hdr.tag) continue;
+      if (it->len == P.heap.size()) {
+        if (it->len) std::memcpy(it->dst, P.heap.data(), it->len);
+        it->req->complete(DOPT_OK);
+      } else {
+        fail_req(it->req, DOPT_ERR_INVALID_ARGUMENT,
+                 "message from rank " + std::to_string(p) + " (tag " + std::to_string(P.hdr.tag) +
+                     ") has " + std::to_string(P.heap.size()) + " bytes but the buffer has " +
+                     std::to_string(it->len));
+      }
+      P.posted.erase(it);
+      return true;
+    }
+    return false;
+  };
+
   std::vector<pollfd> pfds;
   std::vector<int> who;
   while (true) {
@@ -442,7 +463,7 @@ void Control::loop() {
               else
                 P.rx_req->complete(DOPT_OK);
               P.rx_req.reset();
-            } else {
+            } else if (!deliver_to_posted(P, p)) {
               P.unexpected.push_back(Unexpected{P.hdr.tag, std::move(P.heap)});
             }
           }

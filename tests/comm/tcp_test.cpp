@@ -585,6 +585,35 @@ TEST_CASE("bad arguments return errors without crashing; the communicator stays 
   });
 }
 
+TEST_CASE("send/recv: a receive posted while its message is streaming in still gets it") {
+  // A message with no receive posted streams into a holding buffer; a
+  // receive posted before its last byte arrived must take it (it was once
+  // left waiting: the decentralized ring hung). Delays sweep the window.
+  run_ranks(
+      2,
+      [](Endpoint& ep, int me) -> std::string {
+        constexpr int64_t kCount = 4 << 20;  // 16 MiB of float32
+        std::vector<float> buf(kCount);
+        int64_t s;
+        DLTensor t = make_dltensor(buf.data(), kCount, dl_f32(), &s);
+        for (int i = 0; i < 24; ++i) {
+          if (me == 0) {
+            for (int64_t k = 0; k < kCount; ++k) buf[k] = static_cast<float>(i * 7 + k % 13);
+            ep.comm->send(t, 1, i % 3).wait();
+          } else {
+            std::this_thread::sleep_for(std::chrono::microseconds(700 * i));
+            ep.comm->recv(t, 0, i % 3).wait();
+            for (int64_t k = 0; k < kCount; k += 4099)
+              if (buf[k] != static_cast<float>(i * 7 + k % 13))
+                return "message " + std::to_string(i) + " corrupt at " + std::to_string(k);
+          }
+        }
+        ep.comm->barrier().wait();
+        return "";
+      },
+      "{timeout_s: 10.0}");
+}
+
 TEST_CASE(
     "timeouts: an unmatched recv and a collective a peer never joins fail with TIMEOUT naming the "
     "peer") {
