@@ -90,7 +90,7 @@ TEST_CASE("distopt train: 4 ranks x 2 epochs, ring and shift_one learn the MLP")
     CHECK(r.output.find("consensus distance") != std::string::npos);
     const auto summary = distopt::test::metrics_summary(metrics.string());
     REQUIRE(summary.is_object());
-    MESSAGE(topology << ": test accuracy " << summary["final_test_accuracy"].get<double>());
+    MESSAGE(std::string(topology) << ": test accuracy " << summary["final_test_accuracy"].get<double>());
     CHECK(summary["final_test_accuracy"].get<double>() >= 0.84);
   }
   fs::remove_all(dir);
