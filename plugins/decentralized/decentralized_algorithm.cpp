@@ -175,7 +175,8 @@ void DecentralizedAlgorithm::load_state(const sdk::StateReader& r) {
     r.read(kStep, 0, *sv.get());
     step_ = step.item<int64_t>();
   }
-  if (r.saved_world_size() != world_size_ && r.find(kReplica + trainable_.front().first))
+  if (r.saved_world_size() != world_size_ && !trainable_.empty() &&
+      r.find(kReplica + trainable_.front().first))
     sdk::log_warn("decentralized", "checkpoint of " + std::to_string(r.saved_world_size()) +
                                        " ranks loaded into " + std::to_string(world_size_) +
                                        ": every rank starts from the mean of the saved replicas");
