@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include "distopt/sdk/optimizer_factory.hpp"
 #include "distopt/sdk/tensor.hpp"
 
 namespace distopt::plugins::allreduce {
@@ -11,14 +10,15 @@ namespace {
 // torch::nn::utils::clip_grad_norm_ (L2), op for op, so clipping here matches
 // a single-process run that calls it: total = ||(||g_i||)_i||,
 // g_i *= min(1, max_norm / (total + 1e-6)).
-void clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+void clip_grad_norm(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                    double max_norm) {
   std::vector<at::Tensor> norms;
-  for (const auto& p : params)
+  for (const auto& [name, p] : params)
     if (p.grad().defined()) norms.push_back(p.grad().norm(2));
   if (norms.empty()) return;
   at::Tensor total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2);
   at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
-  for (const auto& p : params)
+  for (const auto& [name, p] : params)
     if (p.grad().defined()) p.grad().mul_(coef);
 }
 
@@ -27,7 +27,8 @@ void clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
 AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)
     : reducer_(args.reducer),
       rank_(args.common ? args.common->rank : 0),
-      world_size_(args.common ? args.common->world_size : 0) {
+      world_size_(args.common ? args.common->world_size : 0),
+      params_(args, "allreduce") {
   if (!args.common || !args.reducer.vt || !args.reducer.reducer)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: needs common args and a reducer");
   if (world_size_ < 1) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: world_size < 1");
@@ -35,43 +36,11 @@ AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)
   grad_clip_ = opts.get_double("grad_clip");
   average_world_ = opts.get_bool("average_world");
   divide_before_ = opts.get_bool("divide_before");
-
   for (size_t b = 0; b < args.num_buckets; ++b) {
     buckets_.push_back(&args.buckets[b]);
     flats_.push_back(sdk::as_tensor(*args.buckets[b].flat));
   }
   pending_.resize(args.num_buckets);
-
-  // Inner optimizer over non-owning tensors aliasing the host's parameters;
-  // each one's .grad aliases its slot in a bucket, so a reduced bucket is
-  // exactly what the optimizer reads.
-  std::vector<sdk::ParamGroupInput> groups;
-  group_slot_.assign(args.num_groups, -1);
-  slices_.resize(args.num_groups);
-  for (size_t g = 0; g < args.num_groups; ++g) {
-    group_slot_[g] = static_cast<int32_t>(groups.size());
-    sdk::ParamGroupInput in;
-    in.lr = args.groups[g].lr;
-    in.weight_decay = args.groups[g].weight_decay;
-    groups.push_back(std::move(in));
-  }
-  for (size_t i = 0; i < args.num_params; ++i) {
-    const dopt_param& p = args.params[i];
-    if (!p.requires_grad || !p.grad) continue;
-    if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
-      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string("allreduce: parameter ") +
-                                                      (p.name ? p.name : "?") + " has group " +
-                                                      std::to_string(p.group) + " of " +
-                                                      std::to_string(args.num_groups));
-    at::Tensor t = sdk::as_tensor(*p.data);
-    t.mutable_grad() = sdk::as_tensor(*p.grad);
-    params_.push_back(t);
-    groups[group_slot_[p.group]].params.push_back(t);
-    slices_[group_slot_[p.group]].push_back(
-        {p.name ? p.name : "", 0, std::vector<int64_t>(t.sizes().begin(), t.sizes().end())});
-  }
-  optimizer_ = sdk::make_optimizer(args.optimizer_name ? args.optimizer_name : "",
-                                   sdk::OptionsView(args.optimizer_options), groups);
 }
 
 size_t AllreduceAlgorithm::bucket_slot(const dopt_bucket& bucket) const {
@@ -110,27 +79,20 @@ void AllreduceAlgorithm::step() {
     for (auto& p : pending_) p.reset();  // a failed step leaves no stale requests behind
     throw;
   }
-  if (grad_clip_ > 0) clip_grad_norm(params_, grad_clip_);
-  optimizer_->step();
+  if (grad_clip_ > 0) clip_grad_norm(params_.trainable(), grad_clip_);
+  params_.step();
   sdk::metric_add("algorithm.steps", 1);
 }
 
-void AllreduceAlgorithm::set_lr(int32_t group, double lr) {
-  if (group < 0 || static_cast<size_t>(group) >= group_slot_.size())
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     "allreduce: no parameter group " + std::to_string(group));
-  sdk::set_group_lr(*optimizer_, static_cast<size_t>(group_slot_[group]), lr);
-}
+void AllreduceAlgorithm::set_lr(int32_t group, double lr) { params_.set_lr(group, lr); }
 
-uint64_t AllreduceAlgorithm::state_bytes() const { return sdk::optimizer_state_bytes(*optimizer_); }
+uint64_t AllreduceAlgorithm::state_bytes() const { return params_.state_bytes(); }
 
 void AllreduceAlgorithm::save_state(sdk::StateWriter& w) {
   // Replicated state: one copy is the whole logical tensor (state.h).
-  if (rank_ == 0) sdk::save_optimizer_state(*optimizer_, slices_, w);
+  if (rank_ == 0) params_.save(w);
 }
 
-void AllreduceAlgorithm::load_state(const sdk::StateReader& r) {
-  sdk::load_optimizer_state(*optimizer_, slices_, r);
-}
+void AllreduceAlgorithm::load_state(const sdk::StateReader& r) { params_.load(r); }
 
 }  // namespace distopt::plugins::allreduce

@@ -20,13 +20,11 @@
 // The keys are those `zero` and `fused` use: checkpoints move between them.
 #pragma once
 
-#include <torch/optim/optimizer.h>
-
 #include <memory>
 #include <vector>
 
-#include "distopt/sdk/optimizer_state.hpp"
 #include "distopt/sdk/sdk.hpp"
+#include "distopt/sdk/whole_params.hpp"
 
 namespace distopt::plugins::allreduce {
 
@@ -52,10 +50,7 @@ class AllreduceAlgorithm : public sdk::Algorithm {
   std::vector<const dopt_bucket*> buckets_;
   std::vector<at::Tensor> flats_;           // per bucket, aliasing the host's flat buffers
   std::vector<sdk::ReduceHandle> pending_;  // per bucket, this step's reduction
-  std::vector<at::Tensor> params_;          // aliasing the host's parameters; .grad = bucket views
-  std::vector<int32_t> group_slot_;         // dopt group index -> optimizer param group
-  std::vector<std::vector<sdk::ParamSlice>> slices_;  // per optimizer group and tensor: whole
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  sdk::WholeParams params_;                 // the inner optimizer over whole parameters
 };
 
 }  // namespace distopt::plugins::allreduce

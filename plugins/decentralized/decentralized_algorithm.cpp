@@ -4,7 +4,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "distopt/sdk/optimizer_factory.hpp"
 #include "distopt/sdk/tensor.hpp"
 
 namespace distopt::plugins::decentralized {
@@ -54,42 +53,16 @@ DecentralizedAlgorithm::DecentralizedAlgorithm(const dopt_algorithm_args& args)
       rank_(args.common ? args.common->rank : 0),
       world_size_(args.common ? args.common->world_size : 0),
       topology_(make_topology(sdk::OptionsView(args.common ? args.common->options : nullptr),
-                              world_size_)) {
+                              world_size_)),
+      params_(args, "decentralized") {
   if (!args.common || !args.comm.vt)
     fail(DOPT_ERR_INVALID_ARGUMENT, "needs common args and a comm");
   const sdk::OptionsView opts(args.common->options);
   interval_ = opts.get_int("communication_interval");
   overlap_ = opts.get_bool("overlap");
 
-  std::vector<sdk::ParamGroupInput> groups(args.num_groups);
-  group_slot_.assign(args.num_groups, -1);
-  slices_.resize(args.num_groups);
-  for (size_t g = 0; g < args.num_groups; ++g) {
-    group_slot_[g] = static_cast<int32_t>(g);
-    groups[g].lr = args.groups[g].lr;
-    groups[g].weight_decay = args.groups[g].weight_decay;
-  }
-  params_.resize(args.num_params);
-  for (size_t i = 0; i < args.num_params; ++i) {
-    const dopt_param& p = args.params[i];
-    if (!p.requires_grad || !p.grad) continue;
-    if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
-      fail(DOPT_ERR_INVALID_ARGUMENT, std::string("parameter ") + (p.name ? p.name : "?") +
-                                          " has group " + std::to_string(p.group));
-    at::Tensor t = sdk::as_tensor(*p.data);
-    t.mutable_grad() = sdk::as_tensor(*p.grad);
-    params_[i] = t;
-    const std::string name = p.name ? p.name : "";
-    trainable_.emplace_back(name, t);
-    groups[p.group].params.push_back(t);
-    slices_[p.group].push_back({name, 0, std::vector<int64_t>(t.sizes().begin(), t.sizes().end())});
-  }
-  for (size_t b = 0; b < args.num_buckets; ++b) {
-    buckets_.push_back(&args.buckets[b]);
-    gossip_.push_back(std::make_unique<BucketGossip>(args.buckets[b], params_));
-  }
-  optimizer_ = sdk::make_optimizer(args.optimizer_name ? args.optimizer_name : "",
-                                   sdk::OptionsView(args.optimizer_options), groups);
+  for (size_t b = 0; b < args.num_buckets; ++b)
+    gossip_.push_back(std::make_unique<BucketGossip>(args.buckets[b], params_.by_index()));
 }
 
 DecentralizedAlgorithm::~DecentralizedAlgorithm() { abandon_all(); }
@@ -128,31 +101,25 @@ void DecentralizedAlgorithm::step() {
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     sdk::metric_add("decentralized.rounds", 1);
   }
-  optimizer_->step();
+  params_.step();
   ++step_;
   sdk::metric_add("algorithm.steps", 1);
 }
 
-void DecentralizedAlgorithm::set_lr(int32_t group, double lr) {
-  if (group < 0 || static_cast<size_t>(group) >= group_slot_.size())
-    fail(DOPT_ERR_INVALID_ARGUMENT, "no parameter group " + std::to_string(group));
-  sdk::set_group_lr(*optimizer_, static_cast<size_t>(group_slot_[group]), lr);
-}
+void DecentralizedAlgorithm::set_lr(int32_t group, double lr) { params_.set_lr(group, lr); }
 
-uint64_t DecentralizedAlgorithm::state_bytes() const {
-  return sdk::optimizer_state_bytes(*optimizer_);
-}
+uint64_t DecentralizedAlgorithm::state_bytes() const { return params_.state_bytes(); }
 
 uint64_t DecentralizedAlgorithm::bytes_sent() const { return bytes_.load(); }
 
 void DecentralizedAlgorithm::save_state(sdk::StateWriter& w) {
-  for (const auto& [name, t] : trainable_) {
+  for (const auto& [name, t] : params_.trainable()) {
     sdk::DLView v(t.detach().contiguous());
     w.put_local(kReplica + name, *v.get());
   }
   sdk::RankLocalWriter local(w, kLocal);
-  sdk::save_optimizer_state(*optimizer_, slices_, local.writer());
-  if (rank_ == 0) sdk::save_optimizer_state(*optimizer_, slices_, w);
+  params_.save(local.writer());
+  if (rank_ == 0) params_.save(w);
   at::Tensor step = at::full({}, step_, at::kLong);
   sdk::DLView sv(step);
   w.put_local(kStep, *sv.get());
@@ -160,7 +127,7 @@ void DecentralizedAlgorithm::save_state(sdk::StateWriter& w) {
 
 void DecentralizedAlgorithm::load_state(const sdk::StateReader& r) {
   at::NoGradGuard ng;
-  for (const auto& [name, t] : trainable_) {
+  for (const auto& [name, t] : params_.trainable()) {
     if (!r.find(kReplica + name)) continue;  // another algorithm's checkpoint: the host's model
     at::Tensor buf = at::empty_like(t).contiguous();
     sdk::DLView v(buf);
@@ -168,15 +135,15 @@ void DecentralizedAlgorithm::load_state(const sdk::StateReader& r) {
     t.copy_(buf);
   }
   sdk::PreferPrefixReader local(r, kLocal);
-  sdk::load_optimizer_state(*optimizer_, slices_, local.reader());
+  params_.load(local.reader());
   if (r.find(kStep)) {
     at::Tensor step = at::zeros({}, at::kLong);
     sdk::DLView sv(step);
     r.read(kStep, 0, *sv.get());
     step_ = step.item<int64_t>();
   }
-  if (r.saved_world_size() != world_size_ && !trainable_.empty() &&
-      r.find(kReplica + trainable_.front().first))
+  if (r.saved_world_size() != world_size_ && !params_.trainable().empty() &&
+      r.find(kReplica + params_.trainable().front().first))
     sdk::log_warn("decentralized", "checkpoint of " + std::to_string(r.saved_world_size()) +
                                        " ranks loaded into " + std::to_string(world_size_) +
                                        ": every rank starts from the mean of the saved replicas");

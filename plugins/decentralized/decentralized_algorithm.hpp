@@ -23,14 +23,12 @@
 // so that other algorithms load it, and the step counter.
 #pragma once
 
-#include <torch/optim/optimizer.h>
-
 #include <atomic>
 #include <memory>
 #include <vector>
 
-#include "distopt/sdk/optimizer_state.hpp"
 #include "distopt/sdk/sdk.hpp"
+#include "distopt/sdk/whole_params.hpp"
 #include "gossip.hpp"
 #include "topology.hpp"
 
@@ -65,13 +63,8 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   int64_t interval_;
   bool overlap_;
   int64_t step_ = 0;  // steps taken; communication round = step_ / interval_
-  std::vector<const dopt_bucket*> buckets_;
   std::vector<std::unique_ptr<BucketGossip>> gossip_;
-  std::vector<at::Tensor> params_;  // by dopt_param index; undefined when frozen
-  std::vector<std::pair<std::string, at::Tensor>> trainable_;
-  std::vector<int32_t> group_slot_;
-  std::vector<std::vector<sdk::ParamSlice>> slices_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  sdk::WholeParams params_;  // this rank's replica and its inner optimizer
   std::atomic<uint64_t> bytes_{0};
 };
 

@@ -37,15 +37,15 @@ void check_symmetric_connected(const Graph& g) {
                                     " but rank " + std::to_string(b) + " does not list " +
                                     std::to_string(a) + " (the graph must be symmetric)");
   std::vector<bool> seen(n, false);
-  std::vector<int32_t> todo{0};
+  std::vector<int32_t> frontier{0};  // depth-first search from rank 0
   seen[0] = true;
-  while (!todo.empty()) {
-    const int32_t a = todo.back();
-    todo.pop_back();
+  while (!frontier.empty()) {
+    const int32_t a = frontier.back();
+    frontier.pop_back();
     for (int32_t b : g[a]) {
       if (seen[b]) continue;
       seen[b] = true;
-      todo.push_back(b);
+      frontier.push_back(b);
     }
   }
   for (int32_t r = 0; r < n; ++r)

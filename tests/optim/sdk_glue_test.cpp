@@ -213,17 +213,28 @@ TEST_CASE("exceptions become statuses with the message in the error sink") {
   CHECK(avt->destroy(a) == DOPT_OK);
 }
 
-TEST_CASE("requests: test, wait, failure and timeout through the glue") {
-  dopt_plugin_info info = init_plugin();
-  auto* rvt = static_cast<const dopt_reducer_v1*>(info.components[0].vtable);
-  Options opts =
-      Options::validate(YAML::Node(), specs_from_c(kTestOptions, 1), "<test>", "reducer.options");
-  dopt_create_args args{};
-  args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
-  args.world_size = 1;
-  args.options = opts.c_handle();
+// The test plugin's reducer, created through the generated glue on 1 rank.
+struct GlueReducer {
+  const dopt_reducer_v1* rvt = nullptr;
   dopt_reducer* r = nullptr;
-  REQUIRE(rvt->create(&args, dopt_comm_ref{nullptr, nullptr}, nullptr, 0, &r) == DOPT_OK);
+  Options opts;
+  GlueReducer()
+      : opts(Options::validate(YAML::Node(), specs_from_c(kTestOptions, 1), "<test>",
+                               "reducer.options")) {
+    dopt_plugin_info info = init_plugin();
+    rvt = static_cast<const dopt_reducer_v1*>(info.components[0].vtable);
+    dopt_create_args args{};
+    args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
+    args.world_size = 1;
+    args.options = opts.c_handle();
+    REQUIRE(rvt->create(&args, dopt_comm_ref{nullptr, nullptr}, nullptr, 0, &r) == DOPT_OK);
+  }
+};
+
+TEST_CASE("requests: test, wait, failure and timeout through the glue") {
+  GlueReducer g;
+  const dopt_reducer_v1* rvt = g.rvt;
+  dopt_reducer* r = g.r;
   CHECK(rvt->bytes_sent(r) == 7);  // the schema default reached the constructor
 
   dopt_bucket bucket{};
@@ -257,16 +268,9 @@ TEST_CASE("requests: test, wait, failure and timeout through the glue") {
 }
 
 TEST_CASE("a Completion that names its operation words the timeout") {
-  dopt_plugin_info info = init_plugin();
-  auto* rvt = static_cast<const dopt_reducer_v1*>(info.components[0].vtable);
-  Options opts =
-      Options::validate(YAML::Node(), specs_from_c(kTestOptions, 1), "<test>", "reducer.options");
-  dopt_create_args args{};
-  args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
-  args.world_size = 1;
-  args.options = opts.c_handle();
-  dopt_reducer* r = nullptr;
-  REQUIRE(rvt->create(&args, dopt_comm_ref{nullptr, nullptr}, nullptr, 0, &r) == DOPT_OK);
+  GlueReducer g;
+  const dopt_reducer_v1* rvt = g.rvt;
+  dopt_reducer* r = g.r;
   dopt_bucket bucket{};
   bucket.struct_size = DOPT_BUCKET_STRUCT_SIZE;
   TestReducer::op = "allreduce";

@@ -1,0 +1,82 @@
+// The inner optimizer over every trainable parameter whole, for algorithms
+// whose ranks each step all parameters (allreduce: replicated;
+// decentralized: per-rank replicas). Torch.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distopt/algorithm.h"
+#include "distopt/sdk/optimizer_factory.hpp"
+#include "distopt/sdk/optimizer_state.hpp"
+#include "distopt/sdk/tensor.hpp"
+
+namespace distopt::sdk {
+
+/// Non-owning tensors aliasing the host's parameters (each .grad aliasing
+/// its slot in a bucket, so a reduced bucket is what the optimizer reads),
+/// one optimizer group per dopt_param_group (same index), and the
+/// checkpoint slices of each (whole parameters). Not thread-safe.
+class WholeParams {
+ public:
+  /// Throws sdk::Error(INVALID_ARGUMENT) naming `who` and the parameter
+  /// for a group index out of range, and what make_optimizer throws.
+  WholeParams(const dopt_algorithm_args& args, const std::string& who) : who_(who) {
+    std::vector<ParamGroupInput> groups(args.num_groups);
+    for (size_t g = 0; g < args.num_groups; ++g) {
+      groups[g].lr = args.groups[g].lr;
+      groups[g].weight_decay = args.groups[g].weight_decay;
+    }
+    slices_.resize(args.num_groups);
+    by_index_.resize(args.num_params);
+    for (size_t i = 0; i < args.num_params; ++i) {
+      const dopt_param& p = args.params[i];
+      if (!p.requires_grad || !p.grad) continue;
+      const std::string name = p.name ? p.name : "";
+      if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
+        throw Error(DOPT_ERR_INVALID_ARGUMENT, who + ": parameter " + name + " has group " +
+                                                   std::to_string(p.group) + " of " +
+                                                   std::to_string(args.num_groups));
+      at::Tensor t = as_tensor(*p.data);
+      t.mutable_grad() = as_tensor(*p.grad);
+      by_index_[i] = t;
+      trainable_.emplace_back(name, t);
+      groups[p.group].params.push_back(t);
+      slices_[p.group].push_back(
+          {name, 0, std::vector<int64_t>(t.sizes().begin(), t.sizes().end())});
+    }
+    optimizer_ = make_optimizer(args.optimizer_name ? args.optimizer_name : "",
+                                OptionsView(args.optimizer_options), groups);
+  }
+
+  /// Per dopt_param index: the parameter, undefined when frozen.
+  const std::vector<at::Tensor>& by_index() const { return by_index_; }
+  /// (name, tensor) of the trainable parameters, in dopt_param order.
+  const std::vector<std::pair<std::string, at::Tensor>>& trainable() const { return trainable_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  void step() { optimizer_->step(); }
+  /// Throws sdk::Error(INVALID_ARGUMENT) for a group out of range.
+  void set_lr(int32_t group, double lr) {
+    if (group < 0 || static_cast<size_t>(group) >= slices_.size())
+      throw Error(DOPT_ERR_INVALID_ARGUMENT,
+                  who_ + ": no parameter group " + std::to_string(group));
+    set_group_lr(*optimizer_, static_cast<size_t>(group), lr);
+  }
+  /// Bytes of optimizer state (momentum, Adam moments, ...).
+  uint64_t state_bytes() const { return optimizer_state_bytes(*optimizer_); }
+  /// The optimizer state under optimizer/<param>/<field> (state.h), whole.
+  void save(StateWriter& w) const { save_optimizer_state(*optimizer_, slices_, w); }
+  void load(const StateReader& r) { load_optimizer_state(*optimizer_, slices_, r); }
+
+ private:
+  std::string who_;
+  std::vector<at::Tensor> by_index_;
+  std::vector<std::pair<std::string, at::Tensor>> trainable_;
+  std::vector<std::vector<ParamSlice>> slices_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+}  // namespace distopt::sdk
