@@ -21,8 +21,6 @@ Topology make_topology(const sdk::OptionsView& o, int32_t world_size) {
   }
 }
 
-const std::string kReplica = "replica/";
-const std::string kLocal = "local/";
 const std::string kStep = "decentralized/step";
 
 }  // namespace
@@ -113,40 +111,13 @@ uint64_t DecentralizedAlgorithm::state_bytes() const { return params_.state_byte
 uint64_t DecentralizedAlgorithm::bytes_sent() const { return bytes_.load(); }
 
 void DecentralizedAlgorithm::save_state(sdk::StateWriter& w) {
-  for (const auto& [name, t] : params_.trainable()) {
-    sdk::DLView v(t.detach().contiguous());
-    w.put_local(kReplica + name, *v.get());
-  }
-  sdk::RankLocalWriter local(w, kLocal);
-  params_.save(local.writer());
-  if (rank_ == 0) params_.save(w);
-  at::Tensor step = at::full({}, step_, at::kLong);
-  sdk::DLView sv(step);
-  w.put_local(kStep, *sv.get());
+  sdk::save_local_replica(w, params_, rank_);
+  sdk::put_counter(w, kStep, step_);
 }
 
 void DecentralizedAlgorithm::load_state(const sdk::StateReader& r) {
-  at::NoGradGuard ng;
-  for (const auto& [name, t] : params_.trainable()) {
-    if (!r.find(kReplica + name)) continue;  // another algorithm's checkpoint: the host's model
-    at::Tensor buf = at::empty_like(t).contiguous();
-    sdk::DLView v(buf);
-    r.read(kReplica + name, 0, *v.get());
-    t.copy_(buf);
-  }
-  sdk::PreferPrefixReader local(r, kLocal);
-  params_.load(local.reader());
-  if (r.find(kStep)) {
-    at::Tensor step = at::zeros({}, at::kLong);
-    sdk::DLView sv(step);
-    r.read(kStep, 0, *sv.get());
-    step_ = step.item<int64_t>();
-  }
-  if (r.saved_world_size() != world_size_ && !params_.trainable().empty() &&
-      r.find(kReplica + params_.trainable().front().first))
-    sdk::log_warn("decentralized", "checkpoint of " + std::to_string(r.saved_world_size()) +
-                                       " ranks loaded into " + std::to_string(world_size_) +
-                                       ": every rank starts from the mean of the saved replicas");
+  sdk::load_local_replica(r, params_, world_size_, "decentralized");
+  step_ = sdk::read_counter(r, kStep, step_);
 }
 
 }  // namespace distopt::plugins::decentralized

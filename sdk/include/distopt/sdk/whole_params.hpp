@@ -10,9 +10,12 @@
 #include <vector>
 
 #include "distopt/algorithm.h"
+#include "distopt/sdk/host.hpp"
+#include "distopt/sdk/local_state.hpp"
 #include "distopt/sdk/optimizer_factory.hpp"
 #include "distopt/sdk/optimizer_state.hpp"
 #include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/tensor_state.hpp"
 
 namespace distopt::sdk {
 
@@ -78,5 +81,43 @@ class WholeParams {
   std::vector<std::vector<ParamSlice>> slices_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
+
+/// Checkpoint state of an algorithm whose ranks hold different replicas
+/// (DOPT_TRAIT_LOCAL_REPLICAS: decentralized, local SGD). Every rank puts its
+/// own parameters under replica/<param> and its inner optimizer's state under
+/// local/optimizer/... (RANK_LOCAL), and rank 0 also puts its optimizer state
+/// under the usual optimizer/... keys so that other algorithms load it.
+/// Called on every rank between steps; no communicator use.
+inline void save_local_replica(StateWriter& w, const WholeParams& params, int32_t rank) {
+  for (const auto& [name, t] : params.trainable()) put_local(w, "replica/" + name, t);
+  RankLocalWriter local(w, "local/");
+  params.save(local.writer());
+  if (rank == 0) params.save(w);
+}
+
+/// Restores what save_local_replica put. A checkpoint of the same world size
+/// gives every rank its own replica and optimizer state back (bitwise); one of
+/// another world size gives every rank the mean of the saved replicas (the
+/// host's reader averages RANK_LOCAL entries) and is warned about, naming
+/// `who`; one written by an algorithm without replicas leaves the parameters
+/// as the host loaded them and reads its optimizer/... state. Returns whether
+/// replicas were found. Throws what the reader throws.
+inline bool load_local_replica(const StateReader& r, WholeParams& params, int32_t world_size,
+                               const std::string& who) {
+  at::NoGradGuard ng;
+  bool found = false;
+  for (const auto& [name, t] : params.trainable()) {
+    if (!r.find("replica/" + name)) continue;
+    read_into(r, "replica/" + name, 0, t);
+    found = true;
+  }
+  PreferPrefixReader local(r, "local/");
+  params.load(local.reader());
+  if (found && r.saved_world_size() != world_size)
+    log_warn(who.c_str(), "checkpoint of " + std::to_string(r.saved_world_size()) +
+                              " ranks loaded into " + std::to_string(world_size) +
+                              ": every rank starts from the mean of the saved replicas");
+  return found;
+}
 
 }  // namespace distopt::sdk
