@@ -285,6 +285,32 @@ DistributedOptimizer Runtime::make_optimizer(
   b.algorithm = m.registry.get(DOPT_KIND_ALGORITHM, m.cfg.algorithm.name);
   b.reducer_options = &m.validated.reducer;
   b.algorithm_options = &m.validated.algorithm;
+  b.resolve = [raw = impl_.get()](const ComponentConfig& alg, const ComponentConfig& red) {
+    auto v = std::make_shared<ValidatedJob>(
+        validate_job(with_components(raw->cfg, alg, red), raw->registry, raw->proc.world_size));
+    optim::ComponentChoice c;
+    c.reducer = raw->registry.get(DOPT_KIND_REDUCER, red.name);
+    c.algorithm = raw->registry.get(DOPT_KIND_ALGORITHM, alg.name);
+    c.reducer_options = std::shared_ptr<const Options>(v, &v->reducer);
+    c.algorithm_options = std::shared_ptr<const Options>(v, &v->algorithm);
+    return c;
+  };
+  for (size_t k = 0; k < m.cfg.schedule.size(); ++k) {
+    const SchedulePhase& ph = m.cfg.schedule[k];
+    optim::Phase p;
+    p.until_epoch = ph.until_epoch;
+    p.until_step = ph.until_step;
+    p.choice.reducer = m.registry.get(DOPT_KIND_REDUCER, ph.reducer.name);
+    p.choice.algorithm = m.registry.get(DOPT_KIND_ALGORITHM, ph.algorithm.name);
+    p.choice.reducer_options = std::shared_ptr<const Options>(impl_, &m.validated.phases[k].reducer);
+    p.choice.algorithm_options =
+        std::shared_ptr<const Options>(impl_, &m.validated.phases[k].algorithm);
+    b.schedule.push_back(std::move(p));
+  }
+  if (!b.schedule.empty()) {
+    optim::use_components(b, b.schedule[0].choice);
+    b.phase = 0;
+  }
   b.optimizer_options = &m.validated.optimizer;
   b.optimizer_name = m.cfg.optimizer_name;
   b.precision = m.cfg.precision;

@@ -21,6 +21,7 @@ struct ComponentConfig {
   std::string name;
   YAML::Node options;  ///< map, or null when absent
   YAML::Mark mark;     ///< where the section starts (for error messages)
+  YAML::Node node;     ///< the section as written (null when absent)
 };
 
 /// `train:` section (used by `distopt train`).
@@ -40,6 +41,19 @@ struct TrainConfig {
   bool drop_last = true;
 };
 
+/// One phase of `schedule:` (Bagua's ModelSwitchWrapper.switch_to, as a
+/// plan): the reducer and algorithm to run until a bound. A phase that leaves
+/// out `algorithm` or `reducer` takes the job's top-level section.
+struct SchedulePhase {
+  /// The phase ends once set_epoch(e) is called with e >= until_epoch (after
+  /// that many epochs), or once until_step optimizer steps are done; -1: no
+  /// bound (the last phase, which runs to the end).
+  int64_t until_epoch = -1;
+  int64_t until_step = -1;
+  ComponentConfig reducer, algorithm;
+  YAML::Mark mark;  ///< where the phase starts
+};
+
 struct JobConfig {
   std::string path;                       ///< file it came from ("<string>" if none)
   std::vector<std::string> plugin_paths;  ///< plugins.paths, resolved against the file's directory
@@ -50,9 +64,13 @@ struct JobConfig {
   /// the ranks compare what they wait on and fail naming a mismatch
   /// (host_communicator.hpp, CollectiveCheck); 0 turns the check off.
   double collective_check_s = 2;
-  ComponentConfig communicator{"tcp", {}, {}};
-  ComponentConfig reducer{"mean", {}, {}};
-  ComponentConfig algorithm{"allreduce", {}, {}};
+  ComponentConfig communicator{"tcp", {}, {}, {}};
+  ComponentConfig reducer{"mean", {}, {}, {}};
+  ComponentConfig algorithm{"allreduce", {}, {}, {}};
+  /// `schedule:` phases in order (empty: the top-level reducer and algorithm
+  /// for the whole run). Every phase but the last has exactly one bound, each
+  /// kind of bound strictly increasing; the last has none.
+  std::vector<SchedulePhase> schedule;
   std::string optimizer_name = "sgd";  ///< optimizer.name
   YAML::Node optimizer_options;        ///< the other keys of `optimizer:`
   YAML::Mark optimizer_mark;
@@ -96,6 +114,11 @@ const std::vector<OptionSpec>& optimizer_option_specs(const std::string& name);
 /// The fully validated instance options of a job against the registry.
 struct ValidatedJob {
   Options communicator, reducer, algorithm, optimizer;
+  /// Per `schedule:` phase: its reducer's and algorithm's options.
+  struct Phase {
+    Options reducer, algorithm;
+  };
+  std::vector<Phase> phases;
 };
 /// Check that each selected component exists (PluginError/ConfigError naming
 /// the file, line, the name, and what is available) and validate its options.
@@ -104,7 +127,15 @@ struct ValidatedJob {
 /// KIND 'NAME' refuses this job: WHY" at the YAML key it names. `world_size`
 /// is the number of ranks the components are told (0: cfg.world_size, as
 /// `distopt check` does; Runtime passes the launcher's).
+/// Each `schedule:` phase is validated and checked the same way, as the job
+/// it would be with that phase's reducer and algorithm.
 ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry,
                           int64_t world_size = 0);
+
+/// The job as it runs with `algorithm` and `reducer` in place of its own
+/// (a schedule phase, or DistributedOptimizer::switch_to): the same file,
+/// sections and marks, without `schedule:`.
+JobConfig with_components(const JobConfig& cfg, const ComponentConfig& algorithm,
+                          const ComponentConfig& reducer);
 
 }  // namespace distopt

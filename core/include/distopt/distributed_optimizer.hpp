@@ -16,6 +16,8 @@ class Tensor;  // <ATen/ATen.h>; callers of scale_loss include it
 
 namespace distopt {
 
+struct ComponentConfig;  // distopt/config.hpp: a {name, options} section
+
 namespace optim {
 struct Access;  // core-internal access to the state (checkpoints)
 }
@@ -140,6 +142,47 @@ class DistributedOptimizer {
   /// scalar. Changes nothing. Throws CommError.
   ReplicaAverage average_replicas();
 
+  // ---- Switching algorithms during training (Bagua's ModelSwitchWrapper
+  // .switch_to; the job's `schedule:` section) ----
+
+  /// Replace the algorithm and reducer by `algorithm` and `reducer` (each
+  /// {name, options}, validated against the job like its own sections; a
+  /// component's check_job may refuse it). Collective: every rank calls it
+  /// with the same components and options (checked), between steps.
+  ///
+  /// First the ranks agree on the parameters: if the current algorithm keeps
+  /// local replicas (replicas_differ()), every rank takes their mean, as
+  /// Bagua's allreduce_parameters. Then the optimizer is rebuilt as
+  /// add_param_group does: the buckets are planned again with the new
+  /// reducer's bucket options, the old components' state is exchanged and
+  /// loaded into the new ones (so the inner optimizer's state carries over
+  /// between zero, allreduce, fused, decentralized, local_sgd; a reducer's
+  /// own state, e.g. error feedback, only to a reducer that reads the same
+  /// keys), the old components are destroyed (their hooks and threads gone),
+  /// and steps(), learning rates, the loss scaler and byte counters carry
+  /// over. Leaves the schedule position as it is.
+  ///
+  /// Throws ConfigError / PluginError (on every rank, before anything
+  /// changes) for an unknown component, bad options, a refusal, or ranks
+  /// that disagree; distopt::Error when a bucket of the last backward is in
+  /// flight; ComponentError / CheckpointError / CommError as
+  /// add_param_group, after which the optimizer is unchanged on every rank.
+  /// Training thread only.
+  void switch_to(const ComponentConfig& algorithm, const ComponentConfig& reducer);
+  /// The epoch about to start (0-based), as DistributedSampler.set_epoch:
+  /// a `schedule:` phase with until_epoch: E ends at set_epoch(E). Switches
+  /// phase when a bound is reached (collective then, as switch_to; every
+  /// rank passes the same epoch). No-op without a schedule except that the
+  /// value is remembered.
+  void set_epoch(int64_t epoch);
+  /// The `schedule:` phase running (0-based), or -1 when the job has none.
+  /// step() moves on by itself once steps() reaches a phase's until_step.
+  int schedule_phase() const;
+  /// Go to schedule phase `phase` (as its bound had been reached); used by
+  /// load_checkpoint to resume in the saved phase. Collective. Throws
+  /// ConfigError when there is no such phase.
+  void switch_to_phase(int phase);
+
   uint64_t state_bytes() const;
   /// Bytes put on the wire from this rank since make_optimizer: the
   /// reducer's count plus (ABI 1.1) what the algorithm sent itself, e.g.
@@ -155,6 +198,8 @@ class DistributedOptimizer {
   size_t num_buckets() const;
   int64_t steps() const;
   const std::string& algorithm_name() const;
+  /// The reducer's component name ("mean", "powersgd").
+  const std::string& reducer_name() const;
 
   // ---- Mixed precision (the config's `precision:` section, precision.hpp) ----
   //

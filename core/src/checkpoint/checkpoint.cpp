@@ -127,6 +127,27 @@ ShardRecord write_shard(const std::string& step_dir, const ShardState& s, int ra
   return r;
 }
 
+// A checkpoint saved in schedule phase k resumes in phase k: switch first,
+// so that its state lands in the components that saved it. Collective (every
+// rank reads the same manifest).
+void resume_schedule_phase(DistributedOptimizer& opt, const Manifest& man,
+                           const std::string& where) {
+  const int saved = man.schedule_phase;
+  if (saved < 0 || saved == opt.schedule_phase()) return;
+  if (opt.schedule_phase() < 0) {
+    log(DOPT_LOG_WARN, "checkpoint",
+        where + ": saved in schedule phase " + std::to_string(saved) +
+            "; this job has no schedule: loading into its " + opt.algorithm_name());
+    return;
+  }
+  try {
+    opt.switch_to_phase(saved);
+  } catch (const ConfigError& e) {
+    throw CheckpointError(where + ": saved in schedule phase " + std::to_string(saved) +
+                          ", which this job's schedule does not have (" + e.what() + ")");
+  }
+}
+
 }  // namespace
 }  // namespace checkpoint
 
@@ -227,22 +248,34 @@ CheckpointInfo Runtime::load_checkpoint(const std::string& dir, torch::nn::Modul
                                         DistributedOptimizer& opt) {
   using namespace checkpoint;
   std::exception_ptr failure;
-  std::optional<CheckpointInfo> info;
+  std::optional<Loaded> l;
   try {
-    Loaded l = read_newest(dir);
-    if (l.manifest.world_size != world_size())
-      log(rank() == 0 ? DOPT_LOG_INFO : DOPT_LOG_DEBUG, "checkpoint",
-          l.where + ": saved by " + std::to_string(l.manifest.world_size) +
-              " ranks, loading into " + std::to_string(world_size()) + " (resharding)");
-    StateSource src(std::move(l.shards), rank(), world_size());
-    check_compatible(model, opt, src, l.manifest, l.where);
-    restore(model, opt, src, l.manifest);
-    info = l.manifest.info(l.where);
+    l = read_newest(dir);
   } catch (const std::exception&) {
     failure = std::current_exception();
   }
   // Every rank fails together: a rank that went on alone would hang in its
   // first collective.
+  auto read = gather_i64(*this, {l ? 0 : 1, l ? l->manifest.schedule_phase : -1});
+  if (!l) std::rethrow_exception(failure);
+  for (int r = 0; r < world_size(); ++r)
+    if (read[2 * r])
+      throw CheckpointError(dir + ": rank " + std::to_string(r) + " could not load the checkpoint");
+  resume_schedule_phase(opt, l->manifest, l->where);
+
+  std::optional<CheckpointInfo> info;
+  try {
+    if (l->manifest.world_size != world_size())
+      log(rank() == 0 ? DOPT_LOG_INFO : DOPT_LOG_DEBUG, "checkpoint",
+          l->where + ": saved by " + std::to_string(l->manifest.world_size) +
+              " ranks, loading into " + std::to_string(world_size()) + " (resharding)");
+    StateSource src(std::move(l->shards), rank(), world_size());
+    check_compatible(model, opt, src, l->manifest, l->where);
+    restore(model, opt, src, l->manifest);
+    info = l->manifest.info(l->where);
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
   auto flags = gather_i64(*this, {info ? 0 : 1});
   if (!info) std::rethrow_exception(failure);
   for (int r = 0; r < world_size(); ++r)

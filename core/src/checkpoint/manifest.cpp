@@ -62,6 +62,8 @@ std::string Manifest::to_json() const {
                                                  {"skipped_steps", loss_scale.skipped_steps}}
                                           : json(nullptr)},
             {"extra", extra},
+            {"schedule_phase", schedule_phase},
+            {"epoch", epoch},
             {"shards", shards_j}};
   return j.dump(2) + "\n";
 }
@@ -89,6 +91,8 @@ Manifest Manifest::from_json(const std::string& text, const std::string& file) {
       m.loss_scale.skipped_steps = ls.at("skipped_steps").get<int64_t>();
     }
     m.extra = j.at("extra").get<CheckpointExtra>();
+    m.schedule_phase = j.value("schedule_phase", -1);
+    m.epoch = j.value("epoch", int64_t{0});
     for (const json& s : j.at("shards"))
       m.shards.push_back({s.at("rank").get<int>(), s.at("file").get<std::string>(),
                           s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>()});

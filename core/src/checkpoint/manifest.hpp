@@ -37,6 +37,10 @@ struct Manifest {
   bool has_loss_scale = false;  ///< the job had a loss scaler (precision: section)
   LossScaleState loss_scale;
   CheckpointExtra extra;
+  /// The `schedule:` phase running when saved (-1: no schedule) and the last
+  /// set_epoch; a resume switches to that phase before loading the state.
+  int schedule_phase = -1;
+  int64_t epoch = 0;
   std::vector<ShardRecord> shards;  ///< one per rank, in rank order
 
   std::string to_json() const;

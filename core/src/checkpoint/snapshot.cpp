@@ -111,6 +111,8 @@ Manifest describe(DistributedOptimizer& opt, int world_size) {
   out.optimizer = m.build.optimizer_name;
   out.optimizer_options = as_text(m.build.optimizer_options);
   out.group_lr = m.lr_set;
+  out.schedule_phase = m.build.phase;
+  out.epoch = m.epoch;
   out.precision = precision_dtype_name(m.build.precision.dtype);
   if (m.scaler) {
     out.has_loss_scale = true;
@@ -174,6 +176,7 @@ void restore(torch::nn::Module& model, DistributedOptimizer& opt, const StateSou
   dopt_state_reader ar = src.reader(&kAlgorithmPrefix);
   check_status(m.avt->load_state(m.algorithm, &ar), m.algorithm_who, "load_state");
   m.steps = man.step;
+  m.epoch = man.epoch;
   // Learning rates set by the application (schedules) continue as saved.
   for (size_t g = 0; g < man.group_lr.size() && g < m.groups.size(); ++g)
     if (man.group_lr[g] >= 0) opt.set_lr(man.group_lr[g], static_cast<int>(g));

@@ -61,6 +61,16 @@ YAML::Mark key_mark(const YAML::Node& map, const char* key, const YAML::Mark& fa
   return fallback;
 }
 
+// `to` refers to what `from` does. yaml-cpp's Node::operator= writes
+// through a node shared with other copies (so assigning a copied JobConfig's
+// section would change the original's); reset() only rebinds.
+void rebind(ComponentConfig& to, const ComponentConfig& from) {
+  to.name = from.name;
+  to.mark = from.mark;
+  to.options.reset(from.options);
+  to.node.reset(from.node);
+}
+
 class Parser {
  public:
   Parser(std::string file, std::string base_dir)
@@ -76,7 +86,7 @@ class Parser {
            "expected a map of sections at the top level, got " + describe(root));
     check_keys(root, "the top level",
                {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train",
-                "precision", "buffers", "join", "app"});
+                "precision", "buffers", "join", "app", "schedule"});
     // The program's own section: not validated here. (Assigning yaml-cpp's
     // invalid node for a missing key throws, hence the check.)
     if (YAML::Node app = child(root, "app"); app.IsDefined()) cfg.app = app;
@@ -90,6 +100,7 @@ class Parser {
     parse_precision(root, cfg);
     parse_buffers(section(root, "buffers"), cfg);
     parse_join(section(root, "join"), cfg);
+    parse_schedule(root, cfg);
     return cfg;
   }
 
@@ -232,6 +243,7 @@ class Parser {
     YAML::Node s = section(root, name);
     if (!s.IsDefined()) return;  // absent: the default component
     out.mark = key_mark(root, name, mark_of(s));
+    out.node = s;
     if (s.IsNull()) fail(file_, out.mark, std::string(name) + ": missing required key 'name'");
     check_keys(s, name, {"name", "options"});
     YAML::Node n = s["name"];
@@ -330,6 +342,57 @@ class Parser {
     get_bool(s, "enabled", "join.enabled", cfg.join.enabled);
     get_bool(s, "divide_by_initial_world_size", "join.divide_by_initial_world_size",
              cfg.join.divide_by_initial_world_size);
+  }
+
+  // schedule: [{until_epoch | until_step, algorithm, reducer}, ..., {last}]
+  void parse_schedule(const YAML::Node& root, JobConfig& cfg) {
+    YAML::Node s = child(root, "schedule");
+    if (!s.IsDefined() || s.IsNull()) return;
+    if (!s.IsSequence() || s.size() == 0)
+      fail(file_, mark_of(s),
+           "schedule: expected a list of phases ({until_epoch: N | until_step: N, algorithm: "
+           "{...}, reducer: {...}}), got " +
+               describe(s));
+    int64_t last_epoch = 0, last_step = 0;
+    for (size_t k = 0; k < s.size(); ++k) {
+      const YAML::Node p = s[k];
+      const std::string at = "schedule[" + std::to_string(k) + "]";
+      if (!p.IsMap())
+        fail(file_, mark_of(p, mark_of(s)), at + ": expected a map, got " + describe(p));
+      check_keys(p, at, {"until_epoch", "until_step", "algorithm", "reducer"});
+      SchedulePhase ph;
+      ph.mark = mark_of(p, mark_of(s));
+      if (child(p, "algorithm").IsDefined())
+        parse_component(p, "algorithm", ph.algorithm);
+      else
+        rebind(ph.algorithm, cfg.algorithm);
+      if (child(p, "reducer").IsDefined())
+        parse_component(p, "reducer", ph.reducer);
+      else
+        rebind(ph.reducer, cfg.reducer);
+      get_int(p, "until_epoch", at + ".until_epoch", 1, kHuge, ph.until_epoch);
+      get_int(p, "until_step", at + ".until_step", 1, kHuge, ph.until_step);
+      const bool last = k + 1 == s.size();
+      const int bounds = (ph.until_epoch >= 0) + (ph.until_step >= 0);
+      if (last && bounds)
+        fail(file_, ph.mark,
+             at + ": the last phase runs to the end of training; remove its " +
+                 (ph.until_epoch >= 0 ? "until_epoch" : "until_step"));
+      if (!last && bounds != 1)
+        fail(file_, ph.mark,
+             at + ": give exactly one of until_epoch, until_step (when this phase ends)");
+      if (ph.until_epoch >= 0 && ph.until_epoch <= last_epoch)
+        fail(file_, mark_of(p["until_epoch"], ph.mark),
+             at + ".until_epoch: must be greater than the previous phase's (" +
+                 std::to_string(last_epoch) + ")");
+      if (ph.until_step >= 0 && ph.until_step <= last_step)
+        fail(file_, mark_of(p["until_step"], ph.mark),
+             at + ".until_step: must be greater than the previous phase's (" +
+                 std::to_string(last_step) + ")");
+      if (ph.until_epoch >= 0) last_epoch = ph.until_epoch;
+      if (ph.until_step >= 0) last_step = ph.until_step;
+      cfg.schedule.push_back(std::move(ph));
+    }
   }
 
   void parse_precision(const YAML::Node& root, JobConfig& cfg) {
@@ -475,6 +538,11 @@ const std::vector<OptionSpec>& optimizer_option_specs(const std::string& name) {
 }
 
 namespace {
+// The job's components with their options, validated and checked (one
+// reducer + algorithm pair: the top level, or a schedule phase).
+ValidatedJob validate_components(const JobConfig& cfg, const PluginRegistry& registry,
+                                 int64_t world_size);
+
 // A reducer option `momentum` means the reducer applies the momentum itself
 // (DGC momentum correction, plugins/compress): momentum applied twice is
 // 1 / (1 - m)^2 times the step, so the combination is refused.
@@ -492,8 +560,52 @@ void check_momentum_owner(const JobConfig& cfg, const ValidatedJob& v) {
 }
 }  // namespace
 
+JobConfig with_components(const JobConfig& cfg, const ComponentConfig& algorithm,
+                          const ComponentConfig& reducer) {
+  JobConfig out = cfg;
+  rebind(out.algorithm, algorithm);
+  rebind(out.reducer, reducer);
+  out.schedule.clear();
+  // The same nodes (so marks point into the file), with these sections.
+  YAML::Node root(YAML::NodeType::Map);
+  if (cfg.root.IsMap())
+    for (const auto& kv : cfg.root) {
+      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+      if (key != "algorithm" && key != "reducer" && key != "schedule")
+        root.force_insert(kv.first, kv.second);
+    }
+  auto section = [](const ComponentConfig& c) {
+    if (c.node.IsDefined() && c.node.IsMap()) return c.node;
+    YAML::Node n(YAML::NodeType::Map);
+    n["name"] = c.name;
+    if (c.options.IsDefined() && !c.options.IsNull()) n["options"] = c.options;
+    return n;
+  };
+  root["algorithm"] = section(algorithm);
+  root["reducer"] = section(reducer);
+  out.root = root;
+  return out;
+}
+
 ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry,
                           int64_t world_size) {
+  ValidatedJob out = validate_components(cfg, registry, world_size);
+  for (size_t k = 0; k < cfg.schedule.size(); ++k) {
+    const SchedulePhase& ph = cfg.schedule[k];
+    try {
+      ValidatedJob v =
+          validate_components(with_components(cfg, ph.algorithm, ph.reducer), registry, world_size);
+      out.phases.push_back({std::move(v.reducer), std::move(v.algorithm)});
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string(e.what()) + " (in schedule[" + std::to_string(k) + "])");
+    }
+  }
+  return out;
+}
+
+namespace {
+ValidatedJob validate_components(const JobConfig& cfg, const PluginRegistry& registry,
+                                 int64_t world_size) {
   const std::string& file = cfg.path;
   auto component = [&](dopt_component_kind kind, const char* section,
                        const ComponentConfig& cc) -> const ComponentInfo& {
@@ -580,5 +692,7 @@ ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry,
                                     {&alg, &out.algorithm, &alg.options}, out.optimizer, *ospecs);
   return out;
 }
+
+}  // namespace
 
 }  // namespace distopt

@@ -208,8 +208,9 @@ void DistributedOptimizer::Impl::mixed_precision_step() {
   ++steps;
 }
 
-void DistributedOptimizer::step() {
-  auto& m = *impl_;
+namespace {
+
+void one_step(DistributedOptimizer::Impl& m) {
   // Whatever happens below, nothing of this backward is in flight afterwards
   // (the algorithm waits for every bucket or drops its requests on error).
   struct Done {
@@ -256,6 +257,13 @@ void DistributedOptimizer::step() {
   metric_add("optim.step_seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   metric_add("optim.bytes_plain_allreduce", static_cast<double>(m.plain_bytes_per_step));
+}
+
+}  // namespace
+
+void DistributedOptimizer::step() {
+  one_step(*impl_);
+  if (!impl_->build.schedule.empty()) optim::advance_schedule(*this);
 }
 
 int64_t DistributedOptimizer::join() {
@@ -358,6 +366,7 @@ void DistributedOptimizer::Impl::sync_buffers() {
 const std::string& DistributedOptimizer::algorithm_name() const {
   return impl_->build.algorithm.name;
 }
+const std::string& DistributedOptimizer::reducer_name() const { return impl_->build.reducer.name; }
 
 bool DistributedOptimizer::mixed_precision() const { return impl_->masters != nullptr; }
 PrecisionDtype DistributedOptimizer::compute_dtype() const { return impl_->build.precision.dtype; }

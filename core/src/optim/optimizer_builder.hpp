@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,6 +21,24 @@
 namespace distopt::optim {
 
 class BufferSynchronizer;
+
+/// A reducer and an algorithm found in the registry, with their validated
+/// options (a schedule phase, or what switch_to was given).
+struct ComponentChoice {
+  ComponentInfo reducer, algorithm;
+  std::shared_ptr<const Options> reducer_options, algorithm_options;
+};
+
+/// One `schedule:` phase, resolved (config.hpp SchedulePhase).
+struct Phase {
+  int64_t until_epoch = -1, until_step = -1;
+  ComponentChoice choice;
+};
+
+/// Finds and validates the components of a switch_to call against the job
+/// (its registry, file and world size). Throws ConfigError / PluginError.
+using Resolver = std::function<ComponentChoice(const ComponentConfig& algorithm,
+                                               const ComponentConfig& reducer)>;
 
 struct OptimizerBuild {
   std::shared_ptr<const void> keepalive;  ///< the runtime state (communicator, store, options)
@@ -39,7 +58,17 @@ struct OptimizerBuild {
   /// set). Shared so that add_param_group's rebuild keeps it.
   std::shared_ptr<BufferSynchronizer> buffers;
   JobConfig::Join join;  ///< uneven inputs (DistributedOptimizer::join)
+  /// Keeps reducer_options / algorithm_options alive when they are not the
+  /// runtime's (a switch_to).
+  std::shared_ptr<const void> choice_keepalive;
+  std::vector<Phase> schedule;  ///< empty: no schedule
+  int phase = -1;               ///< index into schedule; -1 without one
+  Resolver resolve;             ///< for switch_to
+  int rebuilds = 0;             ///< add_param_group / switch_to so far (unique scopes)
 };
+
+/// `choice` as the build's reducer and algorithm.
+void use_components(OptimizerBuild& b, const ComponentChoice& choice);
 
 /// Plan buckets, install hooks, create the reducer then the algorithm.
 /// Collective. Throws ConfigError (bad groups), ComponentError.

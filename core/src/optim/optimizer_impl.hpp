@@ -36,6 +36,7 @@ struct DistributedOptimizer::Impl {
   std::string reducer_who, algorithm_who;
   int world_size = 1;
   int64_t steps = 0;
+  int64_t epoch = 0;           // the last set_epoch (schedule bounds)
   std::vector<double> lr_set;  // per group: the last set_lr (-1 = the config's), checkpointed
   uint64_t plain_bytes_per_step = 0;
   // Totals of the optimizers this one replaced (add_param_group rebuilds the
@@ -102,7 +103,13 @@ struct DistributedOptimizer::Impl {
 namespace optim {
 struct Access {
   static DistributedOptimizer::Impl& of(DistributedOptimizer& o) { return *o.impl_; }
+  static std::unique_ptr<DistributedOptimizer::Impl>& ptr(DistributedOptimizer& o) {
+    return o.impl_;
+  }
 };
+/// After a step or set_epoch: switch to the schedule phase whose
+/// predecessors' bounds are reached (switching.cpp). Collective then.
+void advance_schedule(DistributedOptimizer& opt);
 }  // namespace optim
 
 }  // namespace distopt

@@ -8,14 +8,8 @@
 //      arguments, gathered; any failure or mismatch throws on every rank
 //      before anything changed;
 //   2. broadcast the new parameters from rank 0;
-//   3. snapshot this rank's algorithm + reducer state, exchange all shards;
-//   4. build the replacement next to the old optimizer (which stays
-//      intact), load the state into it, carry the host-side state over;
-//   5. agree again: all ranks swap to the replacement, or all keep the old
-//      optimizer and throw.
-// Building the replacement before destroying the old one is what makes a
-// failure recoverable: both are alive briefly (about twice the optimizer
-// state and gradient buckets).
+//   3-5. rebuild with the old state (optim/rebuild.hpp): exchange, build
+//      the replacement beside the old optimizer, all swap or none.
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -35,6 +29,7 @@
 #include "distopt/sdk/tensor.hpp"
 #include "optim/optimizer_builder.hpp"
 #include "optim/optimizer_impl.hpp"
+#include "optim/rebuild.hpp"
 
 namespace distopt {
 
@@ -132,43 +127,6 @@ void add_fresh_state(checkpoint::ShardState& s, const DistributedOptimizer::Impl
   }
 }
 
-// Load the exchanged state into `fresh` and carry over what the host keeps.
-void restore_into(DistributedOptimizer::Impl& fresh, DistributedOptimizer::Impl& old,
-                  std::vector<checkpoint::ShardState> shards, int rank, int world) {
-  at::NoGradGuard no_grad;
-  if (fresh.masters && old.masters) {
-    // The fp32 masters are the truth (the model holds their rounding).
-    std::map<std::string, size_t> index;
-    for (size_t i = 0; i < old.build.params.size(); ++i) index[old.build.params[i].first] = i;
-    for (size_t i = 0; i < fresh.build.params.size(); ++i) {
-      auto it = index.find(fresh.build.params[i].first);
-      if (it == index.end()) continue;
-      const at::Tensor& from = old.masters->master(it->second);
-      const at::Tensor& to = fresh.masters->master(i);
-      if (!to.is_same(from)) to.copy_(from);
-    }
-  }
-  checkpoint::StateSource src(std::move(shards), rank, world);
-  dopt_state_reader rr = src.reader(&checkpoint::kReducerPrefix);
-  check_status(fresh.rvt->load_state(fresh.reducer, &rr), fresh.reducer_who, "load_state");
-  dopt_state_reader ar = src.reader(&checkpoint::kAlgorithmPrefix);
-  check_status(fresh.avt->load_state(fresh.algorithm, &ar), fresh.algorithm_who, "load_state");
-
-  fresh.steps = old.steps;
-  fresh.lr_set = old.lr_set;
-  for (size_t g = 0; g < old.lr_set.size(); ++g)
-    if (old.lr_set[g] >= 0)
-      check_status(fresh.avt->set_lr(fresh.algorithm, static_cast<int32_t>(g), old.lr_set[g]),
-                   fresh.algorithm_who, "set_lr(group " + std::to_string(g) + ")");
-  if (!fresh.lr_set.empty()) fresh.lr_set.resize(fresh.groups.size(), -1.0);
-  if (fresh.scaler && old.scaler) fresh.scaler->set_state(old.scaler->state());
-  fresh.bytes_sent_base = old.bytes_sent_base + old.components_bytes_sent();
-  const int64_t since = std::max<int64_t>(0, old.steps - old.plain_steps_base);
-  fresh.plain_bytes_base =
-      old.plain_bytes_base + old.plain_bytes_per_step * static_cast<uint64_t>(since);
-  fresh.plain_steps_base = old.steps;
-}
-
 }  // namespace
 
 void DistributedOptimizer::add_param_group(const NamedParams& named_params, double lr,
@@ -202,75 +160,23 @@ void DistributedOptimizer::add_param_group(const NamedParams& named_params, doub
   // 2. Every rank starts the new parameters from rank 0's values.
   broadcast_from_rank0(comm, world, named_params);
 
-  // 3. Everyone's state to everyone (ownership changes arbitrarily). A rank
-  // that cannot save still takes part; then every rank throws.
-  std::optional<std::vector<char>> mine;
-  std::exception_ptr failure;
-  try {
-    checkpoint::ShardState s;
-    checkpoint::snapshot_components(old, s);
-    mine = s.encode(rank, world);
-  } catch (const std::exception&) {
-    failure = std::current_exception();
-  }
-  std::vector<std::vector<char>> bytes;
-  try {
-    bytes = checkpoint::allgather_bytes(std::move(mine), comm, rank, world);
-  } catch (const CheckpointError&) {
-    if (failure) std::rethrow_exception(failure);  // this rank's own reason
-    throw;
-  }
-
-  // 4. The replacement, beside the old optimizer. Failures here are local:
-  // they are agreed on in step 5 before anyone throws.
-  std::unique_ptr<Impl> fresh;
-  try {
-    std::vector<checkpoint::ShardState> shards;
-    for (int r = 0; r < world; ++r)
-      shards.push_back(checkpoint::ShardState::decode(
-          bytes[static_cast<size_t>(r)], "optimizer state of rank " + std::to_string(r), r, world));
-    bytes.clear();
-    add_fresh_state(shards.at(0), old, named_params);
-
-    optim::OptimizerBuild b = old.build;
-    // An implicit group 0 (no specs) becomes an explicit spec that names
-    // nobody: unnamed parameters still go to group 0.
-    if (b.groups.size() < old.groups.size()) b.groups.resize(old.groups.size());
-    ParamGroupSpec spec;
-    for (const auto& np : named_params) spec.names.push_back(np.first);
-    spec.lr = lr;
-    spec.weight_decay = weight_decay;
-    b.groups.push_back(std::move(spec));
-    b.params.insert(b.params.end(), named_params.begin(), named_params.end());
-    // Unique per instance: the old one is still alive while this is created.
-    const std::string base = b.scope.substr(0, b.scope.find("/groups-"));
-    b.scope = base + "/groups-" + std::to_string(b.groups.size());
-    fresh = optim::build_impl(std::move(b));
-    restore_into(*fresh, old, std::move(shards), rank, world);
-  } catch (const CommError&) {
-    failure = std::current_exception();
-    fresh.reset();
-  } catch (const ComponentError& e) {
-    // Say that nothing changed; keep the status for callers that check it.
-    failure = std::make_exception_ptr(ComponentError(
-        e.status(), "add_param_group", "rebuilding the optimizer (it is unchanged)", e.what()));
-    fresh.reset();
-  } catch (const std::exception&) {
-    failure = std::current_exception();
-    fresh.reset();
-  }
-
-  // 5. All swap or none.
-  auto ok = checkpoint::gather_i64(comm, rank, world, {fresh ? 1 : 0});
-  if (!fresh) std::rethrow_exception(failure);
-  for (int r = 0; r < world; ++r)
-    if (ok[static_cast<size_t>(r)] != 1) {
-      fresh.reset();
-      throw Error("add_param_group: rank " + std::to_string(r) +
-                  " could not rebuild the optimizer; it is unchanged on every rank");
-    }
-  impl_.swap(fresh);
-  fresh.reset();  // the old one: hooks off, algorithm, then reducer destroyed
+  // 3-5. The replacement, with the old state and the new group (rebuild.hpp).
+  optim::OptimizerBuild b = old.build;
+  // An implicit group 0 (no specs) becomes an explicit spec that names
+  // nobody: unnamed parameters still go to group 0.
+  if (b.groups.size() < old.groups.size()) b.groups.resize(old.groups.size());
+  ParamGroupSpec spec;
+  for (const auto& np : named_params) spec.names.push_back(np.first);
+  spec.lr = lr;
+  spec.weight_decay = weight_decay;
+  b.groups.push_back(std::move(spec));
+  b.params.insert(b.params.end(), named_params.begin(), named_params.end());
+  optim::rebuild(
+      *this, std::move(b),
+      [&](std::vector<checkpoint::ShardState>& shards) {
+        add_fresh_state(shards.at(0), old, named_params);
+      },
+      "add_param_group");
   log(DOPT_LOG_DEBUG, "optimizer",
       "add_param_group: " + std::to_string(named_params.size()) + " parameter(s) as group " +
           std::to_string(impl_->groups.size() - 1) + "; " +

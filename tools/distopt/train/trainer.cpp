@@ -315,6 +315,7 @@ class Trainer {
   }
 
   void train_epoch(int64_t epoch) {
+    opt_->set_epoch(epoch - 1);  // 0-based, as DistributedSampler: may move the schedule on
     const auto perm = epoch_permutation(data_.train_count(), tc_.seed, epoch);
     model_->train();
     double loss_sum = 0;
@@ -383,6 +384,9 @@ class Trainer {
                             {"epoch_time_s", epoch_time},
                             {"samples_per_s", samples / epoch_time}};
     if (consensus_distance_ >= 0) event["consensus_distance"] = consensus_distance_;
+    event["algorithm"] = opt_->algorithm_name();
+    event["reducer"] = opt_->reducer_name();
+    if (opt_->schedule_phase() >= 0) event["schedule_phase"] = opt_->schedule_phase();
     metrics_.write(event);
   }
 

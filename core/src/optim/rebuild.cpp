@@ -1,0 +1,145 @@
+// The rebuild protocol of rebuild.hpp (add_param_group, switch_to).
+#include "optim/rebuild.hpp"
+
+#include <ATen/ATen.h>
+
+#include <exception>
+#include <map>
+#include <optional>
+
+#include "checkpoint/exchange.hpp"
+#include "checkpoint/state_source.hpp"
+#include "distopt/error.hpp"
+#include "distopt/host_api.hpp"
+#include "optim/optimizer_impl.hpp"
+
+namespace distopt::optim {
+namespace {
+
+using Impl = DistributedOptimizer::Impl;
+
+// The fp32 masters are the truth (the model holds their rounding).
+void copy_masters(Impl& fresh, const Impl& old) {
+  if (!fresh.masters || !old.masters) return;
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < old.build.params.size(); ++i) index[old.build.params[i].first] = i;
+  for (size_t i = 0; i < fresh.build.params.size(); ++i) {
+    auto it = index.find(fresh.build.params[i].first);
+    if (it == index.end()) continue;
+    const at::Tensor& from = old.masters->master(it->second);
+    const at::Tensor& to = fresh.masters->master(i);
+    if (!to.is_same(from)) to.copy_(from);
+  }
+}
+
+// What the host keeps across a rebuild: steps, epoch, learning rates set
+// with set_lr, the loss scaler, byte counters.
+void carry_host_state(Impl& fresh, const Impl& old) {
+  fresh.steps = old.steps;
+  fresh.epoch = old.epoch;
+  fresh.lr_set = old.lr_set;
+  for (size_t g = 0; g < old.lr_set.size() && g < fresh.groups.size(); ++g)
+    if (old.lr_set[g] >= 0)
+      check_status(fresh.avt->set_lr(fresh.algorithm, static_cast<int32_t>(g), old.lr_set[g]),
+                   fresh.algorithm_who, "set_lr(group " + std::to_string(g) + ")");
+  if (!fresh.lr_set.empty()) fresh.lr_set.resize(fresh.groups.size(), -1.0);
+  if (fresh.scaler && old.scaler) fresh.scaler->set_state(old.scaler->state());
+  fresh.bytes_sent_base = old.bytes_sent_base + old.components_bytes_sent();
+  const int64_t since = std::max<int64_t>(0, old.steps - old.plain_steps_base);
+  fresh.plain_bytes_base =
+      old.plain_bytes_base + old.plain_bytes_per_step * static_cast<uint64_t>(since);
+  fresh.plain_steps_base = old.steps;
+}
+
+// Load the exchanged state into `fresh` and carry over what the host keeps.
+void restore_into(Impl& fresh, Impl& old, std::vector<checkpoint::ShardState> shards, int rank,
+                  int world) {
+  at::NoGradGuard no_grad;
+  copy_masters(fresh, old);
+  checkpoint::StateSource src(std::move(shards), rank, world);
+  dopt_state_reader rr = src.reader(&checkpoint::kReducerPrefix);
+  check_status(fresh.rvt->load_state(fresh.reducer, &rr), fresh.reducer_who, "load_state");
+  dopt_state_reader ar = src.reader(&checkpoint::kAlgorithmPrefix);
+  check_status(fresh.avt->load_state(fresh.algorithm, &ar), fresh.algorithm_who, "load_state");
+  carry_host_state(fresh, old);
+}
+
+// Everyone's state to everyone (ownership may change arbitrarily). A rank
+// that cannot save still takes part; then every rank throws.
+std::vector<checkpoint::ShardState> exchange_state(Impl& old, int rank, int world) {
+  std::optional<std::vector<char>> mine;
+  std::exception_ptr failure;
+  try {
+    checkpoint::ShardState s;
+    checkpoint::snapshot_components(old, s);
+    mine = s.encode(rank, world);
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+  }
+  std::vector<std::vector<char>> bytes;
+  try {
+    bytes = checkpoint::allgather_bytes(std::move(mine), old.build.comm, rank, world);
+  } catch (const CheckpointError&) {
+    if (failure) std::rethrow_exception(failure);  // this rank's own reason
+    throw;
+  }
+  std::vector<checkpoint::ShardState> shards;
+  for (int r = 0; r < world; ++r)
+    shards.push_back(checkpoint::ShardState::decode(
+        bytes[static_cast<size_t>(r)], "optimizer state of rank " + std::to_string(r), r, world));
+  return shards;
+}
+
+}  // namespace
+
+void use_components(OptimizerBuild& b, const ComponentChoice& choice) {
+  b.reducer = choice.reducer;
+  b.algorithm = choice.algorithm;
+  b.reducer_options = choice.reducer_options.get();
+  b.algorithm_options = choice.algorithm_options.get();
+  auto keep = std::make_shared<ComponentChoice>(choice);
+  b.choice_keepalive = keep;
+}
+
+void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
+             const std::function<void(std::vector<checkpoint::ShardState>&)>& amend,
+             const std::string& what) {
+  std::unique_ptr<Impl>& slot = Access::ptr(opt);
+  Impl& old = *slot;
+  const int rank = old.build.common.rank, world = old.world_size;
+  // Unique per instance: the old one is still alive while this is created.
+  b.rebuilds = old.build.rebuilds + 1;
+  b.scope = b.scope.substr(0, b.scope.find("/build-")) + "/build-" + std::to_string(b.rebuilds);
+
+  // Failures here are local: they are agreed on before anyone throws.
+  std::exception_ptr failure;
+  std::unique_ptr<Impl> fresh;
+  try {
+    std::vector<checkpoint::ShardState> shards = exchange_state(old, rank, world);
+    if (amend) amend(shards);
+    fresh = build_impl(std::move(b));
+    restore_into(*fresh, old, std::move(shards), rank, world);
+  } catch (const ComponentError& e) {
+    // Say that nothing changed; keep the status for callers that check it.
+    failure = std::make_exception_ptr(
+        ComponentError(e.status(), what, "rebuilding the optimizer (it is unchanged)", e.what()));
+    fresh.reset();
+  } catch (const std::exception&) {
+    failure = std::current_exception();
+    fresh.reset();
+  }
+
+  // All swap or none.
+  auto ok = checkpoint::gather_i64(old.build.comm, rank, world, {fresh ? 1 : 0});
+  if (!fresh) std::rethrow_exception(failure);
+  for (int r = 0; r < world; ++r)
+    if (ok[static_cast<size_t>(r)] != 1) {
+      fresh.reset();
+      throw Error(what + ": rank " + std::to_string(r) +
+                  " could not rebuild the optimizer; it is unchanged on every rank");
+    }
+  slot.swap(fresh);
+  fresh.reset();  // the old one: hooks off, algorithm, then reducer destroyed
+}
+
+}  // namespace distopt::optim

@@ -1,0 +1,37 @@
+// Private: replace a DistributedOptimizer's components (add_param_group,
+// switch_to, autotuning) while keeping its state, through the checkpoint
+// machinery: every component saves its state as element ranges of logical
+// per-parameter tensors, readable under any other partition or component.
+//
+// Protocol (collective, the same order on every rank):
+//   1. snapshot this rank's algorithm + reducer state, exchange all shards;
+//   2. build the replacement next to the old optimizer (which stays intact),
+//      load the state into it, carry the host-side state over;
+//   3. agree: all ranks swap to the replacement, or all keep the old
+//      optimizer and throw.
+// Building the replacement before destroying the old one makes a failure
+// recoverable: both are alive briefly (about twice the optimizer state and
+// gradient buckets).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/shard_state.hpp"
+#include "distopt/distributed_optimizer.hpp"
+#include "optim/optimizer_builder.hpp"
+
+namespace distopt::optim {
+
+/// Rebuild `opt` from `build` (the old build, amended) with the old state.
+/// `amend` may add state to the exchanged shards before they are loaded
+/// (add_param_group: fresh Adagrad state for new parameters). `what` names
+/// the operation in errors ("add_param_group"). Requires no bucket in flight.
+/// Throws on every rank (the optimizer unchanged) when any rank fails:
+/// ComponentError, CheckpointError, CommError, Error.
+void rebuild(DistributedOptimizer& opt, OptimizerBuild build,
+             const std::function<void(std::vector<checkpoint::ShardState>&)>& amend,
+             const std::string& what);
+
+}  // namespace distopt::optim
