@@ -27,8 +27,8 @@ class ParameterAverage {
   /// over the ranks. Every rank ends with the same values bitwise (one
   /// allreduce result, divided alike). Returns the bytes this rank sent
   /// (ring allreduce of each bucket, sdk::ring_allreduce_bytes). Throws the
-  /// communicator's error (naming the failed peer); the parameters are then
-  /// partly averaged and the job cannot continue.
+  /// communicator's error (naming the failed peer), the parameters not yet
+  /// changed (they are written back only once every bucket arrived).
   uint64_t run(sdk::CommView& comm);
 
  private:
