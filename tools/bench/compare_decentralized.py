@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""Decentralized SGD against allreduce on the same job (mlp on
+"""Decentralized SGD and local SGD against allreduce on the same job (mlp on
 Fashion-MNIST, SGD + momentum, batch 128 per rank), on 2 and 4 local ranks:
 samples/s, bytes sent per rank per step, final test accuracy (of the mean
-model for decentralized rows) and the consensus distance at the end. Rows
+model for decentralized and local_sgd rows) and the consensus distance at
+the end (local_sgd: after the last step, which need not be an average). Rows
 run interleaved, `--repeat` times; the table gives medians.
 
 Loopback only: the slowed-link rows (network namespaces joined by veth,
@@ -26,6 +27,7 @@ ROWS = [
     ("decentralized shift_one", "{name: decentralized, options: {topology: shift_one}}"),
     ("decentralized ring, no overlap",
      "{name: decentralized, options: {topology: ring, overlap: false}}"),
+    ("local_sgd period 4", "{name: local_sgd, options: {period: 4}}"),
 ]
 
 
