@@ -22,6 +22,21 @@ Topology make_topology(const sdk::OptionsView& o, int32_t world_size) {
 }
 
 const std::string kStep = "decentralized/step";
+const std::string kCopies = "low_precision/";
+
+// Why low_precision refuses a topology, or "" when it takes it.
+std::string low_precision_refusal(const std::string& topology) {
+  if (topology == "shift_one")
+    return "low_precision keeps copies of its neighbours' parameters current with every one of "
+           "their compressed differences; shift_one's peer changes every round, so a copy would "
+           "miss the differences its rank sent to others (Bagua's low-precision algorithm runs "
+           "on a ring only); use topology: ring, exponential or neighbors";
+  if (topology == "complete")
+    return "low_precision with complete would keep a copy of every rank and receive every "
+           "rank's difference each round; use topology: ring, exponential or neighbors, or "
+           "drop low_precision";
+  return "";
+}
 
 }  // namespace
 
@@ -41,6 +56,8 @@ void DecentralizedAlgorithm::check_job(const sdk::JobView& job) {
                "decentralized exchanges parameters with its neighbours and never "
                "reduces gradients, so reducer '" +
                    job.reducer().name() + "' would not apply; use reducer: {name: mean}");
+  if (o.get_bool("low_precision") && !low_precision_refusal(kind).empty())
+    job.reject("algorithm.options.topology", low_precision_refusal(kind), DOPT_ERR_UNSUPPORTED);
   if (job.precision_dtype() != "fp32" && !job.precision_dtype().empty())
     job.reject("precision.dtype", "decentralized does not support mixed precision yet",
                DOPT_ERR_UNSUPPORTED);
@@ -58,9 +75,17 @@ DecentralizedAlgorithm::DecentralizedAlgorithm(const dopt_algorithm_args& args)
   const sdk::OptionsView opts(args.common->options);
   interval_ = opts.get_int("communication_interval");
   overlap_ = opts.get_bool("overlap");
-
+  low_precision_ = opts.get_bool("low_precision");
+  if (!low_precision_) {
+    for (size_t b = 0; b < args.num_buckets; ++b)
+      gossip_.push_back(std::make_unique<BucketGossip>(args.buckets[b], params_.by_index()));
+    return;
+  }
+  const std::string why = low_precision_refusal(topology_.kind());
+  if (!why.empty()) fail(DOPT_ERR_UNSUPPORTED, why);
+  const MixingRow row = topology_.row(rank_, 0);  // static topologies: every round's
   for (size_t b = 0; b < args.num_buckets; ++b)
-    gossip_.push_back(std::make_unique<BucketGossip>(args.buckets[b], params_.by_index()));
+    low_.push_back(std::make_unique<LowPrecisionGossip>(args.buckets[b], params_.by_index(), row));
 }
 
 DecentralizedAlgorithm::~DecentralizedAlgorithm() { abandon_all(); }
@@ -72,11 +97,14 @@ void DecentralizedAlgorithm::start(size_t b) {
 
 void DecentralizedAlgorithm::abandon_all() {
   for (auto& g : gossip_) g->abandon();
+  for (auto& g : low_) g->abandon();
 }
 
 void DecentralizedAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
-  if (bucket.index < 0 || static_cast<size_t>(bucket.index) >= gossip_.size())
+  const size_t buckets = low_precision_ ? low_.size() : gossip_.size();
+  if (bucket.index < 0 || static_cast<size_t>(bucket.index) >= buckets)
     fail(DOPT_ERR_INVALID_ARGUMENT, "unknown bucket " + std::to_string(bucket.index));
+  if (low_precision_) return;  // its round needs the stepped parameters
   const size_t b = static_cast<size_t>(bucket.index);
   if (gossip_[b]->started())
     fail(DOPT_ERR_STATE, "bucket " + std::to_string(b) + " is ready twice in one step");
@@ -85,6 +113,10 @@ void DecentralizedAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
 
 void DecentralizedAlgorithm::step() {
   at::NoGradGuard ng;
+  if (low_precision_) {
+    low_precision_step();
+    return;
+  }
   if (world_size_ > 1 && communicates()) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
@@ -104,20 +136,83 @@ void DecentralizedAlgorithm::step() {
   sdk::metric_add("algorithm.steps", 1);
 }
 
+void DecentralizedAlgorithm::low_precision_round(bool sync) {
+  try {
+    for (size_t b = 0; b < low_.size(); ++b) {
+      const int32_t tag = static_cast<int32_t>(b);
+      bytes_ += sync ? low_[b]->start_sync(comm_, tag) : low_[b]->start(comm_, tag);
+    }
+    for (auto& g : low_) g->finish();
+  } catch (...) {
+    abandon_all();
+    throw;
+  }
+}
+
+void DecentralizedAlgorithm::low_precision_step() {
+  const bool round = world_size_ > 1 && communicates();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (round && !copies_synced_) {
+    low_precision_round(true);  // x_hat = x, whole, once
+    copies_synced_ = true;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  params_.step();
+  if (round) {
+    const auto t2 = std::chrono::steady_clock::now();
+    low_precision_round(false);
+    const auto t3 = std::chrono::steady_clock::now();
+    sdk::metric_add("decentralized.wait_seconds",
+                    std::chrono::duration<double>((t1 - t0) + (t3 - t2)).count());
+    sdk::metric_add("decentralized.rounds", 1);
+  }
+  ++step_;
+  sdk::metric_add("algorithm.steps", 1);
+}
+
 void DecentralizedAlgorithm::set_lr(int32_t group, double lr) { params_.set_lr(group, lr); }
 
-uint64_t DecentralizedAlgorithm::state_bytes() const { return params_.state_bytes(); }
+uint64_t DecentralizedAlgorithm::state_bytes() const {
+  uint64_t copies = 0;
+  for (const auto& g : low_) copies += g->state_bytes();
+  return params_.state_bytes() + copies;
+}
 
 uint64_t DecentralizedAlgorithm::bytes_sent() const { return bytes_.load(); }
 
 void DecentralizedAlgorithm::save_state(sdk::StateWriter& w) {
   sdk::save_local_replica(w, params_, rank_);
   sdk::put_counter(w, kStep, step_);
+  if (!copies_synced_) return;
+  for (size_t b = 0; b < low_.size(); ++b) low_[b]->save(w, kCopies + std::to_string(b) + "/");
 }
 
 void DecentralizedAlgorithm::load_state(const sdk::StateReader& r) {
   sdk::load_local_replica(r, params_, world_size_, "decentralized");
   step_ = sdk::read_counter(r, kStep, step_);
+  if (low_precision_) load_copies(r);
+}
+
+void DecentralizedAlgorithm::load_copies(const sdk::StateReader& r) {
+  copies_synced_ = false;
+  bool all = !low_.empty(), any = false;
+  for (size_t b = 0; b < low_.size(); ++b) {
+    const bool saved = low_[b]->saved_in(r, kCopies + std::to_string(b) + "/");
+    all = all && saved;
+    any = any || saved;
+  }
+  if (all && r.saved_world_size() == world_size_) {
+    for (size_t b = 0; b < low_.size(); ++b) low_[b]->load(r, kCopies + std::to_string(b) + "/");
+    copies_synced_ = true;
+    return;
+  }
+  if (any)
+    sdk::log_warn("decentralized",
+                  "the checkpoint's low_precision copies do not fit this job (" +
+                      std::to_string(r.saved_world_size()) + " ranks saved, " +
+                      std::to_string(world_size_) +
+                      " now, or another topology or bucket layout): they start again from one "
+                      "float32 round");
 }
 
 }  // namespace distopt::plugins::decentralized
