@@ -5,6 +5,7 @@
 #include <string>
 
 #include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/traffic.hpp"
 
 namespace distopt::plugins::decentralized {
 namespace {
@@ -149,9 +150,26 @@ void DecentralizedAlgorithm::low_precision_round(bool sync) {
   }
 }
 
+bool DecentralizedAlgorithm::every_rank(bool mine) {
+  at::Tensor flag = at::full({1}, mine ? 1.0f : 0.0f);
+  sdk::DLView v(flag);
+  comm_.allreduce(*v.get(), *v.get(), DOPT_REDUCE_MIN).wait();
+  bytes_ += sdk::ring_allreduce_bytes(sizeof(float), world_size_);
+  return flag.item<float>() == 1.0f;
+}
+
 void DecentralizedAlgorithm::low_precision_step() {
   const bool round = world_size_ > 1 && communicates();
   const auto t0 = std::chrono::steady_clock::now();
+  if (round && agree_copies_) {
+    agree_copies_ = false;
+    const bool mine = copies_synced_;
+    copies_synced_ = every_rank(mine);
+    if (mine && !copies_synced_)
+      sdk::log_info("decentralized",
+                    "another rank's low_precision copies do not fit this job: all start again "
+                    "from one float32 round");
+  }
   if (round && !copies_synced_) {
     low_precision_round(true);  // x_hat = x, whole, once
     copies_synced_ = true;
@@ -184,6 +202,9 @@ void DecentralizedAlgorithm::save_state(sdk::StateWriter& w) {
   sdk::save_local_replica(w, params_, rank_);
   sdk::put_counter(w, kStep, step_);
   if (!copies_synced_) return;
+  at::Tensor peers = at::zeros({world_size_}, at::kLong);  // whose copies this rank saves
+  for (const Link& l : topology_.row(rank_, 0).links) peers[l.peer] = 1;
+  sdk::put_local(w, kCopies + "peers", peers);
   for (size_t b = 0; b < low_.size(); ++b) low_[b]->save(w, kCopies + std::to_string(b) + "/");
 }
 
@@ -195,24 +216,32 @@ void DecentralizedAlgorithm::load_state(const sdk::StateReader& r) {
 
 void DecentralizedAlgorithm::load_copies(const sdk::StateReader& r) {
   copies_synced_ = false;
-  bool all = !low_.empty(), any = false;
-  for (size_t b = 0; b < low_.size(); ++b) {
-    const bool saved = low_[b]->saved_in(r, kCopies + std::to_string(b) + "/");
-    all = all && saved;
-    any = any || saved;
+  if (!r.find(kCopies + "0/self")) return;  // none saved: start them from a float32 round
+  // Ranks may decide differently (a new neighbour for some only): the first
+  // round agrees, and one rank without its copies starts them on all.
+  agree_copies_ = true;
+  std::string why;
+  if (r.saved_world_size() != world_size_)
+    why = std::to_string(r.saved_world_size()) + " ranks saved them, " +
+          std::to_string(world_size_) + " now";
+  if (why.empty() && r.find(kCopies + "peers")) {
+    const at::Tensor saved = sdk::read_whole(r, kCopies + "peers").view({-1});
+    for (const Link& l : topology_.row(rank_, 0).links)
+      if (l.peer >= saved.numel() || saved[l.peer].item<int64_t>() == 0)
+        why = "neighbour " + std::to_string(l.peer) + " is new";
+  } else if (why.empty()) {
+    why = "no list of neighbours";
   }
-  if (all && r.saved_world_size() == world_size_) {
-    for (size_t b = 0; b < low_.size(); ++b) low_[b]->load(r, kCopies + std::to_string(b) + "/");
-    copies_synced_ = true;
+  for (size_t b = 0; b < low_.size() && why.empty(); ++b)
+    if (!low_[b]->saved_in(r, kCopies + std::to_string(b) + "/"))
+      why = "bucket " + std::to_string(b) + " has another layout";
+  if (!why.empty()) {
+    sdk::log_warn("decentralized", "the checkpoint's low_precision copies do not fit this job (" +
+                                       why + "): they start again from one float32 round");
     return;
   }
-  if (any)
-    sdk::log_warn("decentralized",
-                  "the checkpoint's low_precision copies do not fit this job (" +
-                      std::to_string(r.saved_world_size()) + " ranks saved, " +
-                      std::to_string(world_size_) +
-                      " now, or another topology or bucket layout): they start again from one "
-                      "float32 round");
+  for (size_t b = 0; b < low_.size(); ++b) low_[b]->load(r, kCopies + std::to_string(b) + "/");
+  copies_synced_ = true;
 }
 
 }  // namespace distopt::plugins::decentralized

@@ -30,9 +30,12 @@
 // a peer is kept current by every one of its differences, which a rotating
 // peer (shift_one) or every rank (complete) would not send. `overlap` does
 // not apply (the round needs the stepped parameters). Copies are saved as
-// RANK_LOCAL state (low_precision/<bucket>/self, .../peer<j>); a checkpoint
+// RANK_LOCAL state (low_precision/<bucket>/self, .../peer<j>, .../layout, and
+// low_precision/peers: whose copies this rank saved); a checkpoint
 // without them for this topology, buckets and world size starts them again
-// from one float32 round (warned).
+// from one float32 round (warned); after a load the first round agrees on
+// it across ranks (one allreduce of a float), since a new neighbour may
+// concern some ranks only.
 #pragma once
 
 #include <atomic>
@@ -75,6 +78,8 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   /// Restore the copies when the checkpoint has them for this job, else
   /// mark them for a float32 round (warned when it had others).
   void load_copies(const sdk::StateReader& r);
+  /// Whether `mine` holds on every rank (an allreduce of one float).
+  bool every_rank(bool mine);
 
   sdk::CommView comm_;
   int32_t rank_;
@@ -86,6 +91,7 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   std::vector<std::unique_ptr<BucketGossip>> gossip_;
   bool low_precision_;
   bool copies_synced_ = false;  // low_precision: the copies hold x_hat
+  bool agree_copies_ = false;   // loaded copies: every rank must have its own
   std::vector<std::unique_ptr<LowPrecisionGossip>> low_;
   sdk::WholeParams params_;  // this rank's replica and its inner optimizer
   std::atomic<uint64_t> bytes_{0};

@@ -118,7 +118,19 @@ void LowPrecisionGossip::abandon() {
   started_ = false;
 }
 
+at::Tensor LowPrecisionGossip::layout() const {
+  at::Tensor t = at::empty({static_cast<int64_t>(3 * bucket_->num_entries)}, at::kLong);
+  int64_t* p = t.data_ptr<int64_t>();
+  for (size_t e = 0; e < bucket_->num_entries; ++e) {
+    p[3 * e] = bucket_->entries[e].param_index;
+    p[3 * e + 1] = static_cast<int64_t>(bucket_->entries[e].offset);
+    p[3 * e + 2] = static_cast<int64_t>(bucket_->entries[e].numel);
+  }
+  return t;
+}
+
 void LowPrecisionGossip::save(sdk::StateWriter& w, const std::string& prefix) const {
+  sdk::put_local(w, prefix + "layout", layout());
   sdk::put_local(w, prefix + "self", self_);
   for (size_t i = 0; i < copies_.size(); ++i)
     sdk::put_local(w, prefix + "peer" + std::to_string(row_.links[i].peer), copies_[i]);
@@ -129,6 +141,9 @@ bool LowPrecisionGossip::saved_in(const sdk::StateReader& r, const std::string& 
     sdk::StateInfo info;
     return r.find(key, &info) && static_cast<int64_t>(info.numel()) == self_.numel();
   };
+  sdk::StateInfo info;
+  if (!r.find(prefix + "layout", &info) || info.numel() != layout().numel()) return false;
+  if (!at::equal(sdk::read_whole(r, prefix + "layout").view({-1}), layout())) return false;
   if (!has(prefix + "self")) return false;
   for (const Link& l : row_.links)
     if (!has(prefix + "peer" + std::to_string(l.peer))) return false;

@@ -66,15 +66,19 @@ class LowPrecisionGossip {
   /// Bytes of the copies (x_hat_i and one per neighbour).
   uint64_t state_bytes() const;
 
-  /// Put x_hat_i under `prefix`self and x_hat_j under `prefix`peer<j>
-  /// (RANK_LOCAL).
+  /// Put x_hat_i under `prefix`self, x_hat_j under `prefix`peer<j> and the
+  /// bucket's layout (param index, offset, numel per entry, int64) under
+  /// `prefix`layout (all RANK_LOCAL).
   void save(sdk::StateWriter& w, const std::string& prefix) const;
-  /// Whether `r` holds every key save() puts, with this bucket's length.
+  /// Whether `r` holds every key save() puts, for this bucket's layout
+  /// (the caller checks that this rank saved a copy of every neighbour:
+  /// find() sees any rank's RANK_LOCAL key).
   bool saved_in(const sdk::StateReader& r, const std::string& prefix) const;
   /// Read what save() put (call only when saved_in).
   void load(const sdk::StateReader& r, const std::string& prefix);
 
  private:
+  at::Tensor layout() const;
   void pack(at::Tensor& flat) const;
   void scatter(const at::Tensor& flat);
   void start_exchange(sdk::CommView& comm, const at::Tensor& send, std::vector<at::Tensor>& recv,

@@ -1,7 +1,6 @@
 #include "minmax_uint8.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -22,18 +21,28 @@ float level(float lo, float hi, uint8_t code) {
   return static_cast<float>(static_cast<double>(lo) + static_cast<double>(code) * span / kLevels);
 }
 
-void encode_chunk(const float* x, size_t n, float* header, uint8_t* codes) {
-  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-  bool finite = true;
+// Whether every value is finite: no exponent of all ones (inf, NaN); an OR
+// over the bits, which vectorises where std::isfinite does not.
+bool all_finite(const float* x, size_t n) {
+  uint32_t any = 0;
   for (size_t i = 0; i < n; ++i) {
-    finite = finite && std::isfinite(x[i]);
-    lo = std::min(lo, x[i]);
-    hi = std::max(hi, x[i]);
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof(bits));
+    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
-  if (!finite) {
+  return any == 0;
+}
+
+void encode_chunk(const float* x, size_t n, float* header, uint8_t* codes) {
+  if (!all_finite(x, n)) {
     header[0] = header[1] = std::numeric_limits<float>::quiet_NaN();
     std::memset(codes, 0, n);
     return;
+  }
+  float lo = x[0], hi = x[0];
+  for (size_t i = 1; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
   }
   header[0] = lo;
   header[1] = hi;
@@ -42,10 +51,12 @@ void encode_chunk(const float* x, size_t n, float* header, uint8_t* codes) {
     std::memset(codes, 0, n);
     return;
   }
-  const double scale = kLevels / span;  // only the sender encodes: no need to match anyone
+  // x >= lo, so pos >= 0 and truncating pos + 0.5 rounds to the nearest
+  // level; only the sender encodes, so this need not match anyone bitwise.
+  const double scale = kLevels / span;
   for (size_t i = 0; i < n; ++i) {
-    const double pos = (static_cast<double>(x[i]) - lo) * scale;
-    codes[i] = static_cast<uint8_t>(std::clamp(std::floor(pos + 0.5), 0.0, kLevels));
+    const double pos = (static_cast<double>(x[i]) - lo) * scale + 0.5;
+    codes[i] = static_cast<uint8_t>(std::min(static_cast<int32_t>(pos), 255));
   }
 }
 

@@ -288,15 +288,18 @@ TEST_CASE("least squares with different data per rank: low precision ends near t
   CHECK(consensus <= 1e-2 * scale * scale);
 }
 
-TEST_CASE("checkpoints: copies resume bitwise; another world size starts them again") {
+TEST_CASE("checkpoints: copies resume bitwise; another layout or world size starts them again") {
   const std::string dir = make_temp_dir("distopt_lpckpt");
   const std::string ckpt = dir + "/ckpt";
   // communication_interval 2 and a save after 6 steps (the last one local):
   // x_i differs from x_hat_i, so copies started again from x_i would change
   // the run.
   const std::string algorithm = low_precision("communication_interval: 2");
-  auto run = [&](int world, bool load, int before, int after, const std::string& tag) {
-    const std::string job = job_yaml(world, algorithm);
+  auto run = [&](int world, bool load, int before, int after, const std::string& tag,
+                 const std::string& reducer_options = "{}", const std::string& other = "") {
+    const std::string& alg = other.empty() ? algorithm : other;
+    const std::string job =
+        job_yaml(world, alg, "{name: sgd, lr: 0.05, momentum: 0.9}", reducer_options);
     auto codes = fork_ranks(world, [&](int rank) {
       torch::set_num_threads(1);
       torch::manual_seed(7);
@@ -327,12 +330,36 @@ TEST_CASE("checkpoints: copies resume bitwise; another world size starts them ag
     CAPTURE(r);
     auto straight = read_doubles(rank_file(dir, "straight", r));
     auto resumed = read_doubles(rank_file(dir, "resumed", r));
-    // Steps 6 and 8 communicate: 2 compressed rounds, no float32 one.
-    CHECK(resumed.back() == 2 * 2 * kMessage);
     CHECK(straight.back() == 2 * 2 * kMessage);
+    // Steps 6 and 8 communicate: 2 compressed rounds, no float32 one (and
+    // the ranks agree on that: an allreduce of one float, 2 x 3/4 x 4 bytes).
+    CHECK(resumed.back() == 2 * 2 * kMessage + 6);
     CHECK(max_abs_diff(read_doubles(rank_file(dir, "resumed_loaded", r)),
                        read_doubles(rank_file(dir, "straight_saved", r))) == 0);
+    straight.pop_back();  // the bytes
+    resumed.pop_back();
     CHECK(max_abs_diff(resumed, straight) == 0);
+  }
+  // Another bucket layout (a bucket per parameter or so): the copies start
+  // again from a float32 round (at least 2 neighbours x the model in float32).
+  run(4, true, 6, 4, "rebucketed", "{bucket_cap_mb: 0.001}");
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(read_doubles(rank_file(dir, "rebucketed", r)).back() > 2 * 4 * kMlpParams);
+    CHECK(max_abs_diff(read_doubles(rank_file(dir, "rebucketed_loaded", r)),
+                       read_doubles(rank_file(dir, "straight_saved", r))) == 0);
+  }
+  // Another graph: ranks 0 and 2 gain a neighbour whose copy was not saved,
+  // ranks 1 and 3 have theirs; all must start again together (a float32
+  // round: 4 bytes x the model per neighbour), or the exchange would not match.
+  const std::string irregular = low_precision(
+      "topology: neighbors, neighbors: '0:1,2,3; 1:0; 2:0,3; 3:0,2', communication_interval: 2");
+  run(4, true, 6, 4, "regraphed", "{}", irregular);
+  const int degree[] = {3, 1, 2, 2};
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(read_doubles(rank_file(dir, "regraphed", r)).back() ==
+          degree[r] * (4 * kMlpParams + 2 * kMessage) + 6);
   }
   // 4 replicas -> 2 ranks: both start from the mean, and the copies start
   // again from a float32 round (ring of 2: one neighbour).
@@ -345,7 +372,7 @@ TEST_CASE("checkpoints: copies resume bitwise; another world size starts them ag
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r);
     CHECK(max_abs_diff(read_doubles(rank_file(dir, "two_loaded", r)), mean) <= 1e-6);
-    CHECK(read_doubles(rank_file(dir, "two", r)).back() == 4 * kMlpParams + 2 * kMessage);
+    CHECK(read_doubles(rank_file(dir, "two", r)).back() == 4 * kMlpParams + 2 * kMessage + 4);
   }
   std::filesystem::remove_all(dir);
 }
