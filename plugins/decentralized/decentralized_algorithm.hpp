@@ -21,6 +21,21 @@
 // exactly; at another world size every rank reads the mean over the saved
 // ranks), plus rank 0's optimizer state under the usual optimizer/... keys
 // so that other algorithms load it, and the step counter.
+//
+// low_precision: true (Bagua's LowPrecisionDecentralizedAlgorithm, DCD-PSGD,
+// Tang et al. 2018; low_precision_gossip.hpp): the inner optimizer steps
+// first, then every bucket's round exchanges the 8-bit min-max compressed
+// difference z_i with the neighbours and sets x_i to the copy x_hat_i all of
+// them hold. Static topologies only (ring, exponential, neighbors): a copy of
+// a peer is kept current by every one of its differences, which a rotating
+// peer (shift_one) or every rank (complete) would not send. `overlap` does
+// not apply (the round needs the stepped parameters). Copies are saved as
+// RANK_LOCAL state (low_precision/<bucket>/self, .../peer<j>, .../layout, and
+// low_precision/peers: whose copies this rank saved); a checkpoint
+// without them for this topology, buckets and world size starts them again
+// from one float32 round (warned); after a load the first round agrees on
+// it across ranks (one allreduce of a float), since a new neighbour may
+// concern some ranks only.
 #pragma once
 
 #include <atomic>
@@ -30,6 +45,7 @@
 #include "distopt/sdk/sdk.hpp"
 #include "distopt/sdk/whole_params.hpp"
 #include "gossip.hpp"
+#include "low_precision_gossip.hpp"
 #include "topology.hpp"
 
 namespace distopt::plugins::decentralized {
@@ -38,7 +54,8 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
  public:
   static constexpr uint32_t traits = DOPT_TRAIT_LOCAL_REPLICAS;
   /// Refuses an odd world with shift_one, a bad neighbour list, a reducer
-  /// that is not an exact mean, and mixed precision.
+  /// that is not an exact mean, mixed precision, and low_precision with
+  /// shift_one or complete.
   static void check_job(const sdk::JobView& job);
 
   explicit DecentralizedAlgorithm(const dopt_algorithm_args& args);
@@ -55,6 +72,14 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   bool communicates() const { return step_ % interval_ == 0; }
   void start(size_t bucket);
   void abandon_all();
+  void low_precision_step();
+  /// Run every bucket's low-precision round (sync: the float32 one).
+  void low_precision_round(bool sync);
+  /// Restore the copies when the checkpoint has them for this job, else
+  /// mark them for a float32 round (warned when it had others).
+  void load_copies(const sdk::StateReader& r);
+  /// Whether `mine` holds on every rank (an allreduce of one float).
+  bool every_rank(bool mine);
 
   sdk::CommView comm_;
   int32_t rank_;
@@ -64,6 +89,10 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   bool overlap_;
   int64_t step_ = 0;  // steps taken; communication round = step_ / interval_
   std::vector<std::unique_ptr<BucketGossip>> gossip_;
+  bool low_precision_;
+  bool copies_synced_ = false;  // low_precision: the copies hold x_hat
+  bool agree_copies_ = false;   // loaded copies: every rank must have its own
+  std::vector<std::unique_ptr<LowPrecisionGossip>> low_;
   sdk::WholeParams params_;  // this rank's replica and its inner optimizer
   std::atomic<uint64_t> bytes_{0};
 };

@@ -18,6 +18,11 @@ constexpr dopt_option_spec kOptions[] = {
     sdk::option_bool("overlap", "true",
                      "start each bucket's exchange during backward, as soon as its gradients "
                      "are ready (same result; false: all exchanges in step())"),
+    sdk::option_bool("low_precision", "false",
+                     "Bagua's low-precision decentralized SGD (DCD-PSGD): exchange 8-bit min-max "
+                     "compressed differences (1024-element chunks, ~1/4 of float32's bytes) and "
+                     "keep bitwise-identical copies of the neighbours' parameters; ring, "
+                     "exponential or neighbors topologies"),
 };
 }  // namespace
 

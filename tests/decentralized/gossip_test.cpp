@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "decentralized_helpers.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
@@ -26,34 +27,6 @@ namespace {
 using namespace distopt::test;  // tests/common helpers
 
 constexpr int kIn = 20, kClasses = 10, kBatch = 8;
-
-std::string job_yaml(int world, const std::string& algorithm,
-                     const std::string& optimizer = "{name: sgd, lr: 0.05, momentum: 0.9}") {
-  std::ostringstream y;
-  y << plugins_and_world_yaml(world, random_port()) << "communicator: {name: tcp}\n"
-    << "reducer: {name: mean}\nalgorithm: " << algorithm << "\noptimizer: " << optimizer << "\n";
-  return y.str();
-}
-
-// Every rank starts from its own parameters (make_optimizer broadcast rank 0's).
-void scatter_replicas(Mlp3& net, int rank) {
-  torch::NoGradGuard ng;
-  torch::manual_seed(1000 + rank);
-  for (auto& p : net->parameters()) p.copy_(torch::randn_like(p));
-}
-
-std::vector<double> to_doubles(const std::vector<std::pair<std::string, at::Tensor>>& ps) {
-  std::vector<double> v;
-  for (const auto& [name, t] : ps) {
-    at::Tensor c = t.to(at::kDouble).contiguous().view(-1);
-    v.insert(v.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-  }
-  return v;
-}
-
-std::string rank_file(const std::string& dir, const std::string& what, int r) {
-  return dir + "/" + what + std::to_string(r) + ".bin";
-}
 
 // Gradient-free rounds (zero gradients: the optimizer changes nothing), so
 // only the gossip moves the replicas. Rank r writes its parameters after
@@ -206,53 +179,16 @@ TEST_CASE("overlap changes when the exchange runs, not what it computes; interva
 }
 
 TEST_CASE("least squares with different data per rank: near the optimum allreduce reaches") {
-  // Rank r minimises ||A_r x - b_r||^2 / m; the job minimises their sum.
-  constexpr int kWorld = 4, kDim = 6, kRows = 24, kSteps = 2000;
   const std::string dir = make_temp_dir("distopt_lsq");
-  auto run = [&](const std::string& algorithm, const std::string& tag) {
-    // lr * L must keep W - lr * H stable: W's eigenvalues reach -1/3 on a ring of 4.
-    const std::string job = job_yaml(kWorld, algorithm, "{name: sgd, lr: 0.01}");
-    auto codes = fork_ranks(kWorld, [&](int rank) {
-      torch::set_num_threads(1);
-      torch::manual_seed(500 + rank);
-      const at::Tensor a = at::randn({kRows, kDim}) + 0.5 * rank;
-      const at::Tensor b = at::randn({kRows, 1}) + rank;
-      torch::manual_seed(3);
-      torch::nn::Linear lin(torch::nn::LinearOptions(kDim, 1).bias(false));
-      auto rt = rank_runtime(job, rank, kWorld, "lsq.yaml");
-      auto opt = rt.make_optimizer(*lin);
-      for (int t = 0; t < kSteps; ++t) {
-        if (t == kSteps / 2) opt.set_lr(0.001);  // D-PSGD's bias shrinks with the step size
-        opt.zero_grad();
-        (lin->forward(a) - b).pow(2).mean().backward();
-        opt.step();
-      }
-      auto avg = opt.average_replicas();
-      auto v = to_doubles(avg.params);
-      v.push_back(avg.consensus_distance);
-      if (rank == 0) write_doubles(dir + "/" + tag + ".bin", v);
-      return 0;
-    });
-    for (int c : codes) REQUIRE(c == 0);
-    return read_doubles(dir + "/" + tag + ".bin");
-  };
-  // The exact optimum of the sum, from the normal equations.
-  at::Tensor ata = at::zeros({kDim, kDim}, at::kDouble), atb = at::zeros({kDim, 1}, at::kDouble);
-  for (int r = 0; r < kWorld; ++r) {
-    torch::manual_seed(500 + r);
-    const at::Tensor a = (at::randn({kRows, kDim}) + 0.5 * r).to(at::kDouble);
-    const at::Tensor b = (at::randn({kRows, 1}) + r).to(at::kDouble);
-    ata += a.t().mm(a);
-    atb += a.t().mm(b);
-  }
-  const at::Tensor xs = at::linalg_solve(ata, atb).view(-1);
-  const std::vector<double> opt(xs.data_ptr<double>(), xs.data_ptr<double>() + kDim);
-  auto allreduce = run("{name: allreduce}", "allreduce");
-  auto ring = run("{name: decentralized, options: {topology: ring}}", "ring");
+  const std::vector<double> opt = LeastSquares::optimum();
+  auto allreduce = LeastSquares::run("{name: allreduce}", dir, "allreduce");
+  auto ring = LeastSquares::run("{name: decentralized, options: {topology: ring}}", dir, "ring");
+  REQUIRE(!allreduce.empty());
+  REQUIRE(!ring.empty());
   const double consensus = ring.back();
   ring.pop_back();
   allreduce.pop_back();
-  const double scale = std::sqrt(at::dot(xs, xs).item<double>());
+  const double scale = LeastSquares::norm(opt);
   MESSAGE("|allreduce - x*| = " << max_abs_diff(allreduce, opt)
                                 << ", |ring mean - x*| = " << max_abs_diff(ring, opt)
                                 << ", consensus " << consensus << ", |x*| = " << scale);

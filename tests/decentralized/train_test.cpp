@@ -51,6 +51,10 @@ TEST_CASE("distopt check refuses bad decentralized jobs, naming file:line") {
        "{name: mean}", ":3:76: algorithm.options.neighbors",
        "rank 0 lists 1 but rank 1 does not list 0", 3},
       {"{name: decentralized}", "{name: topk, options: {ratio: 0.1}}", ":4:", "would not apply", 2},
+      {"{name: decentralized, options: {topology: shift_one, low_precision: true}}", "{name: mean}",
+       ":3:54: algorithm.options.topology", "shift_one's peer changes every round", 4},
+      {"{name: decentralized, options: {topology: complete, low_precision: true}}", "{name: mean}",
+       ":3:54: algorithm.options.topology", "low_precision with complete", 4},
   };
   int i = 0;
   for (const Case& c : cases) {
@@ -62,24 +66,24 @@ TEST_CASE("distopt check refuses bad decentralized jobs, naming file:line") {
     CHECK(r.output.find(job + c.where) != std::string::npos);
     CHECK(r.output.find(c.why) != std::string::npos);
   }
-  auto ok = run_command(
-      {cli, "check",
-       write_job(dir, "ok.yaml", 4, "{name: decentralized, options: {topology: shift_one}}")},
-      {}, std::chrono::seconds(60));
-  INFO(ok.output);
-  CHECK(ok.exit_code == 0);
+  for (const char* good : {"{name: decentralized, options: {topology: shift_one}}",
+                           "{name: decentralized, options: {low_precision: true}}"}) {
+    auto ok = run_command({cli, "check", write_job(dir, "ok.yaml", 4, good)}, {},
+                          std::chrono::seconds(60));
+    INFO(ok.output);
+    CHECK(ok.exit_code == 0);
+  }
   fs::remove_all(dir);
 }
 
-TEST_CASE("distopt train: 4 ranks x 2 epochs, ring and shift_one learn the MLP") {
+TEST_CASE("distopt train: 4 ranks x 2 epochs, ring, shift_one and low_precision learn the MLP") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI");
   const fs::path dir = distopt::test::make_temp_dir("distopt_dtrain_cli");
-  for (const char* topology : {"ring", "shift_one"}) {
-    CAPTURE(topology);
-    const std::string job =
-        write_job(dir, "job.yaml", 4,
-                  std::string("{name: decentralized, options: {topology: ") + topology + "}}");
+  for (const char* options : {"topology: ring", "topology: shift_one", "low_precision: true"}) {
+    CAPTURE(options);
+    const std::string job = write_job(
+        dir, "job.yaml", 4, std::string("{name: decentralized, options: {") + options + "}}");
     const fs::path metrics = dir / "metrics.jsonl";
     fs::remove(metrics);
     auto r = run_command({cli, "train", job, "--metrics", metrics.string()}, {},
@@ -90,7 +94,8 @@ TEST_CASE("distopt train: 4 ranks x 2 epochs, ring and shift_one learn the MLP")
     CHECK(r.output.find("consensus distance") != std::string::npos);
     const auto summary = distopt::test::metrics_summary(metrics.string());
     REQUIRE(summary.is_object());
-    MESSAGE(std::string(topology) << ": test accuracy " << summary["final_test_accuracy"].get<double>());
+    MESSAGE(std::string(options) << ": test accuracy "
+                                 << summary["final_test_accuracy"].get<double>());
     CHECK(summary["final_test_accuracy"].get<double>() >= 0.84);
   }
   fs::remove_all(dir);
@@ -100,13 +105,17 @@ TEST_CASE("a rank killed during the neighbour exchange is named, and the job fai
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI");
   const fs::path dir = distopt::test::make_temp_dir("distopt_dkill");
-  const std::string job = write_job(dir, "job.yaml", 2, "{name: decentralized}");
-  auto r = run_command({cli, "train", job}, {"DISTOPT_FAULT_INJECT=exit:1:5"},
-                       std::chrono::seconds(120));
-  INFO(r.output);
-  REQUIRE_FALSE(r.timed_out);
-  CHECK(r.exit_code == 1);
-  CHECK(r.output.find("rank 1 failed (exit code 137)") != std::string::npos);
-  CHECK(std::regex_search(r.output, std::regex(R"(\[rank 0\] .*error.*rank 1)")));
+  for (const char* algorithm :
+       {"{name: decentralized}", "{name: decentralized, options: {low_precision: true}}"}) {
+    CAPTURE(algorithm);
+    const std::string job = write_job(dir, "job.yaml", 2, algorithm);
+    auto r = run_command({cli, "train", job}, {"DISTOPT_FAULT_INJECT=exit:1:5"},
+                         std::chrono::seconds(120));
+    INFO(r.output);
+    REQUIRE_FALSE(r.timed_out);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find("rank 1 failed (exit code 137)") != std::string::npos);
+    CHECK(std::regex_search(r.output, std::regex(R"(\[rank 0\] .*error.*rank 1)")));
+  }
   fs::remove_all(dir);
 }

@@ -27,6 +27,8 @@ ROWS = [
     ("decentralized shift_one", "{name: decentralized, options: {topology: shift_one}}"),
     ("decentralized ring, no overlap",
      "{name: decentralized, options: {topology: ring, overlap: false}}"),
+    ("decentralized low_precision",
+     "{name: decentralized, options: {topology: ring, low_precision: true}}"),
     ("local_sgd period 4", "{name: local_sgd, options: {period: 4}}"),
 ]
 

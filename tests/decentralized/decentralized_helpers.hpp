@@ -1,0 +1,124 @@
+// Helpers of the decentralized tests that run ranks in-process
+// (gossip_test, low_precision_test): the job's YAML, per-rank starting
+// replicas, parameters as doubles, per-rank result files, and a least-squares
+// problem with different data per rank. Include before torch_doctest.hpp.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distopt/distributed_optimizer.hpp"
+#include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
+#include "test_net.hpp"
+
+namespace distopt::test {
+
+/// A job of `world` ranks on loopback with `algorithm` (YAML flow text),
+/// reducer mean (options `reducer_options`), optimizer `optimizer`.
+inline std::string job_yaml(int world, const std::string& algorithm,
+                            const std::string& optimizer = "{name: sgd, lr: 0.05, momentum: 0.9}",
+                            const std::string& reducer_options = "{}") {
+  std::ostringstream y;
+  y << plugins_and_world_yaml(world, random_port()) << "communicator: {name: tcp}\n"
+    << "reducer: {name: mean, options: " << reducer_options << "}\nalgorithm: " << algorithm
+    << "\noptimizer: " << optimizer << "\n";
+  return y.str();
+}
+
+/// Every rank starts from its own parameters (make_optimizer broadcast rank 0's).
+inline void scatter_replicas(Mlp3& net, int rank) {
+  at::NoGradGuard ng;
+  torch::manual_seed(1000 + rank);
+  for (auto& p : net->parameters()) p.copy_(at::randn_like(p));
+}
+
+/// (name, tensor) pairs flattened to doubles, in order.
+inline std::vector<double> to_doubles(const std::vector<std::pair<std::string, at::Tensor>>& ps) {
+  std::vector<double> v;
+  for (const auto& [name, t] : ps) {
+    at::Tensor c = t.to(at::kDouble).contiguous().view(-1);
+    v.insert(v.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  }
+  return v;
+}
+
+/// DIR/<what><r>.bin: where rank r leaves a result.
+inline std::string rank_file(const std::string& dir, const std::string& what, int r) {
+  return dir + "/" + what + std::to_string(r) + ".bin";
+}
+
+/// Rank r of 4 minimises ||A_r x - b_r||^2 / m (6 unknowns, 24 rows, data
+/// drawn from seed 500 + r, shifted per rank); the job minimises their sum.
+struct LeastSquares {
+  static constexpr int kWorld = 4, kDim = 6, kRows = 24, kSteps = 2000;
+
+  /// Rank r's (A_r, b_r), float32.
+  static std::pair<at::Tensor, at::Tensor> data(int rank) {
+    torch::manual_seed(500 + rank);
+    at::Tensor a = at::randn({kRows, kDim}) + 0.5 * rank;
+    at::Tensor b = at::randn({kRows, 1}) + rank;
+    return {a, b};
+  }
+
+  /// The exact optimum of the sum, from the normal equations (float64).
+  static std::vector<double> optimum() {
+    at::Tensor ata = at::zeros({kDim, kDim}, at::kDouble), atb = at::zeros({kDim, 1}, at::kDouble);
+    for (int r = 0; r < kWorld; ++r) {
+      auto [a, b] = data(r);
+      ata += a.to(at::kDouble).t().mm(a.to(at::kDouble));
+      atb += a.to(at::kDouble).t().mm(b.to(at::kDouble));
+    }
+    const at::Tensor xs = at::linalg_solve(ata, atb).view(-1).contiguous();
+    return std::vector<double>(xs.data_ptr<double>(), xs.data_ptr<double>() + kDim);
+  }
+
+  /// Train kSteps full-batch SGD steps with `algorithm` (lr 0.01, 0.001 from
+  /// the middle on: D-PSGD's bias shrinks with the step size; lr * L must
+  /// keep W - lr * H stable, W's eigenvalues reach -1/3 on a ring of 4).
+  /// Returns the mean of the replicas followed by the consensus distance, or
+  /// an empty vector when a rank failed.
+  static std::vector<double> run(const std::string& algorithm, const std::string& dir,
+                                 const std::string& tag) {
+    const std::string job = job_yaml(kWorld, algorithm, "{name: sgd, lr: 0.01}");
+    auto codes = fork_ranks(kWorld, [&](int rank) {
+      torch::set_num_threads(1);
+      const auto [a, b] = data(rank);
+      torch::manual_seed(3);
+      torch::nn::Linear lin(torch::nn::LinearOptions(kDim, 1).bias(false));
+      auto rt = rank_runtime(job, rank, kWorld, "lsq.yaml");
+      auto opt = rt.make_optimizer(*lin);
+      for (int t = 0; t < kSteps; ++t) {
+        if (t == kSteps / 2) opt.set_lr(0.001);
+        opt.zero_grad();
+        (lin->forward(a) - b).pow(2).mean().backward();
+        opt.step();
+      }
+      auto avg = opt.average_replicas();
+      auto v = to_doubles(avg.params);
+      v.push_back(avg.consensus_distance);
+      if (rank == 0) write_doubles(dir + "/" + tag + ".bin", v);
+      return 0;
+    });
+    for (int c : codes)
+      if (c != 0) return {};
+    return read_doubles(dir + "/" + tag + ".bin");
+  }
+
+  /// Euclidean norm of `v`.
+  static double norm(const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x * x;
+    return std::sqrt(s);
+  }
+};
+
+}  // namespace distopt::test
