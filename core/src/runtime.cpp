@@ -23,6 +23,7 @@
 #include "distopt/sdk/tensor.hpp"
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
+#include "optim/autotune.hpp"
 #include "optim/optimizer_builder.hpp"
 
 namespace distopt {
@@ -302,7 +303,8 @@ DistributedOptimizer Runtime::make_optimizer(
     p.until_step = ph.until_step;
     p.choice.reducer = m.registry.get(DOPT_KIND_REDUCER, ph.reducer.name);
     p.choice.algorithm = m.registry.get(DOPT_KIND_ALGORITHM, ph.algorithm.name);
-    p.choice.reducer_options = std::shared_ptr<const Options>(impl_, &m.validated.phases[k].reducer);
+    p.choice.reducer_options =
+        std::shared_ptr<const Options>(impl_, &m.validated.phases[k].reducer);
     p.choice.algorithm_options =
         std::shared_ptr<const Options>(impl_, &m.validated.phases[k].algorithm);
     b.schedule.push_back(std::move(p));
@@ -311,6 +313,9 @@ DistributedOptimizer Runtime::make_optimizer(
     optim::use_components(b, b.schedule[0].choice);
     b.phase = 0;
   }
+  if (m.cfg.autotune.enabled)
+    b.tuner = std::make_shared<optim::Autotuner>(m.cfg.autotune,
+                                                 b.reducer_options->get_double("bucket_cap_mb"));
   b.optimizer_options = &m.validated.optimizer;
   b.optimizer_name = m.cfg.optimizer_name;
   b.precision = m.cfg.precision;

@@ -73,6 +73,13 @@ class Options {
   double get_double(const std::string& name) const;  ///< also accepts an INT option
   const std::string& get_string(const std::string& name) const;
   const std::map<std::string, Value>& values() const { return values_; }
+  /// A copy with option `name` set to `value` (autotuning). The caller keeps
+  /// it valid for the schema: same type, within range.
+  Options with(const std::string& name, Value value) const {
+    Options o = *this;
+    o.values_[name] = std::move(value);
+    return o;
+  }
 
   const dopt_options* c_handle() const { return reinterpret_cast<const dopt_options*>(this); }
   static const Options* from_c(const dopt_options* o) {

@@ -89,6 +89,15 @@ struct JobConfig {
     bool enabled = false;
     bool divide_by_initial_world_size = false;
   } join;
+  /// `autotune:` (Bagua's autotuning of communication settings): during the
+  /// first steps, try `trials` values of the reducer's bucket_cap_mb (the
+  /// configured one first, then 25, 4, 1, 100 MiB), `steps` steps each, and
+  /// keep the fastest (DistributedOptimizer::autotune_table). Off by default.
+  struct Autotune {
+    bool enabled = false;
+    int64_t steps = 20;  ///< steps per setting (the first after a rebuild is not timed)
+    int64_t trials = 4;  ///< settings tried, 2..5
+  } autotune;
   /// `app:`, the embedding program's own section: any YAML, not validated by
   /// distopt (a null node when absent). Read it through Runtime::config().app.
   YAML::Node app;

@@ -183,6 +183,16 @@ class DistributedOptimizer {
   /// ConfigError when there is no such phase.
   void switch_to_phase(int phase);
 
+  // ---- Autotuning (the job's `autotune:` section, config.hpp) ----
+
+  /// After tuning: (bucket_cap_mb, median seconds per step of the slowest
+  /// rank) for every setting tried, in the order tried; empty before (and
+  /// after a resume that restored the choice without tuning).
+  std::vector<std::pair<double, double>> autotune_table() const;
+  /// The bucket_cap_mb autotuning chose (MiB), or -1 while tuning / without
+  /// `autotune:`. Saved in checkpoints: a resume applies it, no tuning again.
+  double autotuned_bucket_cap_mb() const;
+
   uint64_t state_bytes() const;
   /// Bytes put on the wire from this rank since make_optimizer: the
   /// reducer's count plus (ABI 1.1) what the algorithm sent itself, e.g.

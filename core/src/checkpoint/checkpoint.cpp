@@ -19,6 +19,8 @@
 #include "distopt/host_api.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/runtime.hpp"
+#include "optim/autotune.hpp"
+#include "optim/optimizer_impl.hpp"
 
 namespace fs = std::filesystem;
 
@@ -148,6 +150,16 @@ void resume_schedule_phase(DistributedOptimizer& opt, const Manifest& man,
   }
 }
 
+// Autotuning chose its setting before this checkpoint: apply it, tune no
+// more. Collective when it rebuilds (every rank reads the same manifest).
+void resume_autotune(DistributedOptimizer& opt, const Manifest& man) {
+  auto& m = optim::Access::of(opt);
+  if (!m.build.tuner || man.autotune_bucket_cap_mb <= 0) return;
+  if (m.build.reducer_options->get_double("bucket_cap_mb") != man.autotune_bucket_cap_mb)
+    optim::rebuild_with_bucket_cap(opt, man.autotune_bucket_cap_mb);
+  optim::Access::of(opt).build.tuner->restore(man.autotune_bucket_cap_mb);
+}
+
 }  // namespace
 }  // namespace checkpoint
 
@@ -262,6 +274,7 @@ CheckpointInfo Runtime::load_checkpoint(const std::string& dir, torch::nn::Modul
     if (read[2 * r])
       throw CheckpointError(dir + ": rank " + std::to_string(r) + " could not load the checkpoint");
   resume_schedule_phase(opt, l->manifest, l->where);
+  resume_autotune(opt, l->manifest);
 
   std::optional<CheckpointInfo> info;
   try {

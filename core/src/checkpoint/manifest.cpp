@@ -64,6 +64,7 @@ std::string Manifest::to_json() const {
             {"extra", extra},
             {"schedule_phase", schedule_phase},
             {"epoch", epoch},
+            {"autotune_bucket_cap_mb", autotune_bucket_cap_mb},
             {"shards", shards_j}};
   return j.dump(2) + "\n";
 }
@@ -93,6 +94,7 @@ Manifest Manifest::from_json(const std::string& text, const std::string& file) {
     m.extra = j.at("extra").get<CheckpointExtra>();
     m.schedule_phase = j.value("schedule_phase", -1);
     m.epoch = j.value("epoch", int64_t{0});
+    m.autotune_bucket_cap_mb = j.value("autotune_bucket_cap_mb", -1.0);
     for (const json& s : j.at("shards"))
       m.shards.push_back({s.at("rank").get<int>(), s.at("file").get<std::string>(),
                           s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>()});

@@ -41,6 +41,7 @@ struct Manifest {
   /// set_epoch; a resume switches to that phase before loading the state.
   int schedule_phase = -1;
   int64_t epoch = 0;
+  double autotune_bucket_cap_mb = -1;  ///< autotuning's choice (-1: none)
   std::vector<ShardRecord> shards;  ///< one per rank, in rank order
 
   std::string to_json() const;

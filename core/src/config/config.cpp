@@ -86,7 +86,7 @@ class Parser {
            "expected a map of sections at the top level, got " + describe(root));
     check_keys(root, "the top level",
                {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train",
-                "precision", "buffers", "join", "app", "schedule"});
+                "precision", "buffers", "join", "app", "schedule", "autotune"});
     // The program's own section: not validated here. (Assigning yaml-cpp's
     // invalid node for a missing key throws, hence the check.)
     if (YAML::Node app = child(root, "app"); app.IsDefined()) cfg.app = app;
@@ -101,6 +101,7 @@ class Parser {
     parse_buffers(section(root, "buffers"), cfg);
     parse_join(section(root, "join"), cfg);
     parse_schedule(root, cfg);
+    parse_autotune(root, cfg);
     return cfg;
   }
 
@@ -334,6 +335,22 @@ class Parser {
     std::string sync = buffer_sync_name(cfg.buffer_sync);
     get_string(s, "sync", "buffers.sync", sync, {"broadcast", "average", "none"});
     cfg.buffer_sync = parse_buffer_sync(sync);
+  }
+
+  void parse_autotune(const YAML::Node& root, JobConfig& cfg) {
+    YAML::Node s = section(root, "autotune");
+    if (!s.IsDefined()) return;
+    cfg.autotune.enabled = true;
+    if (!s.IsNull()) {
+      check_keys(s, "autotune", {"enabled", "steps", "trials"});
+      get_bool(s, "enabled", "autotune.enabled", cfg.autotune.enabled);
+      get_int(s, "steps", "autotune.steps", 3, kHuge, cfg.autotune.steps);
+      get_int(s, "trials", "autotune.trials", 2, 5, cfg.autotune.trials);
+    }
+    if (cfg.autotune.enabled && !cfg.schedule.empty())
+      fail(file_, key_mark(root, "autotune", mark_of(s)),
+           "autotune: not supported together with schedule: (a switch would rebuild the "
+           "buckets while settings are being timed); tune a job without a schedule");
   }
 
   void parse_join(const YAML::Node& s, JobConfig& cfg) {

@@ -16,6 +16,7 @@
 #include "distopt/reducer.h"
 #include "distopt/sdk/tensor.hpp"
 #include "distopt/sdk/traffic.hpp"
+#include "optim/autotune.hpp"
 #include "optim/buffer_sync.hpp"
 #include "optim/optimizer_impl.hpp"
 
@@ -264,6 +265,17 @@ void one_step(DistributedOptimizer::Impl& m) {
 void DistributedOptimizer::step() {
   one_step(*impl_);
   if (!impl_->build.schedule.empty()) optim::advance_schedule(*this);
+  if (impl_->build.tuner && !impl_->build.tuner->done()) impl_->build.tuner->after_step(*this);
+}
+
+std::vector<std::pair<double, double>> DistributedOptimizer::autotune_table() const {
+  return impl_->build.tuner ? impl_->build.tuner->table()
+                            : std::vector<std::pair<double, double>>{};
+}
+
+double DistributedOptimizer::autotuned_bucket_cap_mb() const {
+  const auto& t = impl_->build.tuner;
+  return t && t->done() ? t->chosen() : -1;
 }
 
 int64_t DistributedOptimizer::join() {

@@ -21,6 +21,7 @@
 namespace distopt::optim {
 
 class BufferSynchronizer;
+class Autotuner;
 
 /// A reducer and an algorithm found in the registry, with their validated
 /// options (a schedule phase, or what switch_to was given).
@@ -65,6 +66,8 @@ struct OptimizerBuild {
   int phase = -1;               ///< index into schedule; -1 without one
   Resolver resolve;             ///< for switch_to
   int rebuilds = 0;             ///< add_param_group / switch_to so far (unique scopes)
+  /// `autotune:` (null when off); shared so that rebuilds keep it.
+  std::shared_ptr<Autotuner> tuner;
 };
 
 /// `choice` as the build's reducer and algorithm.
