@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct ComponentConfig {
   std::string name;
   YAML::Node options;  ///< map, or null when absent
   YAML::Mark mark;     ///< where the section starts (for error messages)
+  /// Reducer sections (ABI 1.3): the `inner: {name, options}` reducer the
+  /// selected one wraps, or null. Its own `inner` is always null.
+  std::shared_ptr<const ComponentConfig> inner = nullptr;
 };
 
 /// `train:` section (used by `distopt train`).
