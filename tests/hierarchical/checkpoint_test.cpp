@@ -4,6 +4,7 @@
 // step counts), so a resumed run continues bitwise; another node layout of
 // the same world size is refused, naming both layouts.
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -20,6 +21,7 @@
 namespace {
 
 using namespace distopt::test;  // tests/common helpers
+namespace fs = std::filesystem;
 
 constexpr int kWorld = 4, kIn = 20, kClasses = 10, kBatch = 8;
 
@@ -85,6 +87,18 @@ TEST_CASE("hierarchical + inner powersgd: a resume continues bitwise; another la
   const std::string ckpt = dir / "ckpt";
   const std::vector<std::string> nodes = {"a", "a", "b", "b"};
   for (int c : run(dir.path, ckpt, nodes, false, 5, 4, "straight")) REQUIRE(c == 0);
+  // The inner's state is in the leaders' shards (ranks 0 and 2), the node layout in rank 0's.
+  for (const auto& step : fs::directory_iterator(ckpt)) {
+    if (!step.is_directory()) continue;
+    for (int r = 0; r < kWorld; ++r) {
+      CAPTURE(r);
+      const std::string shard =
+          read_text((step.path() / ("rank-0000" + std::to_string(r) + "-of-00004.pt")).string());
+      REQUIRE_FALSE(shard.empty());
+      CHECK((shard.find("reducer/error_feedback/fc1.weight") != std::string::npos) == (r % 2 == 0));
+      CHECK((shard.find("reducer/hierarchical/node_of_rank") != std::string::npos) == (r == 0));
+    }
+  }
   for (int c : run(dir.path, ckpt, nodes, true, 5, 4, "resumed")) REQUIRE(c == 0);
   for (int r = 0; r < kWorld; ++r) {
     CAPTURE(r);

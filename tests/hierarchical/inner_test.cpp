@@ -53,25 +53,25 @@ TEST_CASE("distopt check: bad inner reducers are refused at file:line, naming th
   const Case cases[] = {
       // The inner's own schema: a range, an unknown key, nesting.
       {leader + "inner: {name: powersgd, options: {rank: 0}}}", "{name: allreduce}",
-       ":4:91: reducer.inner.options.rank", "out of range [1, 65536]"},
+       ":4:99: reducer.inner.options.rank", "out of range [1, 65536]"},
       {leader + "inner: {name: powersgd, options: {rnak: 2}}}", "{name: allreduce}",
-       ":4:85: unknown key 'rnak' in reducer.inner.options", "did you mean 'rank'?"},
+       ":4:93: unknown key 'rnak' in reducer.inner.options", "did you mean 'rank'?"},
       {leader + "inner: {name: powersgd, inner: {name: mean}}}", "{name: allreduce}",
-       ":4:79: unknown key 'inner' in reducer.inner", "valid keys: name, options"},
-      {leader + "inner: {name: nosuch}}", "{name: allreduce}", ":4:71: reducer.inner.name",
+       ":4:83: unknown key 'inner' in reducer.inner", "valid keys: name, options"},
+      {leader + "inner: {name: nosuch}}", "{name: allreduce}", ":4:73: reducer.inner.name",
        "nosuch"},
       // Only a reducer that wraps another takes `inner:`.
-      {"{name: mean, inner: {name: powersgd}}", "{name: allreduce}", ":4:22: reducer.inner",
+      {"{name: mean, inner: {name: powersgd}}", "{name: allreduce}", ":4:23: reducer.inner",
        "reducer 'mean' (plugin mean) does not wrap another reducer"},
       // hierarchical's check_job: the ring variant does not take an inner.
       {"{name: hierarchical, options: {variant: ring}, inner: " + std::string(kPowerSgd) + "}",
-       "{name: allreduce}", ":4:41: reducer.options.variant",
+       "{name: allreduce}", ":4:50: reducer.options.variant",
        "reducer 'hierarchical' refuses this job: an inner reducer runs between the node leaders"},
-      {leader + "inner: {name: hierarchical}}", "{name: allreduce}", ":4:71: reducer.inner.name",
+      {leader + "inner: {name: hierarchical}}", "{name: allreduce}", ":4:73: reducer.inner.name",
        "which wraps another itself"},
       // A lossy inner makes the whole reducer inexact: ZeRO stage 2 would bypass it.
       {leader + "inner: " + kPowerSgd + "}", "{name: zero, options: {stage: 2}}",
-       ":3:38: algorithm.options.stage", "reducer 'hierarchical' (plugin hierarchical) would not"},
+       ":3:42: algorithm.options.stage", "reducer 'hierarchical' (plugin hierarchical) would not"},
   };
   int i = 0;
   for (const Case& c : cases) {

@@ -73,11 +73,12 @@ TEST_CASE("distopt train, 4 ranks as 2 nodes x 2: hierarchical learns as well as
   CHECK(ring.output.find("variant ring over 2 nodes of 2+2 ranks") != std::string::npos);
   CHECK(psgd.output.find("inner reducer 'powersgd' between the node leaders") != std::string::npos);
   // The same mean, summed in another order: the runs drift apart only by
-  // rounding. Measured: within 0.3 points of mean's 84.6%; floors 2 points under.
+  // rounding. Measured: mean 85.88%, ring and leader 86.09%, leader +
+  // powersgd 85.13%. Tolerance 1 point; floors about 2 points under.
   CHECK(mean.accuracy >= 0.83);
   CHECK(std::abs(ring.accuracy - mean.accuracy) <= 0.01);
   CHECK(std::abs(leader.accuracy - mean.accuracy) <= 0.01);
-  CHECK(psgd.accuracy >= 0.82);
+  CHECK(psgd.accuracy >= 0.83);
 }
 
 TEST_CASE("a rank killed during hierarchical training is named, and the job fails") {
