@@ -85,14 +85,41 @@ TEST_CASE("distopt check: bad inner reducers are refused at file:line, naming th
   }
   // Accepted: an inner with the leader variant; hierarchical alone (exact) or
   // with an exact inner under ZeRO stage 2.
-  for (const auto& [reducer, algorithm] : std::vector<std::pair<std::string, std::string>>{
-           {leader + "inner: " + kPowerSgd + "}", "{name: allreduce}"},
-           {"{name: hierarchical}", "{name: zero, options: {stage: 2}}"},
-           {leader + "inner: {name: mean}}", "{name: zero, options: {stage: 2}}"}}) {
-    auto r = run_command({cli, "check", write_job(dir.path, "ok.yaml", reducer, algorithm)}, {},
+  struct Ok {
+    std::string reducer, algorithm, summary;
+  };
+  for (const Ok& c : {Ok{leader + "inner: " + kPowerSgd + "}", "{name: allreduce}",
+                         "reducer hierarchical (inner powersgd), algorithm allreduce"},
+                      Ok{"{name: hierarchical}", "{name: zero, options: {stage: 2}}",
+                         "reducer hierarchical, algorithm zero"},
+                      Ok{leader + "inner: {name: mean}}", "{name: zero, options: {stage: 2}}",
+                         "reducer hierarchical (inner mean), algorithm zero"}}) {
+    auto r = run_command({cli, "check", write_job(dir.path, "ok.yaml", c.reducer, c.algorithm)}, {},
                          std::chrono::seconds(60));
-    INFO(reducer << " / " << algorithm << "\n" << r.output);
+    INFO(c.reducer << " / " << c.algorithm << "\n" << r.output);
     CHECK(r.exit_code == 0);
+    CHECK(r.output.find(c.summary) != std::string::npos);
+  }
+  // An inner reducer's own check_job is asked too; the key it names as a
+  // top-level reducer would is read below `reducer.inner`.
+  {
+    const std::string job =
+        write_job(dir.path, "veto.yaml", leader + "inner: {name: veto, options: {level: 3}}}");
+    auto r = run_command({cli, "check", job, "-P", DISTOPT_HIER_TEST_PLUGIN_DIR}, {},
+                         std::chrono::seconds(60));
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find(job +
+                        ":4:96: reducer.inner.options.level: inner reducer 'veto' refuses this "
+                        "job: veto: level 3 is refused (outer reducer 'hierarchical')") !=
+          std::string::npos);
+    auto ok = run_command(
+        {cli, "check",
+         write_job(dir.path, "veto_ok.yaml", leader + "inner: {name: veto, options: {level: 2}}}"),
+         "-P", DISTOPT_HIER_TEST_PLUGIN_DIR},
+        {}, std::chrono::seconds(60));
+    INFO(ok.output);
+    CHECK(ok.exit_code == 0);
   }
   auto p = run_command({cli, "plugins", "-P", env_path("DISTOPT_PLUGIN_DIR")}, {},
                        std::chrono::seconds(60));
