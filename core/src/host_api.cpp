@@ -5,6 +5,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,8 @@
 
 #include "distopt/component_options.hpp"
 #include "distopt/error.hpp"
+#include "distopt/reducer.h"
+#include "distopt/registry.hpp"
 #include "distopt/store.hpp"
 
 namespace distopt {
@@ -188,6 +191,59 @@ void c_metric_add(const char* name, double value) noexcept {
   }
 }
 
+// ---- ABI 1.3: inner reducers (the outer's validated Options carry them) ----
+
+dopt_status c_inner_reducer(const dopt_options* outer, const char** name,
+                            uint32_t* traits) noexcept {
+  if (name) *name = nullptr;
+  if (traits) *traits = 0;
+  if (!outer) {
+    c_set_error("inner_reducer: NULL options");
+    return DOPT_ERR_INVALID_ARGUMENT;
+  }
+  const InnerComponent* in = Options::from_c(outer)->inner();
+  if (!in) return DOPT_OK;
+  if (name) *name = in->info.name.c_str();
+  if (traits) *traits = in->info.traits;
+  return DOPT_OK;
+}
+
+dopt_status c_create_inner_reducer(const dopt_options* outer, const dopt_create_args* args,
+                                   const dopt_comm_ref* comm, const dopt_bucket* buckets,
+                                   size_t num_buckets, dopt_reducer_ref* out) noexcept {
+  if (!outer || !args || !comm || !out || (!buckets && num_buckets)) {
+    c_set_error("create_inner_reducer: NULL options, args, comm, out or buckets");
+    return DOPT_ERR_INVALID_ARGUMENT;
+  }
+  *out = {nullptr, nullptr};
+  const InnerComponent* in = Options::from_c(outer)->inner();
+  if (!in) {
+    c_set_error("create_inner_reducer: this reducer's section has no `inner:` reducer");
+    return DOPT_ERR_STATE;
+  }
+  try {
+    dopt_create_args a{};
+    const size_t n = std::min(args->struct_size, sizeof a);
+    std::memcpy(&a, args, n);  // a caller of another minor: the fields it has
+    a.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
+    a.options = in->options.c_handle();
+    const auto* vt = static_cast<const dopt_reducer_v1*>(in->info.vtable);
+    dopt_reducer* r = nullptr;
+    const dopt_status st = vt->create(&a, *comm, buckets, num_buckets, &r);
+    if (st < 0) return st;  // its message is in the error sink
+    if (!r) {
+      c_set_error(
+          ("create_inner_reducer: reducer '" + in->info.name + "' created no instance").c_str());
+      return DOPT_ERR_INTERNAL;
+    }
+    *out = {vt, r};
+    return DOPT_OK;
+  } catch (const std::exception& e) {
+    c_set_error(e.what());
+    return DOPT_ERR_INTERNAL;
+  }
+}
+
 dopt_host_api make_table() {
   dopt_host_api t{};
   t.struct_size = sizeof(dopt_host_api);
@@ -204,6 +260,8 @@ dopt_host_api make_table() {
   t.store_get = c_store_get;
   t.store_add = c_store_add;
   t.metric_add = c_metric_add;
+  t.inner_reducer = c_inner_reducer;
+  t.create_inner_reducer = c_create_inner_reducer;
   return t;
 }
 

@@ -13,6 +13,7 @@
 #include <deque>
 #include <thread>
 
+#include "config/inner_component.hpp"
 #include "distopt/blas.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
@@ -283,6 +284,7 @@ DistributedOptimizer Runtime::make_optimizer(
   b.params.assign(named_params.begin(), named_params.end());
   b.groups = groups;
   b.reducer = m.registry.get(DOPT_KIND_REDUCER, m.cfg.reducer.name);
+  b.reducer.traits = config::effective_traits(b.reducer, m.validated.reducer);  // ABI 1.3 inner
   b.algorithm = m.registry.get(DOPT_KIND_ALGORITHM, m.cfg.algorithm.name);
   b.reducer_options = &m.validated.reducer;
   b.algorithm_options = &m.validated.algorithm;

@@ -57,8 +57,10 @@ int run_check(int argc, char** argv) {
     registry.discover(dirs);
     distopt::validate_job(cfg, registry);
     std::cout << path << ": OK (communicator " << cfg.communicator.name << ", reducer "
-              << cfg.reducer.name << ", algorithm " << cfg.algorithm.name << ", optimizer "
-              << cfg.optimizer_name << ", world size " << cfg.world_size << ")\n";
+              << cfg.reducer.name
+              << (cfg.reducer.inner ? " (inner " + cfg.reducer.inner->name + ")" : "")
+              << ", algorithm " << cfg.algorithm.name << ", optimizer " << cfg.optimizer_name
+              << ", world size " << cfg.world_size << ")\n";
     return 0;
   } catch (const distopt::Error& e) {
     std::cerr << e.what() << "\n";

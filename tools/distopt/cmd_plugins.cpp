@@ -36,6 +36,7 @@ std::string constraint(const distopt::OptionSpec& s) {
 std::string declarations(const distopt::ComponentInfo& c) {
   std::vector<std::string> parts;
   if (c.traits & DOPT_TRAIT_EXACT_MEAN) parts.push_back("reduces to the exact mean");
+  if (c.traits & DOPT_TRAIT_WRAPS_REDUCER) parts.push_back("wraps an `inner:` reducer");
   if (c.check_job) parts.push_back("checks the whole job at `distopt check`");
   return join(parts, "; ");
 }
@@ -138,7 +139,9 @@ int run_plugins(int argc, char** argv) {
            {"plugin_version", c.plugin_version},
            {"abi", std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor)},
            {"file", c.file},
-           {"traits", {{"exact_mean", (c.traits & DOPT_TRAIT_EXACT_MEAN) != 0}}},
+           {"traits",
+            {{"exact_mean", (c.traits & DOPT_TRAIT_EXACT_MEAN) != 0},
+             {"wraps_reducer", (c.traits & DOPT_TRAIT_WRAPS_REDUCER) != 0}}},
            {"checks_job", c.check_job != nullptr},
            {"options", options_json(c.options)}});
     out["reducer_bucket_options"] = options_json(distopt::bucket_option_specs());

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -51,6 +52,8 @@ std::string format_option_number(double v);
 /// struct_size rounded up to the alignment when that is larger.
 std::vector<OptionSpec> specs_from_c(const dopt_option_spec* specs, size_t n, size_t stride = 0);
 
+struct InnerComponent;  // registry.hpp
+
 /// One instance's validated options. Its address doubles as the opaque
 /// dopt_options* handed to plugins (see c_handle / from_c). Immutable after
 /// validate(); thread-safe to read.
@@ -86,8 +89,15 @@ class Options {
     return reinterpret_cast<const Options*>(o);
   }
 
+  /// ABI 1.3: the reducer of the section's `inner:` key, resolved and
+  /// validated (dopt_host_api::inner_reducer / create_inner_reducer find it
+  /// through c_handle()); nullptr when there is none.
+  const InnerComponent* inner() const { return inner_.get(); }
+  void set_inner(std::shared_ptr<const InnerComponent> inner) { inner_ = std::move(inner); }
+
  private:
   std::map<std::string, Value> values_;
+  std::shared_ptr<const InnerComponent> inner_;
 };
 
 }  // namespace distopt

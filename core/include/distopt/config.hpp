@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@ struct ComponentConfig {
   YAML::Node options;  ///< map, or null when absent
   YAML::Mark mark;     ///< where the section starts (for error messages)
   YAML::Node node;     ///< the section as written (null when absent)
+  /// Reducer sections (ABI 1.3): the `inner: {name, options}` reducer the
+  /// selected one wraps, or null. Its own `inner` is always null.
+  std::shared_ptr<const ComponentConfig> inner = nullptr;
 };
 
 /// `train:` section (used by `distopt train`).
@@ -64,9 +68,9 @@ struct JobConfig {
   /// the ranks compare what they wait on and fail naming a mismatch
   /// (host_communicator.hpp, CollectiveCheck); 0 turns the check off.
   double collective_check_s = 2;
-  ComponentConfig communicator{"tcp", {}, {}, {}};
-  ComponentConfig reducer{"mean", {}, {}, {}};
-  ComponentConfig algorithm{"allreduce", {}, {}, {}};
+  ComponentConfig communicator{"tcp", {}, {}, {}, nullptr};
+  ComponentConfig reducer{"mean", {}, {}, {}, nullptr};
+  ComponentConfig algorithm{"allreduce", {}, {}, {}, nullptr};
   /// `schedule:` phases in order (empty: the top-level reducer and algorithm
   /// for the whole run). Every phase but the last has exactly one bound, each
   /// kind of bound strictly increasing; the last has none.

@@ -23,6 +23,14 @@ struct ComponentInfo {
   std::shared_ptr<void> library;  ///< keeps the .so loaded while any copy lives
 };
 
+/// ABI 1.3: a component chosen inside another's YAML section (a reducer's
+/// `inner:`), with its options validated against its own schema. Keeps its
+/// library loaded (info.library) while it lives.
+struct InnerComponent {
+  ComponentInfo info;
+  Options options;
+};
+
 /// A library that was not loaded, and why (names the file).
 struct SkippedPlugin {
   std::string file;

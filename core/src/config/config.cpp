@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "config/inner_component.hpp"
 #include "config/job_check.hpp"
 #include "config/yaml_util.hpp"
 #include "distopt/error.hpp"
@@ -69,6 +70,7 @@ void rebind(ComponentConfig& to, const ComponentConfig& from) {
   to.mark = from.mark;
   to.options.reset(from.options);
   to.node.reset(from.node);
+  to.inner = from.inner;
 }
 
 class Parser {
@@ -243,21 +245,38 @@ class Parser {
   void parse_component(const YAML::Node& root, const char* name, ComponentConfig& out) {
     YAML::Node s = section(root, name);
     if (!s.IsDefined()) return;  // absent: the default component
-    out.mark = key_mark(root, name, mark_of(s));
+    // ABI 1.3: a reducer may wrap another (`inner:`, one level deep).
+    const bool reducer = std::string(name) == "reducer";
+    parse_component_section(s, key_mark(root, name, mark_of(s)), name, reducer, out);
+  }
+
+  // `path` names the section in messages ("reducer", "reducer.inner").
+  void parse_component_section(const YAML::Node& s, const YAML::Mark& mark, const std::string& path,
+                               bool takes_inner, ComponentConfig& out) {
+    out.mark = mark;
     out.node = s;
-    if (s.IsNull()) fail(file_, out.mark, std::string(name) + ": missing required key 'name'");
-    check_keys(s, name, {"name", "options"});
+    if (s.IsNull()) fail(file_, out.mark, path + ": missing required key 'name'");
+    if (!s.IsMap()) fail(file_, out.mark, path + ": expected a map, got " + describe(s));
+    if (takes_inner)
+      check_keys(s, path, {"name", "options", "inner"});
+    else
+      check_keys(s, path, {"name", "options"});
+    if (YAML::Node in = child(s, "inner"); takes_inner && in.IsDefined()) {
+      auto inner = std::make_shared<ComponentConfig>();
+      parse_component_section(in, key_mark(s, "inner", mark_of(in, out.mark)), path + ".inner",
+                              false, *inner);
+      out.inner = std::move(inner);
+    }
     YAML::Node n = s["name"];
-    if (!n.IsDefined()) fail(file_, out.mark, std::string(name) + ": missing required key 'name'");
+    if (!n.IsDefined()) fail(file_, out.mark, path + ": missing required key 'name'");
     auto v = to_string(n);
     if (!v || n.IsNull() || v->empty())
       fail(file_, mark_of(n, out.mark),
-           std::string(name) + ".name: expected a component name, got " + describe(n));
+           path + ".name: expected a component name, got " + describe(n));
     out.name = *v;
     YAML::Node o = s["options"];
     if (o.IsDefined() && !o.IsNull() && !o.IsMap())
-      fail(file_, mark_of(o, out.mark),
-           std::string(name) + ".options: expected a map, got " + describe(o));
+      fail(file_, mark_of(o, out.mark), path + ".options: expected a map, got " + describe(o));
     out.options = o.IsDefined() ? o : YAML::Node();
   }
 
@@ -689,6 +708,8 @@ ValidatedJob validate_components(const JobConfig& cfg, const PluginRegistry& reg
       fail(file, value_mark("align_bytes"),
            "reducer.options.align_bytes: value " + std::to_string(a) + " is not a power of two");
   }
+
+  config::attach_inner_reducer(cfg, cfg.reducer, "reducer", registry, red, out.reducer);
 
   out.algorithm = validate_options(cfg.algorithm.options, alg.options, file, "algorithm.options",
                                    cfg.algorithm.mark);

@@ -6,6 +6,7 @@
 #include <new>
 #include <type_traits>
 
+#include "config/inner_component.hpp"
 #include "config/yaml_util.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
@@ -56,7 +57,7 @@ struct ComponentView {
       names.push_back(s.name.c_str());
       types.push_back(s.type);
     }
-    c.struct_size = DOPT_JOB_COMPONENT_STRUCT_SIZE;
+    c.struct_size = DOPT_JOB_COMPONENT_V1_3_STRUCT_SIZE;
     c.ext = nullptr;
     c.kind = ci.kind;
     c.name = ci.name.c_str();
@@ -64,13 +65,22 @@ struct ComponentView {
     c.plugin_name = ci.plugin_name.c_str();
     c.plugin_file = ci.file.c_str();
     c.abi_minor = ci.abi_minor;
-    c.traits = ci.traits;
+    c.traits = effective_traits(ci, *cc.options);
     c.options = cc.options->c_handle();
     c.option_names = names.empty() ? nullptr : names.data();
     c.option_types = types.empty() ? nullptr : types.data();
     c.num_options = names.size();
+    c.inner = nullptr;
   }
 };
+
+// An inner reducer names its keys as the top-level reducer would
+// ("reducer.options.rank"): they are the section's `inner:` (job.h).
+std::string inner_key(const std::string& key) {
+  if (key.empty() || key == "reducer") return "reducer.inner";
+  if (key.rfind("reducer.", 0) == 0) return "reducer.inner." + key.substr(8);
+  return key;
+}
 
 std::vector<std::string> split_key(const std::string& key) {
   std::vector<std::string> parts;
@@ -117,13 +127,19 @@ void check_job_with_components(const JobConfig& cfg, int64_t world_size,
                                const CheckedComponent& reducer, const CheckedComponent& algorithm,
                                const Options& optimizer_options,
                                const std::vector<OptionSpec>& optimizer_schema) {
-  const CheckedComponent* order[] = {&communicator, &reducer, &algorithm};
+  // ABI 1.3: the reducer's inner (if any) is asked right after the reducer.
+  const InnerComponent* inner = reducer.options->inner();
+  const CheckedComponent inner_cc{inner ? &inner->info : nullptr, inner ? &inner->options : nullptr,
+                                  inner ? &inner->info.options : nullptr};
+  const CheckedComponent* order[] = {&communicator, &reducer, &algorithm, &inner_cc};
+  const int n = inner ? 4 : 3;
   bool any = false;
-  for (const auto* cc : order) any = any || cc->info->check_job;
+  for (int i = 0; i < n; ++i) any = any || order[i]->info->check_job;
   if (!any) return;
 
-  ComponentView views[3];
-  for (int i = 0; i < 3; ++i) views[i].fill(*order[i]);
+  ComponentView views[4];
+  for (int i = 0; i < n; ++i) views[i].fill(*order[i]);
+  if (inner) views[1].c.inner = &views[3].c;
   std::vector<const char*> opt_names;
   std::vector<int32_t> opt_types;  // dopt_option_type values
   for (const auto& s : optimizer_schema) {
@@ -150,7 +166,8 @@ void check_job_with_components(const JobConfig& cfg, int64_t world_size,
   j.precision_dtype = precision_dtype_name(cfg.precision.dtype);
   j.reject = &reject_cb;
 
-  for (int i = 0; i < 3; ++i) {
+  for (int i : {0, 1, 3, 2}) {  // communicator, reducer, its inner, algorithm
+    if (i >= n) continue;
     const ComponentInfo& ci = *order[i]->info;
     if (!ci.check_job) continue;
     j.self = &views[i].c;
@@ -170,10 +187,12 @@ void check_job_with_components(const JobConfig& cfg, int64_t world_size,
     if (st >= 0) continue;
     const std::string section = kind_name(ci.kind);
     std::string key = verdict.rejected && !verdict.key.empty() ? verdict.key : section;
+    if (i == 3) key = inner_key(key);
     std::string why = verdict.rejected && !verdict.message.empty() ? verdict.message : detail;
     if (why.empty()) why = std::string("refused (") + dopt_status_string(st) + ") without a reason";
     fail(cfg.path, mark_of_key(cfg.root, key),
-         key + ": " + section + " '" + ci.name + "' refuses this job: " + why);
+         key + ": " + (i == 3 ? "inner reducer" : section) + " '" + ci.name +
+             "' refuses this job: " + why);
   }
 }
 

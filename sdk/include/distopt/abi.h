@@ -42,9 +42,14 @@ extern "C" {
  *            dopt_component::traits and ::check_job, the    component refuses a job
  *            job view (job.h)                               at `distopt check` time,
  *                                                           before any rendezvous
+ *   1.3      DOPT_TRAIT_WRAPS_REDUCER; dopt_host_api::      a reducer that wraps
+ *            inner_reducer and ::create_inner_reducer;      another one (hierarchical
+ *            dopt_job_component::inner (job.h)              with powersgd between
+ *                                                           nodes), the inner chosen
+ *                                                           and validated in YAML
  */
 #define DOPT_ABI_VERSION_MAJOR 1
-#define DOPT_ABI_VERSION_MINOR 2 /* 1.2: option flags, traits, check_job (job.h) */
+#define DOPT_ABI_VERSION_MINOR 3 /* 1.3: inner reducers (DOPT_TRAIT_WRAPS_REDUCER) */
 
 /** Offset of the end of MEMBER in TYPE: the struct size a reader needs for it. */
 #define DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER) (offsetof(TYPE, MEMBER) + sizeof(((TYPE*)0)->MEMBER))
@@ -185,6 +190,13 @@ typedef struct dopt_options dopt_options;
 /** The rendezvous key-value store (host-owned, opaque), like c10d's Store. */
 typedef struct dopt_store dopt_store;
 
+/* Defined below and in communicator.h / reducer.h (ABI 1.3 host services
+ * take pointers to them). */
+struct dopt_create_args;
+struct dopt_comm_ref;
+struct dopt_bucket;
+struct dopt_reducer_ref;
+
 /* Log levels for dopt_host_api::log. */
 #define DOPT_LOG_DEBUG 0
 #define DOPT_LOG_INFO 1
@@ -229,8 +241,52 @@ typedef struct dopt_host_api {
   /** Add `value` to the job-wide metric counter `name` (e.g. "comm.bytes_sent",
    * in bytes; "comm.seconds", in seconds). Cheap: callable from hot paths. */
   void (*metric_add)(const char* name, double value);
+
+  /* ---- ABI 1.3: inner reducers. Read only when struct_size >=
+   * DOPT_HOST_API_V1_3_STRUCT_SIZE (an older host has none: a reducer that
+   * needs one refuses with DOPT_ERR_UNSUPPORTED). ----
+   *
+   * A reducer that declares DOPT_TRAIT_WRAPS_REDUCER may be given another
+   * reducer in its YAML section,
+   *   reducer: {name: hierarchical, options: {...},
+   *             inner: {name: powersgd, options: {rank: 4}}}
+   * which the host resolves and validates against the inner's own schema
+   * (not the bucketing options: the buckets are the outer reducer's) at
+   * check time, like any section. The outer reducer creates it, over a
+   * communicator it chose (e.g. one it made with split), and owns it. */
+
+  /** The reducer of the `inner:` key of the section whose validated options
+   * are `outer` (the caller's dopt_create_args::options, or a
+   * dopt_job_component::options at check time). *name = its YAML name, or
+   * NULL when the section has no `inner:`; *traits = the DOPT_TRAIT_* it
+   * declares (0 when none). Either pointer may be NULL. The name lives as
+   * long as `outer`. INVALID_ARGUMENT for a NULL `outer`. */
+  dopt_status (*inner_reducer)(const dopt_options* outer, const char** name, uint32_t* traits);
+  /** Create this rank's instance of that inner reducer: its vtable's create
+   * with a copy of `args` whose `options` are the inner's validated options
+   * (the caller's `options` field is ignored), over `comm`, with `buckets`
+   * (borrowed by the inner as by any reducer: stable until it is
+   * destroyed). `args` describes the rank in `comm` (rank, world_size) and
+   * needs its own `scope` (e.g. the caller's + "/inner"); store, job_token
+   * and bind_address are normally the caller's. Collective over `comm` when
+   * the inner's create is (create it on every rank of `comm`, in the same
+   * order). On success *out holds the inner's vtable and instance: the
+   * caller owns it and destroys it with out->vt->destroy(out->reducer)
+   * before `comm` goes away; the vtable lives until the host unloads
+   * plugins. Check out->vt->struct_size before using save_state /
+   * load_state (an inner of ABI 1.0 has none). Errors: DOPT_ERR_STATE when
+   * `outer` has no inner; else the inner's create status, its message in
+   * the error sink. */
+  dopt_status (*create_inner_reducer)(const dopt_options* outer,
+                                      const struct dopt_create_args* args,
+                                      const struct dopt_comm_ref* comm,
+                                      const struct dopt_bucket* buckets, size_t num_buckets,
+                                      struct dopt_reducer_ref* out);
 } dopt_host_api;
+/** The ABI 1.0 - 1.2 size (up to `metric_add`). */
 #define DOPT_HOST_API_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_host_api, metric_add)
+/** The ABI 1.3 size (up to `create_inner_reducer`). */
+#define DOPT_HOST_API_V1_3_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_host_api, create_inner_reducer)
 
 /* ------------------------------------------------------------------------- */
 /* What every component instance is created with.                             */
@@ -277,6 +333,13 @@ typedef struct dopt_job dopt_job;
  * checkpoint's model, and `consolidate`'s), reports the consensus distance,
  * and the algorithm saves its own replica as DOPT_STATE_RANK_LOCAL state. */
 #define DOPT_TRAIT_LOCAL_REPLICAS 0x2u
+/** Reducer (ABI 1.3): takes another reducer in the `inner:` key of its YAML
+ * section and creates it with dopt_host_api::create_inner_reducer. The host
+ * refuses `inner:` under a reducer without this trait at check time. The
+ * DOPT_TRAIT_EXACT_MEAN of such a reducer describes its own steps: the host
+ * reports it (in the job view, and in its own checks) only when the inner
+ * declares it too, or when there is no inner. */
+#define DOPT_TRAIT_WRAPS_REDUCER 0x4u
 
 typedef struct dopt_component {
   size_t struct_size;

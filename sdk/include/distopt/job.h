@@ -12,7 +12,8 @@
  * chose it, instead of on every rank after connecting.
  *
  * When: the host calls check_job of each selected component that has one
- * (communicator, then reducer, then algorithm; the first refusal wins) after
+ * (communicator, then reducer, then the reducer's inner (ABI 1.3), then
+ * algorithm; the first refusal wins) after
  * it parsed the job file and validated every section against the schemas
  * (keys, types, ranges, required options), and before it creates or
  * connects anything.
@@ -44,7 +45,11 @@
  *   "algorithm.options.stage", "reducer.name", "reducer.options.ratio",
  *   "optimizer.name", "optimizer.momentum" (the optimizer's options sit in
  *   its section), "precision.dtype", "world.size";
- * NULL or "" means the component's own section ("algorithm"). `message` says
+ * NULL or "" means the component's own section ("algorithm"). An inner
+ * reducer (ABI 1.3) is asked with `self` = its own view (reducer->inner)
+ * and names its keys as if it were the top-level reducer: the host reads
+ * "reducer.options.rank" from it as "reducer.inner.options.rank" (and
+ * "reducer" / "" as "reducer.inner"). `message` says
  * why, and what to do instead; the host prefixes the kind and name of the
  * component that refused. Both strings are copied; a second reject() in one
  * call is ignored (the first one names the problem). The host reports the
@@ -85,8 +90,18 @@ typedef struct dopt_job_component {
   const char* const* option_names;
   const int32_t* option_types; /* dopt_option_type values */
   size_t num_options;
+  /* ---- ABI 1.3. Read only when struct_size >= DOPT_JOB_COMPONENT_V1_3_STRUCT_SIZE. ---- */
+  /** The reducer of this section's `inner:` key (dopt_host_api::
+   * create_inner_reducer), resolved and validated against its own schema;
+   * NULL when there is none (always NULL for communicators, algorithms, and
+   * for the inner itself). Its `traits` are what it declares; the outer's
+   * `traits` already drop DOPT_TRAIT_EXACT_MEAN when the inner lacks it. */
+  const struct dopt_job_component* inner;
 } dopt_job_component;
+/** The ABI 1.2 size (up to `num_options`). */
 #define DOPT_JOB_COMPONENT_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_job_component, num_options)
+/** The ABI 1.3 size (up to `inner`). */
+#define DOPT_JOB_COMPONENT_V1_3_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_job_component, inner)
 
 /** The validated job. */
 struct dopt_job {

@@ -54,6 +54,8 @@ class CommHandle {
   dopt_request* req_ = nullptr;
 };
 
+class OwnedComm;
+
 /// A borrowed communicator (not owned; the host keeps it alive).
 class CommView {
  public:
@@ -98,10 +100,60 @@ class CommView {
     check(ref_.vt->barrier(ref_.comm, &r), "barrier");
     return {ref_.vt, r};
   }
+  /// Collective over this communicator (every rank calls it, in the same
+  /// order as its other collectives; blocking): the ranks that pass the same
+  /// color >= 0 form a new communicator, ranked by (key, old rank). Returns
+  /// an empty OwnedComm for color < 0. The new communicator belongs to the
+  /// caller and must be destroyed before this one (OwnedComm does it).
+  /// Throws sdk::Error::reported when the communicator fails (timeout, dead
+  /// peer) or does not implement split (UNSUPPORTED).
+  inline OwnedComm split(int32_t color, int32_t key);
 
  private:
   dopt_comm_ref ref_{nullptr, nullptr};
 };
+
+/// A communicator this component made (CommView::split) and must destroy:
+/// the destructor calls the vtable's destroy, which aborts requests still
+/// pending on it. Move-only; empty when split returned none (color < 0).
+class OwnedComm {
+ public:
+  OwnedComm() = default;
+  explicit OwnedComm(dopt_comm_ref ref) : ref_(ref) {}
+  OwnedComm(OwnedComm&& o) noexcept
+      : ref_(std::exchange(o.ref_, dopt_comm_ref{nullptr, nullptr})) {}
+  OwnedComm& operator=(OwnedComm&& o) noexcept {
+    if (this != &o) {
+      reset();
+      ref_ = std::exchange(o.ref_, dopt_comm_ref{nullptr, nullptr});
+    }
+    return *this;
+  }
+  OwnedComm(const OwnedComm&) = delete;
+  OwnedComm& operator=(const OwnedComm&) = delete;
+  ~OwnedComm() { reset(); }
+
+  /// Whether it holds a communicator (false after split with color < 0).
+  explicit operator bool() const noexcept { return ref_.comm != nullptr; }
+  /// The communicator, borrowed from this owner (valid while it lives).
+  CommView view() const { return CommView(ref_); }
+  int32_t rank() const { return view().rank(); }
+  int32_t world_size() const { return view().world_size(); }
+  /// Destroy the communicator now (no-op when empty).
+  void reset() noexcept {
+    if (ref_.comm && ref_.vt) ref_.vt->destroy(ref_.comm);
+    ref_ = {nullptr, nullptr};
+  }
+
+ private:
+  dopt_comm_ref ref_{nullptr, nullptr};
+};
+
+OwnedComm CommView::split(int32_t color, int32_t key) {
+  dopt_comm* out = nullptr;
+  check(ref_.vt->split(ref_.comm, color, key, &out), "split");
+  return OwnedComm(dopt_comm_ref{ref_.vt, out});
+}
 
 /// Owns one dopt_reduce_request of a borrowed reducer. Move-only.
 class ReduceHandle {

@@ -78,6 +78,17 @@ class JobComponentView {
     for (size_t i = 0; i < c_->num_options; ++i) out.push_back(str(c_->option_names[i]));
     return out;
   }
+  /// ABI 1.3: whether this section has an `inner:` reducer (false on a
+  /// host older than 1.3, which has no inner reducers).
+  bool has_inner() const {
+    return c_->struct_size >= DOPT_JOB_COMPONENT_V1_3_STRUCT_SIZE && c_->inner != nullptr;
+  }
+  /// The `inner:` reducer (check has_inner() first; throws
+  /// sdk::Error(INVALID_ARGUMENT) when there is none).
+  JobComponentView inner() const {
+    if (!has_inner()) throw Error(DOPT_ERR_INVALID_ARGUMENT, "the section has no inner reducer");
+    return JobComponentView(c_->inner);
+  }
   const dopt_job_component& c() const { return *c_; }
 
  private:

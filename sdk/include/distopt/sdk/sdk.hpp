@@ -6,6 +6,7 @@
 
 #include "distopt/sdk/comm.hpp"
 #include "distopt/sdk/host.hpp"
+#include "distopt/sdk/inner_reducer.hpp"
 #include "distopt/sdk/local_state.hpp"
 #include "distopt/sdk/options.hpp"
 #include "distopt/sdk/plugin.hpp"

@@ -38,6 +38,8 @@ class StateWriter {
     std::vector<int64_t> shape(value.shape, value.shape + value.ndim);
     put(key, value, DOPT_STATE_RANK_LOCAL, 0, shape);
   }
+  /// The C writer this wraps (to hand it on, e.g. to an inner reducer).
+  const dopt_state_writer& c() const { return w_; }
 
  private:
   void put(const std::string& key, const DLTensor& t, int32_t kind, int64_t offset,
