@@ -9,8 +9,9 @@ With `--netns-rate RATE` (root; tools/netns/hosts.py) the same rows run
 with one rank per network namespace, the namespaces joined by veth pairs
 through a bridge and every link rate-limited with tc tbf in both directions
 (e.g. 1gbit): the slowed link, where decentralized training is meant to
-win. The table then adds the time per step, the time the bytes of a step
-take at the link rate (a floor on the exposed communication), the
+win. The table then adds the time per step, the part of it spent inside
+opt.step() (communication backward did not hide, plus the update), the time
+the bytes of a step take at the link rate (a floor on communication), the
 `distopt bench comm` allreduce busbw over the same links, and the
 point-to-point TCP bandwidth of one link, all measured in the same run.
 
@@ -63,6 +64,9 @@ def run(cli, path, metrics, hosts=None):
         "bytes_step": summary["bytes_sent_per_rank"][0] / summary["steps"],
         "acc": summary["final_test_accuracy"],
         "consensus": epochs[-1].get("consensus_distance", 0.0),
+        # ms per step inside opt.step() (communication not hidden, and the update), mean over ranks
+        "wait_ms": 1e3 * statistics.mean(summary.get("step_seconds_per_rank", [0.0])) /
+                   summary["steps"],
     }
 
 
@@ -132,7 +136,7 @@ def main():
               "and direction; rank 0 prints, medians of --repeat runs")
     print(f"{'ranks':>5}  {'algorithm':<32}{'samples/s':>10}{'MB/step/rank':>14}"
           f"{'accuracy %':>11}{'consensus':>11}" +
-          (f"{'ms/step':>9}{'link ms':>9}" if a.netns_rate else ""))
+          (f"{'ms/step':>9}{'in step':>9}{'link ms':>9}" if a.netns_rate else ""))
     for ranks in a.ranks:
         if a.netns_rate:
             with netns_hosts.Hosts(ranks, rate=a.netns_rate) as hosts:
@@ -163,9 +167,10 @@ def table(a, ranks, tmp, hosts=None, link_bytes_s=None):
             continue
         med = lambda k: statistics.median(r[k] for r in rs)
         extra = ""
-        if hosts:  # a step's time, and the time its bytes take at the link rate
+        if hosts:  # a step's time, the part spent in step(), its bytes' time at the link rate
             step_ms = 1e3 * 128 * ranks / med("sps")
-            extra = f"{step_ms:>9.1f}{1e3 * med('bytes_step') / link_bytes_s:>9.1f}"
+            extra = (f"{step_ms:>9.1f}{med('wait_ms'):>9.1f}"
+                     f"{1e3 * med('bytes_step') / link_bytes_s:>9.1f}")
         print(f"{ranks:>5}  {label:<32}{med('sps'):>10.0f}{med('bytes_step') / 1e6:>14.2f}"
               f"{100 * med('acc'):>11.2f}{med('consensus'):>11.3g}" + extra, flush=True)
 
