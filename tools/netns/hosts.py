@@ -15,11 +15,13 @@ collide, and `cleanup_stale()` removes what a killed run left behind.
 Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2; `skip_reason()`
 says why not.
 
-    with Hosts(3, rate="1gbit") as h:          # h.ns[i], h.addr[i]
-        subprocess.run(h.argv(0, ["ip", "addr"], {"DISTOPT_RANK": "0"}))
+    with Hosts(3, rate="1gbit") as h:          # h.ns[i], h.addr[i], h.link[i]
+        subprocess.run(h.argv(0, ["ip", "addr"], {"X": "1"}))
+        procs, outs = h.launch(["build/bin/distopt", "train", "job.yaml"], out_dir)
         h.link_down(2)                          # cut host 2 off the bridge
+        codes, seconds = wait_all(procs, 60)
 
-    tools/netns/hosts.py run -n 3 --rate 1gbit -- CMD...   # $NETNS_NAMES, $NETNS_ADDRS
+    tools/netns/hosts.py run -n 3 --rate 1gbit -- CMD...   # $NETNS_NAMES, _ADDRS, _LINKS
     tools/netns/hosts.py cleanup                            # what killed runs left
 """
 import argparse
@@ -45,9 +47,8 @@ def skip_reason():
     """None when namespaces can be built here, else why not (one line)."""
     if os.geteuid() != 0:
         return "not root (network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN)"
-    for tool in ("ip", "tc"):
-        if not shutil.which(tool):
-            return f"`{tool}` (iproute2) is not installed"
+    if not shutil.which("ip"):
+        return "`ip` (iproute2) is not installed"
     probe = f"{PREFIX}-probe-{os.getpid()}"
     r = _ip("netns", "add", probe, check=False)
     if r.returncode != 0:
@@ -148,6 +149,8 @@ class Hosts:
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
         if self.rate or self.delay:
+            if not shutil.which("tc"):
+                raise RuntimeError("`tc` (iproute2) is not installed: cannot shape the links")
             for i in range(self.n):
                 self._shape(["tc", "-n", self.ns[i], "qdisc", "add", "dev", "eth0", "root"])
                 self._shape(["tc", "qdisc", "add", "dev", self.link[i], "root"])
