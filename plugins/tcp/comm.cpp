@@ -139,19 +139,27 @@ TcpComm::~TcpComm() {
 }
 
 void TcpComm::fail(dopt_status status, const std::string& cause, bool notify_peers) {
+  // A timeout seen here: say which peers went silent (a cut link sends no
+  // EOF), as the peer waited on may itself be waiting on one of them.
+  std::string why = cause;
+  if (status == DOPT_ERR_TIMEOUT && notify_peers && control_) {
+    const std::string silent = control_->silence();
+    if (!silent.empty()) why += "; " + silent;
+  }
   {
     std::lock_guard<std::mutex> lk(fmu_);
     if (failed_) return;
     fail_status_ = status;
-    fail_cause_ = cause;
+    fail_cause_ = why;
     failed_ = true;
     if (!destroying_)
-      sdk::log_warn("tcp", "rank " + std::to_string(rank_) + ": communicator failed: " + cause);
+      sdk::log_warn("tcp",
+                    "rank " + std::to_string(rank_) + ": communicator failed: " + fail_cause_);
   }
   aborting_ = true;
   uint64_t one = 1;
   (void)!write(abort_fd_, &one, sizeof one);
-  if (control_) control_->on_failure(status, cause, notify_peers);
+  if (control_) control_->on_failure(status, why, notify_peers);
 }
 
 bool TcpComm::failed(dopt_status* status, std::string* cause) const {

@@ -7,8 +7,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 
@@ -17,7 +20,9 @@
 namespace distopt::plugins::tcp {
 namespace {
 
-enum : uint32_t { kData = 1, kBye = 2, kAbort = 3 };
+// kPing: a header alone, sent when the connection idled for a ping interval,
+// so a silent peer is one that is unreachable or stopped (see silence()).
+enum : uint32_t { kData = 1, kBye = 2, kAbort = 3, kPing = 4 };
 struct Header {
   uint32_t type;
   int32_t tag;
@@ -65,7 +70,13 @@ struct Peer {
   Clock::time_point rx_deadline;
   std::deque<Posted> posted;
   std::deque<Unexpected> unexpected;
+  Clock::time_point next_ping;
 };
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
 
 struct Cmd {
   enum Kind { Send, Recv, Fail, Stop } kind;
@@ -95,7 +106,9 @@ struct Control::State {
   int wake_fd = -1;
   std::mutex mu;
   std::vector<Cmd> inbox;
-  std::vector<std::atomic<bool>> bye;  // read by the progress thread
+  std::vector<std::atomic<bool>> bye;               // read by the progress thread
+  std::vector<std::atomic<int64_t>> last_heard_ns;  // any byte from the peer; read by silence()
+  Clock::duration ping_every{};
   // ctrl thread only:
   bool failed = false;
   dopt_status fail_status = DOPT_OK;
@@ -109,6 +122,12 @@ Control::Control(TcpComm* comm, int rank, std::vector<int> fds) : comm_(comm), s
   st_->timeout_s = comm->timeout_s();
   st_->peers.resize(fds.size());
   st_->bye = std::vector<std::atomic<bool>>(fds.size());
+  st_->last_heard_ns = std::vector<std::atomic<int64_t>>(fds.size());
+  for (auto& t : st_->last_heard_ns) t = now_ns();
+  // A ping interval of timeout_s / 8 (at most 1 s): a peer is silent after
+  // three missed pings, well inside the operation timeout.
+  st_->ping_every = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(std::clamp(comm->timeout_s() / 8, 0.01, 1.0)));
   for (size_t p = 0; p < fds.size(); ++p) {
     st_->peers[p].fd = fds[p];
     st_->peers[p].open = fds[p] >= 0;
@@ -126,6 +145,27 @@ Control::~Control() {
 
 bool Control::said_bye(int peer) const { return st_->bye[peer].load(); }
 const std::atomic<bool>* Control::bye_flags() const { return st_->bye.data(); }
+
+std::string Control::silence() const {
+  const int64_t now = now_ns();
+  const int64_t limit =
+      3 * std::chrono::duration_cast<std::chrono::nanoseconds>(st_->ping_every).count();
+  std::string who;
+  int count = 0;
+  int64_t least = INT64_MAX;
+  for (size_t p = 0; p < st_->last_heard_ns.size(); ++p) {
+    if (static_cast<int>(p) == st_->rank || st_->bye[p]) continue;
+    const int64_t quiet = now - st_->last_heard_ns[p].load();
+    if (quiet <= limit) continue;
+    who += (count++ ? ", " : "") + std::to_string(p);
+    least = std::min(least, quiet);
+  }
+  if (!count) return "";
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f", static_cast<double>(least) / 1e9);
+  return (count > 1 ? "ranks " : "rank ") + who + " silent for " + secs +
+         " s (unreachable, or stopped)";
+}
 
 void Control::wake() {
   uint64_t one = 1;
@@ -316,8 +356,19 @@ void Control::loop() {
       if (flushed || Clock::now() >= S.stop_deadline) return;
     }
 
-    // 2. Wait for I/O, a command, or the nearest deadline.
-    auto next = Clock::now() + std::chrono::seconds(1);
+    // 2. Keep-alive pings on idle connections, then wait for I/O, a command,
+    // or the nearest deadline.
+    const auto now0 = Clock::now();
+    auto next = now0 + std::chrono::seconds(1);
+    for (auto& P : S.peers) {
+      if (!P.open || P.broken_tx || S.failed || S.stopping) continue;
+      if (P.tx.empty() && now0 >= P.next_ping) {
+        push_notice(P, kPing, "");
+        P.tx.back().deadline = now0 + timeout;  // a stalled ping is a stalled link
+      }
+      if (now0 >= P.next_ping) P.next_ping = now0 + S.ping_every;
+      next = std::min(next, P.next_ping);
+    }
     pfds.clear();
     who.clear();
     pfds.push_back({S.wake_fd, POLLIN, 0});
@@ -396,6 +447,7 @@ void Control::loop() {
         }
         ssize_t k = want ? ::recv(P.fd, target, want, MSG_DONTWAIT) : 0;
         if (want && k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+        if (k > 0) S.last_heard_ns[p] = now_ns();
         if (want && k <= 0) {
           int e = k == 0 ? 0 : errno;
           P.open = false;
@@ -419,6 +471,7 @@ void Control::loop() {
             P.posted.clear();
             continue;
           }
+          if (h.type == kPing && h.len == 0) continue;
           if ((h.type != kData && h.type != kAbort) || (h.type == kAbort && h.len > kMaxAbort) ||
               h.len > kMaxMessage) {
             P.open = false;
@@ -481,9 +534,10 @@ void Control::loop() {
           ++it;
           continue;
         }
+        const std::string silent = silence();
         fail_req(it->req, DOPT_ERR_TIMEOUT,
                  "timed out waiting for a message from rank " + std::to_string(p) + " (tag " +
-                     std::to_string(it->tag) + ")");
+                     std::to_string(it->tag) + ")" + (silent.empty() ? "" : "; " + silent));
         it = P.posted.erase(it);
       }
       if (S.failed || S.stopping) continue;

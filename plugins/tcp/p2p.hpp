@@ -4,7 +4,9 @@
 // the communicator on purpose) and ABORT (the peer saw a failure; its cause
 // names the rank that died). A control connection that reaches EOF without a
 // BYE means the peer process died, which is how every rank learns of a death
-// promptly, even ranks that were not exchanging data with it.
+// promptly, even ranks that were not exchanging data with it. Idle
+// connections carry a keep-alive PING, so a timeout can name the peers that
+// went silent (a cut link or a stopped process sends no EOF).
 #pragma once
 
 #include <memory>
@@ -42,6 +44,11 @@ class Control {
   /// The flags said_bye reads, one per rank (shared-memory waits poll them):
   /// valid as long as this Control.
   const std::atomic<bool>* bye_flags() const;
+  /// "rank 2 silent for 10.3 s (unreachable, or stopped)": the peers (not
+  /// gone with BYE) from which nothing, not even a keep-alive ping, arrived
+  /// for three ping intervals (timeout_s / 8, at most 1 s, each); "" when
+  /// every peer was heard. Thread-safe.
+  std::string silence() const;
 
   struct State;
 

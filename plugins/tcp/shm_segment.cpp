@@ -117,17 +117,25 @@ void ShmSegment::unlink() {
   owner_linked_ = false;
 }
 
+namespace {
+// "mnt:[4026531841]", or "" where /proc does not say.
+std::string namespace_id(const char* link) {
+  char ns[128] = {};
+  ssize_t k = readlink(link, ns, sizeof ns - 1);
+  return k > 0 ? std::string(ns, static_cast<size_t>(k)) : std::string();
+}
+}  // namespace
+
 std::string shm_host_id() {
   std::string id;
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, id);
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  char ns[128] = {};
-  ssize_t k = readlink("/proc/self/ns/mnt", ns, sizeof ns - 1);
-  if (k < 0) k = 0;
-  ns[k] = 0;
-  return id + "|" + host + "|" + ns;
+  // The network namespace too: ranks in different ones are different hosts
+  // (containers, pods, the netns test), even where they share /dev/shm.
+  return id + "|" + host + "|" + namespace_id("/proc/self/ns/mnt") + "|" +
+         namespace_id("/proc/self/ns/net");
 }
 
 void shm_publish(ShmHeader* h, std::atomic<uint64_t>& counter, uint64_t value) {

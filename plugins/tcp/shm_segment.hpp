@@ -63,8 +63,11 @@ class ShmSegment {
   bool owner_linked_ = false;  ///< created here and not yet unlinked
 };
 
-/// Identifies "the same host and the same /dev/shm": boot id, hostname and
-/// mount namespace. Ranks with equal ids can map each other's segments.
+/// Identifies "the same host and the same /dev/shm": boot id, hostname,
+/// mount namespace and network namespace. Ranks with equal ids can map each
+/// other's segments; ranks in different network namespaces are treated as
+/// different hosts even where they could (they share /dev/shm unless their
+/// mount namespaces differ too), so they talk over their network.
 std::string shm_host_id();
 
 /// Publish a counter value and wake ranks sleeping on this header.

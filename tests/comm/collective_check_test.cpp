@@ -174,6 +174,42 @@ TEST_CASE("matching collectives that wait longer than the check interval are not
   }
 }
 
+TEST_CASE("a silent rank holding matching collectives at different positions is not reported") {
+  // The TCP chain broadcast 1 -> 2 -> 0: rank 1's send completes into the
+  // socket buffer, so it moves on to allreduce #3 while rank 0 waits in #2
+  // for rank 2, which sleeps outside any collective (as a rank cut off from
+  // the store by a network fault stays silent). Rank 1 posts its position
+  // once (one stalled wait), then polls with test(), so its post stays
+  // unchanged: different positions, seen twice, yet nothing mismatches.
+  auto o = run(
+      3, ", timeout_s: 60, collective_check_s: 0.5",
+      [](int rank, distopt::Runtime& rt) {
+        allreduce(rt, 1000);
+        if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+        std::vector<float> v(1000, rank == 1 ? 7.0f : 0.0f);
+        int64_t shape = 0;
+        DLTensor t = distopt::make_dltensor(v.data(), 1000, DLDataType{kDLFloat, 32, 1}, &shape);
+        rt.communicator().broadcast(t, 1).wait();
+        if (v[999] != 7.0f) throw std::runtime_error("wrong broadcast");
+        auto rq = rt.communicator().allreduce(t, t, DOPT_REDUCE_SUM);
+        if (rank == 1) {
+          try {
+            rq.wait(800);  // stalls once: posts "allreduce #3"
+          } catch (const distopt::CommError&) {
+          }
+          while (!rq.test()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        } else {
+          rq.wait();
+        }
+        if (v[0] != 21.0f) throw std::runtime_error("wrong sum");
+      },
+      "{shm: false}");
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << o.messages[r]);
+    CHECK(o.messages[r].empty());
+  }
+}
+
 TEST_CASE("collective_check_s: 0 turns the check off (the timeout reports instead)") {
   auto o = run(2, ", timeout_s: 3, collective_check_s: 0", allreduce_against_barrier);
   for (int r = 0; r < 2; ++r) {

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <doctest/doctest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -628,7 +629,9 @@ TEST_CASE(
             ep.comm->recv(t, 1, 99).wait();
             return "recv without a sender completed";
           } catch (const CommError& e) {
-            if (e.status() != DOPT_ERR_TIMEOUT || !std::strstr(e.what(), "rank 1"))
+            // Rank 1 is alive (its keep-alive pings arrive), only not sending.
+            if (e.status() != DOPT_ERR_TIMEOUT || !std::strstr(e.what(), "rank 1") ||
+                std::strstr(e.what(), "silent"))
               return std::string("recv timeout: ") + e.what();
           }
           try {
@@ -636,7 +639,7 @@ TEST_CASE(
             return "allreduce without the peer completed";
           } catch (const CommError& e) {
             if (e.status() != DOPT_ERR_TIMEOUT || !std::strstr(e.what(), "allreduce") ||
-                !std::strstr(e.what(), "rank 1"))
+                !std::strstr(e.what(), "rank 1") || std::strstr(e.what(), "silent"))
               return std::string("allreduce timeout: ") + e.what();
           }
           ep.store->set("rank0-done", std::string("1"));
@@ -656,6 +659,49 @@ TEST_CASE(
         return "";
       },
       "{timeout_s: 1.0}");
+}
+
+TEST_CASE(
+    "a stopped peer (no EOF, no RST: as behind a cut link) is named silent in every rank's "
+    "timeout, shm and tcp") {
+  // Rank 2 stops itself (SIGSTOP) before the second allreduce; a child it
+  // forked resumes it after the others timed out. Rank 0 waits on rank 1 in
+  // the ring (or on shared memory), yet both name rank 2, whose keep-alive
+  // pings stopped.
+  for (const char* opts : {"{timeout_s: 2.0}", "{timeout_s: 2.0, shm: false}"}) {
+    CAPTURE(opts);
+    run_ranks(
+        3,
+        [](Endpoint& ep, int me) -> std::string {
+          float x = 1;
+          int64_t s;
+          DLTensor t = make_dltensor(&x, 1, dl_f32(), &s);
+          ep.comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();  // everyone is connected
+          if (me == 2) {
+            const pid_t self = getpid();
+            if (fork() == 0) {  // only async-signal-safe calls in the child
+              sleep(6);
+              kill(self, SIGCONT);
+              _exit(0);
+            }
+            raise(SIGSTOP);
+            try {
+              ep.comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();  // the others gave up
+            } catch (const CommError&) {
+            }
+            return "";
+          }
+          try {
+            ep.comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();
+            return "allreduce with a stopped peer completed";
+          } catch (const CommError& e) {
+            if (!std::strstr(e.what(), "rank 2 silent for"))
+              return std::string("message: ") + e.what();
+          }
+          return "";
+        },
+        opts, std::chrono::seconds(60));
+  }
 }
 
 TEST_CASE(

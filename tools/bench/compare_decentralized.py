@@ -6,11 +6,18 @@ model for decentralized and local_sgd rows) and the consensus distance at
 the end (local_sgd: after the last step, which need not be an average). Rows
 run interleaved, `--repeat` times; the table gives medians.
 
-Loopback only: the slowed-link rows (network namespaces joined by veth,
-rate-limited with tc tbf), where decentralized training is meant to win,
-are not written yet.
+With `--netns-rate RATE` (root; tools/netns/hosts.py) the same rows run
+with one rank per network namespace, the namespaces joined by veth pairs
+through a bridge and every link rate-limited with tc tbf in both directions
+(e.g. 1gbit): the slowed link, where decentralized training is meant to
+win. The table then adds the time per step, the part of it spent inside
+opt.step() (communication backward did not hide, plus the update), the time
+the bytes of a step take at the link rate (a floor on communication), the
+`distopt bench comm` allreduce busbw over the same links, and the
+point-to-point TCP bandwidth of one link, all measured in the same run.
 
     tools/bench/compare_decentralized.py [--repeat 3] [--epochs 2] [--ranks 2 4]
+    tools/bench/compare_decentralized.py --netns-rate 1gbit [--ranks 2 4]
 """
 import argparse
 import json
@@ -19,8 +26,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools", "netns"))
+import hosts as netns_hosts  # noqa: E402  (tools/netns/hosts.py)
 ROWS = [
     ("allreduce", "{name: allreduce}"),
     ("decentralized ring", "{name: decentralized, options: {topology: ring}}"),
@@ -40,12 +50,16 @@ def job(ranks, algorithm, epochs):
             f"train: {{model: mlp, epochs: {epochs}, batch_size: 128, seed: 0, threads: 1}}\n")
 
 
-def run(cli, path, metrics):
+def run(cli, path, metrics, hosts=None):
     if os.path.exists(metrics):
         os.remove(metrics)
-    r = subprocess.run([cli, "train", path, "--metrics", metrics], capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{path} failed:\n{r.stdout}\n{r.stderr}")
+    if hosts is None:
+        r = subprocess.run([cli, "train", path, "--metrics", metrics], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            sys.exit(f"{path} failed:\n{r.stdout}\n{r.stderr}")
+    else:
+        run_in_namespaces(hosts, [cli, "train", path, "--metrics", metrics], path)
     events = [json.loads(l) for l in open(metrics)]
     summary = [e for e in events if e.get("event") == "summary"][-1]
     epochs = [e for e in events if e.get("event") == "epoch"]
@@ -54,7 +68,56 @@ def run(cli, path, metrics):
         "bytes_step": summary["bytes_sent_per_rank"][0] / summary["steps"],
         "acc": summary["final_test_accuracy"],
         "consensus": epochs[-1].get("consensus_distance", 0.0),
+        # ms per step inside opt.step() (communication not hidden, and the update), mean over ranks
+        "wait_ms": 1e3 * statistics.mean(summary.get("step_seconds_per_rank", [0.0])) /
+                   summary["steps"],
     }
+
+
+def run_in_namespaces(hosts, argv, what, timeout_s=1800):
+    """One rank per namespace (hosts.Hosts.launch); exits with rank 0's output on failure."""
+    out_dir = tempfile.mkdtemp(prefix="distopt_dbench_ns_")
+    procs, outs = hosts.launch(argv, out_dir)
+    codes, _ = netns_hosts.wait_all(procs, timeout_s)
+    if codes != [0] * len(procs):
+        sys.exit(f"{what} failed in namespaces (exit codes {codes}):\n" + open(outs[0]).read())
+    return open(outs[0]).read()
+
+
+def busbw(cli, hosts):
+    """`distopt bench comm` allreduce over the namespaces: {bytes: busbw GB/s}."""
+    out = run_in_namespaces(hosts, [cli, "bench", "comm", "--min-bytes", "1M", "--max-bytes",
+                                    "16M", "--options", "{shm: false}"], "bench comm")
+    rows = [l.split() for l in out.splitlines() if l.strip() and not l.startswith("#")]
+    return {int(r[0]): float(r[4]) for r in rows if len(r) == 5 and r[0].isdigit()}
+
+
+P2P = r"""
+import socket, sys, time
+if sys.argv[1] == "recv":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[2], 5201)); s.listen(1); c, _ = s.accept(); n, t0 = 0, None
+    while True:
+        b = c.recv(1 << 20)
+        if not b: break
+        t0 = t0 or time.time(); n += len(b)
+    print(n / (time.time() - t0) / 1e6)
+else:
+    c = socket.create_connection((sys.argv[2], 5201)); buf = b"x" * (1 << 20); t = time.time()
+    while time.time() - t < 3: c.sendall(buf)
+"""
+
+
+def p2p_mbs(hosts):
+    """TCP bandwidth host 1 -> host 0 over the shaped link, MB/s (one stream, 3 s)."""
+    rx = subprocess.Popen(hosts.argv(0, [sys.executable, "-c", P2P, "recv", hosts.addr[0]]),
+                          stdout=subprocess.PIPE, text=True)
+    for _ in range(50):
+        if subprocess.run(hosts.argv(1, [sys.executable, "-c", P2P, "send", hosts.addr[0]]),
+                          capture_output=True).returncode == 0:
+            break
+        time.sleep(0.1)  # the receiver is not listening yet
+    return float(rx.communicate(timeout=30)[0])
 
 
 def main():
@@ -63,27 +126,57 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--cli", default=os.path.join(ROOT, "build/bin/distopt"))
+    ap.add_argument("--netns-rate", metavar="RATE",
+                    help="run the rows with one rank per network namespace over links "
+                         "rate-limited with tc tbf to RATE (e.g. 1gbit); needs root")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="distopt_dbench_")
+    if a.netns_rate:
+        why = netns_hosts.skip_reason()
+        if why:
+            sys.exit(f"--netns-rate: {why}")
+        link_bytes_s = netns_hosts.rate_bits(a.netns_rate) / 8
+        print(f"# one rank per network namespace, veth + bridge, tc tbf {a.netns_rate} per link "
+              "and direction; rank 0 prints, medians of --repeat runs")
     print(f"{'ranks':>5}  {'algorithm':<32}{'samples/s':>10}{'MB/step/rank':>14}"
-          f"{'accuracy %':>11}{'consensus':>11}")
+          f"{'accuracy %':>11}{'consensus':>11}" +
+          (f"{'ms/step':>9}{'in step':>9}{'link ms':>9}" if a.netns_rate else ""))
     for ranks in a.ranks:
-        results = {label: [] for label, _ in ROWS}
-        for _ in range(a.repeat):
-            for i, (label, alg) in enumerate(ROWS):
-                if "shift_one" in label and ranks % 2:
-                    continue
-                path = os.path.join(tmp, f"r{ranks}_{i}.yaml")
-                open(path, "w").write(job(ranks, alg, a.epochs))
-                results[label].append(run(a.cli, path, os.path.join(tmp, "m.jsonl")))
-        for label, _ in ROWS:
-            rs = results[label]
-            if not rs:
-                continue
-            med = lambda k: statistics.median(r[k] for r in rs)
-            print(f"{ranks:>5}  {label:<32}{med('sps'):>10.0f}{med('bytes_step') / 1e6:>14.2f}"
-                  f"{100 * med('acc'):>11.2f}{med('consensus'):>11.3g}")
+        if a.netns_rate:
+            with netns_hosts.Hosts(ranks, rate=a.netns_rate) as hosts:
+                for note in hosts.notes:
+                    print(f"# {note}")
+                table(a, ranks, tmp, hosts, link_bytes_s)
+                bw = busbw(a.cli, hosts)
+                print(f"# {ranks} ranks: bench comm allreduce busbw (shm off) "
+                      + ", ".join(f"{b >> 20} MiB {v:.3f} GB/s" for b, v in sorted(bw.items()))
+                      + f"; one link point-to-point {p2p_mbs(hosts):.0f} MB/s", flush=True)
+        else:
+            table(a, ranks, tmp)
 
+
+def table(a, ranks, tmp, hosts=None, link_bytes_s=None):
+    """The rows on `ranks` ranks (in `hosts`' namespaces when given), printed."""
+    results = {label: [] for label, _ in ROWS}
+    for _ in range(a.repeat):
+        for i, (label, alg) in enumerate(ROWS):
+            if "shift_one" in label and ranks % 2:
+                continue
+            path = os.path.join(tmp, f"r{ranks}_{i}.yaml")
+            open(path, "w").write(job(ranks, alg, a.epochs))
+            results[label].append(run(a.cli, path, os.path.join(tmp, "m.jsonl"), hosts))
+    for label, _ in ROWS:
+        rs = results[label]
+        if not rs:
+            continue
+        med = lambda k: statistics.median(r[k] for r in rs)
+        extra = ""
+        if hosts:  # a step's time, the part spent in step(), its bytes' time at the link rate
+            step_ms = 1e3 * 128 * ranks / med("sps")
+            extra = (f"{step_ms:>9.1f}{med('wait_ms'):>9.1f}"
+                     f"{1e3 * med('bytes_step') / link_bytes_s:>9.1f}")
+        print(f"{ranks:>5}  {label:<32}{med('sps'):>10.0f}{med('bytes_step') / 1e6:>14.2f}"
+              f"{100 * med('acc'):>11.2f}{med('consensus'):>11.3g}" + extra, flush=True)
 
 if __name__ == "__main__":
     main()

@@ -11,6 +11,7 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -25,6 +26,7 @@
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 #include "distopt/host_communicator.hpp"
+#include "distopt/process.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/store.hpp"
 
@@ -70,6 +72,7 @@ int free_port() {
 
 struct CommBenchArgs {
   std::string communicator = "tcp", op = "allreduce", options = "{}", json;
+  std::string where = "loopback";  ///< for the table's title
   int nranks = 2, iters = 0, warmup = 2;
   size_t min_bytes = 4096, max_bytes = 64u << 20;
   std::vector<std::string> plugin_paths;
@@ -88,17 +91,23 @@ double bus_factor(const std::string& op, int n) {
 
 // One rank's part: connect, then time the operation at every size. Rank 0
 // returns the rows (others return an empty vector).
-std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, int port, const std::string& token) {
+// One rank's place in the job: the store's URL, the address its listeners
+// bind, and the job token.
+struct RankSite {
+  std::string url, bind, token;
+};
+
+std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, const RankSite& site) {
   using namespace distopt;
   PluginRegistry registry;
   std::vector<std::string> dirs = PluginRegistry::search_path(a.plugin_paths);
   registry.discover(dirs);
   const ComponentInfo& info = registry.get(DOPT_KIND_COMMUNICATOR, a.communicator);
   StoreOptions so;
-  so.url = "tcp://127.0.0.1:" + std::to_string(port);
+  so.url = site.url;
   so.rank = rank;
   so.world_size = a.nranks;
-  so.token = token;
+  so.token = site.token;
   auto store = make_store(so);
   Options opts =
       Options::validate(YAML::Load(a.options), info.options, "--options", "communicator.options");
@@ -111,8 +120,8 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, int port, const st
   ca.options = opts.c_handle();
   ca.store = reinterpret_cast<dopt_store*>(store.get());
   ca.scope = "bench";
-  ca.job_token = token.c_str();
-  ca.bind_address = "127.0.0.1";
+  ca.job_token = site.token.c_str();
+  ca.bind_address = site.bind.c_str();
   std::vector<Row> rows;
   {
     Communicator comm(info, ca);
@@ -175,8 +184,8 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, int port, const st
 }
 
 void print_rows(const CommBenchArgs& a, const std::vector<Row>& rows) {
-  std::printf("# distopt bench comm: %s %s, %d ranks, float32 sum, loopback\n",
-              a.communicator.c_str(), a.op.c_str(), a.nranks);
+  std::printf("# distopt bench comm: %s %s, %d ranks, float32 sum, %s\n", a.communicator.c_str(),
+              a.op.c_str(), a.nranks, a.where.c_str());
   std::printf("# %12s %12s %12s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
               "busbw(GB/s)");
   for (const auto& r : rows)
@@ -201,6 +210,21 @@ void print_rows(const CommBenchArgs& a, const std::vector<Row>& rows) {
   }
 }
 
+// Under a launcher: this process is one rank of the launcher's world.
+int bench_launched_rank(CommBenchArgs a, const distopt::ProcessInfo& proc) {
+  if (proc.rendezvous.empty())
+    throw distopt::Error(
+        "bench comm: started as rank " + std::to_string(proc.rank) + " by " + proc.source +
+        " but no rendezvous address (DISTOPT_RENDEZVOUS or MASTER_ADDR/MASTER_PORT)");
+  a.nranks = proc.world_size;
+  a.where = "rendezvous " + proc.rendezvous;
+  const char* bind = std::getenv("DISTOPT_BIND_ADDRESS");
+  const RankSite site{proc.rendezvous, bind && *bind ? bind : "127.0.0.1", proc.token};
+  auto rows = bench_rank(a, proc.rank, site);
+  if (proc.rank == 0) print_rows(a, rows);
+  return 0;
+}
+
 int bench_comm(int argc, char** argv) {
   CommBenchArgs a;
   std::string min_s = "4K", max_s = "64M";
@@ -210,7 +234,11 @@ int bench_comm(int argc, char** argv) {
       "Start N local ranks, connect them through a tcp:// store on 127.0.0.1, and time\n"
       "the operation for sizes doubling from min to max bytes (float32). Rank 0 prints\n"
       "size, count, time, algbw = bytes/time and busbw = algbw * factor (nccl-tests:\n"
-      "2(n-1)/n for allreduce, (n-1)/n for reduce_scatter/allgather, 1 for broadcast).\n\noptions");
+      "2(n-1)/n for allreduce, (n-1)/n for reduce_scatter/allgather, 1 for broadcast).\n"
+      "Under a launcher (DISTOPT_RANK/DISTOPT_WORLD_SIZE, torchrun, Slurm, Open MPI) it\n"
+      "runs as that one rank instead (-n is the launcher's world size), rendezvous at\n"
+      "DISTOPT_RENDEZVOUS (or MASTER_ADDR/MASTER_PORT) with DISTOPT_JOB_TOKEN, its\n"
+      "listeners bound to DISTOPT_BIND_ADDRESS (default 127.0.0.1): one rank per host.\n\noptions");
   opts.add_options()("help,h", "show this help")("communicator,c", po::value(&a.communicator),
                                                  "component name (tcp)")(
       "nranks,n", po::value(&a.nranks), "number of local ranks (2)")(
@@ -244,10 +272,13 @@ int bench_comm(int argc, char** argv) {
   if (a.min_bytes > a.max_bytes)
     throw distopt::Error("bench comm: --min-bytes is above --max-bytes");
 
-  const int port = free_port();
+  const distopt::ProcessInfo proc = distopt::detect_process_info();
+  if (proc.source != "default") return bench_launched_rank(a, proc);
+
   std::random_device rd;
   const std::string token = std::to_string(rd()) + std::to_string(rd());
   std::fflush(stdout);
+  const RankSite site{"tcp://127.0.0.1:" + std::to_string(free_port()), "127.0.0.1", token};
   std::vector<pid_t> pids;
   for (int r = 0; r < a.nranks; ++r) {
     pid_t pid = fork();
@@ -255,7 +286,7 @@ int bench_comm(int argc, char** argv) {
     if (pid == 0) {
       int rc = 0;
       try {
-        auto rows = bench_rank(a, r, port, token);
+        auto rows = bench_rank(a, r, site);
         if (r == 0) print_rows(a, rows);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "distopt bench comm: rank %d: %s\n", r, e.what());

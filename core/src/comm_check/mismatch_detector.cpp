@@ -48,13 +48,18 @@ std::string MismatchDetector::message(const std::string& ranks_line) const {
 // Posts: "wait GEN SEQ KIND_SEQ SIGNATURE", "left ISSUED [LAST]", or "" (not
 // waiting). The same position with another shape is a mismatch at once.
 // `confirm` (stalls): another position, or a rank that left before issuing
-// ours, counts once seen unchanged twice; without it (a failed collective)
-// only the departure counts, at once.
+// ours, counts once seen unchanged twice, and only while no rank is silent:
+// a silent rank (computing, or cut off from the store by a network fault)
+// can hold the others at different positions of matching collectives (a
+// ring's sends complete into socket buffers, so a neighbour may be one
+// collective ahead). Without `confirm` (a failed collective) only the
+// departure counts, at once.
 std::string MismatchDetector::compare(const Fingerprint& mine, bool confirm, bool* mismatch,
                                       int* silent) {
   std::ostringstream line;
   *mismatch = false;
   *silent = 0;
+  bool moved = false;  // another position, confirmed: a mismatch unless a rank is silent
   for (int r = 0; r < world_size_; ++r) {
     if (r) line << "; ";
     line << "rank " << r << ": ";
@@ -110,10 +115,11 @@ std::string MismatchDetector::compare(const Fingerprint& mine, bool confirm, boo
     // progress by a moment, so it counts once seen unchanged twice.
     auto it = seen_.find(r);
     if (it != seen_.end() && it->second.post == post && it->second.my_seq == mine.seq)
-      *mismatch = true;
+      moved = true;
     else
       seen_[r] = {post, mine.seq};
   }
+  if (moved && *silent == 0) *mismatch = true;
   return line.str();
 }
 

@@ -23,6 +23,7 @@
 #include "distopt/checkpoint.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
+#include "distopt/host_api.hpp"
 #include "distopt/precision.hpp"
 #include "distopt/process.hpp"
 #include "distopt/runtime.hpp"
@@ -421,6 +422,8 @@ class Trainer {
     const auto sent = per_rank(*rt_, static_cast<double>(opt.bytes_sent()));
     const auto plain = per_rank(*rt_, static_cast<double>(opt.bytes_sent_plain_allreduce()));
     const auto state = per_rank(*rt_, static_cast<double>(opt.state_bytes()));
+    // Seconds inside opt.step(): the communication backward did not hide, and the update.
+    const auto in_step = per_rank(*rt_, metrics_snapshot()["optim.step_seconds"]);
     const double sps = train_time_ > 0 ? samples_run_ / train_time_ : 0;
     if (!lead()) return;
     std::cout << "summary: " << rt_->world_size() << " rank(s), " << steps_run_ << " steps, "
@@ -457,6 +460,7 @@ class Trainer {
                     {"bytes_sent_per_rank", as_ints(sent)},
                     {"bytes_sent_plain_allreduce_per_rank", as_ints(plain)},
                     {"state_bytes_per_rank", as_ints(state)},
+                    {"step_seconds_per_rank", in_step},
                     {"final_train_loss", last_train_loss_},
                     {"final_test_loss", last_eval_.loss},
                     {"final_test_accuracy", last_eval_.accuracy},
