@@ -42,7 +42,7 @@ struct Manifest {
   int schedule_phase = -1;
   int64_t epoch = 0;
   double autotune_bucket_cap_mb = -1;  ///< autotuning's choice (-1: none)
-  std::vector<ShardRecord> shards;  ///< one per rank, in rank order
+  std::vector<ShardRecord> shards;     ///< one per rank, in rank order
 
   std::string to_json() const;
   /// Parse and validate (format, one shard per rank). `file` is named in errors.
