@@ -187,7 +187,6 @@ HierarchicalReducer::HierarchicalReducer(const dopt_create_args& args, dopt_comm
                             (inner_name_.empty() ? ""
                                                  : "; inner reducer '" + inner_name_ +
                                                        "' between the node leaders"));
-  worker_ = std::thread([this] { worker_loop(); });
 }
 
 // Every split is collective over the parent: the calls depend only on the
@@ -225,12 +224,7 @@ void HierarchicalReducer::make_communicators(const dopt_create_args& args,
 }
 
 HierarchicalReducer::~HierarchicalReducer() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  worker_.stop();  // before the counts below are final and the communicators go
   if (reductions_.load() > 0)
     sdk::log_info(kWho, "rank " + std::to_string(rank_) + " (node " +
                             std::to_string(layout_.node()) + ", local rank " +
@@ -253,7 +247,7 @@ std::unique_ptr<sdk::Request> HierarchicalReducer::reduce(const dopt_bucket& buc
     throw sdk::Error(DOPT_ERR_UNSUPPORTED, "hierarchical: only CPU buckets are supported");
   if (dl.ndim != 1 || (dl.strides && dl.strides[0] != 1))
     throw bad("the bucket's flat buffer must be 1-D contiguous");
-  auto job = std::make_unique<Job>();
+  auto job = std::make_shared<Job>();
   job->flat = sdk::as_tensor(dl);  // throws UNSUPPORTED for dtypes DLPack-to-ATen lacks
   if (!supported_dtype(job->flat.scalar_type()))
     throw sdk::Error(DOPT_ERR_UNSUPPORTED, std::string("hierarchical: bucket dtype ") +
@@ -265,44 +259,9 @@ std::unique_ptr<sdk::Request> HierarchicalReducer::reduce(const dopt_bucket& buc
   job->done = std::make_shared<sdk::Completion>();
   job->failure = std::make_shared<Failure>();
   auto req = std::make_unique<HierarchicalRequest>(job->done, job->failure);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (stop_) throw sdk::Error(DOPT_ERR_STATE, "hierarchical: reducer is shutting down");
-    queue_.push_back(std::move(job));
-  }
-  cv_.notify_one();
+  worker_.submit([this, job] { leader_variant_ ? run_leader(*job) : run_ring(*job); }, job->done,
+                 "bucket " + std::to_string(bucket.index));
   return req;
-}
-
-void HierarchicalReducer::worker_loop() {
-  for (;;) {
-    std::unique_ptr<Job> job;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) {
-        for (auto& j : queue_)
-          j->done->complete(DOPT_ERR_ABORTED,
-                            "hierarchical: reducer destroyed before the bucket ran");
-        queue_.clear();
-        return;
-      }
-      job = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    const std::string where = "hierarchical: bucket " + std::to_string(job->bucket.index) + ": ";
-    try {
-      if (leader_variant_)
-        run_leader(*job);
-      else
-        run_ring(*job);
-      job->done->complete(DOPT_OK);
-    } catch (const sdk::Error& e) {
-      job->done->complete(e.status(), where + e.what());
-    } catch (const std::exception& e) {
-      job->done->complete(DOPT_ERR_INTERNAL, where + e.what());
-    }
-  }
 }
 
 void HierarchicalReducer::finish(Job& job, sdk::CommHandle& h, const std::string& what,

@@ -50,13 +50,10 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "distopt/sdk/sdk.hpp"
@@ -120,7 +117,6 @@ class HierarchicalReducer : public sdk::Reducer {
  private:
   void make_communicators(const dopt_create_args& args, const dopt_bucket* buckets,
                           size_t num_buckets);
-  void worker_loop();
   void run_ring(Job& job);
   void run_leader(Job& job);
   at::Tensor scratch(int which, int64_t numel, at::ScalarType dtype);
@@ -149,11 +145,7 @@ class HierarchicalReducer : public sdk::Reducer {
   std::atomic<uint64_t> reductions_{0};
   at::Tensor scratch_[2];  // worker only
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<Job>> queue_;
-  bool stop_ = false;
-  std::thread worker_;
+  sdk::SerialWorker worker_{"hierarchical"};  // last: stops before the state above goes
 };
 
 }  // namespace distopt::plugins::hierarchical

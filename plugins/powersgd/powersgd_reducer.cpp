@@ -154,16 +154,6 @@ PowerSgdReducer::PowerSgdReducer(const dopt_create_args& args, dopt_comm_ref com
       sdk::log_info(kWho, line);
     }
   }
-  worker_ = std::thread([this] { worker_loop(); });
-}
-
-PowerSgdReducer::~PowerSgdReducer() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
 }
 
 PowerSgdReducer::BucketState& PowerSgdReducer::state_for(const dopt_bucket& bucket) {
@@ -200,7 +190,7 @@ std::unique_ptr<sdk::Request> PowerSgdReducer::reduce(const dopt_bucket& bucket)
     throw sdk::Error(DOPT_ERR_UNSUPPORTED, "powersgd: only CPU buckets are supported");
   if (dl.ndim != 1 || (dl.strides && dl.strides[0] != 1))
     throw bad("the bucket's flat buffer must be 1-D contiguous");
-  auto job = std::make_unique<Job>();
+  auto job = std::make_shared<Job>();
   job->flat = sdk::as_tensor(dl);  // throws UNSUPPORTED for other dtypes
   const auto st = job->flat.scalar_type();
   if (st != at::kFloat && st != at::kDouble && st != at::kHalf && st != at::kBFloat16)
@@ -209,42 +199,9 @@ std::unique_ptr<sdk::Request> PowerSgdReducer::reduce(const dopt_bucket& bucket)
   job->state = &state_for(bucket);
   job->done = std::make_shared<sdk::Completion>();
   auto req = std::make_unique<sdk::CompletionRequest>(job->done);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (stop_) throw sdk::Error(DOPT_ERR_STATE, "powersgd: reducer is shutting down");
-    queue_.push_back(std::move(job));
-  }
-  cv_.notify_one();
+  worker_.submit([this, job] { run_job(*job); }, job->done,
+                 "bucket " + std::to_string(job->state->index));
   return req;
-}
-
-void PowerSgdReducer::worker_loop() {
-  for (;;) {
-    std::unique_ptr<Job> job;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) {
-        for (auto& j : queue_)
-          j->done->complete(DOPT_ERR_ABORTED, "powersgd: reducer destroyed before the bucket ran");
-        queue_.clear();
-        return;
-      }
-      job = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    try {
-      run_job(*job);
-      job->done->complete(DOPT_OK);
-    } catch (const sdk::Error& e) {
-      job->done->complete(e.status(), std::string("powersgd: bucket ") +
-                                          std::to_string(job->state->index) + ": " + e.what());
-    } catch (const std::exception& e) {
-      job->done->complete(
-          DOPT_ERR_INTERNAL,
-          std::string("powersgd: bucket ") + std::to_string(job->state->index) + ": " + e.what());
-    }
-  }
 }
 
 void PowerSgdReducer::run_job(Job& job) {

@@ -43,13 +43,10 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "distopt/sdk/sdk.hpp"
@@ -102,7 +99,6 @@ class PowerSgdReducer : public sdk::Reducer {
                   size_t num_buckets);
   /// Stops the worker after its current bucket; queued buckets fail with
   /// DOPT_ERR_ABORTED.
-  ~PowerSgdReducer() override;
   PowerSgdReducer(const PowerSgdReducer&) = delete;
   PowerSgdReducer& operator=(const PowerSgdReducer&) = delete;
 
@@ -147,7 +143,6 @@ class PowerSgdReducer : public sdk::Reducer {
   struct BucketState;
 
  private:
-  void worker_loop();
   void run_job(Job& job);
   BucketState& state_for(const dopt_bucket& bucket);
 
@@ -166,11 +161,7 @@ class PowerSgdReducer : public sdk::Reducer {
   std::mutex states_mu_;  // guards states_ (created on reduce(), used by the worker)
   std::vector<std::unique_ptr<BucketState>> states_;  // by bucket index
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<Job>> queue_;
-  bool stop_ = false;
-  std::thread worker_;
+  sdk::SerialWorker worker_{"powersgd"};  // last: stops before the state above goes
 };
 
 }  // namespace distopt::plugins::powersgd

@@ -11,4 +11,5 @@
 #include "distopt/sdk/options.hpp"
 #include "distopt/sdk/plugin.hpp"
 #include "distopt/sdk/request.hpp"
+#include "distopt/sdk/serial_worker.hpp"
 #include "distopt/sdk/traffic.hpp"
