@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "distopt/sdk/bucket_params.hpp"
 #include "distopt/sdk/sdk.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "topology.hpp"
@@ -32,11 +33,7 @@ class BucketGossip {
   void abandon();
 
  private:
-  void scatter(const at::Tensor& mixed);
-
-  const dopt_bucket* bucket_;
-  std::vector<at::Tensor> views_;  // per entry: the parameter, flat
-  at::Tensor send_;
+  sdk::BucketParams params_;  // packed into its buffer(), which is what is sent
   std::vector<at::Tensor> recv_;
   std::vector<sdk::DLView> wire_;  // DLTensors of the pending operations
   std::vector<sdk::CommHandle> pending_;

@@ -9,22 +9,13 @@ namespace distopt::plugins::decentralized {
 
 LowPrecisionGossip::LowPrecisionGossip(const dopt_bucket& bucket,
                                        const std::vector<at::Tensor>& params, const MixingRow& row)
-    : bucket_(&bucket), row_(row) {
+    : bucket_(&bucket), params_(bucket, params, "decentralized"), row_(row) {
   const at::Tensor flat = sdk::as_tensor(*bucket.flat);
   if (flat.scalar_type() != at::kFloat)
     throw sdk::Error(DOPT_ERR_UNSUPPORTED,
                      "decentralized: low_precision needs float32 parameters, bucket " +
                          std::to_string(bucket.index) + " is " +
                          std::string(at::toString(flat.scalar_type())));
-  for (size_t e = 0; e < bucket.num_entries; ++e) {
-    const dopt_bucket_entry& en = bucket.entries[e];
-    if (en.param_index < 0 || static_cast<size_t>(en.param_index) >= params.size() ||
-        !params[en.param_index].defined())
-      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string("decentralized: bucket entry ") +
-                                                      (en.name ? en.name : "?") +
-                                                      " names no trainable parameter");
-    views_.push_back(params[en.param_index].view({-1}));
-  }
   const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
   self_ = at::zeros({flat.numel()}, f32);
   z_ = at::empty_like(self_);
@@ -44,19 +35,6 @@ uint64_t LowPrecisionGossip::state_bytes() const {
   return static_cast<uint64_t>(self_.numel()) * sizeof(float) * (1 + copies_.size());
 }
 
-void LowPrecisionGossip::pack(at::Tensor& flat) const {
-  for (size_t e = 0; e < views_.size(); ++e)
-    flat.narrow(0, static_cast<int64_t>(bucket_->entries[e].offset),
-                static_cast<int64_t>(bucket_->entries[e].numel))
-        .copy_(views_[e]);
-}
-
-void LowPrecisionGossip::scatter(const at::Tensor& flat) {
-  for (size_t e = 0; e < views_.size(); ++e)
-    views_[e].copy_(flat.narrow(0, static_cast<int64_t>(bucket_->entries[e].offset),
-                                static_cast<int64_t>(bucket_->entries[e].numel)));
-}
-
 void LowPrecisionGossip::start_exchange(sdk::CommView& comm, const at::Tensor& send,
                                         std::vector<at::Tensor>& recv, int32_t tag) {
   wire_.clear();
@@ -73,7 +51,7 @@ void LowPrecisionGossip::start_exchange(sdk::CommView& comm, const at::Tensor& s
 
 uint64_t LowPrecisionGossip::start_sync(sdk::CommView& comm, int32_t tag) {
   at::NoGradGuard ng;
-  pack(self_);
+  params_.pack_into(self_);
   compressed_ = false;
   start_exchange(comm, self_, copies_, tag);
   return static_cast<uint64_t>(self_.numel()) * sizeof(float) * row_.links.size();
@@ -81,8 +59,8 @@ uint64_t LowPrecisionGossip::start_sync(sdk::CommView& comm, int32_t tag) {
 
 uint64_t LowPrecisionGossip::start(sdk::CommView& comm, int32_t tag) {
   at::NoGradGuard ng;
-  z_.zero_();  // padding stays 0
-  pack(z_);    // x'_i
+  z_.zero_();             // padding stays 0
+  params_.pack_into(z_);  // x'_i
   z_.add_(self_, row_.self_weight - 2.0);
   for (size_t i = 0; i < row_.links.size(); ++i) z_.add_(copies_[i], row_.links[i].weight);
   minmax_uint8_encode(z_.data_ptr<float>(), static_cast<size_t>(z_.numel()), kMinMaxChunk,
@@ -110,7 +88,7 @@ void LowPrecisionGossip::finish() {
   };
   apply(send_, self_);
   for (size_t i = 0; i < copies_.size(); ++i) apply(recv_[i], copies_[i]);
-  scatter(self_);
+  params_.unpack(self_);
 }
 
 void LowPrecisionGossip::abandon() {

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "distopt/sdk/bucket_params.hpp"
 #include "distopt/sdk/sdk.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "topology.hpp"
@@ -79,13 +80,11 @@ class LowPrecisionGossip {
 
  private:
   at::Tensor layout() const;
-  void pack(at::Tensor& flat) const;
-  void scatter(const at::Tensor& flat);
   void start_exchange(sdk::CommView& comm, const at::Tensor& send, std::vector<at::Tensor>& recv,
                       int32_t tag);
 
   const dopt_bucket* bucket_;
-  std::vector<at::Tensor> views_;  // per entry: the parameter, flat
+  sdk::BucketParams params_;  // the bucket's parameters, packed and unpacked
   MixingRow row_;
   at::Tensor self_;                 // x_hat_i
   std::vector<at::Tensor> copies_;  // x_hat_j, per link of row_

@@ -1,7 +1,7 @@
 // The parameters of one gradient bucket packed into a flat buffer laid out
 // like the bucket (entry e at its offset, padding zero), for algorithms that
 // send parameters rather than gradients bucket by bucket (local SGD's
-// averaging; decentralized gossip packs the same way). Torch.
+// averaging, decentralized gossip and its low-precision variant). Torch.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -26,7 +26,7 @@ class BucketParams {
   /// or its element count differs from the parameter's.
   BucketParams(const dopt_bucket& bucket, const std::vector<at::Tensor>& params,
                const std::string& who)
-      : bucket_(&bucket), buffer_(at::zeros_like(as_tensor(*bucket.flat))) {
+      : bucket_(&bucket) {
     for (size_t e = 0; e < bucket.num_entries; ++e) {
       const dopt_bucket_entry& en = bucket.entries[e];
       const std::string name = en.name ? en.name : "?";
@@ -46,9 +46,14 @@ class BucketParams {
   /// Copy the parameters into buffer() and return it (1-D, the flat's
   /// length and dtype; padding stays 0).
   at::Tensor& pack() {
-    at::NoGradGuard ng;
-    for (size_t e = 0; e < views_.size(); ++e) slot(buffer_, e).copy_(views_[e]);
+    pack_into(buffer());
     return buffer_;
+  }
+  /// Copy the parameters into `flat` (1-D, laid out like the bucket, the
+  /// parameters' dtype); its padding is left as it is.
+  void pack_into(at::Tensor& flat) const {
+    at::NoGradGuard ng;
+    for (size_t e = 0; e < views_.size(); ++e) slot(flat, e).copy_(views_[e]);
   }
   /// Write each entry's elements of `flat` (laid out like the bucket) back
   /// into its parameter.
@@ -56,10 +61,15 @@ class BucketParams {
     at::NoGradGuard ng;
     for (size_t e = 0; e < views_.size(); ++e) views_[e].copy_(slot(flat, e));
   }
-  at::Tensor& buffer() { return buffer_; }
+  /// The packing buffer (zeros of the flat's length and dtype, made on first use).
+  at::Tensor& buffer() {
+    if (!buffer_.defined()) buffer_ = at::zeros_like(as_tensor(*bucket_->flat));
+    return buffer_;
+  }
   /// Bytes of buffer(): what one copy of the bucket's parameters puts on the wire.
   uint64_t nbytes() const {
-    return static_cast<uint64_t>(buffer_.numel()) * buffer_.element_size();
+    const at::Tensor flat = as_tensor(*bucket_->flat);
+    return static_cast<uint64_t>(flat.numel()) * flat.element_size();
   }
 
  private:
