@@ -6,6 +6,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "distopt/sdk/fnv1a.hpp"
+
 namespace distopt::plugins::hierarchical {
 
 namespace {
@@ -53,14 +55,7 @@ std::string node_name(int32_t rank, int32_t world_size, const char* env) {
   return host;
 }
 
-int64_t node_key(const std::string& name) {
-  uint64_t h = 14695981039346656037ull;  // FNV-1a, 64 bits
-  for (unsigned char c : name) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return static_cast<int64_t>(h);
-}
+int64_t node_key(const std::string& name) { return sdk::Fnv1a().chars(name).digest_i64(); }
 
 int32_t NodeLayout::max_local_size() const {
   return node_size.empty() ? 0 : *std::max_element(node_size.begin(), node_size.end());

@@ -26,6 +26,7 @@
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 #include "distopt/host_communicator.hpp"
+#include "distopt/sdk/fnv1a.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "optim/optimizer_builder.hpp"
 #include "optim/optimizer_impl.hpp"
@@ -61,27 +62,16 @@ std::string check_arguments(const DistributedOptimizer::Impl& m, const NamedPara
   return "";
 }
 
-// FNV-1a over what every rank must pass identically.
+// What every rank must pass identically.
 int64_t call_hash(const NamedParams& named, double lr, double weight_decay) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
-  auto mix_i64 = [&](int64_t v) { mix(&v, sizeof v); };
+  sdk::Fnv1a h;
   for (const auto& [name, t] : named) {
-    mix(name.data(), name.size());
-    mix_i64(-1);  // separator
+    h.chars(name).value(int64_t{-1});  // separator
     if (!t.defined()) continue;
-    for (int64_t d : t.sizes()) mix_i64(d);
-    mix_i64(static_cast<int64_t>(t.scalar_type()));
-    mix_i64(t.requires_grad() ? 1 : 0);
+    for (int64_t d : t.sizes()) h.value(d);
+    h.value(static_cast<int64_t>(t.scalar_type())).value(int64_t{t.requires_grad() ? 1 : 0});
   }
-  mix(&lr, sizeof lr);
-  mix(&weight_decay, sizeof weight_decay);
-  int64_t out;
-  std::memcpy(&out, &h, sizeof out);
-  return out;
+  return h.value(lr).value(weight_decay).digest_i64();
 }
 
 void broadcast_from_rank0(const dopt_comm_ref& comm, int world, const NamedParams& named) {
@@ -145,17 +135,8 @@ void DistributedOptimizer::add_param_group(const NamedParams& named_params, doub
   // 1. Agreement on the arguments.
   const std::string bad = check_arguments(old, named_params, lr, weight_decay);
   const int64_t hash = call_hash(named_params, lr, weight_decay);
-  auto agreed = checkpoint::gather_i64(comm, rank, world, {bad.empty() ? 0 : 1, hash});
-  if (!bad.empty()) throw ConfigError(bad);
-  for (int r = 0; r < world; ++r) {
-    if (agreed[2 * static_cast<size_t>(r)] != 0)
-      throw ConfigError("add_param_group failed on rank " + std::to_string(r) +
-                        " (bad arguments there); the optimizer is unchanged");
-    if (agreed[2 * static_cast<size_t>(r) + 1] != agreed[1])
-      throw ConfigError("add_param_group: rank " + std::to_string(r) +
-                        " passed other parameter names, shapes, dtypes, requires_grad or "
-                        "lr / weight_decay than rank 0; every rank must make the same call");
-  }
+  optim::agree_on_call(comm, rank, world, bad, hash, "add_param_group",
+                       "parameter names, shapes, dtypes, requires_grad or lr / weight_decay");
 
   // 2. Every rank starts the new parameters from rank 0's values.
   broadcast_from_rank0(comm, world, named_params);

@@ -92,6 +92,20 @@ std::vector<checkpoint::ShardState> exchange_state(Impl& old, int rank, int worl
 
 }  // namespace
 
+void agree_on_call(const dopt_comm_ref& comm, int rank, int world, const std::string& bad,
+                   int64_t hash, const std::string& what, const std::string& differ) {
+  auto agreed = checkpoint::gather_i64(comm, rank, world, {bad.empty() ? 0 : 1, hash});
+  if (!bad.empty()) throw ConfigError(bad);
+  for (int r = 0; r < world; ++r) {
+    if (agreed[2 * static_cast<size_t>(r)] != 0)
+      throw ConfigError(what + " failed on rank " + std::to_string(r) +
+                        " (bad arguments there); the optimizer is unchanged");
+    if (agreed[2 * static_cast<size_t>(r) + 1] != agreed[1])
+      throw ConfigError(what + ": rank " + std::to_string(r) + " passed other " + differ +
+                        " than rank 0; every rank must make the same call");
+  }
+}
+
 void use_components(OptimizerBuild& b, const ComponentChoice& choice) {
   b.reducer = choice.reducer;
   b.algorithm = choice.algorithm;

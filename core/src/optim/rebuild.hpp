@@ -24,6 +24,15 @@
 
 namespace distopt::optim {
 
+/// Before a rebuild: every rank's verdict on its own arguments (`bad`: ""
+/// when fine, else the reason) and a hash of them are gathered. Throws
+/// ConfigError on every rank, before anything changed, when a rank found its
+/// arguments bad (this rank: `bad` itself) or passed others than rank 0
+/// (`differ` names what: "components or options"). `what` names the call.
+/// Collective; throws CommError.
+void agree_on_call(const dopt_comm_ref& comm, int rank, int world, const std::string& bad,
+                   int64_t hash, const std::string& what, const std::string& differ);
+
 /// Rebuild `opt` from `build` (the old build, amended) with the old state.
 /// `amend` may add state to the exchanged shards before they are loaded
 /// (add_param_group: fresh Adagrad state for new parameters). `what` names

@@ -9,6 +9,7 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
+#include "distopt/sdk/fnv1a.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
 
@@ -17,34 +18,24 @@ namespace {
 
 using Impl = DistributedOptimizer::Impl;
 
-// FNV-1a over the components and their validated options.
+// What every rank must pass identically: the components and their options.
 int64_t choice_hash(const optim::ComponentChoice& c) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const std::string& s) {
-    for (unsigned char b : s) h = (h ^ b) * 1099511628211ull;
-    h = (h ^ 0xff) * 1099511628211ull;  // separator
-  };
-  mix(c.algorithm.plugin_name + "/" + c.algorithm.name);
-  mix(c.reducer.plugin_name + "/" + c.reducer.name);
+  sdk::Fnv1a h;
+  h.field(c.algorithm.plugin_name + "/" + c.algorithm.name);
+  h.field(c.reducer.plugin_name + "/" + c.reducer.name);
   for (const auto* o : {c.algorithm_options.get(), c.reducer_options.get()})
     for (const auto& [key, value] : o->values()) {
-      mix(key);
-      mix(std::visit(
-          [](const auto& v) -> std::string {
-            using V = std::decay_t<decltype(v)>;
-            if constexpr (std::is_same_v<V, std::string>)
-              return v;
-            else {
-              std::string s(sizeof v, '\0');
-              std::memcpy(s.data(), &v, sizeof v);
-              return s;
-            }
+      h.field(key);
+      std::visit(
+          [&](const auto& v) {
+            if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>)
+              h.field(v);
+            else
+              h.value(v);
           },
-          value));
+          value);
     }
-  int64_t out;
-  std::memcpy(&out, &h, sizeof out);
-  return out;
+  return h.digest_i64();
 }
 
 // Every rank takes the replicas' mean (the current algorithm keeps local
@@ -63,13 +54,19 @@ void agree_on_parameters(DistributedOptimizer& opt) {
           ")");
 }
 
-void switch_components(DistributedOptimizer& opt, const optim::ComponentChoice& choice, int phase,
-                       const std::string& what) {
-  Impl& m = optim::Access::of(opt);
+// Requests of the last backward may be in flight on the communicator: any
+// collective now could interleave with them. Local, before any collective
+// (every rank of an SPMD program is in the same state).
+void require_between_steps(const Impl& m, const std::string& what) {
   if (m.launched)
     throw Error(what +
                 ": a backward launched gradient buckets whose step() has not run; call step() "
                 "first (switching goes between steps)");
+}
+
+void switch_components(DistributedOptimizer& opt, const optim::ComponentChoice& choice, int phase,
+                       const std::string& what) {
+  Impl& m = optim::Access::of(opt);
   agree_on_parameters(opt);
   const std::string from = m.algorithm_who + " + " + m.reducer_who;
   optim::OptimizerBuild b = m.build;
@@ -110,27 +107,18 @@ void advance_schedule(DistributedOptimizer& opt) {
 void DistributedOptimizer::switch_to(const ComponentConfig& algorithm,
                                      const ComponentConfig& reducer) {
   Impl& m = *impl_;
+  require_between_steps(m, "switch_to");
   const int rank = m.build.common.rank, world = m.world_size;
   optim::ComponentChoice choice;
   std::string bad;
   try {
-    if (!m.build.resolve) throw ConfigError("switch_to: this optimizer has no job to resolve in");
+    if (!m.build.resolve) throw ConfigError("this optimizer has no job to resolve components in");
     choice = m.build.resolve(algorithm, reducer);
   } catch (const std::exception& e) {
     bad = e.what();
   }
-  const int64_t hash = bad.empty() ? choice_hash(choice) : 0;
-  auto agreed = checkpoint::gather_i64(m.build.comm, rank, world, {bad.empty() ? 0 : 1, hash});
-  if (!bad.empty()) throw ConfigError("switch_to: " + bad);
-  for (int r = 0; r < world; ++r) {
-    if (agreed[2 * static_cast<size_t>(r)] != 0)
-      throw ConfigError("switch_to failed on rank " + std::to_string(r) +
-                        " (bad components or options there); the optimizer is unchanged");
-    if (agreed[2 * static_cast<size_t>(r) + 1] != agreed[1])
-      throw ConfigError("switch_to: rank " + std::to_string(r) +
-                        " asked for other components or options than rank 0; every rank must "
-                        "make the same call");
-  }
+  optim::agree_on_call(m.build.comm, rank, world, bad.empty() ? "" : "switch_to: " + bad,
+                       bad.empty() ? choice_hash(choice) : 0, "switch_to", "components or options");
   switch_components(*this, choice, m.build.phase, "switch_to");
 }
 
@@ -139,6 +127,7 @@ void DistributedOptimizer::switch_to_phase(int phase) {
   if (phase < 0 || static_cast<size_t>(phase) >= m.build.schedule.size())
     throw ConfigError("schedule: no phase " + std::to_string(phase) + " (the job has " +
                       std::to_string(m.build.schedule.size()) + ")");
+  require_between_steps(m, "schedule phase " + std::to_string(phase));
   switch_components(*this, m.build.schedule[static_cast<size_t>(phase)].choice, phase,
                     "schedule phase " + std::to_string(phase));
 }
