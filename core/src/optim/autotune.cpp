@@ -72,11 +72,13 @@ void Autotuner::after_step(DistributedOptimizer& opt) {
 
 void Autotuner::decide(DistributedOptimizer& opt) {
   DistributedOptimizer::Impl& m = Access::of(opt);
-  std::vector<double> med;
-  for (const auto& t : times_) med.push_back(median(t));
-  // The slowest rank sets the pace: MAX over ranks, the same table everywhere.
-  for (double& v : med)
-    v = m.allreduce_scalar(static_cast<float>(v), DOPT_REDUCE_MAX, "autotune: step time, MAX");
+  // The slowest rank sets the pace: MAX over ranks, one collective for the
+  // table, the same table (and so the same choice) everywhere.
+  std::vector<float> med;
+  for (const auto& t : times_) med.push_back(static_cast<float>(median(t)));
+  if (m.world_size > 1)
+    m.allreduce_floats(med.data(), static_cast<int64_t>(med.size()), DOPT_REDUCE_MAX,
+                       "autotune: step times, MAX");
   size_t best = 0;
   for (size_t i = 1; i < med.size(); ++i)
     if (med[i] < med[best]) best = i;

@@ -148,15 +148,21 @@ void DistributedOptimizer::zero_grad() { impl_->buckets->zero_grad(); }
 
 float DistributedOptimizer::Impl::allreduce_scalar(float value, dopt_reduce_op op,
                                                    const char* what) {
-  int64_t shape = 1;
-  DLTensor t = make_dltensor(&value, 1, DLDataType{kDLFloat, 32, 1}, &shape);
+  allreduce_floats(&value, 1, op, what);
+  return value;
+}
+
+void DistributedOptimizer::Impl::allreduce_floats(float* values, int64_t n, dopt_reduce_op op,
+                                                  const char* what) {
+  if (n <= 0) return;
+  int64_t shape = n;
+  DLTensor t = make_dltensor(values, n, DLDataType{kDLFloat, 32, 1}, &shape);
   const dopt_comm_ref& c = build.comm;
   dopt_request* req = nullptr;
   const std::string op_name = std::string("allreduce(") + what + ")";
   dopt_status st = c.vt->allreduce(c.comm, &t, &t, op, &req);
   if (st != DOPT_OK) throw CommError(st, "communicator", op_name, take_last_error());
   CommRequest(c.vt, req, "communicator:" + op_name).wait();
-  return value;
 }
 
 bool DistributedOptimizer::Impl::any_rank_found_inf(bool mine) {

@@ -80,6 +80,8 @@ struct DistributedOptimizer::Impl {
   /// `value` reduced with `op` over the ranks (blocking; `what` names it in
   /// errors). The host's own control values: the inf/NaN flag, the join count.
   float allreduce_scalar(float value, dopt_reduce_op op, const char* what);
+  /// The same for `n` floats in place, one collective.
+  void allreduce_floats(float* values, int64_t n, dopt_reduce_op op, const char* what);
   bool any_rank_found_inf(bool mine);
   void mixed_precision_step();
   /// build.buffers->sync() with metrics; nothing if no buffers were set.
