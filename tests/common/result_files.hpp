@@ -43,6 +43,11 @@ inline std::string read_text(const std::string& path) {
 
 /// max_i |a[i] - b[i]|; infinity when the sizes differ or both are empty, so
 /// a missing or truncated result never passes a tolerance check.
+/// `dir`/`what``rank`.bin: where rank `rank` of a forked test writes `what`.
+inline std::string rank_file(const std::string& dir, const std::string& what, int rank) {
+  return dir + "/" + what + std::to_string(rank) + ".bin";
+}
+
 inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.size() != b.size() || a.empty()) return INFINITY;
   double m = 0;

@@ -17,6 +17,7 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
+#include "rank_steps.hpp"
 #include "result_files.hpp"
 #include "test_net.hpp"
 
@@ -49,11 +50,6 @@ inline std::vector<double> to_doubles(const std::vector<std::pair<std::string, a
     v.insert(v.end(), c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
   }
   return v;
-}
-
-/// DIR/<what><r>.bin: where rank r leaves a result.
-inline std::string rank_file(const std::string& dir, const std::string& what, int r) {
-  return dir + "/" + what + std::to_string(r) + ".bin";
 }
 
 /// Rank r of 4 minimises ||A_r x - b_r||^2 / m (6 unknowns, 24 rows, data

@@ -18,6 +18,7 @@
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
+#include "rank_steps.hpp"
 #include "result_files.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
@@ -213,14 +214,7 @@ TEST_CASE("checkpoints: every replica resumes bitwise; another world size starts
       Mlp3 net(kIn, kClasses);
       auto rt = rank_runtime(job, rank, world, "ckpt.yaml");
       auto opt = rt.make_optimizer(*net);
-      auto step = [&](int t) {
-        torch::manual_seed(10000 * (rank + 1) + t);
-        opt.zero_grad();
-        at::nll_loss(at::log_softmax(net->forward(at::randn({kBatch, kIn})), 1),
-                     at::randint(0, kClasses, {kBatch}))
-            .backward();
-        opt.step();
-      };
+      auto step = [&](int t) { random_batch_step(net, opt, rank, t); };
       if (load) {
         rt.load_checkpoint(ckpt, *net, opt);
         write_doubles(rank_file(dir, tag + "_loaded", rank), flat_params(net));

@@ -29,7 +29,7 @@ namespace {
 
 using namespace distopt::test;  // tests/common and decentralized helpers
 
-constexpr int kIn = 20, kClasses = 10, kBatch = 8;
+constexpr int kIn = 20, kClasses = 10;
 constexpr double kMlpParams = 20 * 32 + 32 + 32 * 16 + 16 + 16 * 10 + 10;  // 1370
 // One compressed message of the Mlp3 in one bucket: 2 chunks of (min, max)
 // and a byte per element.
@@ -38,16 +38,6 @@ constexpr double kMessage = 2 * 8 + kMlpParams;
 std::string low_precision(const std::string& options = "") {
   return "{name: decentralized, options: {low_precision: true" +
          (options.empty() ? "" : ", " + options) + "}}";
-}
-
-// One training step of rank `rank` on its own random batch for step t.
-void train_step(distopt::DistributedOptimizer& opt, Mlp3& net, int rank, int t) {
-  torch::manual_seed(10000 * (rank + 1) + t);
-  opt.zero_grad();
-  at::nll_loss(at::log_softmax(net->forward(at::randn({kBatch, kIn})), 1),
-               at::randint(0, kClasses, {kBatch}))
-      .backward();
-  opt.step();
 }
 
 std::string slurp(const std::string& path) {
@@ -76,7 +66,7 @@ int compare_copies(int world, const std::string& algorithm, int steps,
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "copies.yaml");
     auto opt = rt.make_optimizer(*net);
-    for (int t = 0; t < steps; ++t) train_step(opt, net, rank, t);
+    for (int t = 0; t < steps; ++t) random_batch_step(net, opt, rank, t);
     rt.save_checkpoint(dir + "/ckpt", *net, opt);
     return 0;
   });
@@ -234,7 +224,7 @@ Bytes train_bytes(int world, const std::string& algorithm, int steps) {
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "bytes.yaml");
     auto opt = rt.make_optimizer(*net);
-    for (int t = 0; t < steps; ++t) train_step(opt, net, rank, t);
+    for (int t = 0; t < steps; ++t) random_batch_step(net, opt, rank, t);
     write_doubles(rank_file(dir, "bytes", rank), {static_cast<double>(opt.bytes_sent())});
     return 0;
   });
@@ -311,12 +301,12 @@ TEST_CASE("checkpoints: copies resume bitwise; another layout or world size star
         write_doubles(rank_file(dir, tag + "_loaded", rank), flat_params(net));
       } else {
         scatter_replicas(net, rank);
-        for (int t = 0; t < before; ++t) train_step(opt, net, rank, t);
+        for (int t = 0; t < before; ++t) random_batch_step(net, opt, rank, t);
         write_doubles(rank_file(dir, tag + "_saved", rank), flat_params(net));
         rt.save_checkpoint(ckpt, *net, opt);
       }
       const uint64_t at_start = opt.bytes_sent();
-      for (int t = before; t < before + after; ++t) train_step(opt, net, rank, t);
+      for (int t = before; t < before + after; ++t) random_batch_step(net, opt, rank, t);
       auto v = flat_params(net);
       v.push_back(static_cast<double>(opt.bytes_sent() - at_start));
       write_doubles(rank_file(dir, tag, rank), v);

@@ -14,6 +14,7 @@
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
+#include "rank_steps.hpp"
 #include "result_files.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
@@ -23,7 +24,7 @@ namespace {
 using namespace distopt::test;  // tests/common helpers
 namespace fs = std::filesystem;
 
-constexpr int kWorld = 4, kIn = 20, kClasses = 10, kBatch = 8;
+constexpr int kWorld = 4, kIn = 20, kClasses = 10;
 
 std::string job_yaml() {
   std::ostringstream y;
@@ -32,10 +33,6 @@ std::string job_yaml() {
        "options: {rank: 2, start_iter: 0}}}\n"
     << "algorithm: {name: allreduce}\noptimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
   return y.str();
-}
-
-std::string rank_file(const std::string& dir, const std::string& what, int r) {
-  return dir + "/" + what + std::to_string(r) + ".bin";
 }
 
 // Ranks on `nodes` (DISTOPT_NODE_ID per rank) train `before` steps and save,
@@ -53,14 +50,7 @@ std::vector<int> run(const std::string& dir, const std::string& ckpt,
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, kWorld, "ckpt.yaml");
     auto opt = rt.make_optimizer(*net);
-    auto step = [&](int t) {
-      torch::manual_seed(10000 * (rank + 1) + t);
-      opt.zero_grad();
-      at::nll_loss(at::log_softmax(net->forward(at::randn({kBatch, kIn})), 1),
-                   at::randint(0, kClasses, {kBatch}))
-          .backward();
-      opt.step();
-    };
+    auto step = [&](int t) { random_batch_step(net, opt, rank, t); };
     if (load) {
       try {
         rt.load_checkpoint(ckpt, *net, opt);

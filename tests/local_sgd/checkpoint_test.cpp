@@ -15,6 +15,7 @@
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
+#include "rank_steps.hpp"
 #include "result_files.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
@@ -23,7 +24,7 @@ namespace {
 
 using namespace distopt::test;  // tests/common helpers
 
-constexpr int kIn = 20, kClasses = 10, kBatch = 8;
+constexpr int kIn = 20, kClasses = 10;
 // Steps 0-2 warm up; local steps k = s - 2; averages after s = 6 and 10.
 constexpr int kWarmup = 3, kSaveAt = 5;
 const char* const kAlgorithm = "{name: local_sgd, options: {warmup_steps: 3, period: 4}}";
@@ -70,14 +71,7 @@ void run(const std::string& dir, const std::string& ckpt, int world, bool load, 
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "ckpt.yaml");
     auto opt = rt.make_optimizer(*net);
-    auto step = [&](int t) {  // rank's own batch at step t
-      torch::manual_seed(10000 * (rank + 1) + t);
-      opt.zero_grad();
-      at::nll_loss(at::log_softmax(net->forward(at::randn({kBatch, kIn})), 1),
-                   at::randint(0, kClasses, {kBatch}))
-          .backward();
-      opt.step();
-    };
+    auto step = [&](int t) { random_batch_step(net, opt, rank, t); };
     if (load) {
       rt.load_checkpoint(ckpt, *net, opt);
     } else {

@@ -37,10 +37,6 @@ std::string job_yaml(int world, const std::string& algorithm, const std::string&
   return y.str();
 }
 
-std::string rank_file(const std::string& dir, int r) {
-  return dir + "/rank" + std::to_string(r) + ".bin";
-}
-
 // Per rank and step: the parameters and the bytes sent so far, after the step.
 struct Run {
   std::vector<std::vector<std::vector<double>>> params;  // [rank][step]
@@ -86,13 +82,13 @@ Run train(int world, const std::string& algorithm, const std::string& optimizer,
     }
     auto m = distopt::metrics_snapshot();
     for (const auto& k : kMetrics) out.push_back(m[k]);
-    write_doubles(rank_file(dir, rank), out);
+    write_doubles(rank_file(dir, "rank", rank), out);
     return 0;
   });
   Run run;
   for (int r = 0; r < world; ++r) {
     REQUIRE(codes[r] == 0);
-    const auto v = read_doubles(rank_file(dir, r));
+    const auto v = read_doubles(rank_file(dir, "rank", r));
     const size_t per_step = (v.size() - kMetrics.size()) / steps;
     run.params.emplace_back();
     run.bytes.emplace_back();

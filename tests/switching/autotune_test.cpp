@@ -14,6 +14,7 @@
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
+#include "rank_steps.hpp"
 #include "result_files.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
@@ -22,7 +23,7 @@ namespace {
 
 using namespace distopt::test;  // tests/common helpers
 
-constexpr int kWorld = 2, kIn = 20, kClasses = 10, kBatch = 8;
+constexpr int kWorld = 2, kIn = 20, kClasses = 10;
 
 std::string job_yaml(const std::string& extra) {
   std::ostringstream y;
@@ -32,19 +33,6 @@ std::string job_yaml(const std::string& extra) {
     << "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
     << extra;
   return y.str();
-}
-
-void train_step(Mlp3& net, distopt::DistributedOptimizer& opt, int rank, int t) {
-  torch::manual_seed(10000 * (rank + 1) + t);
-  opt.zero_grad();
-  at::nll_loss(at::log_softmax(net->forward(at::randn({kBatch, kIn})), 1),
-               at::randint(0, kClasses, {kBatch}))
-      .backward();
-  opt.step();
-}
-
-std::string rank_file(const std::string& dir, const std::string& what, int r) {
-  return dir + "/" + what + std::to_string(r) + ".bin";
 }
 
 // Rank r trains `steps` steps (optionally resuming from / saving to `ckpt`)
@@ -59,7 +47,7 @@ void run(const std::string& job, const std::string& dir, const std::string& tag,
     auto rt = rank_runtime(job, rank, kWorld, "tune.yaml");
     auto opt = rt.make_optimizer(*net);
     if (!load.empty()) rt.load_checkpoint(load, *net, opt);
-    for (int t = first; t < first + steps; ++t) train_step(net, opt, rank, t);
+    for (int t = first; t < first + steps; ++t) random_batch_step(net, opt, rank, t);
     if (!save.empty()) rt.save_checkpoint(save, *net, opt);
     auto v = flat_params(net);
     v.push_back(opt.autotuned_bucket_cap_mb());

@@ -16,6 +16,7 @@
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
+#include "rank_steps.hpp"
 #include "result_files.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
@@ -32,20 +33,6 @@ std::string job_yaml(int world, const std::string& rest) {
     << "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
     << rest;
   return y.str();
-}
-
-std::string rank_file(const std::string& dir, const std::string& what, int r) {
-  return dir + "/" + what + std::to_string(r) + ".bin";
-}
-
-// Rank r's batch at step t: different data per rank.
-void train_step(Mlp3& net, distopt::DistributedOptimizer& opt, int rank, int t) {
-  torch::manual_seed(10000 * (rank + 1) + t);
-  opt.zero_grad();
-  at::nll_loss(at::log_softmax(net->forward(at::randn({kBatch, kIn})), 1),
-               at::randint(0, kClasses, {kBatch}))
-      .backward();
-  opt.step();
 }
 
 // Per rank and step: the parameters, then bytes_sent, the plain-allreduce
@@ -66,7 +53,7 @@ Trace run_trace(int world, const std::string& rest, int steps) {
     auto opt = rt.make_optimizer(*net);
     std::vector<double> out;
     for (int t = 0; t < steps; ++t) {
-      train_step(net, opt, rank, t);
+      random_batch_step(net, opt, rank, t);
       auto p = flat_params(net);
       out.insert(out.end(), p.begin(), p.end());
       out.push_back(static_cast<double>(opt.bytes_sent()));
@@ -178,10 +165,10 @@ TEST_CASE("a checkpoint taken in phase 2 resumes in phase 2, every replica bitwi
         rt.load_checkpoint(ckpt, *net, opt);
         if (opt.schedule_phase() != 1 || opt.algorithm_name() != "decentralized") return 3;
       } else {
-        for (int t = 0; t < 5; ++t) train_step(net, opt, rank, t);
+        for (int t = 0; t < 5; ++t) random_batch_step(net, opt, rank, t);
         rt.save_checkpoint(ckpt, *net, opt);
       }
-      for (int t = 5; t < 9; ++t) train_step(net, opt, rank, t);
+      for (int t = 5; t < 9; ++t) random_batch_step(net, opt, rank, t);
       write_doubles(rank_file(dir, tag, rank), flat_params(net));
       return 0;
     });
@@ -195,6 +182,22 @@ TEST_CASE("a checkpoint taken in phase 2 resumes in phase 2, every replica bitwi
     CHECK(max_abs_diff(read_doubles(rank_file(dir, "resumed", r)), straight) == 0);
     if (r > 0) CHECK(max_abs_diff(straight, read_doubles(rank_file(dir, "straight", 0))) > 0);
   }
+  // A job whose schedule has no phase 1 refuses the checkpoint on every rank.
+  const std::string shorter = job_yaml(kWorld, "schedule:\n  - {algorithm: {name: zero}}\n");
+  auto codes = fork_ranks(kWorld, [&](int rank) {
+    torch::set_num_threads(1);
+    Mlp3 net(kIn, kClasses);
+    auto rt = rank_runtime(shorter, rank, kWorld, "short.yaml");
+    auto opt = rt.make_optimizer(*net);
+    try {
+      rt.load_checkpoint(ckpt, *net, opt);
+    } catch (const distopt::CheckpointError& e) {
+      const std::string msg = e.what();
+      return msg.find("saved in schedule phase 1") != std::string::npos ? 0 : 2;
+    }
+    return 1;
+  });
+  for (int c : codes) CHECK(c == 0);
   std::filesystem::remove_all(dir);
 }
 
@@ -207,7 +210,7 @@ TEST_CASE("switch_to: a bad call or ranks that disagree change nothing, on every
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, kWorld, "bad.yaml");
     auto opt = rt.make_optimizer(*net);
-    train_step(net, opt, rank, 0);
+    random_batch_step(net, opt, rank, 0);
     auto expect_config_error = [&](const distopt::ComponentConfig& a,
                                    const distopt::ComponentConfig& red, const std::string& what) {
       try {
@@ -228,10 +231,24 @@ TEST_CASE("switch_to: a bad call or ranks that disagree change nothing, on every
                              "other components or options"))
       return 4;
     if (opt.algorithm_name() != "allreduce") return 5;
-    train_step(net, opt, rank, 1);  // still works
+    // Between a backward and its step(): refused before any collective.
+    opt.zero_grad();
+    at::nll_loss(at::log_softmax(net->forward(at::randn({kBatch, kIn})), 1),
+                 at::randint(0, kClasses, {kBatch}))
+        .backward();
+    try {
+      opt.switch_to({"decentralized", {}, {}, {}}, mean);
+      return 7;
+    } catch (const distopt::ConfigError&) {
+      return 8;
+    } catch (const distopt::Error& e) {
+      if (std::string(e.what()).find("call step() first") == std::string::npos) return 9;
+    }
+    opt.step();
+    random_batch_step(net, opt, rank, 1);  // still works
     opt.switch_to({"decentralized", YAML::Load("{topology: ring}"), {}, {}}, mean);
     if (opt.algorithm_name() != "decentralized" || opt.schedule_phase() != -1) return 6;
-    train_step(net, opt, rank, 2);
+    random_batch_step(net, opt, rank, 2);
     return 0;
   });
   for (int r = 0; r < kWorld; ++r) CHECK(codes[r] == 0);
