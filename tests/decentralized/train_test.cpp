@@ -55,6 +55,11 @@ TEST_CASE("distopt check refuses bad decentralized jobs, naming file:line") {
        ":3:54: algorithm.options.topology", "shift_one's peer changes every round", 4},
       {"{name: decentralized, options: {topology: complete, low_precision: true}}", "{name: mean}",
        ":3:54: algorithm.options.topology", "low_precision with complete", 4},
+      {"{name: decentralized, options: {topology: ring, neighbors: '0:1; 1:0'}}", "{name: mean}",
+       ":3:", "neighbors is only read with topology: neighbors", 2},
+      // The reducer line carries one more section: line 5.
+      {"{name: decentralized}", "{name: mean}\nprecision: {dtype: bf16}",
+       ":5:", "does not support mixed precision", 2},
   };
   int i = 0;
   for (const Case& c : cases) {

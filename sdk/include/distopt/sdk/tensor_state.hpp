@@ -57,12 +57,15 @@ inline at::Tensor read_whole(const StateReader& r, const std::string& key) {
   return read_range(r, key, 0, info.numel(), to_scalar_type(info.dtype)).view(info.shape);
 }
 
-/// A step counter as this rank's own int64 scalar (RANK_LOCAL) under `key`.
+/// A step counter as this rank's own int64 scalar (0-d, RANK_LOCAL) under
+/// `key`. Throws what the writer throws (sdk::Error).
 inline void put_counter(StateWriter& w, const std::string& key, int64_t value) {
   put_local(w, key, at::full({}, value, at::kLong));
 }
 
-/// The counter put by put_counter, or `fallback` when the checkpoint has none.
+/// The counter put by put_counter, or `fallback` when the checkpoint has
+/// none (on another world size: saved rank (r mod saved world size)'s,
+/// state.h). Throws what the reader throws.
 inline int64_t read_counter(const StateReader& r, const std::string& key, int64_t fallback) {
   if (!r.find(key)) return fallback;
   return read_whole(r, key).item<int64_t>();
