@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include "config/inner_component.hpp"
@@ -28,6 +29,38 @@
 #include "optim/optimizer_builder.hpp"
 
 namespace distopt {
+
+namespace {
+
+// Autotuning's last stage: the job with its reducer flipped between `mean`
+// and `hierarchical` (both compute the exact mean; not with `inner:`, and
+// only when both plugins are found). Empty when that does not apply or the
+// flipped job is refused (logged).
+std::optional<optim::ComponentChoice> flat_or_hierarchical(const JobConfig& cfg,
+                                                           const PluginRegistry& registry,
+                                                           const optim::Resolver& resolve) {
+  const ComponentConfig& red = cfg.reducer;
+  if (!cfg.autotune.hierarchical || red.inner) return std::nullopt;
+  const char* other = red.name == "mean"           ? "hierarchical"
+                      : red.name == "hierarchical" ? "mean"
+                                                   : nullptr;
+  if (!other || !registry.find(DOPT_KIND_REDUCER, other)) return std::nullopt;
+  ComponentConfig flip;
+  flip.name = other;
+  flip.mark = red.mark;
+  flip.options = YAML::Node(YAML::NodeType::Map);
+  if (red.options.IsMap())  // the core's bucket options; not the other plugin's own
+    for (const OptionSpec& spec : bucket_option_specs())
+      if (red.options[spec.name]) flip.options[spec.name] = YAML::Clone(red.options[spec.name]);
+  try {
+    return resolve(cfg.algorithm, flip);
+  } catch (const std::exception& e) {
+    log(DOPT_LOG_DEBUG, "autotune", std::string("not trying ") + other + ": " + e.what());
+    return std::nullopt;
+  }
+}
+
+}  // namespace
 
 struct Runtime::Impl {
   JobConfig cfg;
@@ -315,9 +348,15 @@ DistributedOptimizer Runtime::make_optimizer(
     optim::use_components(b, b.schedule[0].choice);
     b.phase = 0;
   }
-  if (m.cfg.autotune.enabled)
-    b.tuner = std::make_shared<optim::Autotuner>(m.cfg.autotune,
-                                                 b.reducer_options->get_double("bucket_cap_mb"));
+  if (m.cfg.autotune.enabled) {
+    optim::ComponentChoice base;
+    base.reducer = b.reducer;
+    base.algorithm = b.algorithm;
+    base.reducer_options = std::make_shared<Options>(*b.reducer_options);
+    base.algorithm_options = std::make_shared<Options>(*b.algorithm_options);
+    b.tuner = std::make_shared<optim::Autotuner>(
+        m.cfg.autotune, std::move(base), flat_or_hierarchical(m.cfg, m.registry, b.resolve));
+  }
   b.optimizer_options = &m.validated.optimizer;
   b.optimizer_name = m.cfg.optimizer_name;
   b.precision = m.cfg.precision;

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Autotuning bucket_cap_mb (`autotune:`) on a poorly configured job: the cnn
+"""Autotuning the communication settings (`autotune:`) on a poorly configured job: the cnn
 on Fashion-MNIST with a bucket per parameter (bucket_cap_mb 0.0001), 2 local
 ranks, against the same job with fixed caps, measured in the same run. Rows
 run interleaved, `--repeat` times; the table gives medians of samples/s over
@@ -40,7 +40,7 @@ def run(cli, path, metrics):
     if r.returncode != 0:
         sys.exit(f"{path} failed:\n{r.stdout}\n{r.stderr}")
     summary = [json.loads(l) for l in open(metrics) if '"summary"' in l][-1]
-    chosen = re.findall(r"-> bucket_cap_mb (\S+)", r.stdout + r.stderr)
+    chosen = re.findall(r"-> (bucket_cap_mb [^(]*?) \(", r.stdout + r.stderr)
     return summary["samples_per_s"], chosen[-1] if chosen else "-"
 
 
@@ -65,7 +65,7 @@ def main():
     base = statistics.median(results[ROWS[0][0]])
     print(f"# cnn, {a.ranks} ranks, batch 64 per rank, {a.max_steps} steps, "
           f"medians of {a.repeat}")
-    print("| setting | samples/s | vs a bucket per parameter | cap chosen |")
+    print("| setting | samples/s | vs a bucket per parameter | setting chosen |")
     print("|---|---|---|---|")
     for name, _, _ in ROWS:
         m = statistics.median(results[name])

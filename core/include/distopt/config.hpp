@@ -94,13 +94,18 @@ struct JobConfig {
     bool divide_by_initial_world_size = false;
   } join;
   /// `autotune:` (Bagua's autotuning of communication settings): during the
-  /// first steps, try `trials` values of the reducer's bucket_cap_mb (the
-  /// configured one first, then 25, 4, 1, 100 MiB), `steps` steps each, and
-  /// keep the fastest (DistributedOptimizer::autotune_table). Off by default.
+  /// first steps, `steps` steps per setting, try `trials` values of the
+  /// reducer's bucket_cap_mb (the configured one first, then 25, 4, 1, 100
+  /// MiB), then the fastest with `overlap` flipped, then with the reducer
+  /// flipped between `mean` and `hierarchical` (only for those two reducers,
+  /// without `inner:`, and when the hierarchical plugin is found), and keep
+  /// the fastest (DistributedOptimizer::autotune_rows). Off by default.
   struct Autotune {
     bool enabled = false;
-    int64_t steps = 20;  ///< steps per setting (the first after a rebuild is not timed)
-    int64_t trials = 4;  ///< settings tried, 2..5
+    int64_t steps = 20;        ///< steps per setting (the first after a rebuild is not timed)
+    int64_t trials = 4;        ///< bucket_cap_mb values tried, 2..5
+    bool overlap = true;       ///< also try overlap flipped
+    bool hierarchical = true;  ///< also try mean <-> hierarchical where it applies
   } autotune;
   /// `app:`, the embedding program's own section: any YAML, not validated by
   /// distopt (a null node when absent). Read it through Runtime::config().app.

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,25 @@ class Tensor;  // <ATen/ATen.h>; callers of scale_loss include it
 namespace distopt {
 
 struct ComponentConfig;  // distopt/config.hpp: a {name, options} section
+
+/// One communication setting autotuning tries (`autotune:`, config.hpp).
+struct AutotuneSetting {
+  double bucket_cap_mb = 25;  ///< MiB per gradient bucket
+  bool overlap = true;        ///< reduce buckets during backward (else in step())
+  bool hierarchical = false;  ///< the `hierarchical` reducer (else flat `mean`)
+  bool operator==(const AutotuneSetting& o) const {
+    return bucket_cap_mb == o.bucket_cap_mb && overlap == o.overlap &&
+           hierarchical == o.hierarchical;
+  }
+  bool operator!=(const AutotuneSetting& o) const { return !(*this == o); }
+};
+
+/// A row of the autotuning table: a setting and the median seconds per step
+/// of the slowest rank while it ran.
+struct AutotuneRow {
+  AutotuneSetting setting;
+  double seconds = 0;
+};
 
 namespace optim {
 struct Access;  // core-internal access to the state (checkpoints)
@@ -187,11 +207,17 @@ class DistributedOptimizer {
 
   /// After tuning: (bucket_cap_mb, median seconds per step of the slowest
   /// rank) for every setting tried, in the order tried; empty before (and
-  /// after a resume that restored the choice without tuning).
+  /// after a resume that restored the choice without tuning). The whole
+  /// setting of each row is in autotune_rows().
   std::vector<std::pair<double, double>> autotune_table() const;
+  /// Same rows with the whole setting (overlap, hierarchical).
+  std::vector<AutotuneRow> autotune_rows() const;
   /// The bucket_cap_mb autotuning chose (MiB), or -1 while tuning / without
   /// `autotune:`. Saved in checkpoints: a resume applies it, no tuning again.
   double autotuned_bucket_cap_mb() const;
+  /// The whole setting autotuning chose; empty while tuning / without
+  /// `autotune:`. Saved in checkpoints like the cap.
+  std::optional<AutotuneSetting> autotuned_setting() const;
 
   uint64_t state_bytes() const;
   /// Bytes put on the wire from this rank since make_optimizer: the

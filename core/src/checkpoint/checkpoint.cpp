@@ -155,9 +155,14 @@ void resume_schedule_phase(DistributedOptimizer& opt, const Manifest& man,
 void resume_autotune(DistributedOptimizer& opt, const Manifest& man) {
   auto& m = optim::Access::of(opt);
   if (!m.build.tuner || man.autotune_bucket_cap_mb <= 0) return;
-  if (m.build.reducer_options->get_double("bucket_cap_mb") != man.autotune_bucket_cap_mb)
-    optim::rebuild_with_bucket_cap(opt, man.autotune_bucket_cap_mb);
-  optim::Access::of(opt).build.tuner->restore(man.autotune_bucket_cap_mb);
+  AutotuneSetting s;
+  s.bucket_cap_mb = man.autotune_bucket_cap_mb;
+  s.overlap = man.autotune_overlap < 0 ? m.build.reducer_options->get_bool("overlap")
+                                       : man.autotune_overlap != 0;
+  s.hierarchical = man.autotune_hierarchical < 0 ? m.build.reducer.name == "hierarchical"
+                                                 : man.autotune_hierarchical != 0;
+  std::shared_ptr<optim::Autotuner> tuner = m.build.tuner;  // the rebuild copies the build
+  tuner->restore(opt, s);
 }
 
 }  // namespace

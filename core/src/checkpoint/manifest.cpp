@@ -65,6 +65,8 @@ std::string Manifest::to_json() const {
             {"schedule_phase", schedule_phase},
             {"epoch", epoch},
             {"autotune_bucket_cap_mb", autotune_bucket_cap_mb},
+            {"autotune_overlap", autotune_overlap},
+            {"autotune_hierarchical", autotune_hierarchical},
             {"shards", shards_j}};
   return j.dump(2) + "\n";
 }
@@ -95,6 +97,8 @@ Manifest Manifest::from_json(const std::string& text, const std::string& file) {
     m.schedule_phase = j.value("schedule_phase", -1);
     m.epoch = j.value("epoch", int64_t{0});
     m.autotune_bucket_cap_mb = j.value("autotune_bucket_cap_mb", -1.0);
+    m.autotune_overlap = j.value("autotune_overlap", -1);
+    m.autotune_hierarchical = j.value("autotune_hierarchical", -1);
     for (const json& s : j.at("shards"))
       m.shards.push_back({s.at("rank").get<int>(), s.at("file").get<std::string>(),
                           s.at("bytes").get<uint64_t>(), s.at("crc32").get<uint32_t>()});

@@ -42,7 +42,10 @@ struct Manifest {
   int schedule_phase = -1;
   int64_t epoch = 0;
   double autotune_bucket_cap_mb = -1;  ///< autotuning's choice (-1: none)
-  std::vector<ShardRecord> shards;     ///< one per rank, in rank order
+  /// The rest of autotuning's choice (-1: none; manifests before they were
+  /// tuned: the job's own setting).
+  int autotune_overlap = -1, autotune_hierarchical = -1;
+  std::vector<ShardRecord> shards;  ///< one per rank, in rank order
 
   std::string to_json() const;
   /// Parse and validate (format, one shard per rank). `file` is named in errors.

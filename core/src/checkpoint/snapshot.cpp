@@ -113,7 +113,11 @@ Manifest describe(DistributedOptimizer& opt, int world_size) {
   out.group_lr = m.lr_set;
   out.schedule_phase = m.build.phase;
   out.epoch = m.epoch;
-  out.autotune_bucket_cap_mb = opt.autotuned_bucket_cap_mb();
+  if (const auto tuned = opt.autotuned_setting()) {
+    out.autotune_bucket_cap_mb = tuned->bucket_cap_mb;
+    out.autotune_overlap = tuned->overlap;
+    out.autotune_hierarchical = tuned->hierarchical;
+  }
   out.precision = precision_dtype_name(m.build.precision.dtype);
   if (m.scaler) {
     out.has_loss_scale = true;

@@ -361,8 +361,10 @@ class Parser {
     if (!s.IsDefined()) return;
     cfg.autotune.enabled = true;
     if (!s.IsNull()) {
-      check_keys(s, "autotune", {"enabled", "steps", "trials"});
+      check_keys(s, "autotune", {"enabled", "steps", "trials", "overlap", "hierarchical"});
       get_bool(s, "enabled", "autotune.enabled", cfg.autotune.enabled);
+      get_bool(s, "overlap", "autotune.overlap", cfg.autotune.overlap);
+      get_bool(s, "hierarchical", "autotune.hierarchical", cfg.autotune.hierarchical);
       get_int(s, "steps", "autotune.steps", 3, kHuge, cfg.autotune.steps);
       get_int(s, "trials", "autotune.trials", 2, 5, cfg.autotune.trials);
     }

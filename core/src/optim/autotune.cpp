@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "distopt/host_api.hpp"
 #include "optim/optimizer_impl.hpp"
@@ -18,39 +19,62 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
+std::string describe(const AutotuneSetting& s) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "bucket_cap_mb %g, overlap %s%s", s.bucket_cap_mb,
+                s.overlap ? "on" : "off", s.hierarchical ? ", hierarchical" : "");
   return buf;
 }
 
 }  // namespace
 
-void rebuild_with_bucket_cap(DistributedOptimizer& opt, double cap_mb) {
-  DistributedOptimizer::Impl& m = Access::of(opt);
-  ComponentChoice c;
-  c.reducer = m.build.reducer;
-  c.algorithm = m.build.algorithm;
-  c.reducer_options =
-      std::make_shared<Options>(m.build.reducer_options->with("bucket_cap_mb", cap_mb));
-  c.algorithm_options = std::make_shared<Options>(*m.build.algorithm_options);
-  OptimizerBuild b = m.build;
-  use_components(b, c);
-  rebuild(opt, std::move(b), nullptr, "autotune");
-}
-
-Autotuner::Autotuner(const JobConfig::Autotune& cfg, double configured) : cfg_(cfg) {
-  for (double c : {configured, 25.0, 4.0, 1.0, 100.0})
-    if (candidates_.size() < static_cast<size_t>(cfg_.trials) &&
-        std::find(candidates_.begin(), candidates_.end(), c) == candidates_.end())
-      candidates_.push_back(c);
-  times_.resize(candidates_.size());
+Autotuner::Autotuner(const JobConfig::Autotune& cfg, ComponentChoice base,
+                     std::optional<ComponentChoice> flat_or_hier)
+    : cfg_(cfg), base_(std::move(base)), flipped_(std::move(flat_or_hier)) {
+  base_hierarchical_ = base_.reducer.name == "hierarchical";
+  current_.bucket_cap_mb = base_.reducer_options->get_double("bucket_cap_mb");
+  current_.overlap = base_.reducer_options->get_bool("overlap");
+  current_.hierarchical = base_hierarchical_;
+  for (double c : {current_.bucket_cap_mb, 25.0, 4.0, 1.0, 100.0}) {
+    AutotuneSetting s = current_;
+    s.bucket_cap_mb = c;
+    if (queue_.size() < static_cast<size_t>(cfg_.trials) &&
+        std::find(queue_.begin(), queue_.end(), s) == queue_.end())
+      queue_.push_back(s);
+  }
+  std::reverse(queue_.begin(), queue_.end());  // run from the back
+  rows_.push_back({queue_.back(), {}, -1});
+  queue_.pop_back();
   last_ = std::chrono::steady_clock::now();
 }
 
-void Autotuner::restore(double chosen) {
+void Autotuner::apply(DistributedOptimizer& opt, const AutotuneSetting& s) {
+  DistributedOptimizer::Impl& m = Access::of(opt);
+  const ComponentChoice& from = s.hierarchical == base_hierarchical_ ? base_ : *flipped_;
+  ComponentChoice c = from;
+  c.reducer_options = std::make_shared<Options>(
+      from.reducer_options->with("bucket_cap_mb", s.bucket_cap_mb).with("overlap", s.overlap));
+  OptimizerBuild b = m.build;
+  use_components(b, c);
+  rebuild(opt, std::move(b), nullptr, "autotune");
+  current_ = s;
+}
+
+void Autotuner::restore(DistributedOptimizer& opt, const AutotuneSetting& chosen) {
+  AutotuneSetting s = chosen;
+  if (s.hierarchical != base_hierarchical_ && !flipped_) s.hierarchical = base_hierarchical_;
+  if (s != current_) apply(opt, s);
+  rows_.clear();
+  queue_.clear();
   done_ = true;
-  chosen_ = chosen;
+  chosen_ = s;
+}
+
+std::vector<AutotuneRow> Autotuner::table() const {
+  std::vector<AutotuneRow> t;
+  if (!done_) return t;
+  for (const Row& r : rows_) t.push_back({r.setting, r.slowest});
+  return t;
 }
 
 void Autotuner::after_step(DistributedOptimizer& opt) {
@@ -58,43 +82,74 @@ void Autotuner::after_step(DistributedOptimizer& opt) {
   const auto now = std::chrono::steady_clock::now();
   // The first step of a setting pays its rebuild and first-touch costs.
   if (steps_in_trial_ > 0)
-    times_[trial_].push_back(std::chrono::duration<double>(now - last_).count());
+    rows_.back().seconds.push_back(std::chrono::duration<double>(now - last_).count());
   last_ = now;
   if (++steps_in_trial_ < cfg_.steps) return;
   steps_in_trial_ = 0;
-  if (++trial_ < candidates_.size()) {
-    rebuild_with_bucket_cap(opt, candidates_[trial_]);
-  } else {
-    decide(opt);
+  if (queue_.empty()) start_next_stage(opt);
+  if (!done_) {
+    rows_.push_back({queue_.back(), {}, -1});
+    queue_.pop_back();
+    apply(opt, rows_.back().setting);
   }
   last_ = std::chrono::steady_clock::now();  // the rebuild is not a step
 }
 
-void Autotuner::decide(DistributedOptimizer& opt) {
+// The slowest rank sets the pace: MAX over ranks of the medians not yet
+// shared, one collective, the same table (and so the same choice) everywhere.
+void Autotuner::share_medians(DistributedOptimizer& opt) {
   DistributedOptimizer::Impl& m = Access::of(opt);
-  // The slowest rank sets the pace: MAX over ranks, one collective for the
-  // table, the same table (and so the same choice) everywhere.
   std::vector<float> med;
-  for (const auto& t : times_) med.push_back(static_cast<float>(median(t)));
+  for (const Row& r : rows_)
+    if (r.slowest < 0) med.push_back(static_cast<float>(median(r.seconds)));
   if (m.world_size > 1)
     m.allreduce_floats(med.data(), static_cast<int64_t>(med.size()), DOPT_REDUCE_MAX,
                        "autotune: step times, MAX");
+  size_t k = 0;
+  for (Row& r : rows_)
+    if (r.slowest < 0) r.slowest = med[k++];
+}
+
+size_t Autotuner::best_row() const {
   size_t best = 0;
-  for (size_t i = 1; i < med.size(); ++i)
-    if (med[i] < med[best]) best = i;
-  table_.clear();
-  std::string text;
-  for (size_t i = 0; i < med.size(); ++i) {
-    table_.emplace_back(candidates_[i], med[i]);
-    text += (i ? "; " : "") + fmt("bucket_cap_mb %g: ", candidates_[i]) +
-            fmt("%.2f ms/step", 1e3 * med[i]);
+  for (size_t i = 1; i < rows_.size(); ++i)
+    if (rows_[i].slowest < rows_[best].slowest) best = i;
+  return best;
+}
+
+// Coordinate descent: each stage flips one setting of the best so far.
+void Autotuner::start_next_stage(DistributedOptimizer& opt) {
+  share_medians(opt);
+  const AutotuneSetting best = rows_[best_row()].setting;
+  while (queue_.empty() && stage_ < 2) {
+    ++stage_;
+    AutotuneSetting s = best;
+    if (stage_ == 1 && cfg_.overlap) {
+      s.overlap = !s.overlap;
+      queue_.push_back(s);
+    } else if (stage_ == 2 && cfg_.hierarchical && flipped_) {
+      s.hierarchical = !s.hierarchical;
+      queue_.push_back(s);
+    }
   }
+  if (!queue_.empty()) return;
   done_ = true;
-  chosen_ = candidates_[best];
-  if (best + 1 != candidates_.size()) rebuild_with_bucket_cap(opt, chosen_);
+  chosen_ = best;
+  if (chosen_ != current_) apply(opt, chosen_);
+  log_decision(opt);
+}
+
+void Autotuner::log_decision(DistributedOptimizer& opt) const {
+  DistributedOptimizer::Impl& m = Access::of(opt);
+  std::string text;
+  char ms[32];
+  for (const Row& r : rows_) {
+    std::snprintf(ms, sizeof ms, ": %.2f ms/step", 1e3 * r.slowest);
+    text += (text.empty() ? "" : "; ") + describe(r.setting) + ms;
+  }
   log(m.build.common.rank == 0 ? DOPT_LOG_INFO : DOPT_LOG_DEBUG, "autotune",
-      text + " -> bucket_cap_mb " + fmt("%g", chosen_) + " (" +
-          std::to_string(Access::of(opt).buckets->num_buckets()) + " buckets)");
+      text + " -> " + describe(chosen_) + " (" + std::to_string(m.buckets->num_buckets()) +
+          " buckets)");
 }
 
 }  // namespace distopt::optim

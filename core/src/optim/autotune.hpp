@@ -1,57 +1,70 @@
 // Private: autotuning the communication settings while training (Bagua's
 // report_metrics / ask_and_update_hyperparameters, done in-process). The
-// tuner tries bucket_cap_mb values for `steps` steps each, times every step
-// on every rank, takes for each setting the median step time of the slowest
-// rank (one MAX allreduce of the table once every setting has run; every
-// rank then picks the same winner), and rebuilds the buckets with the
-// fastest through the rebuild protocol that switching uses.
+// tuner times `steps` steps per setting on every rank and searches one
+// setting at a time (coordinate descent): first `trials` bucket_cap_mb
+// values, then overlap flipped, then the `hierarchical` reducer flipped
+// (where the job offers it, see Autotuner). After each stage one MAX
+// allreduce of the new medians gives every rank the same table, so every
+// rank picks the same setting; the winner is rebuilt through the rebuild
+// protocol that switching uses.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <utility>
+#include <optional>
 #include <vector>
 
 #include "distopt/config.hpp"
-
-namespace distopt {
-class DistributedOptimizer;
-}
+#include "distopt/distributed_optimizer.hpp"
+#include "optim/optimizer_builder.hpp"
 
 namespace distopt::optim {
 
 class Autotuner {
  public:
-  /// `configured`: the job's bucket_cap_mb, tried first.
-  Autotuner(const JobConfig::Autotune& cfg, double configured);
+  /// `base`: the job's components (its settings are tried first).
+  /// `flat_or_hier`: the same job with the reducer flipped between `mean`
+  /// and `hierarchical` (resolved and validated by the caller), or empty
+  /// when that stage does not apply.
+  Autotuner(const JobConfig::Autotune& cfg, ComponentChoice base,
+            std::optional<ComponentChoice> flat_or_hier);
   /// After every step: time it, and move to the next setting or decide.
   /// Collective when it rebuilds or decides (every rank steps alike).
   void after_step(DistributedOptimizer& opt);
   bool done() const { return done_; }
   /// The winner (valid once done).
-  double chosen() const { return chosen_; }
-  /// (bucket_cap_mb, median seconds per step of the slowest rank) per setting tried.
-  const std::vector<std::pair<double, double>>& table() const { return table_; }
-  /// A checkpoint's choice: done, with that value (applied by the caller).
-  void restore(double chosen);
+  const AutotuneSetting& chosen() const { return chosen_; }
+  /// Every setting tried, in order, with the slowest rank's median seconds
+  /// per step; empty while tuning and after restore().
+  std::vector<AutotuneRow> table() const;
+  /// A checkpoint's choice: rebuild `opt` with it when it is not the
+  /// current setting, and tune no more. Collective when it rebuilds.
+  void restore(DistributedOptimizer& opt, const AutotuneSetting& chosen);
 
  private:
-  void rebuild_with(DistributedOptimizer& opt, double cap_mb);
-  void decide(DistributedOptimizer& opt);
+  struct Row {
+    AutotuneSetting setting;
+    std::vector<double> seconds;  // this rank's timed steps
+    double slowest = -1;          // median of the slowest rank, once shared
+  };
+  void apply(DistributedOptimizer& opt, const AutotuneSetting& s);
+  void start_next_stage(DistributedOptimizer& opt);
+  void share_medians(DistributedOptimizer& opt);
+  size_t best_row() const;
+  void log_decision(DistributedOptimizer& opt) const;
 
   JobConfig::Autotune cfg_;
-  std::vector<double> candidates_;
-  size_t trial_ = 0;
+  ComponentChoice base_;
+  std::optional<ComponentChoice> flipped_;
+  bool base_hierarchical_ = false;
+  int stage_ = 0;                       // 0 caps, 1 overlap, 2 hierarchical
+  std::vector<AutotuneSetting> queue_;  // settings of this stage not yet run
+  std::vector<Row> rows_;
+  AutotuneSetting current_;
   int64_t steps_in_trial_ = 0;
-  std::vector<std::vector<double>> times_;  // per trial, seconds per timed step
   std::chrono::steady_clock::time_point last_;
   bool done_ = false;
-  double chosen_ = 0;
-  std::vector<std::pair<double, double>> table_;
+  AutotuneSetting chosen_;
 };
-
-/// Rebuild `opt` with the reducer option bucket_cap_mb = `cap_mb` (same
-/// components, state kept). Collective.
-void rebuild_with_bucket_cap(DistributedOptimizer& opt, double cap_mb);
 
 }  // namespace distopt::optim

@@ -275,13 +275,24 @@ void DistributedOptimizer::step() {
 }
 
 std::vector<std::pair<double, double>> DistributedOptimizer::autotune_table() const {
-  return impl_->build.tuner ? impl_->build.tuner->table()
-                            : std::vector<std::pair<double, double>>{};
+  std::vector<std::pair<double, double>> t;
+  for (const AutotuneRow& r : autotune_rows()) t.emplace_back(r.setting.bucket_cap_mb, r.seconds);
+  return t;
+}
+
+std::vector<AutotuneRow> DistributedOptimizer::autotune_rows() const {
+  return impl_->build.tuner ? impl_->build.tuner->table() : std::vector<AutotuneRow>{};
 }
 
 double DistributedOptimizer::autotuned_bucket_cap_mb() const {
+  const auto s = autotuned_setting();
+  return s ? s->bucket_cap_mb : -1;
+}
+
+std::optional<AutotuneSetting> DistributedOptimizer::autotuned_setting() const {
   const auto& t = impl_->build.tuner;
-  return t && t->done() ? t->chosen() : -1;
+  if (t && t->done()) return t->chosen();
+  return std::nullopt;
 }
 
 int64_t DistributedOptimizer::join() {
