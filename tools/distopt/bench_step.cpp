@@ -6,6 +6,10 @@
 // moved by a step: Adam 28 (read p, g, m, v; write p, m, v), SGD with
 // momentum 20; the floor is bytes / copy bandwidth (a copy moves 8 bytes per
 // fp32 element: read + write).
+// --hybrid adds the `hybrid` algorithm (Megatron HybridDeviceOptimizer) at
+// offload_fraction 0, 0.5 and 1 with overlap_cpu_optimizer_d2h_h2d on and
+// off. On a CPU-only machine its "device" is the CPU: the rows show the cost
+// of the host copies and the pipeline, not a GPU's; GPU rows need a GPU.
 #include <ATen/Parallel.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -54,6 +58,7 @@ int distopt_bench_step(int argc, char** argv) {
   int tensors = 256, iters = 10;
   double total_m = 25;
   std::string optimizer = "adam", plugin_dir;
+  bool hybrid = false;
   po::options_description desc("distopt bench step: unfused vs fused inner-optimizer step");
   desc.add_options()("help,h", "this help")("tensors", po::value(&tensors)->default_value(256),
                                             "parameter tensors")(
@@ -61,7 +66,9 @@ int distopt_bench_step(int argc, char** argv) {
       "optimizer", po::value(&optimizer)->default_value("adam"),
       "adam, adamw or sgd (momentum 0.9)")("iters", po::value(&iters)->default_value(10),
                                            "timed steps (median reported)")(
-      "plugin-path,P", po::value(&plugin_dir), "also search DIR for the fused/mean/tcp plugins");
+      "plugin-path,P", po::value(&plugin_dir), "also search DIR for the fused/mean/tcp plugins")(
+      "hybrid", po::bool_switch(&hybrid),
+      "also time the hybrid algorithm at offload_fraction 0, 0.5, 1, overlap on and off");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   po::notify(vm);
@@ -111,20 +118,34 @@ int distopt_bench_step(int argc, char** argv) {
     opt = std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(1e-3).momentum(0.9));
   const double t_unfused = median_seconds(iters, [&] { opt->step(); });
 
-  // Fused: the real plugin through the runtime (world size 1: the mean
-  // reducer's bucket reduction is a no-op; step() includes it).
-  std::ostringstream y;
-  y << "plugins: {paths: [" << (plugin_dir.empty() ? "" : "'" + plugin_dir + "'") << "]}\n"
-    << "world: {size: 1}\ncommunicator: {name: tcp}\nreducer: {name: mean}\n"
-    << "algorithm: {name: fused}\noptimizer: {name: " << optimizer << ", lr: 1.0e-3"
-    << (optimizer == "sgd" ? ", momentum: 0.9" : "") << "}\n";
-  distopt::ProcessInfo proc;
-  proc.source = "bench";
-  auto rt =
-      distopt::Runtime::from_config(distopt::parse_job_config(y.str(), "bench-step.yaml"), proc);
-  auto dopt = rt.make_optimizer(b);
-  for (auto& [name, p] : b) p.grad().normal_();
-  const double t_fused = median_seconds(iters, [&] { dopt.step(); });
+  // An algorithm through the real runtime and plugin on a fresh copy of the
+  // parameters (world size 1: the mean reducer's bucket reduction is a
+  // no-op; step() includes it).
+  auto time_algorithm = [&](const std::string& algorithm) {
+    std::ostringstream y;
+    y << "plugins: {paths: [" << (plugin_dir.empty() ? "" : "'" + plugin_dir + "'") << "]}\n"
+      << "world: {size: 1}\ncommunicator: {name: tcp}\nreducer: {name: mean}\n"
+      << "algorithm: " << algorithm << "\noptimizer: {name: " << optimizer << ", lr: 1.0e-3"
+      << (optimizer == "sgd" ? ", momentum: 0.9" : "") << "}\n";
+    std::vector<std::pair<std::string, at::Tensor>> c;
+    for (auto& [name, p] : b) c.emplace_back(name, p.detach().clone().set_requires_grad(true));
+    distopt::ProcessInfo proc;
+    proc.source = "bench";
+    auto rt =
+        distopt::Runtime::from_config(distopt::parse_job_config(y.str(), "bench-step.yaml"), proc);
+    auto dopt = rt.make_optimizer(c);
+    for (auto& [name, p] : c) p.grad().normal_();
+    return median_seconds(iters, [&] { dopt.step(); });
+  };
+  const double t_fused = time_algorithm("{name: fused}");
+  std::vector<std::pair<std::string, double>> hybrid_rows;
+  if (hybrid)
+    for (const char* f : {"0", "0.5", "1"})
+      for (const char* overlap : {"false", "true"})
+        hybrid_rows.emplace_back(
+            std::string("hybrid f=") + f + (overlap[0] == 't' ? " ovl" : " seq"),
+            time_algorithm(std::string("{name: hybrid, options: {offload_fraction: ") + f +
+                           ", overlap_cpu_optimizer_d2h_h2d: " + overlap + "}}"));
 
   const double bytes_per = optimizer == "sgd" ? 20.0 : 28.0;
   const double floor_s = bytes_per * n / (copy_gbs * 1e9);
@@ -134,13 +155,18 @@ int distopt_bench_step(int argc, char** argv) {
       iters);
   std::printf("copy bandwidth: %.2f GB/s (read+write); floor = %.0f B/elem / copy bw = %.2f ms\n",
               copy_gbs, bytes_per, floor_s * 1e3);
-  std::printf("%-10s %12s %10s %14s %12s\n", "variant", "ms/step", "GB/s", "x floor time",
+  std::printf("%-16s %12s %10s %14s %12s\n", "variant", "ms/step", "GB/s", "x floor time",
               "speedup");
   auto row = [&](const char* name, double t) {
-    std::printf("%-10s %12.2f %10.2f %14.2f %12.2f\n", name, t * 1e3, bytes_per * n / t / 1e9,
+    std::printf("%-16s %12.2f %10.2f %14.2f %12.2f\n", name, t * 1e3, bytes_per * n / t / 1e9,
                 t / floor_s, t_unfused / t);
   };
   row("unfused", t_unfused);
   row("fused", t_fused);
+  for (const auto& [name, t] : hybrid_rows) row(name.c_str(), t);
+  if (hybrid)
+    std::printf(
+        "hybrid: CPU-only rows (the \"device\" is the CPU; ovl = overlap on, seq = off). GPU "
+        "rows (device step, D2H/H2D on streams, GPU memory saved) are missing: no GPU.\n");
   return 0;
 }

@@ -1,0 +1,59 @@
+// The copy queues of `hybrid`: gradients device-to-host (D2H) and updated
+// parameters host-to-device (H2D), one chunk (parameter) at a time, each with
+// its own completion so that the host step of chunk i runs while chunk i+1
+// is still being copied (Megatron-LM's HybridDeviceOptimizer: one CUDA side
+// stream per direction and one event per chunk).
+//
+// What exists: HostTransfer, for parameters in host memory (this project's
+// CPU machines: the "device" is the CPU too, the copies are host copies).
+// With overlap it runs the queued work on its own thread (sdk::SerialWorker),
+// in submission order; without, it runs the work inline. The same chunking,
+// per-chunk completion and copy-back run in both, so on the CPU the pipeline
+// is exercised and tested; only the copy engine differs on a GPU.
+// NOT BUILT: a CUDA implementation (work issued on a side stream with
+// non_blocking copies, one cudaEvent per submit, completion = the event).
+// The libtorch here (Debian 1.13) is CPU-only, without c10/cuda headers, and
+// no GPU was available. CUDA parameters go through HostTransfer too: each
+// copy_ between CUDA and (pinned) host memory is synchronous on the calling
+// thread's current stream, so it is ordered after the work queued there but
+// the copies do not overlap device compute. UNVERIFIED: never run on a GPU.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "distopt/sdk/request.hpp"
+#include "distopt/sdk/serial_worker.hpp"
+
+namespace distopt::plugins::hybrid {
+
+/// One ordered queue of copy work between the parameters' memory and host memory.
+class Transfer {
+ public:
+  virtual ~Transfer() = default;
+  /// Queue `work` (copies of one chunk, possibly a check) behind the work
+  /// submitted before; returns a completion that fires once it has run:
+  /// DOPT_OK, or the status of the sdk::Error it threw (DOPT_ERR_INTERNAL for
+  /// another exception) with "<label>: <what>". The caller keeps what `work`
+  /// references alive until the completion fired, also on error paths.
+  /// Called from the training thread only.
+  virtual std::shared_ptr<sdk::Completion> submit(std::function<void()> work,
+                                                  std::string label) = 0;
+};
+
+/// Transfer for host-memory parameters. overlap: work runs on one worker
+/// thread (in order); otherwise inline in submit (completed on return).
+/// Destruction waits for the running work and aborts queued work.
+class HostTransfer : public Transfer {
+ public:
+  /// `who` prefixes the worker's error messages ("hybrid d2h").
+  HostTransfer(const std::string& who, bool overlap);
+  std::shared_ptr<sdk::Completion> submit(std::function<void()> work, std::string label) override;
+
+ private:
+  std::string who_;
+  std::unique_ptr<sdk::SerialWorker> worker_;  // null without overlap; last member
+};
+
+}  // namespace distopt::plugins::hybrid
