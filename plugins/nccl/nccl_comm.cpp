@@ -2,6 +2,8 @@
 // checks; the launching is Core's (core.cpp).
 #include "nccl_comm.hpp"
 
+#include <algorithm>
+
 #include "bootstrap.hpp"
 #include "distopt/sdk/traffic.hpp"
 

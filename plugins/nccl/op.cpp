@@ -66,13 +66,8 @@ bool Op::poll(const Api& a) {
   return true;
 }
 
-OpRequest::OpRequest(const Api& a, std::shared_ptr<Op> op, int device, int64_t timeout_ms,
-                     std::function<void()> flush)
-    : a_(a),
-      op_(std::move(op)),
-      device_(device),
-      timeout_ms_(timeout_ms),
-      flush_(std::move(flush)) {}
+OpRequest::OpRequest(const Api& a, std::shared_ptr<Op> op, int device, std::function<void()> flush)
+    : a_(a), op_(std::move(op)), device_(device), flush_(std::move(flush)) {}
 
 void OpRequest::ensure_launched() {
   if (flush_ && !op_->is_launched()) flush_();

@@ -138,9 +138,10 @@ TEST_CASE("create: a missing library, or no device, is UNSUPPORTED on every rank
         2,
         [&](int me) {
           use_standin();
-          setenv("DISTOPT_STANDIN_DEVICES", "0", 1);
-          // Rank 1 would wait timeout_s (600 s) for the id if rank 0 did not
-          // publish its failure: the fork timeout below is much shorter.
+          // Rank 0 has no device, rank 1 has one: rank 1 would wait
+          // timeout_s (600 s) for the id if rank 0 did not publish its
+          // failure (the fork timeout below is much shorter).
+          setenv("DISTOPT_STANDIN_DEVICES", me == 0 ? "0" : "1", 1);
           auto [st, msg] = error_of([&] { make_endpoint("nccl", me, 2, port); });
           if (st != DOPT_ERR_UNSUPPORTED) return 2;
           if (!has(msg, "cudaErrorNoDevice")) return 3;

@@ -269,7 +269,7 @@ std::string dl_device_name(int32_t t) {
       return "kDLExtDev";
     case kDLCUDAManaged:
       return "kDLCUDAManaged";
-    case kDLOneAPI:
+    case 14:  // kDLOneAPI, in newer DLPack headers than some builds have
       return "kDLOneAPI";
   }
   return "device type " + std::to_string(t);

@@ -144,8 +144,7 @@ typedef struct dopt_communicator_v1 {
 /** The ABI 1.0 - 1.3 size (up to `request_free`). */
 #define DOPT_COMMUNICATOR_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_communicator_v1, request_free)
 /** The ABI 1.4 size (up to `stream_wait`). */
-#define DOPT_COMMUNICATOR_V1_4_STRUCT_SIZE \
-  DOPT_STRUCT_SIZE_UPTO(dopt_communicator_v1, stream_wait)
+#define DOPT_COMMUNICATOR_V1_4_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_communicator_v1, stream_wait)
 
 /** A communicator instance together with its vtable, as handed to reducers
  * and algorithms (borrowed: the host owns it and outlives them). */
