@@ -54,6 +54,16 @@ bool CommRequest::test() {
   return done != 0;
 }
 
+void CommRequest::stream_wait(void* stream) {
+  if (!req_) return;
+  if (!DOPT_HAS_FIELD(vt_, dopt_communicator_v1, stream_wait) || !vt_->stream_wait) {
+    wait();  // ABI < 1.4: host-memory work only
+    return;
+  }
+  dopt_status st = vt_->stream_wait(req_, stream);
+  if (st < 0) throw_request_failure(st, what_);
+}
+
 Communicator::Communicator(const ComponentInfo& info, const dopt_create_args& args,
                            const CollectiveCheck& check)
     : info_(info), vt_(static_cast<const dopt_communicator_v1*>(info.vtable)) {
@@ -88,6 +98,26 @@ Communicator::~Communicator() {
 int Communicator::rank() const { return vt_->rank(comm_); }
 int Communicator::world_size() const { return vt_->world_size(comm_); }
 
+void Communicator::set_stream(void* stream) {
+  if (!DOPT_HAS_FIELD(vt_, dopt_communicator_v1, set_stream) || !vt_->set_stream)
+    throw ComponentError(DOPT_ERR_UNSUPPORTED, info_.name, "set_stream",
+                         "communicator '" + info_.name + "' has no device streams (it accepts " +
+                             devices_text(devices()) + " memory)");
+  take_last_error();
+  check_status(vt_->set_stream(comm_, stream), info_.name, "set_stream");
+}
+
+void Communicator::check_device(const DLTensor& t, const char* op) const {
+  const int32_t type = t.device.device_type;
+  if (type >= 0 && type < 32 && (info_.devices & DOPT_DEVICE_BIT(type))) return;
+  throw ComponentError(DOPT_ERR_UNSUPPORTED, info_.name, op,
+                       "communicator '" + info_.name + "' does not accept " + dl_device_name(type) +
+                           " memory (it declares " + devices_text(info_.devices) +
+                           "); copy the tensor to a device it accepts or choose a communicator "
+                           "that declares " +
+                           dl_device_name(type));
+}
+
 #define DISTOPT_ISSUE(OPNAME, CALL)                          \
   do {                                                       \
     dopt_request* req = nullptr;                             \
@@ -97,21 +127,30 @@ int Communicator::world_size() const { return vt_->world_size(comm_); }
   } while (0)
 
 CommRequest Communicator::allreduce(const DLTensor& send, DLTensor& recv, dopt_reduce_op op) {
+  check_device(send, "allreduce");
+  check_device(recv, "allreduce");
   DISTOPT_ISSUE("allreduce", vt_->allreduce(comm_, &send, &recv, op, &req));
 }
 CommRequest Communicator::reduce_scatter(const DLTensor& send, DLTensor& recv, dopt_reduce_op op) {
+  check_device(send, "reduce_scatter");
+  check_device(recv, "reduce_scatter");
   DISTOPT_ISSUE("reduce_scatter", vt_->reduce_scatter(comm_, &send, &recv, op, &req));
 }
 CommRequest Communicator::allgather(const DLTensor& send, DLTensor& recv) {
+  check_device(send, "allgather");
+  check_device(recv, "allgather");
   DISTOPT_ISSUE("allgather", vt_->allgather(comm_, &send, &recv, &req));
 }
 CommRequest Communicator::broadcast(DLTensor& buf, int root) {
+  check_device(buf, "broadcast");
   DISTOPT_ISSUE("broadcast", vt_->broadcast(comm_, &buf, root, &req));
 }
 CommRequest Communicator::send(const DLTensor& buf, int peer, int tag) {
+  check_device(buf, "send");
   DISTOPT_ISSUE("send", vt_->send(comm_, &buf, peer, tag, &req));
 }
 CommRequest Communicator::recv(DLTensor& buf, int peer, int tag) {
+  check_device(buf, "recv");
   DISTOPT_ISSUE("recv", vt_->recv(comm_, &buf, peer, tag, &req));
 }
 CommRequest Communicator::barrier() { DISTOPT_ISSUE("barrier", vt_->barrier(comm_, &req)); }

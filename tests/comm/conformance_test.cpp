@@ -12,12 +12,20 @@ using namespace distopt::test;
 
 namespace {
 
+/// The communicators that accept host memory (this suite's tensors are
+/// kDLCPU; a device-only one, e.g. nccl, has its own tests in tests/nccl).
 std::vector<std::string> communicators() {
   PluginRegistry reg;
   reg.discover({plugin_dir()});
   std::vector<std::string> names;
-  for (const auto& c : reg.components())
-    if (c.kind == DOPT_KIND_COMMUNICATOR) names.push_back(c.name);
+  for (const auto& c : reg.components()) {
+    if (c.kind != DOPT_KIND_COMMUNICATOR) continue;
+    if (c.devices & DOPT_DEVICE_BIT(kDLCPU))
+      names.push_back(c.name);
+    else
+      MESSAGE("skipping communicator '" << c.name << "': it accepts " << devices_text(c.devices)
+                                        << " memory only");
+  }
   return names;
 }
 

@@ -90,7 +90,8 @@ TEST_CASE("DOPT_PLUGIN fills the plugin info and component table") {
   CHECK(info.components[0].kind == DOPT_KIND_REDUCER);
   CHECK(std::string(info.components[0].name) == "testred");
   CHECK(info.components[0].num_options == 1);
-  CHECK(info.components[0].struct_size == DOPT_COMPONENT_V1_2_STRUCT_SIZE);
+  CHECK(info.components[0].struct_size == DOPT_COMPONENT_V1_4_STRUCT_SIZE);
+  CHECK(info.components[0].devices == 0);  // no static `devices`: kDLCPU only
   CHECK(info.components[0].traits == DOPT_TRAIT_EXACT_MEAN);
   CHECK((info.components[0].check_job == nullptr));  // the class has no check_job
   CHECK(info.components[1].traits == 0);

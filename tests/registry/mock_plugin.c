@@ -18,6 +18,12 @@
  *                     laid out as 1.1 declared them (no traits / check_job,
  *                     no option flags), two components with options; must
  *                     load, with inclusive bounds, and check
+ *   MOCK_ABI_1_3      an ABI 1.3 build: dopt_component without `devices`
+ *                     (communicator and reducer "mock_v13"); must load with
+ *                     host memory only (kDLCPU)
+ *   MOCK_DEVICES      an ABI 1.4 build declaring devices: communicator
+ *                     "mock_cuda" (kDLCUDA only) and reducer "mock_cuda"
+ *                     (kDLCPU and kDLCUDA)
  *
  * The good variant is an ABI 1.2 build: the reducer "mock" declares the
  * exact-mean trait and an open bound (ratio in (0, 1]); the algorithm "mock"
@@ -304,6 +310,41 @@ static const component_v1_1 k_components[] = {
 };
 #define COMPONENTS ((const dopt_component*)(const void*)k_components)
 #define NUM_COMPONENTS 2
+#elif defined(MOCK_ABI_1_3)
+/* dopt_component exactly as the ABI 1.2 / 1.3 headers laid it out (no
+ * `devices`): the host must walk the array with this stride and read no
+ * 1.4 field. */
+typedef struct {
+  size_t struct_size;
+  void* ext;
+  int32_t kind;
+  const char *name, *version, *description;
+  const dopt_option_spec* options;
+  size_t num_options;
+  const void* vtable;
+  uint32_t traits;
+  dopt_status (*check_job)(const dopt_job* job);
+} component_v1_3;
+DOPT_STATIC_ASSERT(sizeof(component_v1_3) == DOPT_COMPONENT_V1_2_STRUCT_SIZE, "1.3 layout");
+DOPT_STATIC_ASSERT(sizeof(component_v1_3) < sizeof(dopt_component), "1.4 grew the component");
+static const component_v1_3 k_components[] = {
+    {sizeof(component_v1_3), NULL, DOPT_KIND_COMMUNICATOR, "mock_v13", "1.3.0",
+     "an ABI 1.3 communicator", NULL, 0, &k_comm_vt, 0, NULL},
+    {sizeof(component_v1_3), NULL, DOPT_KIND_REDUCER, "mock_v13", "1.3.0", "an ABI 1.3 reducer",
+     NULL, 0, &k_red_vt, DOPT_TRAIT_EXACT_MEAN, NULL},
+};
+#define COMPONENTS ((const dopt_component*)(const void*)k_components)
+#define NUM_COMPONENTS 2
+#elif defined(MOCK_DEVICES)
+static const dopt_component k_components[] = {
+    {DOPT_COMPONENT_V1_4_STRUCT_SIZE, NULL, DOPT_KIND_COMMUNICATOR, "mock_cuda", "1.4.0",
+     "device memory only", NULL, 0, &k_comm_vt, 0, NULL, DOPT_DEVICE_BIT(kDLCUDA)},
+    {DOPT_COMPONENT_V1_4_STRUCT_SIZE, NULL, DOPT_KIND_REDUCER, "mock_cuda", "1.4.0",
+     "host and device memory", NULL, 0, &k_red_vt, 0, NULL,
+     DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA)},
+};
+#define COMPONENTS k_components
+#define NUM_COMPONENTS 2
 #elif defined(MOCK_NEWER_MINOR)
 /* A plugin built against a future minor whose structs gained a field each:
  * the host must use struct_size as the array stride and ignore the extra. */
@@ -384,6 +425,9 @@ static dopt_status mock_init(const dopt_host_api* host, dopt_plugin_info* info) 
 #elif defined(MOCK_ABI_1_1)
   info->abi_major = 1;
   info->abi_minor = 1;
+#elif defined(MOCK_ABI_1_3)
+  info->abi_major = 1;
+  info->abi_minor = 3;
 #else
   info->abi_major = DOPT_ABI_VERSION_MAJOR;
   info->abi_minor = DOPT_ABI_VERSION_MINOR;

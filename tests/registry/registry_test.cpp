@@ -17,6 +17,7 @@
 
 #include "distopt/communicator.h"
 #include "distopt/error.hpp"
+#include "distopt/host_communicator.hpp"
 #include "multiproc.hpp"
 
 namespace fs = std::filesystem;
@@ -77,7 +78,9 @@ TEST_CASE("discover: good mock plugins load, each broken one is skipped with its
   CHECK(reg.find(DOPT_KIND_REDUCER, "mock_minor") != nullptr);
   CHECK(reg.find(DOPT_KIND_REDUCER, "mock_v11") != nullptr);  // an ABI 1.1 layout
   CHECK(reg.find(DOPT_KIND_ALGORITHM, "mock_v11") != nullptr);
-  CHECK(reg.components().size() == 8);
+  CHECK(reg.find(DOPT_KIND_COMMUNICATOR, "mock_v13") != nullptr);   // an ABI 1.3 layout
+  CHECK(reg.find(DOPT_KIND_COMMUNICATOR, "mock_cuda") != nullptr);  // ABI 1.4 devices
+  CHECK(reg.components().size() == 12);
   // A library failing a check is skipped as a whole, even its valid components.
   CHECK(reg.find(DOPT_KIND_REDUCER, "mock_nullfn_ok") == nullptr);
   CHECK(reg.find(DOPT_KIND_REDUCER, "mock_dup_only") == nullptr);
@@ -160,6 +163,103 @@ TEST_CASE("an ABI 1.1 plugin loads: its smaller structs, inclusive bounds, no jo
   CHECK((a.check_job == nullptr));
 }
 
+namespace {
+
+/// A rank-0-of-1 endpoint of a mock communicator (its create needs no store).
+std::unique_ptr<distopt::Communicator> mock_comm(const distopt::ComponentInfo& info) {
+  dopt_create_args a{};
+  a.struct_size = sizeof a;
+  a.rank = 0;
+  a.world_size = 1;
+  a.scope = "mock";
+  return std::make_unique<distopt::Communicator>(info, a);
+}
+
+/// A 1-D float32 DLTensor on `type` whose data is never touched.
+DLTensor tensor_on(DLDeviceType type, float* data, int64_t* shape) {
+  DLTensor t = distopt::make_dltensor(data, 4, DLDataType{kDLFloat, 32, 1}, shape);
+  t.device = DLDevice{type, 0};
+  return t;
+}
+
+/// The message of the ComponentError `f` throws, after checking its status.
+template <class F>
+std::string refusal(F&& f, dopt_status want) {
+  try {
+    f();
+  } catch (const distopt::ComponentError& e) {
+    CHECK(e.status() == want);
+    return e.what();
+  }
+  FAIL("no ComponentError thrown");
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("an ABI 1.3 plugin loads: host memory only, no streams, old vtable size") {
+  PluginRegistry reg;
+  REQUIRE(reg.load_file(mock("mock_v13")));
+  const auto& c = reg.get(DOPT_KIND_COMMUNICATOR, "mock_v13");
+  CHECK(c.abi_minor == 3);
+  CHECK(c.devices == DOPT_DEVICES_DEFAULT);
+  CHECK(c.description == "an ABI 1.3 communicator");
+  // The second component is found through the 1.3 stride (no `devices`).
+  const auto& r = reg.get(DOPT_KIND_REDUCER, "mock_v13");
+  CHECK(r.description == "an ABI 1.3 reducer");
+  CHECK(r.traits == DOPT_TRAIT_EXACT_MEAN);
+  CHECK(r.devices == DOPT_DEVICES_DEFAULT);
+
+  auto comm = mock_comm(c);
+  std::string m = refusal([&] { comm->set_stream(nullptr); }, DOPT_ERR_UNSUPPORTED);
+  CHECK(m.find("mock_v13: set_stream failed") != std::string::npos);
+  CHECK(m.find("has no device streams") != std::string::npos);
+  float data[4] = {};
+  int64_t shape[1];
+  DLTensor cuda = tensor_on(kDLCUDA, data, shape);
+  m = refusal([&] { comm->allreduce(cuda, cuda, DOPT_REDUCE_SUM); }, DOPT_ERR_UNSUPPORTED);
+  CHECK(m.find("mock_v13: allreduce failed (UNSUPPORTED)") != std::string::npos);
+  CHECK(m.find("communicator 'mock_v13' does not accept kDLCUDA memory (it declares kDLCPU)") !=
+        std::string::npos);
+  // Host memory passes the rule and reaches the plugin (whose mock refuses
+  // every data operation with its own message).
+  DLTensor cpu = tensor_on(kDLCPU, data, shape);
+  m = refusal([&] { comm->allreduce(cpu, cpu, DOPT_REDUCE_SUM); }, DOPT_ERR_UNSUPPORTED);
+  CHECK(m.find("does not accept") == std::string::npos);
+  // Pinned host memory is its own device type, refused unless declared.
+  DLTensor pinned = tensor_on(kDLCUDAHost, data, shape);
+  m = refusal([&] { comm->broadcast(pinned, 0); }, DOPT_ERR_UNSUPPORTED);
+  CHECK(m.find("does not accept kDLCUDAHost memory") != std::string::npos);
+}
+
+TEST_CASE("ABI 1.4 devices are read and the host refuses memory a communicator lacks") {
+  PluginRegistry reg;
+  REQUIRE(reg.load_file(mock("mock_devices")));
+  const auto& c = reg.get(DOPT_KIND_COMMUNICATOR, "mock_cuda");
+  CHECK(c.abi_minor == DOPT_ABI_VERSION_MINOR);
+  CHECK(c.devices == DOPT_DEVICE_BIT(kDLCUDA));
+  CHECK(distopt::devices_text(c.devices) == "kDLCUDA");
+  const auto& r = reg.get(DOPT_KIND_REDUCER, "mock_cuda");
+  CHECK(r.devices == (DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA)));
+  CHECK(distopt::devices_text(r.devices) == "kDLCPU, kDLCUDA");
+
+  auto comm = mock_comm(c);
+  float data[4] = {};
+  int64_t s1[1], s2[1];
+  DLTensor cpu = tensor_on(kDLCPU, data, s1);
+  DLTensor cuda = tensor_on(kDLCUDA, data, s2);
+  // A kDLCPU tensor next to a kDLCUDA one: the host names the CPU one.
+  std::string m =
+      refusal([&] { comm->reduce_scatter(cuda, cpu, DOPT_REDUCE_SUM); }, DOPT_ERR_UNSUPPORTED);
+  CHECK(m.find("mock_cuda: reduce_scatter failed") != std::string::npos);
+  CHECK(m.find("does not accept kDLCPU memory (it declares kDLCUDA)") != std::string::npos);
+  m = refusal([&] { comm->send(cpu, 0, 0); }, DOPT_ERR_UNSUPPORTED);
+  CHECK(m.find("does not accept kDLCPU memory") != std::string::npos);
+  // The accepted device reaches the plugin.
+  m = refusal([&] { comm->allgather(cuda, cuda); }, DOPT_ERR_UNSUPPORTED);
+  CHECK(m.find("does not accept") == std::string::npos);
+}
+
 TEST_CASE("ABI 1.2 fields are read: option flags, traits, check_job") {
   PluginRegistry reg;
   REQUIRE(reg.load_file(mock("mock")));
@@ -214,7 +314,8 @@ TEST_CASE("get() on an unavailable name says why") {
   std::string m = message(DOPT_KIND_COMMUNICATOR, "mock_nullfn");
   CAPTURE(m);
   CHECK(m.find("no communicator named 'mock_nullfn'") != std::string::npos);
-  CHECK(m.find("available communicators: mock, mock_minor") != std::string::npos);
+  CHECK(m.find("available communicators: mock, mock_cuda, mock_minor, mock_v13") !=
+        std::string::npos);
   CHECK(m.find("'mock_nullfn' is unavailable because " + mock("mock_nullfn") + " was skipped") !=
         std::string::npos);
   CHECK(m.find("vtable field 'allreduce' is NULL") != std::string::npos);

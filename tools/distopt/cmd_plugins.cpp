@@ -38,7 +38,17 @@ std::string declarations(const distopt::ComponentInfo& c) {
   if (c.traits & DOPT_TRAIT_EXACT_MEAN) parts.push_back("reduces to the exact mean");
   if (c.traits & DOPT_TRAIT_WRAPS_REDUCER) parts.push_back("wraps an `inner:` reducer");
   if (c.check_job) parts.push_back("checks the whole job at `distopt check`");
+  if (c.devices != DOPT_DEVICES_DEFAULT)  // ABI 1.4
+    parts.push_back("memory on " + distopt::devices_text(c.devices));
   return join(parts, "; ");
+}
+
+/// ["kDLCPU", "kDLCUDA"] for a ComponentInfo::devices set (ABI 1.4).
+json devices_json(uint32_t devices) {
+  json out = json::array();
+  for (int32_t t = 0; t < 32; ++t)
+    if (devices & DOPT_DEVICE_BIT(t)) out.push_back(distopt::dl_device_name(t));
+  return out;
 }
 
 /// Left-aligned columns, two spaces apart; the last column is not padded.
@@ -143,6 +153,7 @@ int run_plugins(int argc, char** argv) {
             {{"exact_mean", (c.traits & DOPT_TRAIT_EXACT_MEAN) != 0},
              {"wraps_reducer", (c.traits & DOPT_TRAIT_WRAPS_REDUCER) != 0}}},
            {"checks_job", c.check_job != nullptr},
+           {"devices", devices_json(c.devices)},
            {"options", options_json(c.options)}});
     out["reducer_bucket_options"] = options_json(distopt::bucket_option_specs());
     out["skipped"] = json::array();

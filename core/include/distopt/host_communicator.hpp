@@ -30,6 +30,12 @@ class CommRequest {
   void wait(int64_t timeout_ms = -1);
   /// Non-blocking; true when complete (throws like wait on failure).
   bool test();
+  /// ABI 1.4 (distopt/communicator.h, "Device memory"): make `stream` (a
+  /// cudaStream_t; nullptr: the legacy default stream) wait for a device
+  /// operation without blocking the host. A host-memory request, or one of a
+  /// communicator without stream_wait (ABI < 1.4), waits like wait(). Throws
+  /// CommError like wait for a failure already known.
+  void stream_wait(void* stream);
 
  private:
   const dopt_communicator_v1* vt_ = nullptr;
@@ -73,6 +79,12 @@ class Communicator {
   int world_size() const;
   const std::string& name() const { return info_.name; }
   dopt_comm_ref ref() const { return {vt_, comm_}; }
+  /// ABI 1.4: the device types it accepts (ComponentInfo::devices).
+  uint32_t devices() const { return info_.devices; }
+  /// ABI 1.4: the caller stream later device operations are ordered after
+  /// (distopt/communicator.h, "Device memory"). Throws ComponentError
+  /// (UNSUPPORTED) when the communicator has no set_stream.
+  void set_stream(void* stream);
 
   CommRequest allreduce(const DLTensor& send, DLTensor& recv, dopt_reduce_op op);
   CommRequest reduce_scatter(const DLTensor& send, DLTensor& recv, dopt_reduce_op op);
@@ -83,6 +95,13 @@ class Communicator {
   CommRequest barrier();
   /// Collective; nullptr for color < 0.
   std::unique_ptr<Communicator> split(int color, int key);
+
+  /// The ABI 1.4 host rule, applied by every operation above before the
+  /// plugin is called: each tensor's device type must be among devices(),
+  /// else ComponentError(DOPT_ERR_UNSUPPORTED) "<name>: <op> failed
+  /// (UNSUPPORTED): communicator '<name>' does not accept kDLCUDA memory
+  /// (it declares kDLCPU) ...". The tensors' data is not touched.
+  void check_device(const DLTensor& t, const char* op) const;
 
  private:
   ComponentInfo info_;  // keeps the plugin library loaded

@@ -20,6 +20,9 @@ struct ComponentInfo {
   const void* vtable = nullptr;  ///< dopt_communicator_v1* / dopt_reducer_v1* / dopt_algorithm_v1*
   uint32_t traits = 0;           ///< ABI 1.2: DOPT_TRAIT_* it declares (0 before)
   dopt_status (*check_job)(const dopt_job*) = nullptr;  ///< ABI 1.2, optional (job.h)
+  /// ABI 1.4: DOPT_DEVICE_BIT of each DLDeviceType whose memory it accepts
+  /// (DOPT_DEVICES_DEFAULT, kDLCPU only, when it declares none).
+  uint32_t devices = DOPT_DEVICES_DEFAULT;
   std::shared_ptr<void> library;  ///< keeps the .so loaded while any copy lives
 };
 
@@ -38,6 +41,13 @@ struct SkippedPlugin {
 };
 
 const char* kind_name(dopt_component_kind kind);  ///< "communicator", "reducer", "algorithm"
+
+/// DLPack's name of a device type: "kDLCPU", "kDLCUDA", "kDLCUDAHost", ...;
+/// "device type N" for one this DLPack does not name.
+std::string dl_device_name(int32_t device_type);
+/// The device types of a ComponentInfo::devices set, in type order:
+/// "kDLCPU, kDLCUDA".
+std::string devices_text(uint32_t devices);
 
 /// Discovers plugins in directories. Loading validates: the entry symbol
 /// dopt_plugin_init_v1 exists; the ABI major equals the host's (a newer minor

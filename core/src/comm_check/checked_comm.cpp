@@ -179,6 +179,26 @@ dopt_status c_test(dopt_request* rq, int32_t* done) {
   return st;
 }
 
+// ABI 1.4: forwarded (device work is not fingerprinted on the stream: a
+// mismatch shows up in a later host wait or test).
+dopt_status c_stream_wait(dopt_request* rq, void* stream) {
+  CheckedRequest* r = req(rq);
+  if (!DOPT_HAS_FIELD(r->vt, dopt_communicator_v1, stream_wait) || !r->vt->stream_wait)
+    return c_wait(rq, -1);  // host-memory requests only
+  return r->vt->stream_wait(r->inner, stream);
+}
+
+dopt_status c_set_stream(dopt_comm* comm, void* stream) {
+  CheckedComm* c = self(comm);
+  if (!DOPT_HAS_FIELD(c->inner.vt, dopt_communicator_v1, set_stream) || !c->inner.vt->set_stream) {
+    host_api()->set_error(("communicator '" + c->settings.comm_name +
+                           "' has no device streams (set_stream is ABI 1.4)")
+                              .c_str());
+    return DOPT_ERR_UNSUPPORTED;
+  }
+  return c->inner.vt->set_stream(c->inner.comm, stream);
+}
+
 void c_request_free(dopt_request* rq) {
   if (!rq) return;
   CheckedRequest* r = req(rq);
@@ -221,7 +241,7 @@ dopt_status c_split(dopt_comm* comm, int32_t color, int32_t key, dopt_comm** out
 
 dopt_communicator_v1 make_vtable() {
   dopt_communicator_v1 v{};
-  v.struct_size = DOPT_COMMUNICATOR_V1_STRUCT_SIZE;
+  v.struct_size = DOPT_COMMUNICATOR_V1_4_STRUCT_SIZE;
   v.create = nullptr;  // instances come from wrap()
   v.destroy = c_destroy;
   v.rank = c_rank;
@@ -237,6 +257,8 @@ dopt_communicator_v1 make_vtable() {
   v.test = c_test;
   v.wait = c_wait;
   v.request_free = c_request_free;
+  v.set_stream = c_set_stream;
+  v.stream_wait = c_stream_wait;
   return v;
 }
 

@@ -47,9 +47,13 @@ size_t array_stride(const T* first, size_t size_at_minor) {
 }
 
 /// sizeof(dopt_component) and sizeof(dopt_option_spec) in the headers of ABI
-/// minor `minor` (both grew in 1.2; the alignment did not).
+/// minor `minor` (both grew in 1.2, dopt_component again in 1.4; the
+/// alignment did not).
 size_t component_size_at(uint32_t minor) {
-  return minor >= 2 ? sizeof(dopt_component) : round_up<dopt_component>(DOPT_COMPONENT_STRUCT_SIZE);
+  if (minor >= 4) return sizeof(dopt_component);
+  // 1.2 / 1.3 had no tail padding; 1.4 appended `devices`.
+  if (minor >= 2) return round_up<dopt_component>(DOPT_COMPONENT_V1_2_STRUCT_SIZE);
+  return round_up<dopt_component>(DOPT_COMPONENT_STRUCT_SIZE);
 }
 size_t option_spec_size_at(uint32_t minor) {
   return minor >= 2 ? sizeof(dopt_option_spec)
@@ -196,6 +200,9 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
     out.traits = c->traits;
     out.check_job = c->check_job;
   }
+  out.devices = DOPT_DEVICES_DEFAULT;
+  if (DOPT_HAS_FIELD(c, dopt_component, devices) && c->devices != 0)  // ABI 1.4
+    out.devices = c->devices;
   // Option names must be unique and every default must be valid for its own schema.
   for (size_t i = 0; i < out.options.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
@@ -236,6 +243,43 @@ const char* kind_name(dopt_component_kind kind) {
       return "algorithm";
   }
   return "unknown-kind";
+}
+
+std::string dl_device_name(int32_t t) {
+  switch (t) {
+    case kDLCPU:
+      return "kDLCPU";
+    case kDLCUDA:
+      return "kDLCUDA";
+    case kDLCUDAHost:
+      return "kDLCUDAHost";
+    case kDLOpenCL:
+      return "kDLOpenCL";
+    case kDLVulkan:
+      return "kDLVulkan";
+    case kDLMetal:
+      return "kDLMetal";
+    case kDLVPI:
+      return "kDLVPI";
+    case kDLROCM:
+      return "kDLROCM";
+    case kDLROCMHost:
+      return "kDLROCMHost";
+    case kDLExtDev:
+      return "kDLExtDev";
+    case kDLCUDAManaged:
+      return "kDLCUDAManaged";
+    case 14:  // kDLOneAPI, in newer DLPack headers than some builds have
+      return "kDLOneAPI";
+  }
+  return "device type " + std::to_string(t);
+}
+
+std::string devices_text(uint32_t devices) {
+  std::vector<std::string> names;
+  for (int32_t t = 0; t < 32; ++t)
+    if (devices & DOPT_DEVICE_BIT(t)) names.push_back(dl_device_name(t));
+  return names.empty() ? std::string("(none)") : yamlutil::join(names, ", ");
 }
 
 PluginRegistry::PluginRegistry() = default;

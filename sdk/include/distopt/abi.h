@@ -47,9 +47,16 @@ extern "C" {
  *            dopt_job_component::inner (job.h)              with powersgd between
  *                                                           nodes), the inner chosen
  *                                                           and validated in YAML
+ *   1.4      dopt_component::devices; dopt_communicator_v1  collectives on device
+ *            ::set_stream and ::stream_wait                 (kDLCUDA) memory, ordered
+ *            (communicator.h, "Device memory")              on the caller's CUDA
+ *                                                           stream (nccl); the host
+ *                                                           refuses a tensor on a
+ *                                                           device a component does
+ *                                                           not declare
  */
 #define DOPT_ABI_VERSION_MAJOR 1
-#define DOPT_ABI_VERSION_MINOR 3 /* 1.3: inner reducers (DOPT_TRAIT_WRAPS_REDUCER) */
+#define DOPT_ABI_VERSION_MINOR 4 /* 1.4: device memory (dopt_component::devices, streams) */
 
 /** Offset of the end of MEMBER in TYPE: the struct size a reader needs for it. */
 #define DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER) (offsetof(TYPE, MEMBER) + sizeof(((TYPE*)0)->MEMBER))
@@ -341,6 +348,14 @@ typedef struct dopt_job dopt_job;
  * declares it too, or when there is no inner. */
 #define DOPT_TRAIT_WRAPS_REDUCER 0x4u
 
+/* dopt_component::devices (ABI 1.4): the DLPack device types (DLDeviceType,
+ * each < 32) whose memory the component accepts in the tensors it is given,
+ * one bit per type. */
+#define DOPT_DEVICE_BIT(DEVICE_TYPE) (1u << (uint32_t)(DEVICE_TYPE))
+/** What a component that declares nothing accepts (ABI 1.0 - 1.3, or 1.4
+ * with devices = 0): host memory only. */
+#define DOPT_DEVICES_DEFAULT DOPT_DEVICE_BIT(kDLCPU)
+
 typedef struct dopt_component {
   size_t struct_size;
   void* ext;
@@ -370,13 +385,29 @@ typedef struct dopt_component {
    * does not implement). See job.h for what the view holds, its lifetime and
    * the rules (no side effects, no communication). */
   dopt_status (*check_job)(const dopt_job* job);
+
+  /* ---- ABI 1.4. Read only when struct_size >= DOPT_COMPONENT_V1_4_STRUCT_SIZE;
+   * a 1.0 - 1.3 component accepts host memory only. ---- */
+
+  /** DOPT_DEVICE_BIT(t) for each DLDeviceType t whose memory the component
+   * accepts; 0 means DOPT_DEVICES_DEFAULT (kDLCPU). The rule is exact:
+   * kDLCUDAHost (pinned host memory) is its own type and is accepted only when
+   * listed. The host refuses a tensor on another device before it reaches the
+   * component (communicators: DOPT_ERR_UNSUPPORTED naming the component, the
+   * device and the operation; see communicator.h, "Device memory"). A
+   * component that lists kDLCUDA implements set_stream / stream_wait
+   * (communicators) and orders its device work as communicator.h says. */
+  uint32_t devices;
 } dopt_component;
 /** The ABI 1.0 / 1.1 size (up to `vtable`). */
 #define DOPT_COMPONENT_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_component, vtable)
-/** The ABI 1.2 size (up to `check_job`). The components array's stride is
- * the plugin's sizeof(dopt_component), as for dopt_option_spec: taken from
+/** The ABI 1.2 / 1.3 size (up to `check_job`). The components array's stride
+ * is the plugin's sizeof(dopt_component), as for dopt_option_spec: taken from
  * the declared ABI minor, or from struct_size when that is larger. */
 #define DOPT_COMPONENT_V1_2_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_component, check_job)
+/** The ABI 1.4 size (up to `devices`); sizeof(dopt_component) rounds it up to
+ * a pointer's alignment (4 bytes of tail padding on LP64). */
+#define DOPT_COMPONENT_V1_4_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_component, devices)
 DOPT_STATIC_ASSERT(sizeof(dopt_component_kind) == sizeof(int32_t),
                    "dopt_component_kind values fit the int32_t field");
 DOPT_STATIC_ASSERT(offsetof(dopt_component, kind) == offsetof(dopt_component, ext) + sizeof(void*),
@@ -385,8 +416,10 @@ DOPT_STATIC_ASSERT(offsetof(dopt_component, traits) == DOPT_COMPONENT_STRUCT_SIZ
                    "dopt_component::traits must follow vtable");
 DOPT_STATIC_ASSERT(DOPT_COMPONENT_STRUCT_SIZE % sizeof(void*) == 0,
                    "the ABI 1.1 dopt_component ends on a pointer boundary");
-DOPT_STATIC_ASSERT(sizeof(dopt_component) == DOPT_COMPONENT_V1_2_STRUCT_SIZE,
-                   "dopt_component has no tail padding in 1.2");
+DOPT_STATIC_ASSERT(offsetof(dopt_component, devices) == DOPT_COMPONENT_V1_2_STRUCT_SIZE,
+                   "dopt_component::devices must follow check_job (1.2 had no tail padding)");
+DOPT_STATIC_ASSERT(sizeof(dopt_component) >= DOPT_COMPONENT_V1_4_STRUCT_SIZE,
+                   "dopt_component holds its 1.4 fields");
 
 typedef struct dopt_plugin_info {
   size_t struct_size;

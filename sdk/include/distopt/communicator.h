@@ -13,6 +13,40 @@
  * option); a peer that dies makes every pending request on the other ranks
  * complete with DOPT_ERR_COMM and an error message naming the peer's rank and
  * the operation. No call hangs forever.
+ *
+ * Device memory (ABI 1.4). A communicator accepts the device types its
+ * dopt_component::devices lists (abi.h; none listed: kDLCPU only). The host
+ * refuses any other tensor with DOPT_ERR_UNSUPPORTED before the call reaches
+ * the plugin ("communicator 'tcp' does not accept kDLCUDA memory"): nothing
+ * is staged implicitly. For kDLCUDA tensors the rules are NCCL's / c10d's:
+ *  - Tensors of one call are on one device, the communicator's (its
+ *    create-time device; another device_id is INVALID_ARGUMENT).
+ *  - Ordering in: each collective (and send / recv) is ordered after all work
+ *    the caller enqueued on the communicator's *caller stream* before the
+ *    call: the communicator records an event on that stream at the call and
+ *    makes its own internal stream wait on it. The caller stream is the one
+ *    given to set_stream (NULL, the default: the legacy default stream, which
+ *    orders after every blocking stream of the device). The call returns
+ *    without waiting for the device.
+ *  - Ordering out: each request records a completion event on the
+ *    communicator's stream right after its operation. test() queries it
+ *    (non-blocking); wait() blocks the calling host thread until the device
+ *    work has completed (or failed, or timed out); stream_wait() makes a
+ *    stream wait on it without blocking the host (c10d's Work::wait()), so
+ *    the caller's later kernels see the result.
+ *  - Until then the caller must neither write the tensors (any stream) nor
+ *    free them (a stream-ordered allocator counts the free on the freeing
+ *    stream: order that stream after the request with stream_wait first).
+ *  - Failure and timeouts are the communicator's (e.g. nccl's watchdog
+ *    aborts the communicator and fails every pending request); a stream that
+ *    waits on a request that fails is released when the communicator aborts
+ *    its device work, and the failure is reported by the request's
+ *    test / wait (stream_wait itself reports only what is known when it is
+ *    called). request_free of a pending device request does not wait: the
+ *    operation completes (or is aborted) on the device.
+ * Host-memory requests (kDLCPU) are unchanged: set_stream does not apply to
+ * them and their stream_wait blocks the host like wait (a stream cannot wait
+ * on host work).
  */
 #ifndef DISTOPT_COMMUNICATOR_H
 #define DISTOPT_COMMUNICATOR_H
@@ -84,8 +118,33 @@ typedef struct dopt_communicator_v1 {
   /** Release a request. If it is still running, the operation continues but
    * its result is discarded. NULL is ignored. */
   void (*request_free)(dopt_request* req);
+
+  /* ---- ABI 1.4: device memory (see "Device memory" above). Read only when
+   * struct_size >= DOPT_COMMUNICATOR_V1_4_STRUCT_SIZE and non-NULL; both may
+   * be NULL in a communicator that accepts kDLCPU only. Without them a
+   * caller has no stream to set, and uses wait() where it would use
+   * stream_wait(). ---- */
+
+  /** Set the caller stream (a cudaStream_t of the communicator's device, or
+   * NULL for the legacy default stream) that later operations on device
+   * memory are ordered after. Applies to operations issued after it returns,
+   * from any thread (one per communicator, like c10d's current stream per
+   * process group: callers on several streams serialise their calls).
+   * Non-blocking. DOPT_ERR_UNSUPPORTED when the communicator has no device
+   * streams. Thread-safe. */
+  dopt_status (*set_stream)(dopt_comm* comm, void* stream);
+  /** Make `stream` (a cudaStream_t of the request's device; NULL: the legacy
+   * default stream) wait for req's completion event; returns without
+   * blocking the host. Returns the request's error if it has already failed,
+   * else DOPT_OK. For a host-memory request: blocks like wait(req, -1) and
+   * returns its status. The request stays valid (test / wait / request_free
+   * as usual). Thread-safe. */
+  dopt_status (*stream_wait)(dopt_request* req, void* stream);
 } dopt_communicator_v1;
+/** The ABI 1.0 - 1.3 size (up to `request_free`). */
 #define DOPT_COMMUNICATOR_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_communicator_v1, request_free)
+/** The ABI 1.4 size (up to `stream_wait`). */
+#define DOPT_COMMUNICATOR_V1_4_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_communicator_v1, stream_wait)
 
 /** A communicator instance together with its vtable, as handed to reducers
  * and algorithms (borrowed: the host owns it and outlives them). */

@@ -44,6 +44,18 @@ class CommHandle {
     check(vt_->test(req_, &done), "communicator test");
     return done != 0;
   }
+  /// ABI 1.4 (distopt/communicator.h, "Device memory"): make `stream` (a
+  /// cudaStream_t; nullptr: the legacy default stream) wait for the
+  /// operation without blocking the host. A communicator of ABI < 1.4 (or
+  /// one without stream_wait) has host-memory requests only: this waits
+  /// like wait(). Throws on a failure already known, or on wait's errors.
+  void stream_wait(void* stream) {
+    if (!req_) return;
+    if (DOPT_HAS_FIELD(vt_, dopt_communicator_v1, stream_wait) && vt_->stream_wait)
+      check(vt_->stream_wait(req_, stream), "communicator stream_wait");
+    else
+      wait();
+  }
   void reset() noexcept {
     if (req_ && vt_) vt_->request_free(req_);
     req_ = nullptr;
@@ -64,6 +76,17 @@ class CommView {
   int32_t rank() const { return ref_.vt->rank(ref_.comm); }
   int32_t world_size() const { return ref_.vt->world_size(ref_.comm); }
   dopt_comm_ref ref() const { return ref_; }
+  /// ABI 1.4: the caller stream later device-memory operations are ordered
+  /// after (distopt/communicator.h, "Device memory"). Throws
+  /// sdk::Error(DOPT_ERR_UNSUPPORTED) when the communicator has no
+  /// set_stream (ABI < 1.4, or host memory only), or what it reports.
+  void set_stream(void* stream) {
+    if (!DOPT_HAS_FIELD(ref_.vt, dopt_communicator_v1, set_stream) || !ref_.vt->set_stream)
+      throw Error(DOPT_ERR_UNSUPPORTED,
+                  "set_stream: the communicator has no device streams (ABI < 1.4 or host "
+                  "memory only)");
+    check(ref_.vt->set_stream(ref_.comm, stream), "set_stream");
+  }
 
   CommHandle allreduce(const DLTensor& send, DLTensor& recv, dopt_reduce_op op) {
     dopt_request* r = nullptr;

@@ -26,6 +26,9 @@
 // Optional static members of the class (ABI 1.2, see job_view.hpp):
 //   static void check_job(const distopt::sdk::JobView& job);  // refuse a job at check time
 //   static constexpr uint32_t traits = DOPT_TRAIT_EXACT_MEAN;   // properties it declares
+// and (ABI 1.4, distopt/communicator.h "Device memory"):
+//   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCUDA);  // memory it accepts
+// (absent: kDLCPU only; the host refuses tensors on other devices).
 // Torch-free.
 #pragma once
 
@@ -74,6 +77,15 @@ class Communicator {
   /// Collective; return nullptr for color < 0.
   virtual std::unique_ptr<Communicator> split(int32_t, int32_t) {
     throw Error(DOPT_ERR_UNSUPPORTED, "split is not implemented by this communicator");
+  }
+  /// ABI 1.4: the caller stream (a cudaStream_t; nullptr: the legacy default
+  /// stream) that later device-memory operations are ordered after
+  /// (distopt/communicator.h, "Device memory"). A communicator that declares
+  /// kDLCUDA overrides it; the default refuses with UNSUPPORTED.
+  virtual void set_stream(void* /*stream*/) {
+    throw Error(DOPT_ERR_UNSUPPORTED,
+                "set_stream: this communicator has no device streams (it accepts host memory "
+                "only)");
   }
 };
 
@@ -266,8 +278,16 @@ struct CommGlue {
     } catch (...) {
     }
   }
+  static dopt_status set_stream(dopt_comm* comm, void* stream) noexcept {
+    if (!comm) return null_arg("comm");
+    return guard([&] { c(comm)->set_stream(stream); });
+  }
+  static dopt_status stream_wait(dopt_request* r, void* stream) noexcept {
+    if (!r) return null_arg("request");
+    return guard([&] { reinterpret_cast<Request*>(r)->stream_wait(stream); });
+  }
 
-  static constexpr dopt_communicator_v1 vtable = {DOPT_COMMUNICATOR_V1_STRUCT_SIZE,
+  static constexpr dopt_communicator_v1 vtable = {DOPT_COMMUNICATOR_V1_4_STRUCT_SIZE,
                                                   nullptr,
                                                   &create,
                                                   &destroy,
@@ -283,7 +303,9 @@ struct CommGlue {
                                                   &split,
                                                   &test,
                                                   &wait,
-                                                  &request_free};
+                                                  &request_free,
+                                                  &set_stream,
+                                                  &stream_wait};
 };
 
 template <class T>
@@ -434,6 +456,13 @@ template <class T>
 struct TraitsOf<T, std::void_t<decltype(T::traits)>>
     : std::integral_constant<uint32_t, static_cast<uint32_t>(T::traits)> {};
 
+// ABI 1.4: the component class's optional static devices (0: kDLCPU only).
+template <class T, class = void>
+struct DevicesOf : std::integral_constant<uint32_t, 0> {};
+template <class T>
+struct DevicesOf<T, std::void_t<decltype(T::devices)>>
+    : std::integral_constant<uint32_t, static_cast<uint32_t>(T::devices)> {};
+
 template <class T>
 dopt_status check_job(const dopt_job* job) noexcept {
   if (!job || job->struct_size < DOPT_JOB_STRUCT_SIZE || !job->reject)
@@ -502,7 +531,7 @@ constexpr dopt_component component(const char* name, const char* version, const 
                 "a component class derives from exactly one of sdk::Communicator, sdk::Reducer, "
                 "sdk::Algorithm");
   if constexpr (std::is_base_of_v<Communicator, T>) {
-    return {DOPT_COMPONENT_V1_2_STRUCT_SIZE,
+    return {DOPT_COMPONENT_V1_4_STRUCT_SIZE,
             nullptr,
             DOPT_KIND_COMMUNICATOR,
             name,
@@ -512,9 +541,10 @@ constexpr dopt_component component(const char* name, const char* version, const 
             schema.count,
             &detail::CommGlue<T>::vtable,
             detail::TraitsOf<T>::value,
-            detail::check_job_of<T>()};
+            detail::check_job_of<T>(),
+            detail::DevicesOf<T>::value};
   } else if constexpr (std::is_base_of_v<Reducer, T>) {
-    return {DOPT_COMPONENT_V1_2_STRUCT_SIZE,
+    return {DOPT_COMPONENT_V1_4_STRUCT_SIZE,
             nullptr,
             DOPT_KIND_REDUCER,
             name,
@@ -524,9 +554,10 @@ constexpr dopt_component component(const char* name, const char* version, const 
             schema.count,
             &detail::ReducerGlue<T>::vtable,
             detail::TraitsOf<T>::value,
-            detail::check_job_of<T>()};
+            detail::check_job_of<T>(),
+            detail::DevicesOf<T>::value};
   } else {
-    return {DOPT_COMPONENT_V1_2_STRUCT_SIZE,
+    return {DOPT_COMPONENT_V1_4_STRUCT_SIZE,
             nullptr,
             DOPT_KIND_ALGORITHM,
             name,
@@ -536,7 +567,8 @@ constexpr dopt_component component(const char* name, const char* version, const 
             schema.count,
             &detail::AlgorithmGlue<T>::vtable,
             detail::TraitsOf<T>::value,
-            detail::check_job_of<T>()};
+            detail::check_job_of<T>(),
+            detail::DevicesOf<T>::value};
   }
 }
 

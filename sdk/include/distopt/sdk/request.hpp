@@ -30,6 +30,14 @@ class Request {
   /// "request timed out after N ms"; to word the timeout itself (e.g. name
   /// the operation), throw Error(DOPT_ERR_TIMEOUT, message) instead.
   virtual bool wait(int64_t timeout_ms) = 0;
+  /// ABI 1.4: make `stream` (a cudaStream_t; nullptr: the legacy default
+  /// stream) wait for the operation without blocking the host; throws
+  /// sdk::Error when the operation has already failed. The default, right
+  /// for host-memory work (a stream cannot wait on the host), blocks like
+  /// wait(-1) and throws Error(DOPT_ERR_TIMEOUT) when that times out.
+  virtual void stream_wait(void* /*stream*/) {
+    if (!wait(-1)) throw Error(DOPT_ERR_TIMEOUT, "stream_wait: the operation did not complete");
+  }
 };
 
 /// Shared completion state: the worker calls complete() once; any number of
