@@ -6,6 +6,7 @@
 #include "distopt/config.hpp"
 
 #include <doctest/doctest.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cstring>  // multiproc.hpp uses strdup without including it
@@ -199,6 +200,26 @@ TEST_CASE("errors from text use the given name, and a missing file is named") {
   CHECK(m.find("YAML syntax error") != std::string::npos);
   m = error_of([] { distopt::load_job_config("/nonexistent/dir/job.yaml"); });
   CHECK(m.rfind("/nonexistent/dir/job.yaml: cannot read the job file", 0) == 0);
+}
+
+TEST_CASE("train.device: cpu, cuda, cuda:N; a GPU device needs CUDA, refused at its line") {
+  CHECK(distopt::parse_job_config("train: {epochs: 1}\n").train.device == "cpu");
+  CHECK(distopt::parse_job_config("train: {device: cpu}\n").train.device == "cpu");
+  std::string m = error_of([] { distopt::parse_job_config("train:\n  device: gpu\n", "d.yaml"); });
+  CHECK(m.rfind("d.yaml:2:11: train.device: 'gpu' is not one of cpu|cuda|cuda:N", 0) == 0);
+  m = error_of([] { distopt::parse_job_config("train: {device: 'cuda:x'}\n", "d.yaml"); });
+  CHECK(m.find("'cuda:x' is not one of") != std::string::npos);
+  for (const char* dev : {"cuda", "cuda:0"}) {
+    CAPTURE(dev);
+    const std::string text = std::string("train:\n  device: '") + dev + "'\n";
+    m = error_of([&] { distopt::parse_job_config(text, "d.yaml"); });
+    if (torch::cuda::is_available()) {
+      CHECK(m.empty());
+    } else {  // this machine: a CPU-only libtorch, or no GPU
+      CHECK(m.rfind("d.yaml:2:11: train.device:", 0) == 0);
+      CHECK(m.find("torch::cuda::is_available() is false") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("validate_job: unknown names list what is available, at the name's line") {

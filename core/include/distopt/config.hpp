@@ -43,6 +43,11 @@ struct TrainConfig {
   /// split it among the ranks in batch_size slices; ranks left without
   /// samples call DistributedOptimizer::join() (false; turns join.enabled on).
   bool drop_last = true;
+  /// train.device: where the model, the batches and the gradient buckets
+  /// live: "cpu", "cuda" (the GPU of index local rank) or "cuda:N". Anything
+  /// but "cpu" is refused at parse time when torch::cuda::is_available() is
+  /// false (a CPU-only libtorch, e.g. Debian's, or no GPU visible).
+  std::string device = "cpu";
 };
 
 /// One phase of `schedule:` (Bagua's ModelSwitchWrapper.switch_to, as a

@@ -2,7 +2,10 @@
 // validating the selected components' options against the plugins' schemas.
 #include "distopt/config.hpp"
 
+#include <torch/cuda.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -313,7 +316,7 @@ class Parser {
     if (!s.IsDefined() || s.IsNull()) return;
     check_keys(s, "train",
                {"model", "dataset", "data_dir", "epochs", "batch_size", "seed", "threads",
-                "log_every", "max_steps", "drop_last"});
+                "log_every", "max_steps", "drop_last", "device"});
     get_string(s, "model", "train.model", t.model, {"mlp", "cnn"});
     get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist"});
     get_string(s, "data_dir", "train.data_dir", t.data_dir);
@@ -324,6 +327,24 @@ class Parser {
     get_int(s, "log_every", "train.log_every", 0, kHuge, t.log_every);
     get_int(s, "max_steps", "train.max_steps", 0, kHuge, t.max_steps);
     get_bool(s, "drop_last", "train.drop_last", t.drop_last);
+    parse_device(s, t);
+  }
+
+  void parse_device(const YAML::Node& s, TrainConfig& t) {
+    get_string(s, "device", "train.device", t.device);
+    if (t.device == "cpu") return;
+    const YAML::Mark at = mark_of(child(s, "device"));
+    const std::string digits = t.device.rfind("cuda:", 0) == 0 ? t.device.substr(5) : "x";
+    const bool index_ok = !digits.empty() && digits.size() < 6 &&
+                          std::all_of(digits.begin(), digits.end(),
+                                      [](unsigned char c) { return std::isdigit(c) != 0; });
+    if (t.device != "cuda" && !index_ok)
+      fail(file_, at, "train.device: '" + t.device + "' is not one of cpu|cuda|cuda:N");
+    if (!torch::cuda::is_available())
+      fail(file_, at,
+           "train.device: '" + t.device +
+               "' needs a GPU and a libtorch built with CUDA, and torch::cuda::is_available() "
+               "is false here (a CPU-only libtorch such as Debian's, or no GPU visible); use cpu");
   }
 
   // A number in [lo, hi] (lo_open / hi_open: that end excluded), else fail at

@@ -112,7 +112,7 @@ struct EvalResult {
 // Test loss and accuracy over the whole test set: each rank evaluates its
 // contiguous shard, the sums are allreduced.
 EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8,
-                    const at::Tensor& labels, at::ScalarType dtype) {
+                    const at::Tensor& labels, at::ScalarType dtype, const at::Device& device) {
   at::NoGradGuard no_grad;
   const int64_t n = images_u8.size(0);
   const int64_t lo = n * rt.rank() / rt.world_size();
@@ -120,8 +120,8 @@ EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8,
   double loss_sum = 0, correct = 0;
   for (int64_t b = lo; b < hi; b += 1000) {
     int64_t e = std::min(hi, b + 1000);
-    auto x = normalise(images_u8.slice(0, b, e)).to(dtype);
-    auto y = labels.slice(0, b, e);
+    auto x = normalise(images_u8.slice(0, b, e).to(device)).to(dtype);
+    auto y = labels.slice(0, b, e).to(device);
     auto logp = at::log_softmax(model.forward(x).to(at::kFloat), 1);
     loss_sum += at::nll_loss(logp, y, {}, at::Reduction::Sum).item<double>();
     correct += logp.argmax(1).eq(y).sum().item<double>();
@@ -199,6 +199,9 @@ class Trainer {
     // Mixed precision: the model computes in the low dtype; the optimizer
     // keeps fp32 masters (made from these parameters in make_optimizer).
     dtype_ = precision_scalar_type(cfg_.precision.dtype);
+    device_ = tc_.device == "cuda" ? at::Device(at::kCUDA, static_cast<int8_t>(rt_->local_rank()))
+                                   : at::Device(tc_.device);
+    if (!device_.is_cpu()) model_->to(device_);
     if (dtype_ != at::kFloat) model_->to(dtype_);
     opt_.emplace(rt_->make_optimizer(*model_));
   }
@@ -304,8 +307,8 @@ class Trainer {
     const int64_t mine = std::clamp<int64_t>(data_.train_count() - first, 0, tc_.batch_size);
     if (mine == 0) return false;
     auto index = at::from_blob(const_cast<int64_t*>(perm.data() + first), {mine}, at::kLong);
-    auto x = normalise(data_.train_x.index_select(0, index)).to(dtype_);
-    auto y = data_.train_y.index_select(0, index);
+    auto x = normalise(data_.train_x.index_select(0, index).to(device_)).to(dtype_);
+    auto y = data_.train_y.index_select(0, index).to(device_);
     opt_->zero_grad();
     // Softmax and loss in fp32 (as autocast does); backward from the scaled loss.
     auto loss = at::nll_loss(at::log_softmax(model_->forward(x).to(at::kFloat), 1), y);
@@ -396,7 +399,7 @@ class Trainer {
   // how far the replicas are from it.
   EvalResult evaluate_model() {
     if (!opt_->replicas_differ())
-      return evaluate(*rt_, *model_, data_.test_x, data_.test_y, dtype_);
+      return evaluate(*rt_, *model_, data_.test_x, data_.test_y, dtype_, device_);
     at::NoGradGuard ng;
     auto avg = opt_->average_replicas();
     consensus_distance_ = avg.consensus_distance;
@@ -407,7 +410,7 @@ class Trainer {
           swapped.emplace_back(p.value(), p.value().detach().clone());
           p.value().detach().copy_(mean);
         }
-    EvalResult r = evaluate(*rt_, *model_, data_.test_x, data_.test_y, dtype_);
+    EvalResult r = evaluate(*rt_, *model_, data_.test_x, data_.test_y, dtype_, device_);
     for (auto& [param, own] : swapped) param.detach().copy_(own);
     if (lead())
       std::cout << "  replicas: consensus distance " << fmt("%.3g", consensus_distance_)
@@ -482,6 +485,7 @@ class Trainer {
   std::optional<Runtime> rt_;
   std::shared_ptr<Classifier> model_;
   at::ScalarType dtype_ = at::kFloat;
+  at::Device device_ = at::kCPU;             // train.device
   std::optional<DistributedOptimizer> opt_;  // after rt_: destroyed first
   int64_t global_batch_ = 0, partial_ = 0, steps_per_epoch_ = 0;
   int64_t first_epoch_ = 1, first_step_ = 0, global_step_ = 0;
