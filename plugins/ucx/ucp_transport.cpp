@@ -231,28 +231,44 @@ Handle UcpTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes) {
   op.peer = peer;
   op.recv = true;
   op.bytes = bytes;
-  ucp_tag_recv_info_t info{};
+  sweep_states();
+  RecvState* state = &states_.emplace_back();
+  // Always a request and a callback: UCX 1.13 leaves recv_info's length 0
+  // when a receive completes at once, so the length is taken from the callback.
   ucp_request_param_t prm{};
-  prm.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-  prm.recv_info.tag_info = &info;
+  prm.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  prm.cb.recv = [](void*, ucs_status_t st, const ucp_tag_recv_info_t* i, void* user) {
+    auto* s = static_cast<RecvState*>(user);
+    s->status = st;
+    s->length = st == UCS_OK && i ? i->length : 0;
+    s->done = true;
+  };
+  prm.user_data = state;
   void* req = ucp_tag_recv_nbx(worker_, data, bytes, ucp_tag(peer, tag), kFullMask, &prm);
   if (UCS_PTR_IS_ERR(req)) {
     op.status = UCS_PTR_STATUS(req);
-  } else if (req == nullptr) {
-    op.status = UCS_OK;
-    op.received = info.length;
+    state->done = state->released = true;
   } else {
     op.req = req;
+    op.state = state;
   }
   return add(op);
+}
+
+void UcpTransport::sweep_states() {
+  while (!states_.empty() && states_.front().done && states_.front().released) states_.pop_front();
 }
 
 bool UcpTransport::poll(Op& op) {
   if (op.req && op.status == UCS_INPROGRESS) {
     if (op.recv) {
-      ucp_tag_recv_info_t info{};
-      op.status = ucp_tag_recv_request_test(op.req, &info);
-      if (op.status == UCS_OK) op.received = info.length;
+      if (op.state->done) {
+        op.status = op.state->status;
+        op.received = op.state->length;
+        op.state->released = true;
+        op.state = nullptr;
+      }
     } else {
       op.status = ucp_request_check_status(op.req);
     }
@@ -273,7 +289,8 @@ void UcpTransport::fail_op(const Op& op, const char* what) {
   if (op.status == UCS_ERR_MESSAGE_TRUNCATED)
     throw sdk::Error(DOPT_ERR_INTERNAL, std::string(what) + " from rank " +
                                             std::to_string(op.peer) + ": size mismatch (" +
-                                            std::to_string(op.bytes) + " bytes expected)");
+                                            std::to_string(op.bytes) + " bytes expected, " +
+                                            std::to_string(op.received) + " arrived)");
   throw sdk::Error(DOPT_ERR_COMM, p && p->failed
                                       ? p->why
                                       : "rank " + std::to_string(op.peer) + ": " + what +
@@ -308,6 +325,7 @@ void UcpTransport::release(const Handle* hs, size_t n) {
       if (it->second.recv) ucp_request_cancel(worker_, it->second.req);
       ucp_request_free(it->second.req);
     }
+    if (it->second.state) it->second.state->released = true;  // erased once its callback ran
     ops_.erase(it);
   }
 }

@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -79,6 +80,13 @@ class UcpTransport final : public sdk::p2p::Transport {
 
  private:
   struct Peer;
+  /// Filled by UCX's receive callback (the length is reliable only there).
+  struct RecvState {
+    bool done = false;
+    ucs_status_t status = UCS_INPROGRESS;
+    size_t length = 0;
+    bool released = false;  ///< its Op no longer points here
+  };
   struct Op {
     void* req = nullptr;  ///< UCP request; nullptr: completed at once
     int peer = -1;
@@ -86,6 +94,7 @@ class UcpTransport final : public sdk::p2p::Transport {
     size_t bytes = 0;
     ucs_status_t status = UCS_INPROGRESS;
     size_t received = 0;
+    RecvState* state = nullptr;  ///< receives: owned by states_
   };
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   /// Post the failure-notice receives (one per peer). Progress thread.
@@ -109,6 +118,10 @@ class UcpTransport final : public sdk::p2p::Transport {
   std::string address_;
   std::vector<std::unique_ptr<Peer>> peers_;
   std::unordered_map<Handle, Op> ops_;
+  /// Receive states; one is erased only once its callback ran (a cancelled
+  /// receive completes later), by sweep_states().
+  std::list<RecvState> states_;
+  void sweep_states();
   Handle next_ = 0;
   std::function<void()> hook_;
   std::atomic<bool> aborting_{false};
