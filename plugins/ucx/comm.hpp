@@ -51,7 +51,7 @@ class UcxComm final : public sdk::Communicator {
   /// rendezvous store, connects. Options from args.options. Throws sdk::Error.
   explicit UcxComm(const dopt_create_args& args);
   /// Aborts pending work (DOPT_ERR_ABORTED), joins the progress thread,
-  /// closes the endpoints (flush, then force after 2 s), frees UCX.
+  /// closes the endpoints (failed peers forced, the others flushed for up to 2 s), frees UCX.
   ~UcxComm() override;
 
   int32_t rank() const override { return rank_; }

@@ -69,7 +69,7 @@ UcpTransport::~UcpTransport() {
       ucp_request_free(op.req);
     }
   ops_.clear();
-  close(Clock::now());  // endpoints still open: force
+  close(Clock::now());  // endpoints still open: no waiting
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
 }
@@ -120,10 +120,16 @@ void UcpTransport::exchange_notices() {
     n.text[sizeof n.text - 1] = 0;
     int failed = -1, used = 0;
     if (std::sscanf(n.text, "%d %n", &failed, &used) < 1 || failed < 0 || failed >= world_ ||
-        failed == rank_ || !peers_[failed] || failed_peer(nullptr) >= 0)
+        failed == rank_ || !peers_[failed])
       continue;
-    peers_[failed]->failed = true;
-    peers_[failed]->why = std::string(n.text + used) + ", reported by rank " + std::to_string(p);
+    // The reported failure becomes the cause unless this rank had seen
+    // another one first; p's own disconnect does not count (p's notice
+    // explains it).
+    if (!peers_[failed]->failed) {
+      peers_[failed]->failed = true;
+      peers_[failed]->why = std::string(n.text + used) + ", reported by rank " + std::to_string(p);
+    }
+    if (first_failed_ < 0 || first_failed_ == p) first_failed_ = failed;
   }
   std::string why;
   const int failed = failed_peer(&why);
@@ -157,19 +163,15 @@ void UcpTransport::close(Clock::time_point deadline) {
     if (!peer || !peer->ep) continue;
     ucp_request_param_t prm{};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    // A failed endpoint cannot flush; a live one flushes until the deadline.
-    prm.flags = peer->failed || Clock::now() >= deadline ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    // After a failure everything is forced, without progress: UCX 1.13's
+    // tcp transport can abort (uct_iface.h "comp->count > 0") when the
+    // worker progresses the purge of a failed endpoint's sends.
+    const bool force = first_failed_ >= 0;
+    prm.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     void* req = ucp_ep_close_nbx(peer->ep, &prm);
-    while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS) {
-      if (Clock::now() >= deadline && !(prm.flags & UCP_EP_CLOSE_FLAG_FORCE)) {
-        // Flush did not finish: the endpoint is released by the forced close.
-        ucp_request_free(req);
-        prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        req = ucp_ep_close_nbx(peer->ep, &prm);
-        continue;
-      }
+    while (!force && UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS &&
+           Clock::now() < deadline)
       ucp_worker_progress(worker_);
-    }
     if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
     peer->ep = nullptr;
   }
@@ -183,15 +185,12 @@ void UcpTransport::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
   peer->failed = true;
   peer->why = "rank " + std::to_string(peer->rank) + ": connection lost (" +
               ucs_status_string(status) + ")";
+  if (peer->self->first_failed_ < 0) peer->self->first_failed_ = peer->rank;
 }
 
 int UcpTransport::failed_peer(std::string* why) const {
-  for (const auto& p : peers_)
-    if (p && p->failed) {
-      if (why) *why = p->why;
-      return p->rank;
-    }
-  return -1;
+  if (first_failed_ >= 0 && why) *why = peers_[first_failed_]->why;
+  return first_failed_;
 }
 
 uint64_t UcpTransport::ucp_tag(int sender, uint64_t tag) const {

@@ -53,8 +53,10 @@ class UcpTransport final : public sdk::p2p::Transport {
   /// Create the endpoints to every peer from their addresses (index = rank;
   /// own entry ignored). Progress thread. Throws sdk::Error(DOPT_ERR_COMM).
   void connect(const std::vector<std::string>& addresses);
-  /// Close the endpoints: flush (peers see an orderly disconnect) until
-  /// `deadline`, then force. Progress thread.
+  /// Close the endpoints: flushed, so that what was sent arrives before the
+  /// disconnect, waiting until `deadline` (a close still running then is
+  /// left to ucp_worker_destroy); all forced at once after a failure.
+  /// Progress thread.
   void close(Clock::time_point deadline);
 
   int rank() const override { return rank_; }
@@ -134,6 +136,7 @@ class UcpTransport final : public sdk::p2p::Transport {
   std::vector<void*> notice_recv_;  ///< their requests (null: done)
   std::vector<void*> notice_send_;  ///< ours, freed at close
   bool notified_ = false;
+  int first_failed_ = -1;  ///< the failure reported to the user
   std::string notice_out_;
 };
 
