@@ -110,7 +110,7 @@ std::unique_ptr<sdk::Request> UcxComm::post_user(const std::string& name, bool i
       const uint64_t t = sdk::p2p::Tag::user(static_cast<uint32_t>(tag));
       Handle h = is_send ? transport_->isend(peer, t, b.data, b.bytes())
                          : transport_->irecv(peer, t, b.data, b.bytes());
-      user_ops_.push_back(UserOp{req, h});
+      user_ops_.push_back(UserOp{req, h, peer, deadline()});
     });
   }
   qcv_.notify_one();

@@ -18,6 +18,7 @@ Config Config::from(const dopt_options* options) {
   c.timeout_s = o.get_double("timeout_s");
   c.small_bytes = o.get_int("small_bytes");
   c.segment_bytes = o.get_int("segment_bytes");
+  c.peer_errors = o.get_bool("peer_errors");
   return c;
 }
 
@@ -97,7 +98,7 @@ UcxComm::UcxComm(const dopt_create_args& args, const Config& cfg)
   if (world_ > 0xffff)
     throw sdk::Error(DOPT_ERR_UNSUPPORTED, "create: ucx supports at most 65535 ranks");
   const auto comm_id = static_cast<uint8_t>(sdk::Fnv1a().chars(scope_).digest() & 0xff);
-  transport_ = std::make_unique<UcpTransport>(rank_, world_, comm_id);
+  transport_ = std::make_unique<UcpTransport>(rank_, world_, comm_id, cfg_.peer_errors);
   std::vector<std::string> addresses(world_);
   if (world_ > 1)
     addresses = exchange_addresses(args, scope_, transport_->address(), cfg_.timeout_s);
@@ -243,17 +244,36 @@ void UcxComm::complete_user_ops() {
     posts.swap(posts_);
   }
   for (auto& post : posts) post();
+  const auto now = Clock::now();
+  std::string dead;
+  const bool peer_failed = transport_->failed_peer(&dead) >= 0;
   for (auto it = user_ops_.begin(); it != user_ops_.end();) {
+    dopt_status st = DOPT_OK;
+    std::string why;
     try {
-      if (!transport_->test(it->handle)) {
+      if (transport_->test(it->handle)) {
+        it->req->complete(DOPT_OK);
+        it = user_ops_.erase(it);
+        continue;
+      }
+      // Still running: a failed peer or the timeout ends it.
+      if (peer_failed) {
+        st = DOPT_ERR_COMM;
+        why = dead;
+      } else if (now >= it->deadline) {
+        st = DOPT_ERR_TIMEOUT;
+        why = "timed out waiting for rank " + std::to_string(it->peer);
+      } else {
         ++it;
         continue;
       }
-      it->req->complete(DOPT_OK);
     } catch (const sdk::Error& e) {
-      fail(e.status(), e.what());
-      it->req->complete(e.status(), it->req->op() + ": " + e.what());
+      st = e.status();
+      why = e.what();
     }
+    if (st == DOPT_ERR_COMM || st == DOPT_ERR_TIMEOUT) transport_->cancel(it->handle);
+    fail(st, why);
+    it->req->complete(st, it->req->op() + ": " + why);
     it = user_ops_.erase(it);
   }
 }

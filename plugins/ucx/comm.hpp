@@ -30,6 +30,7 @@ struct Config {
   double timeout_s = 60;
   int64_t small_bytes = 64 << 10;   ///< allreduce/broadcast latency path up to this size
   int64_t segment_bytes = 1 << 20;  ///< pipeline grain of ring and chain
+  bool peer_errors = true;          ///< UCP_ERR_HANDLING_MODE_PEER (see UcpTransport)
 };
 
 /// A DLTensor checked to be dense host memory.
@@ -80,6 +81,8 @@ class UcxComm final : public sdk::Communicator {
   struct UserOp {
     std::shared_ptr<sdk::Completion> req;
     Handle handle;
+    int peer;
+    Clock::time_point deadline;  ///< fails with TIMEOUT after timeout_s
   };
 
   UcxComm(const dopt_create_args& args, const Config& cfg);

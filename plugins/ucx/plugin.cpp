@@ -24,6 +24,11 @@ constexpr dopt_option_spec kOptions[] = {
                     "pipeline grain of the ring and chain: messages of this size are reduced "
                     "and forwarded as soon as they arrive")
         .range(4096, 1 << 30),
+    sdk::option_bool("peer_errors", "true",
+                     "endpoints report a dead peer (UCP_ERR_HANDLING_MODE_PEER: operations fail "
+                     "with COMM naming it). UCX 1.13 then cannot use its shared-memory "
+                     "transports (no peer failure handler) and moves data on one host over TCP "
+                     "and CMA; false lets it use them, and a dead peer is seen only as TIMEOUT"),
 };
 
 }  // namespace

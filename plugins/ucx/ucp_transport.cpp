@@ -30,8 +30,8 @@ constexpr uint64_t kNoticeTag = (uint64_t{1} << sdk::p2p::Tag::kTagBits) - 1;
 
 }  // namespace
 
-UcpTransport::UcpTransport(int rank, int world, uint8_t comm_id)
-    : rank_(rank), world_(world), comm_id_(comm_id) {
+UcpTransport::UcpTransport(int rank, int world, uint8_t comm_id, bool peer_errors)
+    : rank_(rank), world_(world), comm_id_(comm_id), peer_errors_(peer_errors) {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);  // UCX_* environment
   if (st != UCS_OK) ucx_error("ucp_config_read", st);
@@ -85,7 +85,7 @@ void UcpTransport::connect(const std::vector<std::string>& addresses) {
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(addresses.at(p).data());
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_mode = peer_errors_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     ep.err_handler.cb = &UcpTransport::on_error;
     ep.err_handler.arg = peer.get();
     ucs_status_t st = ucp_ep_create(worker_, &ep, &peer->ep);

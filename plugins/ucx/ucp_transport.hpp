@@ -42,9 +42,12 @@ using sdk::p2p::Handle;
 
 class UcpTransport final : public sdk::p2p::Transport {
  public:
-  /// Context + worker. comm_id: 8 bits separating communicators. Throws
-  /// sdk::Error(DOPT_ERR_COMM) when UCX cannot be initialised.
-  UcpTransport(int rank, int world, uint8_t comm_id);
+  /// Context + worker. comm_id: 8 bits separating communicators.
+  /// peer_errors: endpoints with UCP_ERR_HANDLING_MODE_PEER (a dead peer is
+  /// reported); UCX 1.13 then leaves out its shared-memory transports
+  /// (posix/sysv have no peer failure handler) and uses TCP (+ CMA) on one
+  /// host. Throws sdk::Error(DOPT_ERR_COMM) when UCX cannot be initialised.
+  UcpTransport(int rank, int world, uint8_t comm_id, bool peer_errors);
   /// Force-closes the endpoints still open, then frees worker and context.
   ~UcpTransport() override;
 
@@ -66,6 +69,8 @@ class UcpTransport final : public sdk::p2p::Transport {
   bool test(Handle h) override;
   void wait_all(const Handle* hs, size_t n, Clock::time_point deadline) override;
 
+  /// Give up on `h` (a receive is cancelled; UCX no longer writes its buffer).
+  void cancel(Handle h) { release(&h, 1); }
   /// Drive UCX once (and the idle hook); true if anything happened.
   bool progress();
   /// Called from every progress() (the communicator completes user
@@ -115,6 +120,7 @@ class UcpTransport final : public sdk::p2p::Transport {
 
   int rank_, world_;
   uint8_t comm_id_;
+  bool peer_errors_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;

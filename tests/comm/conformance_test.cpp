@@ -1,7 +1,8 @@
 // Conformance: the same checks over every communicator the registry
 // discovers in DISTOPT_PLUGIN_DIR (tcp, ucx when built; device-only ones
-// such as nccl are skipped), or only over DISTOPT_CONFORMANCE_COMM when set
-// (ctest runs comm_conformance_test_<name> entries that way).
+// such as nccl are skipped), or only over DISTOPT_CONFORMANCE_COMM when set,
+// with the options DISTOPT_CONFORMANCE_OPTIONS gives (a YAML map; ctest runs
+// comm_conformance_test_<name>* entries that way).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -35,6 +36,12 @@ std::vector<std::string> communicators() {
   return names;
 }
 
+/// DISTOPT_CONFORMANCE_OPTIONS (for DISTOPT_CONFORMANCE_COMM), else "{}".
+std::string options() {
+  const char* o = std::getenv("DISTOPT_CONFORMANCE_OPTIONS");
+  return o && *o ? o : "{}";
+}
+
 }  // namespace
 
 TEST_CASE("conformance: every discovered communicator") {
@@ -48,7 +55,7 @@ TEST_CASE("conformance: every discovered communicator") {
     auto codes = fork_ranks(
         2,
         [&](int me) {
-          auto ep = make_endpoint(name, me, 2, port);
+          auto ep = make_endpoint(name, me, 2, port, options());
           Communicator& c = *ep->comm;
           if (c.rank() != me || c.world_size() != 2) return 1;
           // allreduce sum float32
@@ -209,7 +216,7 @@ TEST_CASE(
       auto codes = fork_ranks(
           n,
           [&](int me) {
-            auto ep = make_endpoint(name, me, n, port);
+            auto ep = make_endpoint(name, me, n, port, options());
             const std::string bad = every_operation(*ep->comm, me, n);
             if (!bad.empty()) {
               fprintf(stderr, "%s rank %d: %s\n", name.c_str(), me, bad.c_str());

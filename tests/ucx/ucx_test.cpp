@@ -85,6 +85,34 @@ TEST_CASE("ucx: send/recv (also around a running collective) and split") {
   unsetenv("UCX_TLS");
 }
 
+TEST_CASE("ucx: a receive nobody sends to fails with TIMEOUT after timeout_s, naming the peer") {
+  const int port = free_port();
+  auto codes = fork_ranks(
+      2,
+      [&](int me) {
+        auto ep = make_endpoint("ucx", me, 2, port, "{timeout_s: 1.0}");
+        if (me == 1) {  // alive, but never sends
+          ep->store->get("done", std::chrono::seconds(60));
+          return 0;
+        }
+        float x = 0;
+        int64_t s;
+        DLTensor t = make_dltensor(&x, 1, dl_f32(), &s);
+        int rc = 1;
+        try {
+          ep->comm->recv(t, 1, 5).wait();
+        } catch (const CommError& e) {
+          rc = e.status() == DOPT_ERR_TIMEOUT && std::strstr(e.what(), "rank 1") ? 0 : 2;
+          if (rc) fprintf(stderr, "unexpected: %s\n", e.what());
+        }
+        ep->store->set("done", std::string("1"));
+        return rc;
+      },
+      std::chrono::seconds(60));
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
+}
+
 TEST_CASE("ucx: a rank that dies mid-allreduce fails every other rank's wait, naming it") {
   // Rank 2 exits (DISTOPT_FAULT_INJECT, sdk/fault_point.hpp) once it has
   // handed UCX 1 MiB of its second 32 MiB allreduce. timeout_s 600: only

@@ -4,8 +4,9 @@
 Runs, for each world size, distopt's benchmark (its JSON output) once per
 variant -- by default `tcp` with its shared-memory transport (the default
 when all ranks share a host) and TCP only (`shm: false`), and, when the
-`ucx` plugin was built, `ucx` with UCX's default transports and with
-UCX_TLS=tcp -- and then the same sizes through torch.distributed's gloo
+`ucx` plugin was built, `ucx` with UCX's default transports, with
+UCX_TLS=tcp, and with `peer_errors: false` (UCX's shared-memory transports)
+-- and then the same sizes through torch.distributed's gloo
 backend on 127.0.0.1, and prints one table: size, busbw of each
 (nccl-tests definition: algbw * 2(n-1)/n) and the ratios to gloo.
 
@@ -120,7 +121,8 @@ def main():
     args = ap.parse_args()
     # (column, communicator, options, extra environment)
     tcp = [("shm", "tcp", "{}", {}), ("tcp-only", "tcp", "{shm: false}", {})]
-    ucx = [("ucx", "ucx", "{}", {}), ("ucx-tcp", "ucx", "{}", {"UCX_TLS": "tcp"})]
+    ucx = [("ucx", "ucx", "{}", {}), ("ucx-tcp", "ucx", "{}", {"UCX_TLS": "tcp"}),
+           ("ucx-noerr", "ucx", "{peer_errors: false}", {})]
     if args.variant:
         comm = args.communicator or "tcp"
         variants = [tuple(v.split("=", 1)) + ({},) for v in args.variant]
