@@ -129,6 +129,7 @@ void UcpTransport::exchange_notices() {
       peers_[failed]->failed = true;
       peers_[failed]->why = std::string(n.text + used) + ", reported by rank " + std::to_string(p);
     }
+    if (first_failed_ < 0) failed_at_ = Clock::now();
     if (first_failed_ < 0 || first_failed_ == p) first_failed_ = failed;
   }
   std::string why;
@@ -169,8 +170,8 @@ void UcpTransport::close(Clock::time_point deadline) {
     const bool force = first_failed_ >= 0;
     prm.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     void* req = ucp_ep_close_nbx(peer->ep, &prm);
-    while (!force && UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS &&
-           Clock::now() < deadline)
+    while (!force && !quiesced_ && UCS_PTR_IS_PTR(req) &&
+           ucp_request_check_status(req) == UCS_INPROGRESS && Clock::now() < deadline)
       ucp_worker_progress(worker_);
     if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
     peer->ep = nullptr;
@@ -185,7 +186,10 @@ void UcpTransport::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
   peer->failed = true;
   peer->why = "rank " + std::to_string(peer->rank) + ": connection lost (" +
               ucs_status_string(status) + ")";
-  if (peer->self->first_failed_ < 0) peer->self->first_failed_ = peer->rank;
+  if (peer->self->first_failed_ < 0) {
+    peer->self->first_failed_ = peer->rank;
+    peer->self->failed_at_ = Clock::now();
+  }
 }
 
 int UcpTransport::failed_peer(std::string* why) const {
@@ -298,15 +302,17 @@ void UcpTransport::fail_op(const Op& op, const char* what) {
 
 bool UcpTransport::progress() {
   bool any = false;
-  while (ucp_worker_progress(worker_)) any = true;
-  exchange_notices();
+  if (!quiesced_) {
+    while (ucp_worker_progress(worker_)) any = true;
+    exchange_notices();
+  }
   if (hook_) hook_();
   return any;
 }
 
 bool UcpTransport::test(Handle h) {
   // Not progress(): the progress hook itself calls test().
-  while (ucp_worker_progress(worker_)) {
+  while (!quiesced_ && ucp_worker_progress(worker_)) {
   }
   Op& op = ops_.at(h);
   if (!poll(op)) return false;
@@ -334,39 +340,37 @@ void UcpTransport::wait_all(const Handle* hs, size_t n, Clock::time_point deadli
   while (true) {
     const bool moved = progress();
     const Op* pending = nullptr;
+    bool errors = false;
     for (size_t i = 0; i < n; ++i) {
       Op& op = ops_.at(hs[i]);
       if (!poll(op)) {
         if (!pending) pending = &op;
-        // A receive from a dead peer never completes by itself.
-        if (op.recv && peers_[op.peer] && peers_[op.peer]->failed) {
-          Op copy = op;
-          copy.status = UCS_ERR_CONNECTION_RESET;
-          release(hs, n);
-          fail_op(copy, "receive");
-        }
       } else if (op.status != UCS_OK) {
-        Op copy = op;
-        release(hs, n);
-        fail_op(copy, op.recv ? "receive" : "send");
+        errors = true;
+        if (failed_peer(nullptr) < 0) {
+          // Not a peer failure (those wait for the grace period below).
+          Op copy = op;
+          quiesce(hs, n);
+          fail_op(copy, op.recv ? "receive" : "send");
+        }
       }
     }
-    if (!pending) {
+    if (!pending && !errors) {  // done here, even if a peer failed meanwhile
       release(hs, n);
       return;
     }
-    if (failed_peer(nullptr) >= 0) {
-      release(hs, n);
+    if (failed_peer(nullptr) >= 0 && (quiesced_ || Clock::now() >= failed_at_ + kGrace)) {
+      quiesce(hs, n);
       throw_if_failed();
     }
     if (aborting_) {
       release(hs, n);
       throw sdk::Error(DOPT_ERR_ABORTED, "aborted (communicator destroyed)");
     }
-    if (Clock::now() >= deadline) {
+    if (pending && Clock::now() >= deadline) {
       const int peer = pending->peer;
       const bool recv = pending->recv;
-      release(hs, n);
+      quiesce(hs, n);
       throw sdk::Error(DOPT_ERR_TIMEOUT, std::string("timed out waiting for rank ") +
                                              std::to_string(peer) + " (" +
                                              (recv ? "receive" : "send") + " outstanding)");
@@ -379,6 +383,11 @@ void UcpTransport::wait_all(const Handle* hs, size_t n, Clock::time_point deadli
     else if (idle > 100)
       sched_yield();
   }
+}
+
+void UcpTransport::quiesce(const Handle* hs, size_t n) {
+  quiesced_ = true;
+  release(hs, n);
 }
 
 }  // namespace distopt::plugins::ucx

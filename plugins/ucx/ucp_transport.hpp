@@ -8,7 +8,9 @@
 //
 // Endpoints use UCP_ERR_HANDLING_MODE_PEER: when a peer dies, UCX calls the
 // error handler, which marks the peer failed; wait_all then fails every
-// pending operation with DOPT_ERR_COMM naming it. The rank that sees it
+// pending operation with DOPT_ERR_COMM naming it, after a 1 s grace period
+// for notices, and the worker is not progressed again (a failed transport
+// writes nothing more into the caller's buffers). The rank that sees it
 // first tells every other live rank (a notice on a reserved tag, one
 // receive pre-posted per peer), so ranks that never talk to the dead one
 // (a ring of 4) fail at once too, naming it, instead of timing out.
@@ -116,6 +118,10 @@ class UcpTransport final : public sdk::p2p::Transport {
   bool poll(Op& op);
   /// Release the handles (cancel what still runs).
   void release(const Handle* hs, size_t n);
+  /// After a failure or timeout: release the handles and never progress the
+  /// worker again, so UCX writes no more into buffers the caller gets back
+  /// (a matched rendezvous receive cannot be cancelled).
+  void quiesce(const Handle* hs, size_t n);
   [[noreturn]] void fail_op(const Op& op, const char* what);
 
   int rank_, world_;
@@ -143,6 +149,12 @@ class UcpTransport final : public sdk::p2p::Transport {
   std::vector<void*> notice_send_;  ///< ours, freed at close
   bool notified_ = false;
   int first_failed_ = -1;  ///< the failure reported to the user
+  Clock::time_point failed_at_{};
+  bool quiesced_ = false;
+  /// How long a failing operation keeps progressing after the first failure
+  /// seen, so that notices arrive: a peer that closed because of a third
+  /// rank's death is not named instead of it (tcp waits 2 s likewise).
+  static constexpr std::chrono::milliseconds kGrace{1000};
   std::string notice_out_;
 };
 

@@ -115,14 +115,16 @@ TEST_CASE("ucx: a receive nobody sends to fails with TIMEOUT after timeout_s, na
 
 TEST_CASE("ucx: a rank that dies mid-allreduce fails every other rank's wait, naming it") {
   // Rank 2 exits (DISTOPT_FAULT_INJECT, sdk/fault_point.hpp) once it has
-  // handed UCX 1 MiB of its second 32 MiB allreduce. timeout_s 600: only
-  // failure detection, not the timeout, ends this within the test's limit.
+  // handed UCX 1 MiB of its third operation, a 32 MiB allreduce (the barrier
+  // before it: every rank's first allreduce has completed, its rendezvous
+  // sends included). timeout_s 600: only failure detection, not the
+  // timeout, ends this within the test's limit.
   for (const char* tls : kTls) {
     CAPTURE(tls);
     set_tls(tls);
     const int n = 4, dead = 2;
     const int port = free_port();
-    setenv("DISTOPT_FAULT_INJECT", ("comm_exit:" + std::to_string(dead) + ":2:1048576").c_str(), 1);
+    setenv("DISTOPT_FAULT_INJECT", ("comm_exit:" + std::to_string(dead) + ":3:1048576").c_str(), 1);
     auto codes = fork_ranks(
         n,
         [&](int me) {
@@ -131,6 +133,7 @@ TEST_CASE("ucx: a rank that dies mid-allreduce fails every other rank's wait, na
           int64_t s;
           DLTensor t = make_dltensor(buf.data(), static_cast<int64_t>(buf.size()), dl_f32(), &s);
           ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();
+          ep->comm->barrier().wait();
           try {
             ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();
             if (me == dead) return 5;  // the fault point was not reached
