@@ -12,11 +12,18 @@
 #include <vector>
 
 #include "distopt/abi.h"
+#include "distopt/sdk/reduce_kernels.hpp"
 #include "fault.hpp"
-#include "reduce_kernels.hpp"
 #include "socket.hpp"
 
 namespace distopt::plugins::tcp {
+
+// The reduction kernels live in the SDK (shared with the p2p collectives).
+using sdk::divide;
+using sdk::DType;
+using sdk::dtype_from_dl;
+using sdk::dtype_size;
+using sdk::reduce;
 
 /// Where incoming bytes go. local == nullptr: copied into dst. Otherwise
 /// dst = local (op) incoming, then divided by `divisor` if > 1 (averages).

@@ -19,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "reduce_kernels.hpp"
 #include "ring.hpp"
 #include "shm_segment.hpp"
 

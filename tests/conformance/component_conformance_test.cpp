@@ -1,5 +1,6 @@
 // Conformance of every discovered reducer and algorithm (in $DISTOPT_PLUGIN_DIR),
-// with its default options, on 2 real ranks over the tcp communicator:
+// with its default options, on 2 real ranks over the tcp communicator (or
+// the one DISTOPT_CONFORMANCE_COMM names; ctest runs it with ucx too):
 //  - reducers (under the allreduce algorithm): training runs, parameters stay
 //    finite and bit-identical on every rank (a reduction's result is the same
 //    everywhere), the loss goes down, bytes_sent is counted;
@@ -10,6 +11,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -76,12 +78,14 @@ bool has_required_option(const distopt::ComponentInfo& c) {
 std::vector<Report> train(const std::string& reducer, const std::string& algorithm) {
   const std::string plugins = distopt::test::env_path("DISTOPT_PLUGIN_DIR");
   const std::string dir = "/tmp/distopt_conformance_" + std::to_string(getpid());
+  const char* comm = std::getenv("DISTOPT_CONFORMANCE_COMM");
+  const std::string communicator = comm && *comm ? comm : "tcp";
   std::system(("mkdir -p '" + dir + "'").c_str());
   const std::string yaml =
       "plugins: {paths: ['" + plugins + "']}\n" +
       "world: {size: 2, rendezvous: 'tcp://127.0.0.1:" + std::to_string(random_port()) +
-      "', timeout_s: 60}\n" + "communicator: {name: tcp}\n" + "reducer: {name: " + reducer + "}\n" +
-      "algorithm: {name: " + algorithm + "}\n" +
+      "', timeout_s: 60}\n" + "communicator: {name: " + communicator + "}\n" +
+      "reducer: {name: " + reducer + "}\n" + "algorithm: {name: " + algorithm + "}\n" +
       "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
   auto codes = fork_ranks(
       kWorld,

@@ -2,15 +2,19 @@
 """Compare `distopt bench comm` with PyTorch's gloo allreduce, in one run.
 
 Runs, for each world size, distopt's benchmark (its JSON output) once per
-variant -- for `tcp`: its shared-memory transport (the default when all
-ranks share a host) and TCP only (`shm: false`) -- and then the same sizes
-through torch.distributed's gloo backend on 127.0.0.1, and prints one table:
-size, busbw of each (nccl-tests definition: algbw * 2(n-1)/n) and the ratios
-to gloo.
+variant -- by default `tcp` with its shared-memory transport (the default
+when all ranks share a host) and TCP only (`shm: false`), and, when the
+`ucx` plugin was built, `ucx` with UCX's default transports, with
+UCX_TLS=tcp, and with `peer_errors: false` (UCX's shared-memory transports)
+-- and then the same sizes through torch.distributed's gloo
+backend on 127.0.0.1, and prints one table: size, busbw of each
+(nccl-tests definition: algbw * 2(n-1)/n) and the ratios to gloo.
 
 usage: tools/bench/compare_pytorch.py [--distopt build/bin/distopt] [-n 2 4]
-           [--min-bytes 4096] [--max-bytes 64M] [--communicator tcp] [--plugin-path DIR]
+           [--min-bytes 4096] [--max-bytes 64M] [--communicator NAME] [--plugin-path DIR]
            [--variant NAME=OPTIONS ...]
+--communicator NAME measures that communicator alone (its variants:
+--variant, else NAME={}, or tcp's two).
 Needs Debian's python3-torch (run with /usr/bin/python3).
 """
 import argparse
@@ -80,15 +84,16 @@ def run_gloo(world, sizes):
     return rows
 
 
-def run_distopt(args, world, options):
+def run_distopt(args, world, communicator, options, env=None):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    cmd = [args.distopt, "bench", "comm", "--communicator", args.communicator, "-n", str(world),
+    cmd = [args.distopt, "bench", "comm", "--communicator", communicator, "-n", str(world),
            "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--json", out,
            "--options", options]
     for p in args.plugin_path or []:
         cmd += ["--plugin-path", p]
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, **(env or {})))
     if res.returncode != 0:
         sys.exit("distopt bench comm failed:\n" + res.stdout)
     with open(out) as f:
@@ -108,24 +113,38 @@ def main():
     ap.add_argument("-n", "--nranks", type=int, nargs="+", default=[2, 4], help="world sizes (2 4)")
     ap.add_argument("--min-bytes", default="4096")
     ap.add_argument("--max-bytes", default="64M")
-    ap.add_argument("--communicator", default="tcp")
+    ap.add_argument("--communicator", default=None, help="only this communicator (default: tcp, and ucx if built)")
     ap.add_argument("--plugin-path", action="append", help="plugin directory for distopt (repeatable)")
     ap.add_argument("--variant", action="append", metavar="NAME=OPTIONS",
                     help="a distopt column: name and communicator options as a YAML map (repeatable; "
                          "default for tcp: shm={} tcp-only={shm: false}, else %s={})")
     args = ap.parse_args()
+    # (column, communicator, options, extra environment)
+    tcp = [("shm", "tcp", "{}", {}), ("tcp-only", "tcp", "{shm: false}", {})]
+    ucx = [("ucx", "ucx", "{}", {}), ("ucx-tcp", "ucx", "{}", {"UCX_TLS": "tcp"}),
+           ("ucx-noerr", "ucx", "{peer_errors: false}", {})]
     if args.variant:
-        variants = [tuple(v.split("=", 1)) for v in args.variant]
+        comm = args.communicator or "tcp"
+        variants = [tuple(v.split("=", 1)) + ({},) for v in args.variant]
+        variants = [(n, comm, o, e) for n, o, e in variants]
     elif args.communicator == "tcp":
-        variants = [("shm", "{}"), ("tcp-only", "{shm: false}")]
+        variants = tcp
+    elif args.communicator == "ucx":
+        variants = ucx
+    elif args.communicator:
+        variants = [(args.communicator, args.communicator, "{}", {})]
     else:
-        variants = [(args.communicator, "{}")]
+        plugin_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.distopt))), "plugins")
+        has_ucx = os.path.exists(os.path.join(plugin_dir, "libdistopt_ucx.so")) or any(
+            os.path.exists(os.path.join(p, "libdistopt_ucx.so")) for p in args.plugin_path or [])
+        variants = tcp + (ucx if has_ucx else [])
     for world in args.nranks:
-        cols = [(name, run_distopt(args, world, opts)) for name, opts in variants]
+        cols = [(name, run_distopt(args, world, comm, opts, env)) for name, comm, opts, env in variants]
         sizes = [r["bytes"] for r in cols[0][1]]
         g = run_gloo(world, sizes)
-        print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt %s (%s) vs PyTorch %s gloo; busbw in GB/s" %
-              (world, args.communicator, ", ".join("%s=%s" % v for v in variants), __import__("torch").__version__))
+        desc = ", ".join("%s=%s %s%s" % (n, c, o, "".join(" %s=%s" % kv for kv in e.items())) for n, c, o, e in variants)
+        print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt (%s) vs PyTorch %s gloo; busbw in GB/s" %
+              (world, desc, __import__("torch").__version__))
         names = [name for name, _ in cols] + ["gloo"] + [name + "/gloo" for name, _ in cols]
         widths = [max(10, len(n)) for n in names]
         print("# %12s" % "size(B)" + "".join(" %*s" % (w, n) for w, n in zip(widths, names)))

@@ -1,17 +1,39 @@
-// Reduction kernels. Compiled with -O3 (see CMakeLists.txt) and cloned for
-// AVX2 so the float loops vectorise on machines that have it.
-#include "reduce_kernels.hpp"
+// Element-wise reductions for the dtypes distopt's host-memory communicators
+// support (float32, float64, bfloat16, float16, int32, int64), shared by
+// `tcp` and the p2p collectives (p2p_collectives.hpp). bfloat16 and float16
+// are widened to float for the arithmetic and rounded back
+// (round-to-nearest-even), so every reduction step rounds once.
+// Header-only: the float loops are optimised at -O3 (GCC pragma below,
+// whatever the including target's level) and cloned for AVX2 on x86-64 GCC
+// (target_clones: one binary, the best loop chosen at load time).
+// Thread safety: pure functions on caller memory.
+#pragma once
+
+#include <dlpack/dlpack.h>
 
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 
-namespace distopt::plugins::tcp {
-namespace {
+#include "distopt/communicator.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+#endif
+
+namespace distopt::sdk {
+
+/// The reducible dtypes.
+enum class DType { F32, F64, BF16, F16, I32, I64 };
+
+namespace reduce_detail {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DOPT_CLONES __attribute__((target_clones("avx2", "default")))
+#define DOPT_SDK_CLONES __attribute__((target_clones("avx2", "default")))
 #else
-#define DOPT_CLONES
+#define DOPT_SDK_CLONES
 #endif
 
 inline uint32_t bits(float f) {
@@ -86,29 +108,29 @@ inline void div_loop(T* dst, size_t n, int d) {
   for (size_t i = 0; i < n; ++i) dst[i] = dst[i] / dv;
 }
 
-DOPT_CLONES void f32_sum(float* d, const float* a, const float* b, size_t n) {
+DOPT_SDK_CLONES inline void f32_sum(float* d, const float* a, const float* b, size_t n) {
   loop<float, Sum>(d, a, b, n);
 }
-DOPT_CLONES void f32_min(float* d, const float* a, const float* b, size_t n) {
+DOPT_SDK_CLONES inline void f32_min(float* d, const float* a, const float* b, size_t n) {
   loop<float, Min>(d, a, b, n);
 }
-DOPT_CLONES void f32_max(float* d, const float* a, const float* b, size_t n) {
+DOPT_SDK_CLONES inline void f32_max(float* d, const float* a, const float* b, size_t n) {
   loop<float, Max>(d, a, b, n);
 }
-DOPT_CLONES void f32_div(float* d, size_t n, int v) { div_loop<float>(d, n, v); }
-DOPT_CLONES void f64_sum(double* d, const double* a, const double* b, size_t n) {
+DOPT_SDK_CLONES inline void f32_div(float* d, size_t n, int v) { div_loop<float>(d, n, v); }
+DOPT_SDK_CLONES inline void f64_sum(double* d, const double* a, const double* b, size_t n) {
   loop<double, Sum>(d, a, b, n);
 }
-DOPT_CLONES void f64_min(double* d, const double* a, const double* b, size_t n) {
+DOPT_SDK_CLONES inline void f64_min(double* d, const double* a, const double* b, size_t n) {
   loop<double, Min>(d, a, b, n);
 }
-DOPT_CLONES void f64_max(double* d, const double* a, const double* b, size_t n) {
+DOPT_SDK_CLONES inline void f64_max(double* d, const double* a, const double* b, size_t n) {
   loop<double, Max>(d, a, b, n);
 }
-DOPT_CLONES void f64_div(double* d, size_t n, int v) { div_loop<double>(d, n, v); }
+DOPT_SDK_CLONES inline void f64_div(double* d, size_t n, int v) { div_loop<double>(d, n, v); }
 
 template <class T>
-void plain(dopt_reduce_op op, T* d, const T* a, const T* b, size_t n, int divisor) {
+inline void plain(dopt_reduce_op op, T* d, const T* a, const T* b, size_t n, int divisor) {
   switch (op) {
     case DOPT_REDUCE_MIN:
       loop<T, Min>(d, a, b, n);
@@ -125,8 +147,8 @@ void plain(dopt_reduce_op op, T* d, const T* a, const T* b, size_t n, int diviso
 
 // 16-bit floats: widen, combine, optionally divide, round once.
 template <float (*Load)(uint16_t), uint16_t (*StoreF)(float)>
-DOPT_CLONES void half_loop(dopt_reduce_op op, uint16_t* d, const uint16_t* a, const uint16_t* b,
-                           size_t n, int divisor) {
+DOPT_SDK_CLONES inline void half_loop(dopt_reduce_op op, uint16_t* d, const uint16_t* a,
+                                      const uint16_t* b, size_t n, int divisor) {
   const float inv = divisor > 1 ? static_cast<float>(divisor) : 1.0f;
   switch (op) {
     case DOPT_REDUCE_MIN:
@@ -144,9 +166,10 @@ DOPT_CLONES void half_loop(dopt_reduce_op op, uint16_t* d, const uint16_t* a, co
   }
 }
 
-}  // namespace
+}  // namespace reduce_detail
 
-bool dtype_from_dl(DLDataType t, DType* out) {
+/// Map a DLPack dtype (lanes must be 1) to ours; false if unsupported.
+inline bool dtype_from_dl(DLDataType t, DType* out) {
   if (t.lanes != 1) return false;
   if (t.code == kDLFloat && t.bits == 32)
     *out = DType::F32;
@@ -165,7 +188,8 @@ bool dtype_from_dl(DLDataType t, DType* out) {
   return true;
 }
 
-size_t dtype_size(DType t) {
+/// Bytes per element.
+inline size_t dtype_size(DType t) {
   switch (t) {
     case DType::F64:
     case DType::I64:
@@ -178,7 +202,8 @@ size_t dtype_size(DType t) {
   }
 }
 
-const char* dtype_name(DType t) {
+/// "float32", "float64", "bfloat16", "float16", "int32", "int64".
+inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::F32:
       return "float32";
@@ -195,20 +220,24 @@ const char* dtype_name(DType t) {
   }
 }
 
-void reduce(DType t, dopt_reduce_op op, void* dst, const void* a, const void* b, size_t n,
-            int divisor) {
+/// dst[i] = a[i] (op) b[i] for i < n; then, if divisor > 1, dst[i] /= divisor
+/// (the final step of an average; integer types truncate toward zero).
+/// dst may alias a or b exactly (in-place); other overlaps are not allowed.
+/// DOPT_REDUCE_AVG must be passed as DOPT_REDUCE_SUM plus a divisor.
+inline void reduce(DType t, dopt_reduce_op op, void* dst, const void* a, const void* b, size_t n,
+                   int divisor) {
   switch (t) {
     case DType::F32: {
       auto* d = static_cast<float*>(dst);
       auto* x = static_cast<const float*>(a);
       auto* y = static_cast<const float*>(b);
       if (op == DOPT_REDUCE_MIN)
-        f32_min(d, x, y, n);
+        reduce_detail::f32_min(d, x, y, n);
       else if (op == DOPT_REDUCE_MAX)
-        f32_max(d, x, y, n);
+        reduce_detail::f32_max(d, x, y, n);
       else
-        f32_sum(d, x, y, n);
-      if (divisor > 1) f32_div(d, n, divisor);
+        reduce_detail::f32_sum(d, x, y, n);
+      if (divisor > 1) reduce_detail::f32_div(d, n, divisor);
       break;
     }
     case DType::F64: {
@@ -216,63 +245,71 @@ void reduce(DType t, dopt_reduce_op op, void* dst, const void* a, const void* b,
       auto* x = static_cast<const double*>(a);
       auto* y = static_cast<const double*>(b);
       if (op == DOPT_REDUCE_MIN)
-        f64_min(d, x, y, n);
+        reduce_detail::f64_min(d, x, y, n);
       else if (op == DOPT_REDUCE_MAX)
-        f64_max(d, x, y, n);
+        reduce_detail::f64_max(d, x, y, n);
       else
-        f64_sum(d, x, y, n);
-      if (divisor > 1) f64_div(d, n, divisor);
+        reduce_detail::f64_sum(d, x, y, n);
+      if (divisor > 1) reduce_detail::f64_div(d, n, divisor);
       break;
     }
     case DType::I32:
-      plain(op, static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
-            static_cast<const int32_t*>(b), n, divisor);
+      reduce_detail::plain(op, static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+                           static_cast<const int32_t*>(b), n, divisor);
       break;
     case DType::I64:
-      plain(op, static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
-            static_cast<const int64_t*>(b), n, divisor);
+      reduce_detail::plain(op, static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+                           static_cast<const int64_t*>(b), n, divisor);
       break;
     case DType::BF16:
-      half_loop<bf16_to_f, f_to_bf16>(op, static_cast<uint16_t*>(dst),
-                                      static_cast<const uint16_t*>(a),
-                                      static_cast<const uint16_t*>(b), n, divisor);
+      reduce_detail::half_loop<reduce_detail::bf16_to_f, reduce_detail::f_to_bf16>(
+          op, static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+          static_cast<const uint16_t*>(b), n, divisor);
       break;
     case DType::F16:
-      half_loop<f16_to_f, f_to_f16>(op, static_cast<uint16_t*>(dst),
-                                    static_cast<const uint16_t*>(a),
-                                    static_cast<const uint16_t*>(b), n, divisor);
+      reduce_detail::half_loop<reduce_detail::f16_to_f, reduce_detail::f_to_f16>(
+          op, static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+          static_cast<const uint16_t*>(b), n, divisor);
       break;
   }
 }
 
-void divide(DType t, void* dst, const void* src, size_t n, int divisor) {
+/// dst[i] = src[i] / divisor (dst may equal src; divisor <= 1: a copy).
+inline void divide(DType t, void* dst, const void* src, size_t n, int divisor) {
   if (dst != src) std::memcpy(dst, src, n * dtype_size(t));
   if (divisor <= 1) return;
   switch (t) {
     case DType::F32:
-      f32_div(static_cast<float*>(dst), n, divisor);
+      reduce_detail::f32_div(static_cast<float*>(dst), n, divisor);
       break;
     case DType::F64:
-      f64_div(static_cast<double*>(dst), n, divisor);
+      reduce_detail::f64_div(static_cast<double*>(dst), n, divisor);
       break;
     case DType::I32:
-      div_loop(static_cast<int32_t*>(dst), n, divisor);
+      reduce_detail::div_loop(static_cast<int32_t*>(dst), n, divisor);
       break;
     case DType::I64:
-      div_loop(static_cast<int64_t*>(dst), n, divisor);
+      reduce_detail::div_loop(static_cast<int64_t*>(dst), n, divisor);
       break;
     case DType::BF16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i)
-        d[i] = f_to_bf16(bf16_to_f(d[i]) / static_cast<float>(divisor));
+        d[i] =
+            reduce_detail::f_to_bf16(reduce_detail::bf16_to_f(d[i]) / static_cast<float>(divisor));
       break;
     }
     case DType::F16: {
       auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = f_to_f16(f16_to_f(d[i]) / static_cast<float>(divisor));
+      for (size_t i = 0; i < n; ++i)
+        d[i] = reduce_detail::f_to_f16(reduce_detail::f16_to_f(d[i]) / static_cast<float>(divisor));
       break;
     }
   }
 }
 
-}  // namespace distopt::plugins::tcp
+}  // namespace distopt::sdk
+
+#undef DOPT_SDK_CLONES
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif

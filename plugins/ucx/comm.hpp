@@ -1,0 +1,129 @@
+// One rank's endpoint of a `ucx` communicator: a UcpTransport, the SDK's
+// p2p collectives over it, and the progress thread that runs operations in
+// issue order and drives UCX all the time (also while idle, so a peer's
+// large send or close never stalls on this rank).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "distopt/communicator.h"
+#include "distopt/sdk/fault_point.hpp"
+#include "distopt/sdk/p2p_collectives.hpp"
+#include "distopt/sdk/plugin.hpp"
+#include "ucp_transport.hpp"
+
+namespace distopt::plugins::ucx {
+
+/// The component's options (see the schema in plugin.cpp).
+struct Config {
+  /// Read from a validated options object; nullptr: the schema's defaults.
+  static Config from(const dopt_options* options);
+
+  double timeout_s = 60;
+  int64_t small_bytes = 64 << 10;   ///< allreduce/broadcast latency path up to this size
+  int64_t segment_bytes = 1 << 20;  ///< pipeline grain of ring and chain
+  bool peer_errors = true;          ///< UCP_ERR_HANDLING_MODE_PEER (see UcpTransport)
+};
+
+/// A DLTensor checked to be dense host memory.
+struct Buffer {
+  char* data = nullptr;
+  size_t count = 0;      ///< elements
+  size_t elem_size = 0;  ///< bytes per element
+  DLDataType dtype{};
+  size_t bytes() const { return count * elem_size; }
+};
+
+/// Requests are sdk::CompletionRequests named after the operation; a failed
+/// operation completes with "<op>: <cause>" (e.g. "allreduce: rank 2:
+/// connection lost (...)"). The first failure is permanent: later
+/// operations fail with it at once.
+class UcxComm final : public sdk::Communicator {
+ public:
+  /// Collective: creates the UCP worker, exchanges addresses through the
+  /// rendezvous store, connects. Options from args.options. Throws sdk::Error.
+  explicit UcxComm(const dopt_create_args& args);
+  /// Aborts pending work (DOPT_ERR_ABORTED), joins the progress thread,
+  /// closes the endpoints (failed peers forced, the others flushed for up to 2 s), frees UCX.
+  ~UcxComm() override;
+
+  int32_t rank() const override { return rank_; }
+  int32_t world_size() const override { return world_; }
+
+  // Each returns a started request or throws sdk::Error for bad arguments.
+  std::unique_ptr<sdk::Request> allreduce(const DLTensor& send, DLTensor& recv,
+                                          dopt_reduce_op op) override;
+  std::unique_ptr<sdk::Request> reduce_scatter(const DLTensor& send, DLTensor& recv,
+                                               dopt_reduce_op op) override;
+  std::unique_ptr<sdk::Request> allgather(const DLTensor& send, DLTensor& recv) override;
+  std::unique_ptr<sdk::Request> broadcast(DLTensor& buf, int32_t root) override;
+  std::unique_ptr<sdk::Request> send(const DLTensor& buf, int32_t peer, int32_t tag) override;
+  std::unique_ptr<sdk::Request> recv(DLTensor& buf, int32_t peer, int32_t tag) override;
+  std::unique_ptr<sdk::Request> barrier() override;
+  /// Blocking, collective; nullptr for color < 0. Throws sdk::Error.
+  std::unique_ptr<sdk::Communicator> split(int32_t color, int32_t key) override;
+
+ private:
+  using Body = std::function<void(Clock::time_point deadline)>;
+  struct Op {
+    std::shared_ptr<sdk::Completion> req;
+    Body body;
+  };
+  /// A user send/recv posted on the transport, completed by the progress hook.
+  struct UserOp {
+    std::shared_ptr<sdk::Completion> req;
+    Handle handle;
+    int peer;
+    Clock::time_point deadline;  ///< fails with TIMEOUT after timeout_s
+  };
+
+  UcxComm(const dopt_create_args& args, const Config& cfg);
+  std::unique_ptr<sdk::Request> enqueue(const std::string& name, Body body);
+  void progress_loop();
+  void run_op(Op& op);
+  /// Post queued user send/recv, complete finished ones (progress thread).
+  void complete_user_ops();
+  /// Queue a user send/recv: posted by the progress thread, even mid-collective.
+  std::unique_ptr<sdk::Request> post_user(const std::string& name, bool is_send, int peer,
+                                          int32_t tag, const Buffer& b);
+  /// Record the first failure; later operations fail with it.
+  void fail(dopt_status status, const std::string& cause);
+  bool failed(dopt_status* status, std::string* cause) const;
+  Clock::time_point deadline() const;
+  Buffer check(const DLTensor& t, const char* op, const char* which, bool reduce_dtype,
+               sdk::DType* dt = nullptr) const;
+
+  int rank_, world_;
+  Config cfg_;
+  dopt_store* store_;
+  std::string scope_, token_, bind_address_;
+  int split_seq_ = 0;
+
+  std::unique_ptr<UcpTransport> transport_;
+  std::unique_ptr<sdk::p2p::Collectives> coll_;  // progress thread only
+  std::list<UserOp> user_ops_;                   // progress thread only
+  std::deque<std::function<void()>> posts_;      // user send/recv to post (under qmu_)
+  sdk::FaultPoint fault_;                        // progress thread only
+
+  std::mutex qmu_;
+  std::condition_variable qcv_;
+  std::deque<Op> queue_;
+  bool stopping_ = false;
+  std::thread progress_;
+
+  mutable std::mutex fmu_;
+  std::atomic<bool> failed_{false};
+  bool destroying_ = false;
+  dopt_status fail_status_ = DOPT_OK;
+  std::string fail_cause_;
+};
+
+}  // namespace distopt::plugins::ucx
