@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "distopt/abi.h"
+#include "distopt/sdk/fault_point.hpp"
 #include "distopt/sdk/reduce_kernels.hpp"
-#include "fault.hpp"
 #include "socket.hpp"
 
 namespace distopt::plugins::tcp {
@@ -23,6 +23,7 @@ using sdk::divide;
 using sdk::DType;
 using sdk::dtype_from_dl;
 using sdk::dtype_size;
+using sdk::FaultPoint;
 using sdk::reduce;
 
 /// Where incoming bytes go. local == nullptr: copied into dst. Otherwise
@@ -62,7 +63,7 @@ struct RingIo {
   Clock::time_point deadline;                ///< the operation's timeout
   const std::atomic<bool>* abort = nullptr;  ///< set when the communicator failed or is destroyed
   int abort_fd = -1;                         ///< eventfd made readable together with *abort
-  FaultPoint* fault = nullptr;               ///< test-only fault injection (fault.hpp)
+  FaultPoint* fault = nullptr;               ///< test-only fault injection (sdk/fault_point.hpp)
 };
 
 struct RingResult {

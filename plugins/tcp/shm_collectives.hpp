@@ -68,7 +68,7 @@ class ShmTransport {
   /// Before writing this rank's slot for round `r`: every peer is done with round r-2.
   bool wait_slot_free(uint64_t r, const ShmWaitCtx& ctx, RingResult* res) const;
   void publish(std::atomic<uint64_t> ShmHeader::*counter, uint64_t value) const;
-  /// publish(ready, r), and count `bytes` as handed to peers (fault.hpp).
+  /// publish(ready, r), and count `bytes` as handed to peers (sdk/fault_point.hpp).
   void publish_ready(uint64_t r, size_t bytes, const ShmWaitCtx& ctx) const;
 
   int rank_, world_;

@@ -9,10 +9,12 @@
 #include <string>
 
 #include "distopt/abi.h"
-#include "fault.hpp"
+#include "distopt/sdk/fault_point.hpp"
 #include "socket.hpp"
 
 namespace distopt::plugins::tcp {
+
+using sdk::FaultPoint;
 
 /// The header at the start of every rank's segment. Counters hold round
 /// numbers (1, 2, ...; 0 = none yet) and only grow; each on its own cache line
@@ -77,7 +79,7 @@ void shm_publish(ShmHeader* h, std::atomic<uint64_t>& counter, uint64_t value);
 struct ShmWaitCtx {
   Clock::time_point deadline;
   const std::atomic<bool>* abort = nullptr;
-  FaultPoint* fault = nullptr;  ///< test-only fault injection (fault.hpp)
+  FaultPoint* fault = nullptr;  ///< test-only fault injection (sdk/fault_point.hpp)
   /// Per rank: set once that rank closed the communicator (its goodbye on the
   /// control channel); a wait on it can then never complete.
   const std::atomic<bool>* peer_left = nullptr;

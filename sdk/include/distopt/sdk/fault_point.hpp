@@ -5,8 +5,8 @@
 // once it has handed BYTES bytes of its OP-th collective (1-based, counted on
 // this communicator's progress thread) to its peers, on a socket or in
 // shared memory. Other DISTOPT_FAULT_INJECT values belong to the core.
-// (plugins/tcp has its own copy, plugins/tcp/fault.hpp, until it is ported
-// onto the SDK.) Thread safety: one thread (the progress thread).
+// Used by the tcp and ucx communicators. Thread safety: one thread (the
+// progress thread).
 #pragma once
 
 #include <unistd.h>
