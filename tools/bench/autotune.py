@@ -69,7 +69,7 @@ def main():
     print("|---|---|---|---|")
     for name, _, _ in ROWS:
         m = statistics.median(results[name])
-        print(f"| {name} | {m:.0f} | {m / base:.2f}x | {', '.join(sorted(chosen[name]))} |")
+        print(f"| {name} | {m:.0f} | {m / base:.2f}x | {' / '.join(sorted(chosen[name]))} |")
 
 
 if __name__ == "__main__":
