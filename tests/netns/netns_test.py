@@ -14,12 +14,21 @@ rendezvous on the first host's address.
     every rank exit non-zero within timeout_s + world.timeout_s, naming the
     silent peer, and nothing hangs.
 
+  * a stranger in a fourth namespace, without the job's token, is refused
+    by the store (wrong, empty or no token: it reads and writes nothing),
+    by the tcp communicator's listener (a hello with a wrong token, junk),
+    and reaches nothing through ucx (junk on UCX's TCP ports, and a forged
+    UCP endpoint sending failure notices and random tags: UCX accepts the
+    connection, but the tags are keyed by the token); the jobs finish with
+    bitwise the losses of the same jobs on loopback, no rank crashes.
+
 Needs root and `ip netns`; exits 77 (ctest SKIP_RETURN_CODE) with the reason
 otherwise, or without the Fashion-MNIST data set.
 """
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -31,6 +40,9 @@ sys.path.insert(0, os.path.join(SOURCE, "tools", "netns"))
 import hosts  # noqa: E402
 
 CLI = os.environ.get("DISTOPT_CLI", os.path.join(SOURCE, "build/bin/distopt"))
+STRANGER = os.path.join(SOURCE, "tests", "netns", "stranger.py")
+UCX_STRANGER = os.environ.get("DISTOPT_UCX_STRANGER",
+                              os.path.join(SOURCE, "build/bin/ucx_stranger"))
 PLUGINS = os.environ.get("DISTOPT_PLUGIN_DIR", os.path.join(SOURCE, "build/plugins"))
 DATA = "/usr/share/datasets/fashion-mnist"
 WORLD = 3
@@ -161,6 +173,144 @@ def test_cut_link_fails_every_rank_naming_the_silent_peer(tmp):
     assert "collective mismatch" not in "".join(texts)
 
 
+def _ip(*args):
+    r = subprocess.run(["ip", *args], capture_output=True, text=True)
+    assert r.returncode == 0, f"ip {' '.join(args)}: {r.stderr}"
+
+
+def wait_until(what, fn, procs, timeout_s=60):
+    """fn()'s first truthy value; fails if a rank ends first or after timeout_s."""
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        v = fn()
+        if v:
+            return v
+        assert all(p.poll() is None for p in procs), f"a rank ended while waiting for {what}"
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stranger(h, host, *args):
+    """Run stranger.py in host `host` (not one of the job's); its JSON."""
+    r = subprocess.run(h.argv(host, [sys.executable, STRANGER, *args]), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, f"stranger {args}: {r.stdout}{r.stderr}"
+    return json.loads(r.stdout)
+
+
+def loopback_reference(tmp, name, yaml, env=()):
+    m = os.path.join(tmp, name + ".jsonl")
+    r = subprocess.run(["env", *env, CLI, "train", yaml, "--metrics", m], capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, f"loopback {name} failed:\n{r.stdout}{r.stderr}"
+    return summary(m)
+
+
+def assert_same_run(ns, lo, what):
+    print(f"  {what}: train loss {ns['final_train_loss']!r} (loopback {lo['final_train_loss']!r}), "
+          f"test accuracy {100 * ns['final_test_accuracy']:.2f}%")
+    assert ns["final_train_loss"] == lo["final_train_loss"]
+    assert ns["final_test_loss"] == lo["final_test_loss"]
+    assert ns["final_test_accuracy"] == lo["final_test_accuracy"]
+
+
+def check_store_refuses(h, stranger_host, outs):
+    """(a) The store refuses a stranger with a wrong, an empty or no token:
+    one reply, kRefused (frame: length 1, status 2), then it closes; the
+    stranger's SET / GET behind the hello get nothing."""
+    got = stranger(h, stranger_host, "store", h.addr[0], str(h.port))
+    for name, r in got.items():
+        # Closed, or reset when the SET / GET behind the hello stayed unread.
+        assert r["reply"] == "0100000002" and r["end"] in ("closed", "reset"), f"store, {name}: {r}"
+    rank0 = read(outs[0])
+    who = f"refused connection from {h.addr[stranger_host]}:"
+    assert len(re.findall(re.escape(who) + r"\d+: wrong job token", rank0)) == 2, rank0
+    assert re.search(re.escape(who) + r"\d+: malformed first frame", rank0), rank0
+
+
+def test_tcp_refuses_strangers_without_the_token(tmp):
+    # Host 3 is the stranger's. Rank 2 cannot reach rank 1 (a `prohibit`
+    # route) until the stranger is done, so rank 1 still listens for rank
+    # 2's connections then; rank 2 retries and connects once it is lifted.
+    lo = loopback_reference(tmp, "tok_lo", job(tmp, "tok_lo.yaml", "false"))
+    with hosts.Hosts(WORLD + 1) as h:
+        _ip("-n", h.ns[2], "route", "add", "prohibit", f"{h.addr[1]}/32")
+        m = os.path.join(tmp, "tok_ns.jsonl")
+        procs, outs = h.launch([CLI, "train", job(tmp, "tok_ns.yaml", "false"), "--metrics", m], tmp,
+                               world=WORLD)
+        ports = wait_until("rank 1's listener", lambda: [p for _, p, _ in h.listening(1)], procs)
+        hello = [stranger(h, WORLD, "tcp-hello", h.addr[1], str(p)) for p in ports]
+        _ip("-n", h.ns[2], "route", "del", "prohibit", f"{h.addr[1]}/32")
+        check_store_refuses(h, WORLD, outs)
+        codes, _ = hosts.wait_all(procs, 180)
+        texts = [read(o) for o in outs]
+    assert codes == [0] * WORLD, f"exit codes {codes}:\n" + "\n".join(texts)
+    # Refused before anything is read past the hello: no 'K', closed.
+    for r in hello:
+        for name, v in r.items():
+            assert v == {"reply": "", "end": "closed"}, f"tcp listener, {name}: {v}"
+    who = re.escape(f"refused connection from {h.addr[WORLD]}:") + r"\d+: "
+    assert re.search(who + "wrong job token", texts[1]), texts[1]
+    assert re.search(who + r"not a distopt tcp peer \(bad magic\)", texts[1]), texts[1]
+    assert_same_run(summary(m), lo, "tcp with strangers")
+
+
+def ucx_ports(h, r):
+    """UCX's listening TCP ports in host r (those that are not the store's)."""
+    return [(a, p) for a, p, _ in h.listening(r) if p != h.port]
+
+
+def forge_ucp_endpoint(h, host, target_ip, target_port):
+    """ucx_stranger from `host` to target_ip:target_port; its output. Its
+    own port is chosen so that its two bytes occur once in its address."""
+    for _ in range(8):
+        own = 30000 + secrets.randbelow(30000)
+        env = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0", "UCX_TCP_PORT_RANGE": f"{own}-{own}",
+               "UCX_WARN_UNUSED_ENV_VARS": "n"}
+        r = subprocess.run(h.argv(host, [UCX_STRANGER, h.addr[host], str(own), target_ip,
+                                         str(target_port), str(WORLD)], env),
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 1:
+            return r
+    raise AssertionError(f"ucx_stranger could not forge an address: {r.stdout}{r.stderr}")
+
+
+def test_ucx_strangers_without_the_token_reach_nothing(tmp):
+    if not os.path.exists(os.path.join(PLUGINS, "libdistopt_ucx.so")):
+        print("  ucx plugin not built (UCX not found): case skipped")
+        return
+    assert os.path.exists(UCX_STRANGER), f"{UCX_STRANGER} is not built"
+    ucx = f"{{name: ucx, options: {{timeout_s: {COMM_TIMEOUT_S}}}}}"
+    steps = 150
+    lo = loopback_reference(tmp, "tok_ucx_lo",
+                            job(tmp, "tok_ucx_lo.yaml", comm=ucx, epochs=2, max_steps=steps),
+                            ["UCX_TLS=tcp"])
+    with hosts.Hosts(WORLD + 1) as h:
+        m = os.path.join(tmp, "tok_ucx_ns.jsonl")
+        yaml = job(tmp, "tok_ucx_ns.yaml", comm=ucx, epochs=2, max_steps=steps)
+        procs, outs = h.launch(["env", "UCX_TLS=tcp", CLI, "train", yaml, "--metrics", m], tmp,
+                               world=WORLD)
+        ports = [wait_until(f"rank {r}'s UCX listener", lambda: ucx_ports(h, r), procs)
+                 for r in range(WORLD)]
+        junk, forged = [], []
+        for r in range(WORLD):
+            for addr, port in ports[r]:
+                junk.append(stranger(h, WORLD, "junk", h.addr[r], str(port)))
+                f = forge_ucp_endpoint(h, WORLD, h.addr[r], port)
+                forged.append(f.stdout.strip() + f.stderr.strip()[-300:])
+        alive = [p.poll() is None for p in procs]
+        codes, _ = hosts.wait_all(procs, 180)
+        texts = [read(o) for o in outs]
+    for f in forged:
+        print(f"  {f.splitlines()[-1] if f else '(no output)'}")
+    print(f"  junk: {junk}")
+    assert codes == [0] * WORLD, f"exit codes {codes}:\n" + "\n".join(texts)
+    assert all(alive), f"the job ended before the strangers were done ({alive}): more steps"
+    assert any("flushed (UCX accepted the connection)" in f for f in forged), forged
+    assert "forged" not in "".join(texts), "\n".join(texts)
+    assert_same_run(summary(m), lo, "ucx with strangers")
+
+
 def main():
     why = hosts.skip_reason()
     if not why and not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
@@ -170,7 +320,10 @@ def main():
         return 77
     failed = 0
     with tempfile.TemporaryDirectory(prefix="distopt_netns_") as tmp:
+        only = os.environ.get("NETNS_TEST_FILTER", "")  # a substring of the cases to run
         for name, fn in [(k, v) for k, v in globals().items() if k.startswith("test_")]:
+            if only not in name:
+                continue
             print(f"{name}:", flush=True)
             t0 = time.time()
             try:

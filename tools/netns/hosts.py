@@ -116,6 +116,7 @@ class Hosts:
         subnet = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(256)}"
         self.addr = [f"{subnet}.{i + 1}" for i in range(n)]
         self.notes = []
+        self.port = self.token = None  # the last launch's rendezvous port and job token
         self._old_handlers = {}
 
     # -- set-up and tear-down --------------------------------------------
@@ -197,18 +198,22 @@ class Hosts:
             pre += ["env"] + [f"{k}={v}" for k, v in env.items()]
         return pre + list(argv)
 
-    def launch(self, argv, out_dir, enter=None):
+    def launch(self, argv, out_dir, enter=None, world=None):
         """Start `argv` once per host as one distopt rank each: DISTOPT_RANK,
         DISTOPT_WORLD_SIZE, DISTOPT_LOCAL_RANK 0 of 1, DISTOPT_RENDEZVOUS on
-        host 0's address (a random port: the namespace is fresh), a random
-        DISTOPT_JOB_TOKEN, DISTOPT_BIND_ADDRESS its own address. Output of
-        rank r goes to out_dir/rank<r>.out. enter(i): another command prefix
-        that enters host i (default `ip netns exec`). Returns (processes,
-        output paths)."""
+        host 0's address (a random port: the namespace is fresh, kept in
+        `port`), a random DISTOPT_JOB_TOKEN (kept in `token`),
+        DISTOPT_BIND_ADDRESS its own address. Output of rank r goes to
+        out_dir/rank<r>.out. enter(i): another command prefix that enters
+        host i (default `ip netns exec`). world: ranks on hosts 0..world-1
+        only (default all; the others stay free for strangers). Returns
+        (processes, output paths)."""
         port, token = 20000 + secrets.randbelow(40000), secrets.token_hex(8)
+        self.port, self.token = port, token
+        world = world or self.n
         procs, outs = [], []
-        for r in range(self.n):
-            env = {"DISTOPT_RANK": r, "DISTOPT_WORLD_SIZE": self.n, "DISTOPT_LOCAL_RANK": 0,
+        for r in range(world):
+            env = {"DISTOPT_RANK": r, "DISTOPT_WORLD_SIZE": world, "DISTOPT_LOCAL_RANK": 0,
                    "DISTOPT_LOCAL_WORLD_SIZE": 1, "DISTOPT_RENDEZVOUS": f"tcp://{self.addr[0]}:{port}",
                    "DISTOPT_JOB_TOKEN": token, "DISTOPT_BIND_ADDRESS": self.addr[r]}
             if enter:
@@ -219,6 +224,20 @@ class Hosts:
             with open(outs[-1], "w") as f:
                 procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT))
         return procs, outs
+
+    def listening(self, i):
+        """The TCP ports listened on in host i: [(address, port, pid)]."""
+        r = subprocess.run(["ip", "netns", "exec", self.ns[i], "ss", "-ltnpH"],
+                           capture_output=True, text=True, check=True)
+        out = []
+        for line in r.stdout.splitlines():
+            f = line.split()
+            if len(f) < 4:
+                continue
+            addr, _, port = f[3].rpartition(":")
+            pid = line.partition("pid=")[2].partition(",")[0]
+            out.append((addr.strip("[]"), int(port), int(pid) if pid.isdigit() else None))
+        return out
 
     def link_down(self, i):
         """Cut host i off the bridge (its bridge-side veth goes down: no RST,
