@@ -98,10 +98,14 @@ UcxComm::UcxComm(const dopt_create_args& args, const Config& cfg)
   if (world_ > 0xffff)
     throw sdk::Error(DOPT_ERR_UNSUPPORTED, "create: ucx supports at most 65535 ranks");
   const auto comm_id = static_cast<uint8_t>(sdk::Fnv1a().chars(scope_).digest() & 0xff);
-  transport_ = std::make_unique<UcpTransport>(rank_, world_, comm_id, cfg_.peer_errors);
+  transport_ = std::make_unique<UcpTransport>(rank_, world_, comm_id, cfg_.peer_errors, token_);
   std::vector<std::string> addresses(world_);
-  if (world_ > 1)
+  if (world_ > 1) {
     addresses = exchange_addresses(args, scope_, transport_->address(), cfg_.timeout_s);
+    // Every rank's listeners take the job's hosts before any rank connects.
+    transport_->admit(addresses);
+    exchange_addresses(args, scope_ + "/admitted", "", cfg_.timeout_s);
+  }
   transport_->connect(addresses);
   sdk::p2p::CollectiveOptions co;
   co.small_bytes = static_cast<size_t>(cfg_.small_bytes);

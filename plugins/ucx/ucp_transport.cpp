@@ -4,8 +4,13 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <thread>
+
+#include "distopt/sdk/host.hpp"
+#include "listener_filter.hpp"
 
 namespace distopt::plugins::ucx {
 
@@ -24,14 +29,49 @@ namespace {
   throw sdk::Error(DOPT_ERR_COMM, what + ": " + ucs_status_string(st));
 }
 
+template <class T>
+void put(std::string& s, T v) {  // little-endian
+  for (size_t i = 0; i < sizeof v; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+template <class T>
+bool get(const std::string& s, size_t* at, T* v) {
+  if (*at > s.size() || s.size() - *at < sizeof(T)) return false;
+  *v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i)
+    *v |= static_cast<T>(static_cast<T>(static_cast<unsigned char>(s[*at + i])) << (8 * i));
+  *at += sizeof(T);
+  return true;
+}
+
+/// A peer's published bytes (see the constructor): its worker address, and
+/// its host's addresses appended to `hosts`. False if malformed.
+bool unpack(const std::string& s, std::string* worker, std::vector<uint32_t>* hosts) {
+  size_t at = 0;
+  uint32_t len = 0;
+  uint16_t n = 0;
+  if (!get(s, &at, &len) || s.size() - at < len) return false;
+  *worker = s.substr(at, len);
+  at += len;
+  if (!get(s, &at, &n)) return false;
+  for (uint16_t i = 0; i < n; ++i) {
+    uint32_t a = 0;
+    if (!get(s, &at, &a)) return false;
+    hosts->push_back(a);
+  }
+  return at == s.size();
+}
+
 constexpr uint64_t kFullMask = ~uint64_t{0};
 // The notice tag: bits 32..38 set, which neither collective nor user tags use.
 constexpr uint64_t kNoticeTag = (uint64_t{1} << sdk::p2p::Tag::kTagBits) - 1;
 
 }  // namespace
 
-UcpTransport::UcpTransport(int rank, int world, uint8_t comm_id, bool peer_errors)
-    : rank_(rank), world_(world), comm_id_(comm_id), peer_errors_(peer_errors) {
+UcpTransport::UcpTransport(int rank, int world, uint8_t comm_id, bool peer_errors,
+                           const std::string& token)
+    : rank_(rank), world_(world), comm_id_(comm_id), peer_errors_(peer_errors), cipher_(token) {
+  const std::vector<int> listening_before = listening_tcp4_fds();
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);  // UCX_* environment
   if (st != UCS_OK) ucx_error("ucp_config_read", st);
@@ -58,8 +98,26 @@ UcpTransport::UcpTransport(int rank, int world, uint8_t comm_id, bool peer_error
     ucp_cleanup(context_);
     ucx_error("ucp_worker_get_address", st);
   }
-  address_.assign(reinterpret_cast<const char*>(addr), len);
+  // Published: u32 length, the worker address, u16 count, IPv4 addresses.
+  my_hosts_ = local_ipv4_addresses();
+  put(address_, static_cast<uint32_t>(len));
+  address_.append(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(worker_, addr);
+  put(address_, static_cast<uint16_t>(my_hosts_.size()));
+  for (uint32_t a : my_hosts_) put(address_, a);
+  // The worker's listeners are the ones that appeared with it.
+  for (int fd : listening_tcp4_fds())
+    if (!std::binary_search(listening_before.begin(), listening_before.end(), fd))
+      listeners_.push_back(fd);
+  filter_listeners(my_hosts_);
+}
+
+void UcpTransport::filter_listeners(const std::vector<uint32_t>& hosts) {
+  for (int fd : listeners_)
+    if (!allow_sources(fd, hosts))
+      sdk::log_warn("ucx", "rank " + std::to_string(rank_) +
+                               ": cannot filter a UCX listener by source address (" +
+                               std::strerror(errno) + "): any host can connect to it");
 }
 
 UcpTransport::~UcpTransport() {
@@ -74,7 +132,23 @@ UcpTransport::~UcpTransport() {
   ucp_cleanup(context_);
 }
 
+void UcpTransport::admit(const std::vector<std::string>& addresses) {
+  workers_.assign(world_, std::string());
+  std::vector<uint32_t> hosts = my_hosts_;
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    if (!unpack(addresses.at(p), &workers_[p], &hosts))
+      throw sdk::Error(DOPT_ERR_COMM, "rank " + std::to_string(p) +
+                                          " published a malformed UCX address (another "
+                                          "distopt version?)");
+  }
+  std::sort(hosts.begin(), hosts.end());
+  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+  filter_listeners(hosts);
+}
+
 void UcpTransport::connect(const std::vector<std::string>& addresses) {
+  if (workers_.empty()) admit(addresses);
   peers_.resize(world_);
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
@@ -84,7 +158,7 @@ void UcpTransport::connect(const std::vector<std::string>& addresses) {
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(addresses.at(p).data());
+    ep.address = reinterpret_cast<const ucp_address_t*>(workers_[p].data());
     ep.err_mode = peer_errors_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     ep.err_handler.cb = &UcpTransport::on_error;
     ep.err_handler.arg = peer.get();
@@ -198,8 +272,8 @@ int UcpTransport::failed_peer(std::string* why) const {
 }
 
 uint64_t UcpTransport::ucp_tag(int sender, uint64_t tag) const {
-  return (uint64_t{comm_id_} << 56) | (static_cast<uint64_t>(sender & 0xffff) << 40) |
-         (tag & ((uint64_t{1} << sdk::p2p::Tag::kTagBits) - 1));
+  return cipher_((uint64_t{comm_id_} << 56) | (static_cast<uint64_t>(sender & 0xffff) << 40) |
+                 (tag & ((uint64_t{1} << sdk::p2p::Tag::kTagBits) - 1)));
 }
 
 Handle UcpTransport::add(Op op) {

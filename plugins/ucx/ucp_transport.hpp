@@ -4,7 +4,8 @@
 // UCP tag (64 bits) = communicator id (8) | sender rank (16) | p2p tag (40,
 // sdk::p2p::Tag), received with a full mask, so split communicators and
 // concurrent collectives never match each other's messages (UCC's layout
-// in spirit: scope id, sender, sequence number).
+// in spirit: scope id, sender, sequence number); on the wire, its image
+// under TagCipher (a bijection keyed by the job token).
 //
 // Endpoints use UCP_ERR_HANDLING_MODE_PEER: when a peer dies, UCX calls the
 // error handler, which marks the peer failed; wait_all then fails every
@@ -14,6 +15,24 @@
 // first tells every other live rank (a notice on a reserved tag, one
 // receive pre-posted per peer), so ranks that never talk to the dead one
 // (a ring of 4) fail at once too, naming it, instead of timing out.
+//
+// Trust model: the job token (DISTOPT_JOB_TOKEN) guards the rendezvous
+// store, through which the worker addresses travel, but UCX itself checks
+// nothing: its tcp transport accepts any connection, matches any connected
+// worker's tagged messages, and aborts the process on a malformed stream
+// (UCX 1.13). So (1) the listening TCP sockets the worker opens drop every
+// packet from an IPv4 source that is not one of the job's hosts' addresses
+// (each rank publishes its host's addresses with its worker address;
+// listener_filter.hpp), and (2) the tags on the wire are the layout's tags
+// under a permutation keyed by the token (tag_cipher.hpp), so a process
+// that gets through without the token cannot complete a receive. Not
+// protected: processes on a job's host (they pass the filter and can crash
+// UCX with junk, though not inject data), the window between the worker's
+// creation and connect() (the filter then allows this host only), IPv6
+// listeners, anyone who sees the traffic (no encryption, payloads not
+// authenticated, tags replayable), non-TCP transports (shared memory is
+// this host's; InfiniBand has its own fabric partitioning), and floods
+// (unmatched messages are kept by UCX).
 //
 // UCX picks its transports itself; UCX_TLS (e.g. "tcp", "sm,tcp") and
 // UCX_NET_DEVICES (e.g. "eth0", "mlx5_0:1") restrict them (read by
@@ -36,6 +55,7 @@
 
 #include "distopt/sdk/fault_point.hpp"
 #include "distopt/sdk/p2p_transport.hpp"
+#include "tag_cipher.hpp"
 
 namespace distopt::plugins::ucx {
 
@@ -48,16 +68,29 @@ class UcpTransport final : public sdk::p2p::Transport {
   /// peer_errors: endpoints with UCP_ERR_HANDLING_MODE_PEER (a dead peer is
   /// reported); UCX 1.13 then leaves out its shared-memory transports
   /// (posix/sysv have no peer failure handler) and uses TCP (+ CMA) on one
-  /// host. Throws sdk::Error(DOPT_ERR_COMM) when UCX cannot be initialised.
-  UcpTransport(int rank, int world, uint8_t comm_id, bool peer_errors);
+  /// host. token: the job token, keying the tags (every rank must pass the
+  /// same). The worker's IPv4 listeners accept this host only until
+  /// connect(). Throws sdk::Error(DOPT_ERR_COMM) when UCX cannot be
+  /// initialised. Not thread-safe against other threads opening listening
+  /// sockets meanwhile (see listener_filter.hpp).
+  UcpTransport(int rank, int world, uint8_t comm_id, bool peer_errors,
+               const std::string& token = "");
   /// Force-closes the endpoints still open, then frees worker and context.
   ~UcpTransport() override;
 
-  /// This worker's address, to publish through the rendezvous store.
+  /// What to publish through the rendezvous store: the worker's address
+  /// and this host's IPv4 addresses (opaque bytes).
   std::string address() const { return address_; }
-  /// Create the endpoints to every peer from their addresses (index = rank;
-  /// own entry ignored). Progress thread. Throws sdk::Error(DOPT_ERR_COMM).
+  /// Let the listeners accept the hosts named in what every rank published
+  /// (index = rank; own entry ignored). Call it on every rank before any
+  /// rank calls connect(): a peer's SYN dropped before costs it a 1 s
+  /// retransmission. Throws sdk::Error(DOPT_ERR_COMM) for a malformed entry.
+  void admit(const std::vector<std::string>& addresses);
+  /// Create the endpoints to every peer (admit() first if it was not
+  /// called). Progress thread. Throws sdk::Error(DOPT_ERR_COMM).
   void connect(const std::vector<std::string>& addresses);
+  /// The listening IPv4 TCP sockets of the worker that carry a source filter.
+  size_t filtered_listeners() const { return listeners_.size(); }
   /// Close the endpoints: flushed, so that what was sent arrives before the
   /// disconnect, waiting until `deadline` (a close still running then is
   /// left to ucp_worker_destroy); all forced at once after a failure.
@@ -124,9 +157,16 @@ class UcpTransport final : public sdk::p2p::Transport {
   void quiesce(const Handle* hs, size_t n);
   [[noreturn]] void fail_op(const Op& op, const char* what);
 
+  /// Filter the worker's listeners to `hosts`; a warning if the kernel refuses.
+  void filter_listeners(const std::vector<uint32_t>& hosts);
+
   int rank_, world_;
   uint8_t comm_id_;
   bool peer_errors_;
+  TagCipher cipher_;
+  std::vector<int> listeners_;        ///< the worker's listening IPv4 TCP sockets
+  std::vector<uint32_t> my_hosts_;    ///< this host's IPv4 addresses
+  std::vector<std::string> workers_;  ///< peers' worker addresses, set by admit()
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;

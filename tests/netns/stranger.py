@@ -17,8 +17,8 @@ import sys
 TIMEOUT_S = 5
 
 
-def connect(host, port):
-    s = socket.create_connection((host, port), timeout=TIMEOUT_S)
+def connect(host, port, timeout_s=TIMEOUT_S):
+    s = socket.create_connection((host, port), timeout=timeout_s)
     s.settimeout(TIMEOUT_S)
     return s
 
@@ -97,7 +97,7 @@ def junk(host, port):
     for name, data in {"random": os.urandom(4096),
                        "ucx_magic": ucx_magic + os.urandom(4096)}.items():
         try:
-            s = connect(host, port)
+            s = connect(host, port, timeout_s=2)
             s.sendall(data)
             got, how = read_all(s, timeout_s=1)  # UCX may just wait for more
             s.close()

@@ -97,8 +97,8 @@ int main(int argc, char** argv) {
   if (ucp_worker_get_address(worker, &own, &len) != UCS_OK) return 1;
   std::string addr(reinterpret_cast<const char*>(own), len);
   ucp_worker_release_address(worker, own);
-  if (!replace_once(addr, own_ip, target_ip) || !replace_once(addr, port16(own_port),
-                                                              port16(target_port))) {
+  if (!replace_once(addr, own_ip, target_ip) ||
+      !replace_once(addr, port16(own_port), port16(target_port))) {
     std::fprintf(stderr, "stranger: own address or port not found once in the worker address\n");
     return 1;
   }
@@ -109,8 +109,9 @@ int main(int argc, char** argv) {
   ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   ep.err_handler.cb = on_error;
   ucp_ep_h h = nullptr;
-  if (ucp_ep_create(worker, &ep, &h) != UCS_OK) {
-    std::printf("stranger: ucp_ep_create failed\n");
+  const ucs_status_t st = ucp_ep_create(worker, &ep, &h);
+  if (st != UCS_OK) {
+    std::printf("stranger: ucp_ep_create failed: %s\n", ucs_status_string(st));
     return 2;
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
