@@ -6,11 +6,13 @@
 // host and the rest where they live ("the device").
 //
 // Host side, per offloaded parameter (one "chunk", Megatron's one CPU
-// optimizer per parameter; with shard: true, per range of it this rank owns): a host copy of the
-// parameter (fp32 with param_update_in_fp32, else the parameter's dtype; pinned when the parameter
-// is on CUDA), a host gradient buffer of that dtype, and its own inner optimizer
-// (sdk::make_optimizer over the one host copy; the optimizers of the factory update each parameter
-// independently, so one per parameter equals one over all). A step: (1) every chunk's D2H work is
+// optimizer per parameter; with shard: true, per range of it this rank
+// owns): a host copy of the parameter (fp32 with param_update_in_fp32, else
+// the parameter's dtype; pinned when the parameter is on CUDA), a host
+// gradient buffer of that dtype, and its own inner optimizer
+// (sdk::make_optimizer over the one host copy; the optimizers of the
+// factory update each element independently, so one per parameter equals
+// one over all). A step: (1) every chunk's D2H work is
 // queued (transfer.hpp): check the parameter against the value hybrid last
 // wrote and refresh the host copy if they differ, then copy the gradient;
 // (2) the device part steps meanwhile; (3) for each chunk in order: wait for
