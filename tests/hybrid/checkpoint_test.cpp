@@ -261,7 +261,7 @@ std::vector<double> run_with_load(const std::string& algorithm, Load how, const 
 
 TEST_CASE("model weights loaded alone: the next hybrid step starts from them (Megatron PR 5071)") {
   const std::string dir = make_temp_dir("distopt_hybrid_load");
-  for (Load how : {Load::copy_in, Load::set_data}) {
+  for (Load how : {Load::copy_in, Load::torch_load, Load::set_data}) {
     const std::string mode = load_name(how);
     CAPTURE(mode);
     // Plain libtorch (Adam, 2 ranks' averaged gradient): loads by value
