@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -33,6 +34,13 @@ at::Tensor host_buffer(const at::Tensor& model, at::ScalarType dtype) {
                                       model.is_cuda()));
 }
 
+// A leaf tensor over elements [offset, offset + numel) of a contiguous 1-D
+// tensor's memory (optimizers step leaves and read their .grad).
+at::Tensor flat_alias(const at::Tensor& flat, int64_t offset, int64_t numel) {
+  auto* base = static_cast<char*>(flat.data_ptr()) + offset * flat.element_size();
+  return at::from_blob(base, {numel}, flat.options());
+}
+
 // Completions of work that may still run: wait for all (errors ignored),
 // so nothing still references this step's state when we unwind.
 void drain(const std::vector<std::shared_ptr<sdk::Completion>>& done) noexcept {
@@ -47,33 +55,45 @@ void drain(const std::vector<std::shared_ptr<sdk::Completion>>& done) noexcept {
 
 }  // namespace
 
-void HybridAlgorithm::check_job(const sdk::JobView& job) {
-  if (job.self().options().get_bool("shard"))
-    job.reject("algorithm.options.shard",
-               "hybrid does not shard its offloaded part yet: every rank steps all of it (the "
-               "host copies and state are replicated, as in allreduce); use shard: false, or "
-               "algorithm zero for sharded optimizer state without offload",
-               DOPT_ERR_UNSUPPORTED);
-}
-
 HybridAlgorithm::HybridAlgorithm(const dopt_algorithm_args& args)
     : reducer_(args.reducer),
+      comm_(args.comm),
       rank_(args.common ? args.common->rank : 0),
       world_size_(args.common ? args.common->world_size : 0) {
   if (!args.common || !args.reducer.vt || !args.reducer.reducer)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "hybrid: needs common args and a reducer");
-  if (world_size_ < 1) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "hybrid: world_size < 1");
+  if (world_size_ < 1 || rank_ < 0 || rank_ >= world_size_)
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "hybrid: bad rank / world size");
   const sdk::OptionsView opts(args.common->options);
-  const double fraction = opts.get_double("offload_fraction");
   fp32_update_ = opts.get_bool("param_update_in_fp32");
   refresh_ = opts.get_bool("refresh_masters");
+  shard_ = opts.get_bool("shard");
   const bool overlap = opts.get_bool("overlap_cpu_optimizer_d2h_h2d");
-  if (opts.get_bool("shard"))
-    throw sdk::Error(DOPT_ERR_UNSUPPORTED, "hybrid: shard: true is not implemented");
+  if (shard_ && world_size_ > 1 && (!args.comm.vt || !args.comm.comm))
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "hybrid: shard: true needs a communicator");
 
   for (size_t b = 0; b < args.num_buckets; ++b) buckets_.push_back(&args.buckets[b]);
   pending_.resize(args.num_buckets);
+  at::NoGradGuard ng;
+  collect_params(args, opts.get_double("offload_fraction"));
+  make_pieces(args);
+  build_device_optimizer(args);
+  bool any_cuda = false;
+  for (const Param& p : params_) any_cuda = any_cuda || p.model.is_cuda();
+  if (any_cuda)
+    sdk::log_warn("hybrid",
+                  "parameters on CUDA: copies run through the host transfer (synchronous "
+                  "copy_, no side streams); this path has never run on a GPU (UNVERIFIED)");
+  d2h_ = std::make_unique<HostTransfer>("hybrid d2h", overlap);
+  h2d_ = std::make_unique<HostTransfer>("hybrid h2d", overlap);
+  int64_t host_numel = 0;
+  for (size_t k : host_) host_numel += pieces_[k].numel;
+  sdk::metric_add("hybrid.offloaded_numel", static_cast<double>(host_numel));
+}
 
+HybridAlgorithm::~HybridAlgorithm() = default;
+
+void HybridAlgorithm::collect_params(const dopt_algorithm_args& args, double fraction) {
   std::vector<int64_t> numels;
   for (size_t i = 0; i < args.num_params; ++i) {
     const dopt_param& d = args.params[i];
@@ -86,59 +106,73 @@ HybridAlgorithm::HybridAlgorithm(const dopt_algorithm_args& args)
                                                       std::to_string(d.group) + " of " +
                                                       std::to_string(args.num_groups));
     p.group = d.group;
-    p.model = sdk::as_tensor(*d.data);
+    const at::Tensor model = sdk::as_tensor(*d.data), grad = sdk::as_tensor(*d.grad);
+    if (!model.is_contiguous() || !grad.is_contiguous())
+      throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
+                       "hybrid: parameter " + p.name + " or its gradient is not contiguous");
+    if (shard_ && !params_.empty() && model.scalar_type() != params_[0].model.scalar_type())
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                       "hybrid: shard: true needs one dtype for all trainable parameters (one "
+                       "allgather buffer); " +
+                           p.name + " differs from " + params_[0].name);
+    p.model = model.view(-1);
     p.model_ptr = data_of(*d.data);
-    p.grad = sdk::as_tensor(*d.grad);
-    p.slice = {p.name, 0, std::vector<int64_t>(p.model.sizes().begin(), p.model.sizes().end())};
+    p.grad = grad.view(-1);
     numels.push_back(p.model.numel());
     params_.push_back(std::move(p));
   }
   std::vector<bool> offloaded;
   try {
     offloaded = offload_split(numels, fraction);
+    shards_ = sdk::shard_back_to_back(numels, shard_ ? world_size_ : 1);
   } catch (const std::invalid_argument& e) {
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string("hybrid: ") + e.what());
   }
-
-  bool any_cuda = false;
-  const sdk::OptionsView o(args.optimizer_options);
-  const std::string opt_name = args.optimizer_name ? args.optimizer_name : "";
-  for (size_t k = 0; k < params_.size(); ++k) {
-    Param& p = params_[k];
-    any_cuda = any_cuda || p.model.is_cuda();
-    const bool to_fp32 =
-        fp32_update_ && p.model.is_floating_point() && p.model.scalar_type() != at::kFloat;
-    if (!offloaded[k]) {
-      device_.push_back(k);
-      continue;
-    }
-    host_.push_back(k);
-    const at::ScalarType dt = to_fp32 ? at::kFloat : p.model.scalar_type();
-    p.master = host_buffer(p.model, dt);
-    p.master.copy_(p.model);
-    p.host_grad = host_buffer(p.model, dt);
-    p.host_grad.zero_();
-    p.master.mutable_grad() = p.host_grad;
-    p.stepped = p.master;
-    sdk::ParamGroupInput g;
-    g.params = {p.master};
-    g.lr = args.groups[p.group].lr;
-    g.weight_decay = args.groups[p.group].weight_decay;
-    p.host_opt = sdk::make_optimizer(opt_name, o, {g});
-  }
-  build_device_optimizer(args);
-  if (any_cuda)
-    sdk::log_warn("hybrid",
-                  "parameters on CUDA: copies run through the host transfer (synchronous "
-                  "copy_, no side streams); this path has never run on a GPU (UNVERIFIED)");
-  d2h_ = std::make_unique<HostTransfer>("hybrid d2h", overlap);
-  h2d_ = std::make_unique<HostTransfer>("hybrid h2d", overlap);
-  int64_t host_numel = 0;
-  for (size_t k : host_) host_numel += params_[k].model.numel();
-  sdk::metric_add("hybrid.offloaded_numel", static_cast<double>(host_numel));
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].offloaded = offloaded[k];
 }
 
-HybridAlgorithm::~HybridAlgorithm() = default;
+void HybridAlgorithm::alias_piece(Piece& c) {
+  const at::Tensor& flat = params_[c.param].model;
+  c.model = flat_alias(flat, c.offset, c.numel);
+  c.grad = flat_alias(params_[c.param].grad, c.offset, c.numel);
+}
+
+void HybridAlgorithm::make_pieces(const dopt_algorithm_args& args) {
+  const sdk::OptionsView o(args.optimizer_options);
+  const std::string opt_name = args.optimizer_name ? args.optimizer_name : "";
+  for (const sdk::FlatPiece& fp : shards_.pieces) {
+    if (shard_ && fp.owner != rank_) continue;
+    const Param& p = params_[fp.item];
+    Piece c;
+    c.param = fp.item;
+    c.offset = fp.offset;
+    c.numel = fp.numel;
+    alias_piece(c);
+    const DLTensor& d = *p.desc->data;
+    c.slice = {p.name, c.offset, std::vector<int64_t>(d.shape, d.shape + d.ndim)};
+    if (!p.offloaded) {
+      device_.push_back(pieces_.size());
+      pieces_.push_back(std::move(c));
+      continue;
+    }
+    const bool to_fp32 =
+        fp32_update_ && c.model.is_floating_point() && c.model.scalar_type() != at::kFloat;
+    const at::ScalarType dt = to_fp32 ? at::kFloat : c.model.scalar_type();
+    c.master = host_buffer(c.model, dt);
+    c.master.copy_(c.model);
+    c.host_grad = host_buffer(c.model, dt);
+    c.host_grad.zero_();
+    c.master.mutable_grad() = c.host_grad;
+    c.stepped = c.master;
+    sdk::ParamGroupInput g;
+    g.params = {c.master};
+    g.lr = args.groups[p.group].lr;
+    g.weight_decay = args.groups[p.group].weight_decay;
+    c.host_opt = sdk::make_optimizer(opt_name, o, {g});
+    host_.push_back(pieces_.size());
+    pieces_.push_back(std::move(c));
+  }
+}
 
 void HybridAlgorithm::build_device_optimizer(const dopt_algorithm_args& args) {
   std::vector<sdk::ParamGroupInput> groups(args.num_groups);
@@ -148,18 +182,19 @@ void HybridAlgorithm::build_device_optimizer(const dopt_algorithm_args& args) {
   }
   device_slices_.assign(args.num_groups, {});
   for (size_t k : device_) {
-    Param& p = params_[k];
-    if (fp32_update_ && p.model.is_floating_point() && p.model.scalar_type() != at::kFloat) {
-      p.master = p.model.to(at::kFloat).clone();  // fp32 master on the parameter's device
-      p.stepped = p.master;
+    Piece& c = pieces_[k];
+    if (fp32_update_ && c.model.is_floating_point() && c.model.scalar_type() != at::kFloat) {
+      c.master = c.model.to(at::kFloat).clone();  // fp32 master on the parameter's device
+      c.stepped = c.master;
     } else {
       // A separate alias of the same memory, so a re-pointed parameter can be
       // followed with set_data while the optimizer keeps its state key.
-      p.stepped = sdk::as_tensor(*p.desc->data);
-      p.stepped.mutable_grad() = p.grad;
+      c.stepped = flat_alias(params_[c.param].model, c.offset, c.numel);
+      c.stepped.mutable_grad() = c.grad;
     }
-    groups[p.group].params.push_back(p.stepped);
-    device_slices_[p.group].push_back(p.slice);
+    const int32_t g = params_[c.param].group;
+    groups[g].params.push_back(c.stepped);
+    device_slices_[g].push_back(c.slice);
   }
   device_opt_ = sdk::make_optimizer(args.optimizer_name ? args.optimizer_name : "",
                                     sdk::OptionsView(args.optimizer_options), groups);
@@ -179,18 +214,26 @@ void HybridAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
 void HybridAlgorithm::follow_moved_params() {
   // The host re-points a parameter's descriptor when user code replaced its
   // .data (same size and dtype) before calling step().
-  for (Param& p : params_) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
     void* now = data_of(*p.desc->data);
     if (now == p.model_ptr) continue;
-    p.model = sdk::as_tensor(*p.desc->data);
+    p.model = sdk::as_tensor(*p.desc->data).view(-1);
     p.model_ptr = now;
-    if (p.stepped.defined() && !p.master.defined()) p.stepped.set_data(p.model);
+    for (Piece& c : pieces_) {
+      if (c.param != i) continue;
+      alias_piece(c);
+      if (c.stepped.defined() && !c.master.defined()) {
+        c.stepped.set_data(flat_alias(p.model, c.offset, c.numel));
+        c.stepped.mutable_grad() = c.grad;
+      }
+    }
   }
 }
 
-bool HybridAlgorithm::refresh_if_changed(Param& p) {
-  if (!refresh_ || !p.master.defined() || same_bits(p.model, p.master)) return false;
-  p.master.copy_(p.model);
+bool HybridAlgorithm::refresh_if_changed(Piece& c) {
+  if (!refresh_ || !c.master.defined() || same_bits(c.model, c.master)) return false;
+  c.master.copy_(c.model);
   return true;
 }
 
@@ -219,21 +262,33 @@ void HybridAlgorithm::step() {
   }
   follow_moved_params();
   step_host();
+  sync_shards();
   sdk::metric_add("algorithm.steps", 1);
+}
+
+void HybridAlgorithm::sync_shards() {
+  if (!shard_ || world_size_ == 1 || params_.empty()) return;
+  const uint64_t sent =
+      sdk::allgather_pieces(comm_, shards_, rank_, world_size_, params_.front().model.scalar_type(),
+                            [this](const sdk::FlatPiece& fp) {
+                              return params_[fp.item].model.narrow(0, fp.offset, fp.numel);
+                            });
+  bytes_sent_ += sent;
+  if (sent > 0) sdk::metric_add("algorithm.bytes_sent", static_cast<double>(sent));
 }
 
 void HybridAlgorithm::step_device() {
   int64_t refreshed = 0;
   for (size_t k : device_) {
-    Param& p = params_[k];
-    if (!p.master.defined()) continue;
-    refreshed += refresh_if_changed(p) ? 1 : 0;
-    p.master.mutable_grad() = p.grad.to(at::kFloat);
+    Piece& c = pieces_[k];
+    if (!c.master.defined()) continue;
+    refreshed += refresh_if_changed(c) ? 1 : 0;
+    c.master.mutable_grad() = c.grad.to(at::kFloat);
   }
   note_refreshed(refreshed);
   device_opt_->step();
   for (size_t k : device_)
-    if (params_[k].master.defined()) params_[k].model.copy_(params_[k].master);
+    if (pieces_[k].master.defined()) pieces_[k].model.copy_(pieces_[k].master);
 }
 
 void HybridAlgorithm::step_host() {
@@ -242,20 +297,20 @@ void HybridAlgorithm::step_host() {
   try {
     // (1) D2H of every chunk, in order: refresh check, then the gradient.
     for (size_t c = 0; c < host_.size(); ++c) {
-      Param* p = &params_[host_[c]];
+      Piece* p = &pieces_[host_[c]];
       d2h[c] = d2h_->submit(
           [this, p, &refreshed] {
             at::NoGradGuard ng;
             if (refresh_if_changed(*p)) ++refreshed;
             p->host_grad.copy_(p->grad);
           },
-          "d2h of " + p->name);
+          "d2h of " + params_[p->param].name);
     }
     // (2) The device part meanwhile (its parameters are disjoint from these).
     step_device();
     // (3) Per chunk: its copy landed, step it on the host, copy it back.
     for (size_t c = 0; c < host_.size(); ++c) {
-      Param* p = &params_[host_[c]];
+      Piece* p = &pieces_[host_[c]];
       d2h[c]->wait(-1);
       p->host_opt->step();
       h2d[c] = h2d_->submit(
@@ -263,7 +318,7 @@ void HybridAlgorithm::step_host() {
             at::NoGradGuard ng;
             p->model.copy_(p->master);
           },
-          "h2d of " + p->name);
+          "h2d of " + params_[p->param].name);
     }
     for (auto& d : h2d) d->wait(-1);
   } catch (...) {
@@ -280,30 +335,31 @@ void HybridAlgorithm::set_lr(int32_t group, double lr) {
                      "hybrid: no parameter group " + std::to_string(group));
   sdk::set_group_lr(*device_opt_, static_cast<size_t>(group), lr);
   for (size_t k : host_)
-    if (params_[k].group == group) sdk::set_group_lr(*params_[k].host_opt, 0, lr);
+    if (params_[pieces_[k].param].group == group) sdk::set_group_lr(*pieces_[k].host_opt, 0, lr);
 }
 
 uint64_t HybridAlgorithm::state_bytes() const {
   uint64_t n = sdk::optimizer_state_bytes(*device_opt_);
-  for (size_t k : host_) n += sdk::optimizer_state_bytes(*params_[k].host_opt);
+  for (size_t k : host_) n += sdk::optimizer_state_bytes(*pieces_[k].host_opt);
   return n;
 }
 
 void HybridAlgorithm::save_state(sdk::StateWriter& w) {
-  // Replicated state: rank 0's copy is the whole logical tensor (state.h).
-  if (rank_ != 0) return;
+  // Unsharded, the state is replicated: rank 0's copy is the whole logical
+  // tensor (state.h). Sharded, each rank puts the ranges it owns.
+  if (!shard_ && rank_ != 0) return;
   sdk::save_optimizer_state(*device_opt_, device_slices_, w);
-  for (size_t k : host_) sdk::save_optimizer_state(*params_[k].host_opt, {{params_[k].slice}}, w);
+  for (size_t k : host_) sdk::save_optimizer_state(*pieces_[k].host_opt, {{pieces_[k].slice}}, w);
 }
 
 void HybridAlgorithm::load_state(const sdk::StateReader& r) {
   at::NoGradGuard ng;
   sdk::load_optimizer_state(*device_opt_, device_slices_, r);
-  for (size_t k : host_) sdk::load_optimizer_state(*params_[k].host_opt, {{params_[k].slice}}, r);
+  for (size_t k : host_) sdk::load_optimizer_state(*pieces_[k].host_opt, {{pieces_[k].slice}}, r);
   // The host loaded the model before this call: the copies follow it.
   follow_moved_params();
   int64_t refreshed = 0;
-  for (Param& p : params_) refreshed += refresh_if_changed(p) ? 1 : 0;
+  for (Piece& c : pieces_) refreshed += refresh_if_changed(c) ? 1 : 0;
   if (refreshed > 0) sdk::metric_add("hybrid.refreshed_params", static_cast<double>(refreshed));
 }
 

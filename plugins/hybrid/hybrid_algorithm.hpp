@@ -6,12 +6,13 @@
 // host and the rest where they live ("the device").
 //
 // Host side, per offloaded parameter (one "chunk", Megatron's one CPU
-// optimizer per parameter): a host copy of the parameter (fp32 with
-// param_update_in_fp32, else the parameter's dtype; pinned when the
-// parameter is on CUDA), a host gradient buffer of that dtype, and its own
-// inner optimizer (sdk::make_optimizer over the one host copy; the
-// optimizers of the factory update each parameter independently, so one per
-// parameter equals one over all). A step: (1) every chunk's D2H work is
+// optimizer per parameter; with shard: true, per range of it this rank
+// owns): a host copy of the parameter (fp32 with param_update_in_fp32, else
+// the parameter's dtype; pinned when the parameter is on CUDA), a host
+// gradient buffer of that dtype, and its own inner optimizer
+// (sdk::make_optimizer over the one host copy; the optimizers of the
+// factory update each element independently, so one per parameter equals
+// one over all). A step: (1) every chunk's D2H work is
 // queued (transfer.hpp): check the parameter against the value hybrid last
 // wrote and refresh the host copy if they differ, then copy the gradient;
 // (2) the device part steps meanwhile; (3) for each chunk in order: wait for
@@ -37,11 +38,23 @@
 // per dopt_param_group; with param_update_in_fp32 a non-fp32 parameter gets
 // an fp32 master on its device (checked and refreshed as above).
 //
+// shard: true (ZeRO stage 1 over both parts): the trainable parameters laid
+// back to back are cut into W equal chunks (sdk/flat_shards.hpp); each rank
+// keeps host copies, gradient buffers and optimizer state only for the
+// pieces in its chunk (an offloaded piece on the host, a device piece in
+// place), steps them, and one allgather then gives every rank the updated
+// parameters. The offload split is the unsharded one (whole parameters,
+// Megatron's rule), so each rank offloads ~fraction / W of the elements.
+// Every bucket still goes through the job's reducer (any reducer). Needs one
+// dtype for all trainable parameters (the allgather buffer).
+//
 // Checkpoints (ABI 1.1): the inner optimizers' state under
-// optimizer/<param>/<field> (state.h), whole tensors, put by rank 0 (every
-// rank holds the same): the keys of `allreduce`, `fused` and `zero`, so a
-// checkpoint moves between them, across world sizes and offload fractions.
-// Host copies are not saved: a load refreshes them from the loaded model.
+// optimizer/<param>/<field> (state.h): unsharded, whole tensors put by rank
+// 0 (every rank holds the same); sharded, each rank puts its pieces as
+// element ranges. The keys of `allreduce`, `fused` and `zero`, so a
+// checkpoint moves between them, across world sizes, offload fractions and
+// shard on / off. Host copies are not saved: a load refreshes them from the
+// loaded model.
 //
 // Thread safety: on_bucket_ready may run on the autograd thread; step,
 // set_lr, state_bytes, save/load on the training thread, never during a step.
@@ -53,7 +66,7 @@
 #include <string>
 #include <vector>
 
-#include "distopt/sdk/job_view.hpp"
+#include "distopt/sdk/flat_shards.hpp"
 #include "distopt/sdk/optimizer_state.hpp"
 #include "distopt/sdk/sdk.hpp"
 #include "transfer.hpp"
@@ -62,11 +75,9 @@ namespace distopt::plugins::hybrid {
 
 class HybridAlgorithm : public sdk::Algorithm {
  public:
-  /// Refuses shard: true (not implemented; see README) at `distopt check`.
-  static void check_job(const sdk::JobView& job);
-
-  /// Throws sdk::Error(INVALID_ARGUMENT) for missing args or a parameter in
-  /// an unknown group, and what sdk::make_optimizer throws.
+  /// Throws sdk::Error(INVALID_ARGUMENT) for missing args, a parameter in
+  /// an unknown group or a non-contiguous parameter, UNSUPPORTED for shard:
+  /// true with mixed parameter dtypes, and what sdk::make_optimizer throws.
   explicit HybridAlgorithm(const dopt_algorithm_args& args);
   ~HybridAlgorithm() override;
   void on_bucket_ready(const dopt_bucket& bucket) override;
@@ -75,37 +86,54 @@ class HybridAlgorithm : public sdk::Algorithm {
   uint64_t state_bytes() const override;
   void save_state(sdk::StateWriter& w) override;
   void load_state(const sdk::StateReader& r) override;
+  /// Bytes this rank sent in its own parameter allgathers (shard: true).
+  uint64_t bytes_sent() const override { return bytes_sent_; }
 
  private:
   struct Param {  // one trainable parameter
     const dopt_param* desc;
     std::string name;
-    at::Tensor model;      // aliases the host's parameter memory (re-pointed when it moves)
-    void* model_ptr;       // where `model` points
-    at::Tensor grad;       // aliases its slot in a reduced bucket
-    at::Tensor master;     // host copy (offloaded) or fp32 device master; undefined if none
-    at::Tensor host_grad;  // offloaded: host gradient buffer
-    at::Tensor stepped;    // the tensor its optimizer steps (model, or master)
-    std::unique_ptr<torch::optim::Optimizer> host_opt;  // offloaded only
-    sdk::ParamSlice slice;
+    at::Tensor model;  // flat alias of the host's parameter memory (re-pointed when it moves)
+    void* model_ptr;   // where `model` points
+    at::Tensor grad;   // flat alias of its slot in a reduced bucket
+    bool offloaded;
     int32_t group;
   };
+  struct Piece {  // a range of one parameter that this rank steps (whole when unsharded)
+    size_t param;
+    int64_t offset, numel;
+    at::Tensor model;      // alias of the parameter's elements [offset, offset + numel)
+    at::Tensor grad;       // alias of the same range of its gradient
+    at::Tensor master;     // host copy (offloaded) or fp32 device master; undefined if none
+    at::Tensor host_grad;  // offloaded: host gradient buffer
+    at::Tensor stepped;    // the tensor its optimizer steps (an alias of model, or master)
+    std::unique_ptr<torch::optim::Optimizer> host_opt;  // offloaded only
+    sdk::ParamSlice slice;
+  };
 
+  void collect_params(const dopt_algorithm_args& args, double fraction);
+  void make_pieces(const dopt_algorithm_args& args);
+  void alias_piece(Piece& c);
   void build_device_optimizer(const dopt_algorithm_args& args);
   void follow_moved_params();
-  bool refresh_if_changed(Param& p);  // true when the master was refreshed
+  bool refresh_if_changed(Piece& c);  // true when the master was refreshed
   void step_device();
   void step_host();
   void note_refreshed(int64_t count);
+  void sync_shards();
 
   sdk::ReducerView reducer_;
+  sdk::CommView comm_;
   int32_t rank_;
   int32_t world_size_;
-  bool fp32_update_, refresh_;
+  bool fp32_update_, refresh_, shard_;
+  uint64_t bytes_sent_ = 0;
   std::vector<const dopt_bucket*> buckets_;
   std::vector<sdk::ReduceHandle> pending_;
   std::vector<Param> params_;          // trainable, in dopt_param order
-  std::vector<size_t> host_, device_;  // indices into params_
+  sdk::FlatShards shards_;             // shard: every rank's pieces (items = params_)
+  std::vector<Piece> pieces_;          // what this rank steps, in parameter order
+  std::vector<size_t> host_, device_;  // indices into pieces_
   std::unique_ptr<torch::optim::Optimizer> device_opt_;
   std::vector<std::vector<sdk::ParamSlice>> device_slices_;
   std::unique_ptr<Transfer> d2h_, h2d_;  // last: their threads stop first

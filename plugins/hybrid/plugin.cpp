@@ -21,8 +21,9 @@ constexpr dopt_option_spec kOptions[] = {
                      "wrote and refresh its host copy from the model when it differs (model "
                      "weights loaded alone); false reproduces Megatron PR 5071's bug"),
     sdk::option_bool("shard", "false",
-                     "shard the offloaded part across ranks as zero does: not implemented, "
-                     "refused at check time"),
+                     "ZeRO stage 1 over both parts: each rank keeps host copies and optimizer "
+                     "state only for its 1/W range of the parameters (laid back to back), steps "
+                     "it, and the updated parameters are allgathered"),
 };
 }  // namespace
 

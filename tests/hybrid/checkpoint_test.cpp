@@ -4,11 +4,16 @@
 //   into `allreduce` and `fused` (and checkpoints of those load into
 //   hybrid), each continuing to 1e-6 of one libtorch process on the averaged
 //   gradient (steps 0-4 over 2 ranks' batches, 5-9 over the new world's);
+// - shard: true at fraction 0.5, saved on 2 ranks: resumes bitwise, loads on
+//   3 ranks, unsharded, into `zero` and `allreduce`, and their checkpoints
+//   load into it (on 2 and 3 ranks), all to 1e-6 of libtorch;
 // - Megatron-LM PR 5071 / Megatron-Bridge issue 4082: model weights loaded
-//   alone (copy_ into the parameters, or torch::load, which re-points them)
-//   after 3 steps: the next step starts from the loaded weights (equal to
-//   libtorch doing the same), and with refresh_masters: false it does not
-//   (the bug, reproduced).
+//   alone after 3 steps through the embedding API (copy_ into the
+//   parameters; torch::load of a torch::save'd model, which re-points them;
+//   set_data with new tensors): the next step starts from the loaded weights
+//   (equal to plain libtorch copying the same values into its model, its
+//   optimizer state kept), also sharded, and with refresh_masters: false it
+//   does not (the bug, reproduced).
 #include <torch/serialize.h>
 
 #include <string>
@@ -134,36 +139,100 @@ TEST_CASE("a hybrid checkpoint resumes bitwise and reshards across fractions, wo
   std::system(("rm -rf '" + dir + "'").c_str());
 }
 
+TEST_CASE("a sharded hybrid checkpoint loads into 3 ranks, zero, allreduce, and back") {
+  const std::string dir = make_temp_dir("distopt_hybrid_shard_ckpt");
+  const std::string sharded = "{name: hybrid, options: {shard: true, offload_fraction: 0.5}}";
+  Phase straight;
+  straight.algorithm = sharded;
+  straight.save = dir + "/sharded";
+  const auto uninterrupted = run(straight, dir);
+  CHECK(max_abs_diff(uninterrupted, reference(dir, 2)) <= 1e-6);
+  const auto ref3 = reference(dir, 3);
+
+  Phase resume;
+  resume.algorithm = sharded;
+  resume.load = straight.save;
+  resume.from = kSaveAt;
+  CHECK(max_abs_diff(run(resume, dir), uninterrupted) == 0);
+  for (std::string algorithm :
+       {"{name: hybrid, options: {offload_fraction: 0.5}}", "{name: zero}", "{name: allreduce}"}) {
+    CAPTURE(algorithm);
+    Phase p = resume;
+    p.algorithm = algorithm;
+    CHECK(max_abs_diff(run(p, dir), uninterrupted) <= 1e-6);
+  }
+  for (std::string algorithm :
+       {sharded, std::string("{name: zero, options: {partition: contiguous}}"),
+        std::string("{name: allreduce}")}) {
+    CAPTURE(algorithm);
+    Phase p = resume;
+    p.world = 3;
+    p.algorithm = algorithm;
+    CHECK(max_abs_diff(run(p, dir), ref3) <= 1e-6);
+  }
+  // The reverse: zero's (sharded itself) and allreduce's checkpoints continue
+  // in sharded hybrid, on 2 and 3 ranks.
+  for (std::string saved_with : {"{name: zero}", "{name: allreduce}"}) {
+    CAPTURE(saved_with);
+    Phase save;
+    save.algorithm = saved_with;
+    save.save = dir + "/other";
+    save.to = kSaveAt;
+    std::system(("rm -rf '" + save.save + "'").c_str());
+    run(save, dir);
+    for (int world : {2, 3}) {
+      CAPTURE(world);
+      Phase p = resume;
+      p.world = world;
+      p.load = save.save;
+      CHECK(max_abs_diff(run(p, dir), world == 2 ? uninterrupted : ref3) <= 1e-6);
+    }
+  }
+  std::system(("rm -rf '" + dir + "'").c_str());
+}
+
 namespace {
 
 constexpr int kLoadAt = 3, kLoadSteps = 5;
 
-// Model weights loaded alone before step kLoadAt: the initial weights
-// (saved to `file` before step 0) by torch::load, which replaces each
-// parameter's storage (set_: the host re-points it), or copy_ of an Mlp3 made
-// from seed 7. The reference copies the same values in (libtorch's own
-// optimizer does not survive set_ on its parameters in this libtorch: the
-// plain run diverges, so only values are given to it).
-void load_weights(Mlp3& net, bool use_torch_load, const std::string& file, bool by_value) {
-  if (use_torch_load && !by_value) {
+// How the model weights are loaded alone before step kLoadAt.
+enum class Load {
+  copy_in,     // copy_ of an Mlp3 made from seed 7 into the parameters (same memory)
+  torch_load,  // torch::load of the initial weights (saved before step 0) into the module:
+               // set_ on each parameter, which moves it (the host re-points it)
+  set_data,    // param.set_data(a new tensor holding the initial weights)
+};
+
+const char* load_name(Load l) {
+  return l == Load::copy_in ? "copy_" : l == Load::torch_load ? "torch::load" : "set_data";
+}
+
+// The weights `how` loads ("by value" = always copy_ them into net's memory,
+// what the libtorch reference does).
+void load_weights(Mlp3& net, Load how, const std::string& file, bool by_value) {
+  if (how == Load::torch_load && !by_value) {
     torch::load(net, file);
     return;
   }
   Mlp3 other{nullptr};
-  if (use_torch_load) {
-    other = Mlp3();
-    torch::load(other, file);
-  } else {
+  if (how == Load::copy_in) {
     torch::manual_seed(7);
     other = Mlp3();
+  } else {
+    other = Mlp3();
+    torch::load(other, file);
   }
   at::NoGradGuard ng;
   auto dst = net->parameters(), src = other->parameters();
-  for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+  for (size_t i = 0; i < dst.size(); ++i) {
+    if (how == Load::set_data && !by_value)
+      dst[i].set_data(src[i].clone());
+    else
+      dst[i].copy_(src[i]);
+  }
 }
 
-std::vector<double> run_with_load(const std::string& algorithm, bool use_torch_load,
-                                  const std::string& dir) {
+std::vector<double> run_with_load(const std::string& algorithm, Load how, const std::string& dir) {
   const std::string job = hybrid_job(2, random_port(), algorithm, "adam");
   auto codes = fork_ranks(2, [&](int rank) {
     torch::set_num_threads(1);
@@ -175,9 +244,9 @@ std::vector<double> run_with_load(const std::string& algorithm, bool use_torch_l
     auto opt = make_hybrid_optimizer(rt, net);
     train_steps(net, opt, rank, 0, kLoadAt);
     const void* before = net->fc1->weight.data_ptr();
-    load_weights(net, use_torch_load, file, false);
-    // torch::load replaces the storage (the host re-points the parameter).
-    if (use_torch_load != (net->fc1->weight.data_ptr() != before)) return 3;
+    load_weights(net, how, file, false);
+    // torch::load and set_data move the parameters (the host re-points them).
+    if ((how != Load::copy_in) != (net->fc1->weight.data_ptr() != before)) return 3;
     train_steps(net, opt, rank, kLoadAt, kLoadSteps);
     write_doubles(rank_file(dir, "out", rank), flat_params(net));
     rt.barrier();
@@ -192,38 +261,42 @@ std::vector<double> run_with_load(const std::string& algorithm, bool use_torch_l
 
 TEST_CASE("model weights loaded alone: the next hybrid step starts from them (Megatron PR 5071)") {
   const std::string dir = make_temp_dir("distopt_hybrid_load");
-  // torch::load (set_ on each parameter) is not covered: after it, plain
-  // libtorch's own run diverges from one that copies the same values in, so
-  // there is no trustworthy reference yet (reported as open).
-  for (bool use_torch_load : {false}) {
-    CAPTURE(use_torch_load);
+  for (Load how : {Load::copy_in, Load::torch_load, Load::set_data}) {
+    const std::string mode = load_name(how);
+    CAPTURE(mode);
+    // Plain libtorch (Adam, 2 ranks' averaged gradient): loads by value
+    // before step kLoadAt, its optimizer state kept; the same run loading
+    // the way `how` does (torch::load, set_data) gives the same result.
     auto codes = fork_ranks(1, [&](int) {
       torch::set_num_threads(1);
       torch::manual_seed(42);
       Mlp3 initial;
       const std::string file = dir + "/ref_initial.pt";
       torch::save(initial, file);
-      write_doubles(dir + "/ref.bin",
-                    reference_run("adam", std::vector<int>(kLoadSteps, 2), [&](int s, Mlp3& net) {
-                      if (s == kLoadAt) load_weights(net, use_torch_load, file, true);
-                    }));
+      for (bool by_value : {true, false})
+        write_doubles(dir + (by_value ? "/ref.bin" : "/ref_as_host.bin"),
+                      reference_run("adam", std::vector<int>(kLoadSteps, 2), [&](int s, Mlp3& net) {
+                        if (s == kLoadAt) load_weights(net, how, file, by_value);
+                      }));
       write_doubles(dir + "/noload.bin", reference_run("adam", std::vector<int>(kLoadSteps, 2)));
       return 0;
     });
     REQUIRE(codes[0] == 0);
     const auto ref = read_doubles(dir + "/ref.bin");
+    CHECK(max_abs_diff(ref, read_doubles(dir + "/ref_as_host.bin")) == 0);
     CHECK(max_abs_diff(ref, read_doubles(dir + "/noload.bin")) > 1e-2);  // the load matters
-    for (const char* options : {"offload_fraction: 1", "offload_fraction: 0.5",
-                                "offload_fraction: 1, overlap_cpu_optimizer_d2h_h2d: false"}) {
-      CAPTURE(options);
-      CHECK(max_abs_diff(run_with_load(std::string("{name: hybrid, options: {") + options + "}}",
-                                       use_torch_load, dir),
-                         ref) <= 1e-6);
+    for (const char* options :
+         {"offload_fraction: 0.5", "offload_fraction: 0.5, shard: true", "offload_fraction: 1",
+          "offload_fraction: 1, overlap_cpu_optimizer_d2h_h2d: false"}) {
+      const std::string opts = options;
+      CAPTURE(opts);
+      CHECK(max_abs_diff(run_with_load("{name: hybrid, options: {" + opts + "}}", how, dir), ref) <=
+            1e-6);
     }
     // Without the refresh, the stale host copies overwrite the loaded model.
     CHECK(max_abs_diff(run_with_load(
                            "{name: hybrid, options: {offload_fraction: 1, refresh_masters: false}}",
-                           use_torch_load, dir),
+                           how, dir),
                        ref) > 1e-2);
   }
   std::system(("rm -rf '" + dir + "'").c_str());

@@ -1,7 +1,8 @@
 // `distopt train` the quickstart MLP (Fashion-MNIST, 2 epochs, Adam) on 2
-// ranks with hybrid at offload_fraction 0.5 (overlap on and off) and with
-// allreduce: hybrid reaches allreduce's test accuracy (measured 86.37% for
-// both: the hybrid step is the plain update) and a floor 2 points below.
+// ranks with hybrid at offload_fraction 0.5 (overlap on and off, and
+// sharded) and with allreduce: hybrid reaches allreduce's test accuracy
+// (measured 86.37% for all: the hybrid step is the plain update) and a floor
+// 2 points below.
 // Torch-free.
 #include <doctest/doctest.h>
 
@@ -49,18 +50,19 @@ double test_accuracy(const fs::path& dir, const std::string& algorithm) {
 
 }  // namespace
 
-TEST_CASE("distopt train: hybrid at offload_fraction 0.5 on 2 ranks reaches allreduce's accuracy") {
+TEST_CASE(
+    "distopt train: hybrid at offload_fraction 0.5 (also sharded) on 2 ranks reaches allreduce's "
+    "accuracy") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const fs::path dir = distopt::test::make_temp_dir("distopt_hybrid_train");
   const double base = test_accuracy(dir, "{name: allreduce}");
   MESSAGE("allreduce: test accuracy " << base);
-  for (const char* overlap : {"true", "false"}) {
-    CAPTURE(overlap);
+  for (std::string options : {"overlap_cpu_optimizer_d2h_h2d: true",
+                              "overlap_cpu_optimizer_d2h_h2d: false", "shard: true"}) {
+    CAPTURE(options);
     const double acc =
-        test_accuracy(dir, std::string("{name: hybrid, options: {offload_fraction: 0.5, "
-                                       "overlap_cpu_optimizer_d2h_h2d: ") +
-                               overlap + "}}");
-    MESSAGE("hybrid 0.5, overlap " << overlap << ": test accuracy " << acc);
+        test_accuracy(dir, "{name: hybrid, options: {offload_fraction: 0.5, " + options + "}}");
+    MESSAGE("hybrid 0.5, " << options << ": test accuracy " << acc);
     CHECK(acc >= 0.84);
     CHECK(std::fabs(acc - base) <= 0.01);
   }

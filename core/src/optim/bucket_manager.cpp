@@ -95,18 +95,32 @@ BucketManager::BucketManager(const std::vector<std::pair<std::string, at::Tensor
     const at::Tensor& g = p.tensor.grad();
     if (g.defined() && !aliases(g, p.view)) p.view.copy_(g);
     p.tensor.mutable_grad() = p.view;
-    p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
-    if (!p.accumulator)
-      throw Error("parameter '" + p.name + "' has no gradient accumulator (not a leaf?)");
-    p.hook_key =
-        p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, i](const torch::autograd::variable_list& outputs,
-                      const torch::autograd::variable_list&) {
-              on_grad_ready(i);
-              return outputs;
-            }));
+    hook(i);
   }
   attached_ = true;
+}
+
+void BucketManager::hook(size_t i) {
+  Param& p = params_[i];
+  p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+  if (!p.accumulator)
+    throw Error("parameter '" + p.name + "' has no gradient accumulator (not a leaf?)");
+  p.hook_key =
+      p.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, i](const torch::autograd::variable_list& outputs,
+                    const torch::autograd::variable_list&) {
+            on_grad_ready(i);
+            return outputs;
+          }));
+}
+
+bool BucketManager::rehook_if_replaced(size_t i) {
+  Param& p = params_[i];
+  if (!p.view.defined() || !p.accumulator) return false;
+  if (torch::autograd::impl::grad_accumulator(p.tensor) == p.accumulator) return false;
+  p.accumulator->del_post_hook(p.hook_key);
+  hook(i);
+  return true;
 }
 
 BucketManager::~BucketManager() { detach(); }
@@ -177,7 +191,10 @@ void BucketManager::finish() {
       Bucket& bk = buckets_[b];
       for (size_t i : bk.params) {
         Param& p = params_[i];
-        if (!p.ready) {
+        if (p.ready) continue;
+        if (rehook_if_replaced(i)) {
+          ensure_view(p);  // the gradient is in .grad, the old hook just never saw it
+        } else {
           // No gradient this step: contribute zeros (and keep .grad the view).
           p.view.zero_();
           if (!aliases(p.tensor.grad(), p.view)) p.tensor.mutable_grad() = p.view;
@@ -210,8 +227,11 @@ void BucketManager::zero_grad() {
         std::to_string(next_ - 1) + " is in flight)");
   at::NoGradGuard no_grad;
   for (auto& bk : buckets_) bk.flat.zero_();
-  for (auto& p : params_)
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
     if (p.view.defined() && !aliases(p.tensor.grad(), p.view)) p.tensor.mutable_grad() = p.view;
+    if (attached_) rehook_if_replaced(i);
+  }
   reset_step_locked();
 }
 

@@ -62,11 +62,14 @@ class BucketManager {
   const at::Tensor& flat(size_t b) const { return buckets_.at(b).flat; }
 
   /// Zero every bucket and re-point .grad at the bucket views (a user's
-  /// module.zero_grad() may have reset them). Throws distopt::Error if a
-  /// bucket was launched by a backward whose step() has not run.
+  /// module.zero_grad() may have reset them); re-hook parameters whose
+  /// gradient accumulator was replaced. Throws distopt::Error if a bucket
+  /// was launched by a backward whose step() has not run.
   void zero_grad();
   /// Launch, in order, every bucket not launched yet (entries that got no
-  /// gradient this step are zeroed first), then start a new step.
+  /// gradient this step are zeroed first, except where the parameter's
+  /// accumulator was replaced: its gradient reached .grad without the hook),
+  /// then start a new step.
   void finish();
   /// Remove the hooks (idempotent); after this backward no longer launches.
   void detach();
@@ -92,6 +95,10 @@ class BucketManager {
   };
 
   void on_grad_ready(size_t i);
+  void hook(size_t i);
+  // Autograd makes a new AccumulateGrad node for a parameter after set_
+  // (torch::load into a module does it): move the hook there. True when it moved.
+  bool rehook_if_replaced(size_t i);
   void ensure_view(Param& p);
   void launch_in_order_locked();
   void launch_locked(size_t b);

@@ -1,0 +1,92 @@
+// Sharding a list of tensors laid back to back (ZeRO's "contiguous"
+// partition, FSDP's flat parameter): the flat range of all their elements is
+// cut into W equal chunks of ceil(total / W) elements, rank r owning
+// [r * chunk, (r + 1) * chunk); a tensor crossing a chunk boundary is split
+// into pieces. After each rank updated what it owns, allgather_pieces gives
+// every rank the whole (one allgather of W x chunk elements). For algorithms
+// that shard optimizer state (hybrid's shard: true; zero's `contiguous`
+// partition follows the same rule in plugins/zero/partition.hpp). Torch.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "distopt/sdk/comm.hpp"
+#include "distopt/sdk/tensor.hpp"
+
+namespace distopt::sdk {
+
+/// Elements [offset, offset + numel) of item `item`, owned by `owner`, at
+/// `chunk_offset` within the owner's chunk.
+struct FlatPiece {
+  size_t item = 0;
+  int64_t offset = 0;
+  int64_t numel = 0;
+  int32_t owner = 0;
+  int64_t chunk_offset = 0;
+};
+
+/// Every rank's pieces, ordered by position in the flat range.
+struct FlatShards {
+  int64_t chunk = 0;  ///< elements per rank (the last rank's chunk may end in padding)
+  std::vector<FlatPiece> pieces;
+};
+
+/// Items of `numels` elements (>= 0) laid back to back, cut into `world`
+/// equal chunks. Empty items get no piece. Throws std::invalid_argument for
+/// world < 1 or a negative numel. Pure, thread-safe.
+inline FlatShards shard_back_to_back(const std::vector<int64_t>& numels, int32_t world) {
+  if (world < 1) throw std::invalid_argument("flat shards: world size must be >= 1");
+  int64_t total = 0;
+  for (int64_t n : numels) {
+    if (n < 0) throw std::invalid_argument("flat shards: negative numel");
+    total += n;
+  }
+  FlatShards out;
+  out.chunk = (total + world - 1) / world;
+  int64_t pos = 0;  // flat position of the current element
+  for (size_t i = 0; i < numels.size(); ++i) {
+    const int64_t end = pos + numels[i];
+    while (pos < end) {
+      const int64_t r = pos / out.chunk;
+      const int64_t n = std::min(end, (r + 1) * out.chunk) - pos;
+      out.pieces.push_back(
+          {i, pos - (end - numels[i]), n, static_cast<int32_t>(r), pos - r * out.chunk});
+      pos += n;
+    }
+  }
+  return out;
+}
+
+/// Makes every rank's pieces whole on every rank: packs this rank's pieces
+/// (view(piece): a contiguous 1-D tensor of piece.numel elements aliasing
+/// the piece's memory, all of `dtype`) into a chunk, allgathers the W chunks
+/// through `comm`, and copies the other ranks' pieces into their views.
+/// Blocks until done. Collective: every rank calls it with the same shards.
+/// Returns the bytes this rank sent on a ring allgather ((W - 1) x chunk
+/// bytes). Throws what the communicator throws.
+inline uint64_t allgather_pieces(CommView& comm, const FlatShards& shards, int32_t rank,
+                                 int32_t world, at::ScalarType dtype,
+                                 const std::function<at::Tensor(const FlatPiece&)>& view) {
+  if (world <= 1 || shards.chunk == 0) return 0;
+  at::NoGradGuard ng;
+  const auto opts = at::TensorOptions().dtype(dtype).device(at::kCPU);
+  at::Tensor send = at::zeros({shards.chunk}, opts);
+  at::Tensor recv = at::empty({shards.chunk * world}, opts);
+  for (const FlatPiece& p : shards.pieces)
+    if (p.owner == rank) send.narrow(0, p.chunk_offset, p.numel).copy_(view(p));
+  DLView sv(send), rv(recv);
+  comm.allgather(*sv.get(), *rv.get()).wait();
+  for (const FlatPiece& p : shards.pieces)
+    if (p.owner != rank)
+      view(p).copy_(recv.narrow(0, p.owner * shards.chunk + p.chunk_offset, p.numel));
+  return static_cast<uint64_t>(send.nbytes()) * static_cast<uint64_t>(world - 1);
+}
+
+}  // namespace distopt::sdk
