@@ -243,9 +243,14 @@ class Collectives {
         if (t + 1 < t1) send_seg(t + 1, b, e);
       }
       recvs[t % 2].clear();
-      // Sends of earlier steps read blocks that later receives overwrite.
-      wait_live(sends, deadline);
     }
+    // No wait between steps: a copy step overwrites the block sent n-1 steps
+    // earlier, but that data comes back round the ring only after next
+    // received what we sent from it. A wait per step would also deadlock
+    // transports whose sends complete only once the peer posted the receive
+    // (UCX rendezvous, tcp's SocketTransport): next may not post its
+    // windowed receives before it finished its own step.
+    wait_live(sends, deadline);
   }
 
   void recursive_doubling(char* buf, size_t count, DType dt, dopt_reduce_op op, int div,
