@@ -344,11 +344,11 @@ void SocketTransport::release(const Handle* hs, size_t n) {
     if (!it->second.done) {
       Peer& P = peers_[it->second.peer];
       const Handle h = hs[i];
-      auto rp = std::find_if(P.posted.begin(), P.posted.end(),
-                             [h](const RecvOp& r) { return r.h == h; });
+      auto rp =
+          std::find_if(P.posted.begin(), P.posted.end(), [h](const RecvOp& r) { return r.h == h; });
       if (rp != P.posted.end()) P.posted.erase(rp);
-      auto sp = std::find_if(P.sendq.begin(), P.sendq.end(),
-                             [h](const SendOp& s) { return s.h == h; });
+      auto sp =
+          std::find_if(P.sendq.begin(), P.sendq.end(), [h](const SendOp& s) { return s.h == h; });
       // A frame cut off mid-way, or a buffer the stream still writes into:
       // this connection can no longer be used (the communicator is failed).
       const bool cut = (sp != P.sendq.end() && sp->off > 0) || P.rx == h;
