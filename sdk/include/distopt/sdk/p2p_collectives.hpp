@@ -63,7 +63,9 @@ class Collectives {
     const size_t esz = dtype_size(dt);
     const int div = op == DOPT_REDUCE_AVG ? n : 1;
     const dopt_reduce_op rop = op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op;
-    if (send != recv) std::memcpy(recv, send, count * esz);
+    if (n == 1 || count == 0 || count * esz <= o_.small_bytes) {
+      if (send != recv) std::memcpy(recv, send, count * esz);
+    }
     if (n == 1 || count == 0) {
       if (div > 1) divide(dt, recv, recv, count, div);
       return;
@@ -75,7 +77,9 @@ class Collectives {
         direct_exchange(static_cast<char*>(recv), count, dt, rop, div, seq, deadline);
       return;
     }
+    // The ring reads this rank's operands from send: no copy into recv first.
     Ring ring{static_cast<char*>(recv), count, dt, rop, div};
+    ring.src = static_cast<const char*>(send);
     run_ring(ring, 0, 2 * (n - 1), seq, deadline);
   }
 
@@ -92,8 +96,8 @@ class Collectives {
       return;
     }
     work_.resize(recv_count * n * esz);
-    std::memcpy(work_.data(), send, work_.size());
     Ring ring{work_.data(), recv_count * n, dt, op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op, div};
+    ring.src = static_cast<const char*>(send);
     run_ring(ring, 0, n - 1, seq, deadline);
     std::memcpy(recv, work_.data() + ring.offset(t_.rank()) * esz, recv_count * esz);
   }
@@ -161,6 +165,8 @@ class Collectives {
 
  private:
   /// A vector cut into world_size blocks (the first count % n one longer).
+  /// Reduce steps write buf = src (this rank's operand) op incoming; the
+  /// first step sends from src, later ones forward from buf.
   struct Ring {
     char* buf;
     size_t count;
@@ -169,6 +175,7 @@ class Collectives {
     int div;
     size_t esz = dtype_size(dt);
     int n = 0;
+    const char* src = nullptr;  ///< nullptr: buf
     size_t offset(int b) const {
       const size_t base = count / n, rem = count % n;
       return b * base + std::min<size_t>(b, rem);
@@ -198,6 +205,7 @@ class Collectives {
   void run_ring(Ring& g, int t0, int t1, uint64_t seq, Clock::time_point deadline) {
     const int n = t_.world_size(), r = t_.rank();
     g.n = n;
+    if (!g.src) g.src = g.buf;
     const int prev = (r - 1 + n) % n, next = (r + 1) % n;
     const size_t seg_elems = std::max<size_t>(1, o_.segment_bytes / g.esz);
     const size_t depth = o_.recv_depth, slot_bytes = seg_elems * g.esz;
@@ -222,8 +230,8 @@ class Collectives {
     };
     auto send_seg = [&](int t, int b, size_t e) {
       const size_t len = std::min(seg_elems, g.length(b) - e);
-      sends.push_back(
-          t_.isend(next, Tag::collective(seq, t), g.buf + (g.offset(b) + e) * g.esz, len * g.esz));
+      const char* from = (t == t0 ? g.src : g.buf) + (g.offset(b) + e) * g.esz;
+      sends.push_back(t_.isend(next, Tag::collective(seq, t), from, len * g.esz));
     };
     post_recvs(t0);
     for (size_t e = 0, b = send_block(t0); e < g.length(b); e += seg_elems) send_seg(t0, b, e);
@@ -235,9 +243,9 @@ class Collectives {
         const size_t e = j * seg_elems;
         wait_one(recvs[t % 2], j, deadline);
         if (t < n - 1) {
-          char* dst = g.buf + (g.offset(b) + e) * g.esz;
-          reduce(g.dt, g.op, dst, dst, slot(t, j), std::min(seg_elems, g.length(b) - e),
-                 t == n - 2 ? g.div : 1);
+          const size_t off = (g.offset(b) + e) * g.esz;
+          reduce(g.dt, g.op, g.buf + off, g.src + off, slot(t, j),
+                 std::min(seg_elems, g.length(b) - e), t == n - 2 ? g.div : 1);
           if (j + depth < m) post_recv(t, j + depth);  // into the slot just freed
         }
         if (t + 1 < t1) send_seg(t + 1, b, e);
