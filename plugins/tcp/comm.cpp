@@ -104,6 +104,7 @@ TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Links links)
     SocketTransport::Options to;
     to.max_io = static_cast<size_t>(std::max<int64_t>(cfg_.max_io_bytes, 4096));
     to.abort = &aborting_;
+    to.destroy = &destroying_now_;
     to.abort_fd = abort_fd_;
     to.fault = &fault_;
     transport_ = std::make_unique<SocketTransport>(rank_, mesh_.out, mesh_.in, to);
@@ -132,6 +133,7 @@ TcpComm::~TcpComm() {
     stopping_ = true;
     left.swap(queue_);
   }
+  destroying_now_ = true;
   aborting_ = true;
   uint64_t one = 1;
   (void)!write(abort_fd_, &one, sizeof one);

@@ -135,6 +135,7 @@ class TcpComm final : public sdk::Communicator {
   mutable std::mutex fmu_;
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborting_{false};
+  std::atomic<bool> destroying_now_{false};  ///< the destructor runs: abort without grace
   int abort_fd_ = -1;
   bool destroying_ = false;
   dopt_status fail_status_ = DOPT_OK;

@@ -312,8 +312,10 @@ void SocketTransport::wait_for_io(Clock::time_point deadline) {
     if (!P.sendq.empty()) pf.push_back({P.out_fd, POLLOUT, 0});
     if (wants_read(P)) pf.push_back({P.in_fd, POLLIN, 0});
   }
-  if (o_.abort_fd >= 0) pf.push_back({o_.abort_fd, POLLIN, 0});
-  poll(pf.data(), pf.size(), poll_ms(deadline, 500));
+  // Once the abort is seen the eventfd stays readable: poll briefly instead.
+  const bool grace = aborted_at_ != Clock::time_point{};
+  if (o_.abort_fd >= 0 && !grace) pf.push_back({o_.abort_fd, POLLIN, 0});
+  poll(pf.data(), pf.size(), poll_ms(deadline, grace ? 5 : 500));
 }
 
 void SocketTransport::throw_if_failed(const Handle* hs, size_t n) {
@@ -322,7 +324,12 @@ void SocketTransport::throw_if_failed(const Handle* hs, size_t n) {
     if (it != ops_.end() && it->second.done && it->second.status != DOPT_OK)
       throw sdk::Error(it->second.status, it->second.why);
   }
-  if (o_.abort && o_.abort->load(std::memory_order_relaxed))
+  if (o_.destroy && o_.destroy->load(std::memory_order_relaxed))
+    throw sdk::Error(DOPT_ERR_ABORTED, "communicator destroyed");
+  if (!o_.abort || !o_.abort->load(std::memory_order_relaxed)) return;
+  const auto now = Clock::now();
+  if (aborted_at_ == Clock::time_point{}) aborted_at_ = now;
+  if (now - aborted_at_ >= o_.abort_grace)
     throw sdk::Error(DOPT_ERR_ABORTED, "communicator failed");
 }
 

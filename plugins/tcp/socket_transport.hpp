@@ -23,7 +23,8 @@
 //
 // Errors (thrown by test/wait_all as sdk::Error): DOPT_ERR_COMM
 // "connection to rank 2 lost (peer closed)"; DOPT_ERR_TIMEOUT "timed out
-// waiting for rank 1"; DOPT_ERR_ABORTED when the abort flag is set;
+// waiting for rank 1"; DOPT_ERR_ABORTED once the abort flag is set (after
+// a grace period, see Options::abort);
 // DOPT_ERR_INTERNAL for a frame whose length differs from the receive's.
 // After any of these the communicator is failed for good (tcp never reuses
 // a transport after an error), so a connection with an abandoned,
@@ -48,10 +49,17 @@ class SocketTransport final : public sdk::p2p::Transport {
   using Clock = sdk::p2p::Clock;
 
   struct Options {
-    size_t max_io = 4u << 20;                  ///< bytes per send()/recv() call
-    const std::atomic<bool>* abort = nullptr;  ///< set when the communicator fails or is destroyed
-    int abort_fd = -1;                         ///< eventfd made readable together with *abort
-    sdk::FaultPoint* fault = nullptr;          ///< told about every byte sent (tests only)
+    size_t max_io = 4u << 20;  ///< bytes per send()/recv() call
+    /// Set when the communicator failed (a peer died, a timeout): a wait
+    /// goes on for abort_grace, so an operation whose data is all in the
+    /// sockets still completes (a rank that died just after finishing it
+    /// does not fail it on the slower ranks), then throws ABORTED.
+    const std::atomic<bool>* abort = nullptr;
+    /// Set when the communicator is destroyed: ABORTED at once.
+    const std::atomic<bool>* destroy = nullptr;
+    int abort_fd = -1;  ///< eventfd made readable together with *abort
+    Clock::duration abort_grace = std::chrono::seconds(1);
+    sdk::FaultPoint* fault = nullptr;  ///< told about every byte sent (tests only)
   };
 
   /// out[p] / in[p]: non-blocking one-way connections to / from rank p (-1
@@ -147,7 +155,8 @@ class SocketTransport final : public sdk::p2p::Transport {
   /// Block in poll() until a wanted fd is ready, the abort fd fires, or
   /// `deadline` (at most 500 ms).
   void wait_for_io(Clock::time_point deadline);
-  /// Throw the first failure among hs, else ABORTED if the flag is set.
+  /// Throw the first failure among hs, else ABORTED if destroyed or the
+  /// abort grace ran out.
   void throw_if_failed(const Handle* hs, size_t n);
   /// Forget the handles; a pending one is withdrawn (see the file comment).
   void release(const Handle* hs, size_t n);
@@ -160,6 +169,7 @@ class SocketTransport final : public sdk::p2p::Transport {
   std::unordered_map<Handle, Op> ops_;
   Handle next_ = 0;
   int failed_peer_ = -1;
+  Clock::time_point aborted_at_{};  ///< when the abort flag was first seen (epoch: not yet)
   uint64_t sent_ = 0, received_ = 0;
 };
 

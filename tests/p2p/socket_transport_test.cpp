@@ -26,7 +26,8 @@ namespace {
 
 /// A full mesh of one-way non-blocking connections: out[r][p] writes what in[p][r] reads.
 struct Mesh {
-  explicit Mesh(int n) : out(n, std::vector<int>(n, -1)), in(n, std::vector<int>(n, -1)), abort(n) {
+  explicit Mesh(int n)
+      : out(n, std::vector<int>(n, -1)), in(n, std::vector<int>(n, -1)), abort(n), destroy(n) {
     for (int r = 0; r < n; ++r)
       for (int p = 0; p < n; ++p) {
         if (r == p) continue;
@@ -48,10 +49,12 @@ struct Mesh {
     SocketTransport::Options o;
     o.max_io = 64 << 10;  // several calls per frame
     o.abort = &abort[r];
+    o.destroy = &destroy[r];
+    o.abort_grace = std::chrono::milliseconds(300);
     return SocketTransport(r, out[r], in[r], o);
   }
   std::vector<std::vector<int>> out, in;
-  std::vector<std::atomic<bool>> abort;
+  std::vector<std::atomic<bool>> abort, destroy;
 };
 
 Clock::time_point soon(int ms = 10000) { return Clock::now() + std::chrono::milliseconds(ms); }
@@ -142,7 +145,7 @@ TEST_CASE("a closed connection fails the receive with COMM naming the peer") {
   CHECK_THROWS_AS(t.wait_all(&h2, 1, soon()), Error);
 }
 
-TEST_CASE("a receive nobody sends times out naming the peer; the abort flag aborts") {
+TEST_CASE("a receive nobody sends times out naming the peer") {
   Mesh m(3);
   SocketTransport t = m.transport(0);
   char buf[4];
@@ -154,13 +157,35 @@ TEST_CASE("a receive nobody sends times out naming the peer; the abort flag abor
     CHECK(e.status() == DOPT_ERR_TIMEOUT);
     CHECK(std::string(e.what()) == "timed out waiting for rank 2");
   }
-  m.abort[0] = true;
-  Handle h2 = t.irecv(1, 1, buf, 4);
+}
+
+TEST_CASE("after the abort flag, data already sent still arrives during the grace; then ABORTED") {
+  Mesh m(2);
+  SocketTransport t0 = m.transport(0), t1 = m.transport(1);
+  char out[4] = {1, 2, 3, 4}, in[4] = {};
+  Handle s = t0.isend(1, 3, out, 4);  // small: on the wire at once
+  t0.wait_all(&s, 1, soon());
+  m.abort[1] = true;  // e.g. a third rank died
+  Handle r = t1.irecv(0, 3, in, 4);
+  t1.wait_all(&r, 1, soon());
+  CHECK(std::memcmp(in, out, 4) == 0);
+  // Never sent: ABORTED once the grace is over (TIMEOUT would mean the deadline).
+  Handle r2 = t1.irecv(0, 4, in, 4);
   try {
-    t.wait_all(&h2, 1, soon());
+    t1.wait_all(&r2, 1, soon());
     FAIL("completed");
   } catch (const Error& e) {
     CHECK(e.status() == DOPT_ERR_ABORTED);
+  }
+  // Destroy aborts at once, without a grace.
+  m.destroy[0] = true;
+  Handle r3 = t0.irecv(1, 5, in, 4);
+  try {
+    t0.wait_all(&r3, 1, soon());
+    FAIL("completed");
+  } catch (const Error& e) {
+    CHECK(e.status() == DOPT_ERR_ABORTED);
+    CHECK(std::string(e.what()) == "communicator destroyed");
   }
 }
 
