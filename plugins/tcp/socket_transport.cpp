@@ -329,7 +329,8 @@ void SocketTransport::throw_if_failed(const Handle* hs, size_t n) {
   if (!o_.abort || !o_.abort->load(std::memory_order_relaxed)) return;
   const auto now = Clock::now();
   if (aborted_at_ == Clock::time_point{}) aborted_at_ = now;
-  if (now - aborted_at_ >= o_.abort_grace)
+  if (now - aborted_at_ >= o_.abort_grace ||
+      now - std::max(aborted_at_, moved_at_) >= o_.abort_idle)
     throw sdk::Error(DOPT_ERR_ABORTED, "communicator failed");
 }
 
@@ -387,6 +388,7 @@ void SocketTransport::wait_all(const Handle* hs, size_t n, Clock::time_point dea
   try {
     while (true) {
       const bool moved = progress();
+      if (moved) moved_at_ = Clock::now();
       throw_if_failed(hs, n);
       bool all = true;
       for (size_t i = 0; i < n && all; ++i) {

@@ -51,7 +51,8 @@ class SocketTransport final : public sdk::p2p::Transport {
   struct Options {
     size_t max_io = 4u << 20;  ///< bytes per send()/recv() call
     /// Set when the communicator failed (a peer died, a timeout): a wait
-    /// goes on for abort_grace, so an operation whose data is all in the
+    /// goes on while bytes still move (abort_idle without any ends it) for
+    /// at most abort_grace, so an operation whose data is all in the
     /// sockets still completes (a rank that died just after finishing it
     /// does not fail it on the slower ranks), then throws ABORTED.
     const std::atomic<bool>* abort = nullptr;
@@ -59,6 +60,7 @@ class SocketTransport final : public sdk::p2p::Transport {
     const std::atomic<bool>* destroy = nullptr;
     int abort_fd = -1;  ///< eventfd made readable together with *abort
     Clock::duration abort_grace = std::chrono::seconds(1);
+    Clock::duration abort_idle = std::chrono::milliseconds(200);
     sdk::FaultPoint* fault = nullptr;  ///< told about every byte sent (tests only)
   };
 
@@ -170,6 +172,7 @@ class SocketTransport final : public sdk::p2p::Transport {
   Handle next_ = 0;
   int failed_peer_ = -1;
   Clock::time_point aborted_at_{};  ///< when the abort flag was first seen (epoch: not yet)
+  Clock::time_point moved_at_{};    ///< when a wait last moved a byte
   uint64_t sent_ = 0, received_ = 0;
 };
 
