@@ -99,10 +99,18 @@ TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg, Links links)
       shm_(std::move(links.shm)) {
   try {
     fault_ = FaultPoint::from_env(rank_);
-    size_t st = static_cast<size_t>(std::max<int64_t>(cfg_.chunk_bytes, 4096));
-    staging_.resize(st - st % 8);
     abort_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (abort_fd_ < 0) throw sdk::Error(DOPT_ERR_INTERNAL, "create: eventfd failed");
+    SocketTransport::Options to;
+    to.max_io = static_cast<size_t>(std::max<int64_t>(cfg_.max_io_bytes, 4096));
+    to.abort = &aborting_;
+    to.destroy = &destroying_now_;
+    to.abort_fd = abort_fd_;
+    to.fault = &fault_;
+    transport_ = std::make_unique<SocketTransport>(rank_, mesh_.out, mesh_.in, to);
+    sdk::p2p::CollectiveOptions co;
+    co.segment_bytes = static_cast<size_t>(std::max<int64_t>(cfg_.chunk_bytes, 4096));
+    coll_ = std::make_unique<sdk::p2p::Collectives>(*transport_, co);
     control_ = std::make_unique<Control>(this, rank_, mesh_.ctrl);
     progress_ = std::thread([this] { progress_loop(); });
   } catch (...) {
@@ -125,6 +133,7 @@ TcpComm::~TcpComm() {
     stopping_ = true;
     left.swap(queue_);
   }
+  destroying_now_ = true;
   aborting_ = true;
   uint64_t one = 1;
   (void)!write(abort_fd_, &one, sizeof one);
@@ -263,23 +272,19 @@ ShmWaitCtx TcpComm::shm_ctx(Clock::time_point deadline) {
   return ShmWaitCtx{deadline, &aborting_, &fault_, control_ ? control_->bye_flags() : nullptr};
 }
 
-RingResult TcpComm::run(const RingPlan& plan, Clock::time_point deadline) {
-  RingIo io;
-  io.send_fd = plan.send_peer >= 0 ? mesh_.out[plan.send_peer] : -1;
-  io.recv_fd = plan.recv_peer >= 0 ? mesh_.in[plan.recv_peer] : -1;
-  io.staging = staging_.data();
-  io.staging_bytes = staging_.size();
-  io.max_io = static_cast<size_t>(std::max<int64_t>(cfg_.max_io_bytes, 4096));
-  io.deadline = deadline;
-  io.abort = &aborting_;
-  io.abort_fd = abort_fd_;
-  io.fault = &fault_;
-  return run_ring(plan, io);
-}
-
-char* TcpComm::scratch(size_t bytes) {
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
-  return scratch_.data();
+RingResult TcpComm::run_p2p(const std::function<void(Clock::time_point)>& body) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(cfg_.timeout_s));
+  RingResult res;
+  try {
+    body(deadline);
+  } catch (const sdk::Error& e) {
+    res.status = e.status();
+    res.why = e.what();
+    if (res.status == DOPT_ERR_COMM) res.peer = transport_->failed_peer();
+  }
+  transport_->take_bytes(&res.bytes_sent, &res.bytes_received);
+  return res;
 }
 
 Buffer TcpComm::check(const DLTensor& t, const char* op, const char* which, bool reduce_dtype,

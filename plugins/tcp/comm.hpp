@@ -14,10 +14,12 @@
 #include <vector>
 
 #include "distopt/communicator.h"
+#include "distopt/sdk/p2p_collectives.hpp"
 #include "distopt/sdk/plugin.hpp"
 #include "mesh.hpp"
 #include "ring.hpp"
 #include "shm_collectives.hpp"
+#include "socket_transport.hpp"
 
 namespace distopt::plugins::tcp {
 
@@ -29,7 +31,7 @@ struct Config {
   static Config from(const dopt_options* options);
 
   double timeout_s = 60;
-  int64_t chunk_bytes = 256 << 10;  ///< reduction staging window / pipeline grain
+  int64_t chunk_bytes = 256 << 10;  ///< pipeline grain of the TCP ring (segment bytes)
   int64_t socket_buffer_bytes = 0;  ///< 0 = kernel autotuning
   int64_t max_io_bytes = 4 << 20;   ///< largest single send()/recv()
   bool shm = true;                  ///< shared memory for collectives when all ranks share a host
@@ -101,11 +103,12 @@ class TcpComm final : public sdk::Communicator {
   std::unique_ptr<sdk::Request> enqueue(const std::string& name, std::function<RingResult()> body);
   void progress_loop();
   void run_op(Op& op);
-  RingResult run(const RingPlan& plan, Clock::time_point deadline);
+  /// Run `body` (SDK collectives over transport_) until `deadline`; its
+  /// sdk::Error becomes the result (COMM names the peer whose connection broke).
+  RingResult run_p2p(const std::function<void(Clock::time_point)>& body);
   ShmWaitCtx shm_ctx(Clock::time_point deadline);
   Buffer check(const DLTensor& t, const char* op, const char* which, bool reduce_dtype,
                DType* dt = nullptr) const;
-  char* scratch(size_t bytes);
 
   // Identity and what split() needs to create sub-communicators.
   int rank_, world_;
@@ -124,13 +127,15 @@ class TcpComm final : public sdk::Communicator {
   std::deque<Op> queue_;
   bool stopping_ = false;
   std::thread progress_;
-  std::vector<char> staging_, scratch_;  // progress thread only
-  FaultPoint fault_;                     // progress thread only
+  FaultPoint fault_;                             // progress thread only
+  std::unique_ptr<SocketTransport> transport_;   // progress thread only
+  std::unique_ptr<sdk::p2p::Collectives> coll_;  // progress thread only
 
   // Failure state. aborting_ + abort_fd_ (an eventfd) wake a running operation.
   mutable std::mutex fmu_;
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborting_{false};
+  std::atomic<bool> destroying_now_{false};  ///< the destructor runs: abort without grace
   int abort_fd_ = -1;
   bool destroying_ = false;
   dopt_status fail_status_ = DOPT_OK;

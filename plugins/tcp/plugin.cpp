@@ -14,8 +14,8 @@ constexpr dopt_option_spec kOptions[] = {
                        "TIMEOUT")
         .range(0.001, 1e7),
     sdk::option_int("chunk_bytes", "262144",
-                    "pipeline grain of reductions: bytes received into a cache-sized window "
-                    "before being reduced")
+                    "pipeline grain of the TCP ring: segment bytes the SDK's p2p ring sends, "
+                    "receives into a cache-sized window and reduces at a time")
         .range(4096, 1 << 30),
     sdk::option_int("socket_buffer_bytes", "0",
                     "SO_SNDBUF/SO_RCVBUF of data connections; 0 leaves the kernel's autotuning on")
@@ -36,6 +36,6 @@ constexpr dopt_option_spec kOptions[] = {
 // No traits; no check_job: every job its schema accepts.
 DOPT_PLUGIN("tcp", "1.0.0",
             DOPT_COMPONENT(distopt::plugins::tcp::TcpComm, "tcp", "1.0.0",
-                           "full-mesh TCP sockets, pipelined ring collectives (no server, no "
-                           "extra dependency)",
+                           "full-mesh TCP sockets, the SDK's p2p collectives over them (no "
+                           "server, no extra dependency)",
                            distopt::plugins::tcp::kOptions))

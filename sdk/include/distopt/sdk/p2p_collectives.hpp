@@ -12,7 +12,10 @@
 //   allreduce above that: ring reduce-scatter then ring allgather
 //     (Patarasuk & Yuan 2009), each block cut into segments of
 //     segment_bytes (default 1 MiB) that are reduced and forwarded as soon
-//     as they arrive, so the ring steps pipeline.
+//     as they arrive, so the ring steps pipeline. Reduce steps receive into
+//     a window of recv_depth segment slots, reused as the segments are
+//     reduced, so the incoming data is still in cache when it is reduced
+//     (a whole block of scratch would stream through memory).
 //   reduce_scatter / allgather: the two halves of that ring.
 //   broadcast: root sends to every rank below small_bytes; above, a chain
 //     from the root, pipelined in segments.
@@ -37,6 +40,7 @@ namespace distopt::sdk::p2p {
 struct CollectiveOptions {
   size_t small_bytes = 64 << 10;   ///< allreduce/broadcast latency path up to this size
   size_t segment_bytes = 1 << 20;  ///< pipeline grain of the ring and chain
+  size_t recv_depth = 4;           ///< segments of a reduce step in flight (scratch slots)
 };
 
 /// The collectives of one communicator. Every rank must call them in the
@@ -48,6 +52,7 @@ class Collectives {
  public:
   explicit Collectives(Transport& t, CollectiveOptions o = {}) : t_(t), o_(o) {
     if (o_.segment_bytes < 8) o_.segment_bytes = 8;
+    if (o_.recv_depth < 1) o_.recv_depth = 1;
   }
 
   /// recv[i] = op over ranks of send[i], i < count; send may equal recv.
@@ -58,7 +63,9 @@ class Collectives {
     const size_t esz = dtype_size(dt);
     const int div = op == DOPT_REDUCE_AVG ? n : 1;
     const dopt_reduce_op rop = op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op;
-    if (send != recv) std::memcpy(recv, send, count * esz);
+    if (n == 1 || count == 0 || count * esz <= o_.small_bytes) {
+      if (send != recv) std::memcpy(recv, send, count * esz);
+    }
     if (n == 1 || count == 0) {
       if (div > 1) divide(dt, recv, recv, count, div);
       return;
@@ -70,7 +77,9 @@ class Collectives {
         direct_exchange(static_cast<char*>(recv), count, dt, rop, div, seq, deadline);
       return;
     }
+    // The ring reads this rank's operands from send: no copy into recv first.
     Ring ring{static_cast<char*>(recv), count, dt, rop, div};
+    ring.src = static_cast<const char*>(send);
     run_ring(ring, 0, 2 * (n - 1), seq, deadline);
   }
 
@@ -87,8 +96,8 @@ class Collectives {
       return;
     }
     work_.resize(recv_count * n * esz);
-    std::memcpy(work_.data(), send, work_.size());
     Ring ring{work_.data(), recv_count * n, dt, op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op, div};
+    ring.src = static_cast<const char*>(send);
     run_ring(ring, 0, n - 1, seq, deadline);
     std::memcpy(recv, work_.data() + ring.offset(t_.rank()) * esz, recv_count * esz);
   }
@@ -156,6 +165,8 @@ class Collectives {
 
  private:
   /// A vector cut into world_size blocks (the first count % n one longer).
+  /// Reduce steps write buf = src (this rank's operand) op incoming; the
+  /// first step sends from src, later ones forward from buf.
   struct Ring {
     char* buf;
     size_t count;
@@ -164,6 +175,7 @@ class Collectives {
     int div;
     size_t esz = dtype_size(dt);
     int n = 0;
+    const char* src = nullptr;  ///< nullptr: buf
     size_t offset(int b) const {
       const size_t base = count / n, rem = count % n;
       return b * base + std::min<size_t>(b, rem);
@@ -187,51 +199,66 @@ class Collectives {
   /// r-t-1 (mod n); the block received at t is the one sent at t+1, so each
   /// segment is forwarded as soon as it is reduced. Virtual block v is real
   /// block v-1: after the reduce-scatter half rank r holds real block r.
+  /// Copy steps receive in place; reduce steps receive segment j into slot
+  /// j % recv_depth of their step's window, and post segment j + recv_depth
+  /// once j is reduced (same tag, so posting order keeps the matching).
   void run_ring(Ring& g, int t0, int t1, uint64_t seq, Clock::time_point deadline) {
     const int n = t_.world_size(), r = t_.rank();
     g.n = n;
+    if (!g.src) g.src = g.buf;
     const int prev = (r - 1 + n) % n, next = (r + 1) % n;
     const size_t seg_elems = std::max<size_t>(1, o_.segment_bytes / g.esz);
+    const size_t depth = o_.recv_depth, slot_bytes = seg_elems * g.esz;
     auto real = [&](int v) { return ((v % n) + 2 * n - 1) % n; };
     auto send_block = [&](int t) { return real(r - t + 2 * n); };
     auto recv_block = [&](int t) { return real(r - t - 1 + 2 * n); };
-    size_t max_block = g.count / n + 1;
-    scratch_.resize(2 * max_block * g.esz);
+    auto segments = [&](int b) { return (g.length(b) + seg_elems - 1) / seg_elems; };
+    auto slot = [&](int t, size_t j) {
+      return scratch_.data() + ((t % 2) * depth + j % depth) * slot_bytes;
+    };
+    scratch_.resize(2 * depth * slot_bytes);
     std::vector<Handle> sends, recvs[2];
-    auto post_recvs = [&](int t) {
+    auto post_recv = [&](int t, size_t j) {
       const int b = recv_block(t);
-      char* dst =
-          t < n - 1 ? scratch_.data() + (t % 2) * max_block * g.esz : g.buf + g.offset(b) * g.esz;
-      const uint64_t tag = Tag::collective(seq, t);
-      for (size_t e = 0; e < g.length(b); e += seg_elems)
-        recvs[t % 2].push_back(
-            t_.irecv(prev, tag, dst + e * g.esz, std::min(seg_elems, g.length(b) - e) * g.esz));
+      const size_t e = j * seg_elems, len = std::min(seg_elems, g.length(b) - e);
+      char* dst = t < n - 1 ? slot(t, j) : g.buf + (g.offset(b) + e) * g.esz;
+      recvs[t % 2].push_back(t_.irecv(prev, Tag::collective(seq, t), dst, len * g.esz));
+    };
+    auto post_recvs = [&](int t) {
+      const size_t m = segments(recv_block(t));
+      for (size_t j = 0; j < (t < n - 1 ? std::min(depth, m) : m); ++j) post_recv(t, j);
     };
     auto send_seg = [&](int t, int b, size_t e) {
       const size_t len = std::min(seg_elems, g.length(b) - e);
-      sends.push_back(
-          t_.isend(next, Tag::collective(seq, t), g.buf + (g.offset(b) + e) * g.esz, len * g.esz));
+      const char* from = (t == t0 ? g.src : g.buf) + (g.offset(b) + e) * g.esz;
+      sends.push_back(t_.isend(next, Tag::collective(seq, t), from, len * g.esz));
     };
     post_recvs(t0);
     for (size_t e = 0, b = send_block(t0); e < g.length(b); e += seg_elems) send_seg(t0, b, e);
     for (int t = t0; t < t1; ++t) {
       if (t + 1 < t1) post_recvs(t + 1);
       const int b = recv_block(t);
-      const char* in = scratch_.data() + (t % 2) * max_block * g.esz;
-      size_t j = 0;
-      for (size_t e = 0; e < g.length(b); e += seg_elems, ++j) {
+      const size_t m = segments(b);
+      for (size_t j = 0; j < m; ++j) {
+        const size_t e = j * seg_elems;
         wait_one(recvs[t % 2], j, deadline);
         if (t < n - 1) {
-          char* dst = g.buf + (g.offset(b) + e) * g.esz;
-          reduce(g.dt, g.op, dst, dst, in + e * g.esz, std::min(seg_elems, g.length(b) - e),
-                 t == n - 2 ? g.div : 1);
+          const size_t off = (g.offset(b) + e) * g.esz;
+          reduce(g.dt, g.op, g.buf + off, g.src + off, slot(t, j),
+                 std::min(seg_elems, g.length(b) - e), t == n - 2 ? g.div : 1);
+          if (j + depth < m) post_recv(t, j + depth);  // into the slot just freed
         }
         if (t + 1 < t1) send_seg(t + 1, b, e);
       }
       recvs[t % 2].clear();
-      // Sends of earlier steps read blocks that later receives overwrite.
-      wait_live(sends, deadline);
     }
+    // No wait between steps: a copy step overwrites the block sent n-1 steps
+    // earlier, but that data comes back round the ring only after next
+    // received what we sent from it. A wait per step would also deadlock
+    // transports whose sends complete only once the peer posted the receive
+    // (UCX rendezvous, tcp's SocketTransport): next may not post its
+    // windowed receives before it finished its own step.
+    wait_live(sends, deadline);
   }
 
   void recursive_doubling(char* buf, size_t count, DType dt, dopt_reduce_op op, int div,
