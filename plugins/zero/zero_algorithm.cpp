@@ -69,6 +69,7 @@ ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
 
   at::NoGradGuard ng;
   // Trainable parameters, as flat aliases of the host's memory.
+  host_params_ = args.params;
   params_.resize(args.num_params);
   grads_.resize(args.num_params);
   std::vector<size_t> trainable;
@@ -156,6 +157,7 @@ ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
       t.mutable_grad() = stage_ == 1 ? flat_slice(grads_[pc.id], pc.item_offset, pc.numel)
                                      : flat_slice(shards_[l].shard, pc.chunk_offset, pc.numel);
       const auto g = static_cast<size_t>(args.params[pc.id].group);
+      owned_.push_back({g, groups[g].params.size(), pc.id, pc.item_offset, pc.numel});
       groups[g].params.push_back(t);
       // The piece as a range of its parameter: what makes the checkpoint
       // independent of this partition.
@@ -236,9 +238,27 @@ void ZeroAlgorithm::step() {
     }
     throw;
   }
+  follow_host_params();
   optimizer_->step();
   sync_parameters();
   sdk::metric_add("algorithm.steps", 1);
+}
+
+void ZeroAlgorithm::follow_host_params() {
+  std::vector<bool> moved(params_.size(), false);
+  bool any = false;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].defined()) continue;
+    const DLTensor& d = *host_params_[i].data;
+    if (params_[i].data_ptr() == static_cast<char*>(d.data) + d.byte_offset) continue;
+    params_[i] = sdk::as_tensor(d).view(-1);
+    moved[i] = any = true;
+  }
+  if (!any) return;
+  for (const OwnedPiece& o : owned_)
+    if (moved[o.param])
+      sdk::replace_param(*optimizer_, o.group, o.index,
+                         flat_slice(params_[o.param], o.item_offset, o.numel));
 }
 
 void ZeroAlgorithm::sync_parameters() {

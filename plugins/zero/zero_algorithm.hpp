@@ -115,7 +115,16 @@ class ZeroAlgorithm : public sdk::Algorithm {
     sdk::CommHandle pending;
   };
 
+  // A tensor the optimizer steps: param_groups()[group].params()[index] is
+  // elements [item_offset, +numel) of parameter `param`.
+  struct OwnedPiece {
+    size_t group, index, param, item_offset, numel;
+  };
+
   size_t bucket_slot(const dopt_bucket& bucket) const;
+  /// The host re-points parameters user code moved (torch::load, set_data;
+  /// algorithm.h): alias the new memory, keeping the optimizer state.
+  void follow_host_params();
   void sync_parameters();
   void sync_by_allgather(const Layout& layout);
   void sync_by_broadcast(const Layout& layout);
@@ -131,6 +140,8 @@ class ZeroAlgorithm : public sdk::Algorithm {
   std::vector<const dopt_bucket*> buckets_;
   std::vector<sdk::ReduceHandle> reduce_pending_;  // stage 1, per bucket
   std::vector<BucketShard> shards_;                // stage 2, per bucket
+  const dopt_param* host_params_ = nullptr;        // the host's descriptors, stable until destroy
+  std::vector<OwnedPiece> owned_;                  // this rank's pieces, in optimizer order
   std::vector<at::Tensor> params_;                 // per parameter: flat alias of the host's data
   std::vector<at::Tensor> grads_;                  // per parameter: flat alias of its bucket slot
   std::vector<Layout> layouts_;                    // stage 1: one; stage 2: one per bucket

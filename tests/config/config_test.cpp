@@ -192,6 +192,25 @@ TEST_CASE("defaults: an empty job, and sections left out") {
   CHECK(v.optimizer.get_double("lr") == doctest::Approx(0.01));
 }
 
+TEST_CASE("a component or the optimizer may be given by its name alone") {
+  auto cfg = distopt::parse_job_config(
+      "communicator: mock\nreducer: mock\nalgorithm: mock\noptimizer: adam\n"
+      "schedule: [{until_epoch: 1, algorithm: mock}, {reducer: mock}]\n");
+  CHECK(cfg.communicator.name == "mock");
+  CHECK(cfg.reducer.name == "mock");
+  CHECK(cfg.algorithm.name == "mock");
+  CHECK(cfg.optimizer_name == "adam");
+  REQUIRE(cfg.schedule.size() == 2);
+  CHECK(cfg.schedule[0].algorithm.name == "mock");
+  auto v = distopt::validate_job(cfg, mock_registry());
+  CHECK(v.reducer.get_double("bucket_cap_mb") == 25);  // defaults, as for {name: mock}
+  CHECK(v.optimizer.get_double("beta1") == doctest::Approx(0.9));
+  std::string m = error_of([] { distopt::parse_job_config("algorithm: [zero]\n", "j.yaml"); });
+  CHECK(m.rfind("j.yaml:1:12: algorithm: expected a map, got a list", 0) == 0);
+  m = error_of([] { distopt::parse_job_config("optimizer: nadam\n", "j.yaml"); });
+  CHECK(m.find("optimizer.name: unknown optimizer 'nadam'") != std::string::npos);
+}
+
 TEST_CASE("errors from text use the given name, and a missing file is named") {
   std::string m = error_of([] { distopt::parse_job_config("world: {size: x}\n", "inline.yaml"); });
   CHECK(m.rfind("inline.yaml:1:15: world.size: expected an integer, got 'x'", 0) == 0);

@@ -293,6 +293,14 @@ TEST_CASE("model weights loaded alone: the next hybrid step starts from them (Me
       CHECK(max_abs_diff(run_with_load("{name: hybrid, options: {" + opts + "}}", how, dir), ref) <=
             1e-6);
     }
+    // Every other algorithm that updates the whole model replicated follows
+    // the loaded weights too (zero owns flat shards; fused re-flattens).
+    for (const char* algorithm :
+         {"allreduce", "zero", "{name: fused, options: {check_flatten: true}}"}) {
+      const std::string alg = algorithm;
+      CAPTURE(alg);
+      CHECK(max_abs_diff(run_with_load(alg, how, dir), ref) <= 1e-6);
+    }
     // Without the refresh, the stale host copies overwrite the loaded model.
     CHECK(max_abs_diff(run_with_load(
                            "{name: hybrid, options: {offload_fraction: 1, refresh_masters: false}}",

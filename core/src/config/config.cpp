@@ -245,8 +245,14 @@ class Parser {
     fail(file_, m, where + " has an unknown scheme; valid: tcp://HOST:PORT, env://, file://PATH");
   }
 
+  // A component section: a map, or its name alone (`algorithm: zero`).
+  YAML::Node component_section(const YAML::Node& root, const char* name) {
+    YAML::Node n = root[name];
+    return n.IsDefined() && n.IsScalar() ? n : section(root, name);
+  }
+
   void parse_component(const YAML::Node& root, const char* name, ComponentConfig& out) {
-    YAML::Node s = section(root, name);
+    YAML::Node s = component_section(root, name);
     if (!s.IsDefined()) return;  // absent: the default component
     // ABI 1.3: a reducer may wrap another (`inner:`, one level deep).
     const bool reducer = std::string(name) == "reducer";
@@ -259,6 +265,14 @@ class Parser {
     out.mark = mark;
     out.node = s;
     if (s.IsNull()) fail(file_, out.mark, path + ": missing required key 'name'");
+    if (s.IsScalar()) {  // the name alone: default options
+      auto v = to_string(s);
+      if (!v || v->empty())
+        fail(file_, mark_of(s, out.mark), path + ": expected a component name, got " + describe(s));
+      out.name = *v;
+      out.options = YAML::Node();
+      return;
+    }
     if (!s.IsMap()) fail(file_, out.mark, path + ": expected a map, got " + describe(s));
     if (takes_inner)
       check_keys(s, path, {"name", "options", "inner"});
@@ -284,10 +298,15 @@ class Parser {
   }
 
   void parse_optimizer(const YAML::Node& root, JobConfig& cfg) {
-    YAML::Node s = section(root, "optimizer");
+    YAML::Node s = component_section(root, "optimizer");
     if (!s.IsDefined()) return;
     cfg.optimizer_mark = key_mark(root, "optimizer", mark_of(s));
     if (s.IsNull()) fail(file_, cfg.optimizer_mark, "optimizer: missing required key 'name'");
+    if (s.IsScalar()) {  // `optimizer: adam`: the name alone, default options
+      YAML::Node m(YAML::NodeType::Map);
+      m["name"] = s;
+      s = m;
+    }
     YAML::Node n = s["name"];
     if (!n.IsDefined()) fail(file_, cfg.optimizer_mark, "optimizer: missing required key 'name'");
     auto v = to_string(n);

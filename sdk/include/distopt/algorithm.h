@@ -27,7 +27,7 @@ typedef struct dopt_param {
   size_t struct_size;
   void* ext;
   const char* name;      /* "fc1.weight" */
-  DLTensor* data;        /* the parameter, contiguous */
+  DLTensor* data;        /* contiguous; re-pointed before step() if user code moved it */
   DLTensor* grad;        /* same shape; a view into a bucket; NULL if frozen */
   int32_t group;         /* index into dopt_algorithm_args::groups */
   int32_t requires_grad; /* 0 for frozen parameters: never updated */

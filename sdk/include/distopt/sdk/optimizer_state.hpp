@@ -18,6 +18,8 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "distopt/sdk/tensor_state.hpp"
@@ -98,8 +100,17 @@ void for_each_param(const torch::optim::Optimizer& opt,
   }
 }
 
-inline std::string state_key(const at::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
+// libtorch keys optimizer state by the parameter's TensorImpl: as a string
+// in 1.x, as the pointer itself in 2.x. Either way, the key of `p`.
+using StateMap =
+    std::remove_reference_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+using StateKey = typename StateMap::key_type;
+template <typename Key = StateKey>  // a template, so only the taken branch is compiled
+Key state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>)
+    return c10::guts::to_string(p.unsafeGetTensorImpl());
+  else
+    return static_cast<Key>(p.unsafeGetTensorImpl());
 }
 
 }  // namespace detail
@@ -175,7 +186,7 @@ inline void load_optimizer_state(torch::optim::Optimizer& opt,
     for (size_t i = 0; i < group.params().size(); ++i) {
       const at::Tensor& p = group.params()[i];
       const ParamSlice& s = slices[g][i];
-      const std::string key = detail::state_key(p);
+      const auto key = detail::state_key(p);
       if (is_sgd) {
         // SGD saves no step: one in the checkpoint means another optimizer
         // (rmsprop's momentum_buffer would otherwise load as SGD momentum).
@@ -237,6 +248,26 @@ inline void load_optimizer_state(torch::optim::Optimizer& opt,
       }
     }
   }
+}
+
+/// Make `opt` step `fresh` in place of opt.param_groups()[group].params()[index]
+/// (a parameter the host re-pointed: torch::load, set_data), keeping that
+/// tensor's optimizer state and gradient. `fresh` must have the same shape
+/// and dtype. Throws sdk::Error(INTERNAL) for an index out of range.
+inline void replace_param(torch::optim::Optimizer& opt, size_t group, size_t index,
+                          at::Tensor fresh) {
+  if (group >= opt.param_groups().size() || index >= opt.param_groups()[group].params().size())
+    throw Error(DOPT_ERR_INTERNAL, "replace_param: no tensor " + std::to_string(index) +
+                                       " in param group " + std::to_string(group));
+  at::Tensor& old = opt.param_groups()[group].params()[index];
+  fresh.mutable_grad() = old.grad();
+  auto it = opt.state().find(detail::state_key(old));
+  if (it != opt.state().end()) {
+    auto st = std::move(it->second);
+    opt.state().erase(it);
+    opt.state()[detail::state_key(fresh)] = std::move(st);
+  }
+  old = std::move(fresh);
 }
 
 }  // namespace distopt::sdk

@@ -27,7 +27,8 @@ class WholeParams {
  public:
   /// Throws sdk::Error(INVALID_ARGUMENT) naming `who` and the parameter
   /// for a group index out of range, and what make_optimizer throws.
-  WholeParams(const dopt_algorithm_args& args, const std::string& who) : who_(who) {
+  WholeParams(const dopt_algorithm_args& args, const std::string& who)
+      : who_(who), params_(args.params) {
     std::vector<ParamGroupInput> groups(args.num_groups);
     for (size_t g = 0; g < args.num_groups; ++g) {
       groups[g].lr = args.groups[g].lr;
@@ -60,7 +61,26 @@ class WholeParams {
   /// (name, tensor) of the trainable parameters, in dopt_param order.
   const std::vector<std::pair<std::string, at::Tensor>>& trainable() const { return trainable_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
-  void step() { optimizer_->step(); }
+  /// follow_host_params(), then one step of the inner optimizer.
+  void step() {
+    follow_host_params();
+    optimizer_->step();
+  }
+  /// The host re-points a parameter's descriptor when user code moved it
+  /// (torch::load into a module, set_data; algorithm.h): make the aliasing
+  /// tensor point at the new memory in place (same TensorImpl, so the
+  /// optimizer's groups, its state and BucketParams keep following it).
+  /// Cheap when nothing moved (one pointer comparison per parameter).
+  void follow_host_params() {
+    for (size_t i = 0; i < by_index_.size(); ++i) {
+      at::Tensor& t = by_index_[i];
+      if (!t.defined()) continue;
+      const DLTensor& d = *params_[i].data;
+      if (t.data_ptr() == static_cast<char*>(d.data) + d.byte_offset) continue;
+      at::NoGradGuard no_grad;
+      t.set_(as_tensor(d));
+    }
+  }
   /// Throws sdk::Error(INVALID_ARGUMENT) for a group out of range.
   void set_lr(int32_t group, double lr) {
     if (group < 0 || static_cast<size_t>(group) >= slices_.size())
@@ -76,6 +96,7 @@ class WholeParams {
 
  private:
   std::string who_;
+  const dopt_param* params_;  // the host's descriptors, stable until destroy (algorithm.h)
   std::vector<at::Tensor> by_index_;
   std::vector<std::pair<std::string, at::Tensor>> trainable_;
   std::vector<std::vector<ParamSlice>> slices_;
