@@ -262,7 +262,12 @@ void TcpComm::run_op(Op& op) {
 }
 
 ShmWaitCtx TcpComm::shm_ctx(Clock::time_point deadline) {
-  return ShmWaitCtx{deadline, &aborting_, &fault_, control_ ? control_->bye_flags() : nullptr};
+  ShmWaitCtx c;
+  c.deadline = deadline;
+  c.abort = &aborting_;
+  c.fault = &fault_;
+  c.peer_left = control_ ? control_->bye_flags() : nullptr;  // a peer's goodbye
+  return c;
 }
 
 RingResult TcpComm::run(const RingPlan& plan, Clock::time_point deadline) {
