@@ -23,8 +23,8 @@ class ShmLink {
                        const ShmWaitCtx& ctx) {
     return ring_result(c_->allreduce(send, recv, count, dt, op, ctx));
   }
-  RingResult reduce_scatter(const char* send, char* recv, size_t count, DType dt,
-                            dopt_reduce_op op, const ShmWaitCtx& ctx) {
+  RingResult reduce_scatter(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op,
+                            const ShmWaitCtx& ctx) {
     return ring_result(c_->reduce_scatter(send, recv, count, dt, op, ctx));
   }
   RingResult allgather(const char* send, char* recv, size_t bytes, const ShmWaitCtx& ctx) {

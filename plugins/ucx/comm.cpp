@@ -271,7 +271,8 @@ void UcxComm::run_op(Op& op) {
     cause = e.what();
   }
   sdk::metric_add("comm.seconds", std::chrono::duration<double>(Clock::now() - t0).count());
-  sdk::metric_add("comm.bytes_sent", static_cast<double>(transport_->bytes_sent() + shm_sent_ - sent0));
+  sdk::metric_add("comm.bytes_sent",
+                  static_cast<double>(transport_->bytes_sent() + shm_sent_ - sent0));
   if (st == DOPT_OK) {
     op.req->complete(DOPT_OK);
     return;

@@ -44,11 +44,11 @@ struct Setup {
   bool enabled = true;  ///< false: take part in the agreement, but vote for the network path
   int rank = 0;
   int world_size = 1;
-  dopt_store* store = nullptr;  ///< the job's rendezvous store
-  std::string scope;            ///< store key prefix, identical on every rank
-  size_t segment_bytes = 1 << 20;  ///< per rank: header page + two slots (>= 64 KiB sensible)
-  double timeout_s = 60;           ///< for each store read of the handshake, seconds
-  std::string component = "shm";   ///< log prefix ("tcp", "ucx")
+  dopt_store* store = nullptr;           ///< the job's rendezvous store
+  std::string scope;                     ///< store key prefix, identical on every rank
+  size_t segment_bytes = 1 << 20;        ///< per rank: header page + two slots (>= 64 KiB sensible)
+  double timeout_s = 60;                 ///< for each store read of the handshake, seconds
+  std::string component = "shm";         ///< log prefix ("tcp", "ucx")
   std::string fallback = "the network";  ///< named in the log when shm is not used ("TCP")
 };
 
@@ -132,8 +132,7 @@ inline void store_put(dopt_store* st, const std::string& key, const std::string&
     throw std::runtime_error("cannot publish '" + key + "' in the store");
 }
 
-inline std::string store_fetch(dopt_store* st, const std::string& key, double timeout_s,
-                               int peer) {
+inline std::string store_fetch(dopt_store* st, const std::string& key, double timeout_s, int peer) {
   std::string buf(512, '\0');
   size_t len = 0;
   dopt_status s = host()->store_get(st, key.c_str(), &buf[0], buf.size(), &len,

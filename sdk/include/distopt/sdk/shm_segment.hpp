@@ -230,8 +230,8 @@ struct WaitCtx {
   /// can then never complete.
   const std::atomic<bool>* peer_left = nullptr;
   /// May be empty. Called by the waiting thread between sleeps (about every
-  /// 2 ms, and on each yield before): returns a rank that failed, its cause
-  /// in *why, or -1. How a communicator whose failure detection needs
+  /// 2 ms once a wait has spun and yielded): returns a rank that failed,
+  /// its cause in *why, or -1. How a communicator whose failure detection needs
   /// driving (ucx: ucp_worker_progress runs the UCP error callbacks) feeds
   /// peer failures into a wait.
   std::function<int(std::string* why)> peer_failed;
@@ -265,7 +265,7 @@ inline dopt_status wait(Header* h, const std::atomic<uint64_t>& counter, uint64_
     if (peer_left && peer_left->load(std::memory_order_acquire) &&
         counter.load(std::memory_order_acquire) < value)
       return DOPT_ERR_COMM;
-    if (ctx.peer_failed) {
+    if (i >= 16 && ctx.peer_failed) {  // between sleeps only: it may cost microseconds
       std::string why;
       const int p = ctx.peer_failed(&why);
       if (p >= 0 && counter.load(std::memory_order_acquire) < value) {
