@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "comm_helpers.hpp"
 #include "distopt/error.hpp"
@@ -46,6 +47,22 @@ size_t count_dir(const char* path) {
   size_t n = 0;
   if (DIR* d = opendir(path)) {
     while (readdir(d)) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+/// /dev/shm entries this process may own: all but the shared-memory
+/// segments of other processes ("distopt-<pid>-..."; other jobs on this
+/// machine create them for a moment while they connect).
+size_t count_shm() {
+  size_t n = 0;
+  const std::string foreign = "distopt-", own = foreign + std::to_string(getpid()) + "-";
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind(foreign, 0) != 0 || name.rfind(own, 0) == 0) ++n;
+    }
     closedir(d);
   }
   return n;
@@ -252,9 +269,9 @@ TEST_CASE("ucx: destroy leaves no file descriptor and no /dev/shm entry behind")
             c->barrier().wait();
           };
           cycle(0);  // UCX's process-wide state (async thread, ...) is set up once
-          const size_t fds = count_dir("/proc/self/fd"), shm = count_dir("/dev/shm");
+          const size_t fds = count_dir("/proc/self/fd"), shm = count_shm();
           for (int i = 1; i <= 3; ++i) cycle(i);
-          const size_t fds2 = count_dir("/proc/self/fd"), shm2 = count_dir("/dev/shm");
+          const size_t fds2 = count_dir("/proc/self/fd"), shm2 = count_shm();
           // Fewer is fine (UCX closes some lazily); more is a leak.
           if (fds2 > fds) {
             fprintf(stderr, "rank %d: %zu fds before, %zu after\n", me, fds, fds2);
