@@ -175,6 +175,11 @@ sdk::shm::WaitCtx UcxComm::shm_ctx(Clock::time_point deadline) {
 }
 
 int UcxComm::shm_failed_peer(std::string* why) {
+  // At most every 5 ms: with more ranks than cores the peer being waited
+  // for needs the CPU more than failure detection (which has a 1 s grace).
+  const auto t = Clock::now();
+  if (t < shm_polled_ + std::chrono::milliseconds(5)) return -1;
+  shm_polled_ = t;
   transport_->progress();  // UCP error callbacks, failure notices, user send/recv
   std::string w;
   const int p = transport_->failed_peer(&w);

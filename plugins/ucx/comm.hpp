@@ -109,10 +109,11 @@ class UcxComm final : public sdk::Communicator {
   /// A wait context for the shm collectives: the deadline, the abort flag,
   /// and UCX's view of failed peers (shm_failed_peer).
   sdk::shm::WaitCtx shm_ctx(Clock::time_point deadline);
-  /// Called while a shm collective waits (progress thread): drives UCX so
-  /// its error callbacks and failure notices run, and returns the failed
-  /// peer (why in *why) once it has been known for the transport's grace
-  /// period (so a notice can name the rank that really died), else -1.
+  /// Called while a shm collective waits (progress thread): every 5 ms at
+  /// most, drives UCX so its error callbacks and failure notices run, and
+  /// returns the failed peer (why in *why) once it has been known for the
+  /// transport's grace period (so a notice can name the rank that really
+  /// died), else -1.
   int shm_failed_peer(std::string* why);
   Buffer check(const DLTensor& t, const char* op, const char* which, bool reduce_dtype,
                sdk::DType* dt = nullptr) const;
@@ -128,6 +129,7 @@ class UcxComm final : public sdk::Communicator {
   std::unique_ptr<sdk::shm::Collectives> shm_;   // null: everything over UCX
   uint64_t shm_sent_ = 0;                        // bytes shm_ handed to peers
   Clock::time_point shm_failure_seen_{};         // progress thread only
+  Clock::time_point shm_polled_{};               // last shm_failed_peer progress
   std::atomic<bool> aborting_{false};            // set by the destructor
   std::list<UserOp> user_ops_;                   // progress thread only
   std::deque<std::function<void()>> posts_;      // user send/recv to post (under qmu_)
