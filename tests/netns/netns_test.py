@@ -313,9 +313,10 @@ def test_ucx_strangers_without_the_token_reach_nothing(tmp):
         return
     assert os.path.exists(UCX_STRANGER), f"{UCX_STRANGER} is not built"
     ucx = f"{{name: ucx, options: {{timeout_s: {COMM_TIMEOUT_S}}}}}"
+    ucx_lo = f"{{name: ucx, options: {{timeout_s: {COMM_TIMEOUT_S}, shm: false}}}}"  # the ring
     steps, epochs = 300, 4
     lo = loopback_reference(tmp, "tok_ucx_lo",
-                            job(tmp, "tok_ucx_lo.yaml", comm=ucx, epochs=epochs, max_steps=steps),
+                            job(tmp, "tok_ucx_lo.yaml", comm=ucx_lo, epochs=epochs, max_steps=steps),
                             ["UCX_TLS=tcp"])
     with hosts.Hosts(WORLD + 1) as h:
         m = os.path.join(tmp, "tok_ucx_ns.jsonl")
