@@ -66,10 +66,10 @@ TcpComm::Links TcpComm::connect(const dopt_create_args& args, const Config& cfg)
     throw sdk::Error(DOPT_ERR_COMM,
                      std::string("create: rank ") + std::to_string(args.rank) + ": " + e.what());
   }
-  std::unique_ptr<ShmTransport> shm;
+  std::unique_ptr<ShmLink> shm;
   try {
     if (args.world_size > 1) {
-      ShmSetup ss;
+      sdk::shm::Setup ss;
       ss.enabled = cfg.shm;
       ss.rank = args.rank;
       ss.world_size = args.world_size;
@@ -77,7 +77,9 @@ TcpComm::Links TcpComm::connect(const dopt_create_args& args, const Config& cfg)
       ss.scope = m.scope;
       ss.segment_bytes = static_cast<size_t>(cfg.shm_bytes);
       ss.timeout_s = cfg.timeout_s;
-      shm = ShmTransport::create(ss);
+      ss.component = "tcp";
+      ss.fallback = "TCP";
+      if (auto c = sdk::shm::Collectives::create(ss)) shm = std::make_unique<ShmLink>(std::move(c));
     }
   } catch (const std::exception& e) {
     mesh.close_all();
@@ -269,7 +271,12 @@ void TcpComm::run_op(Op& op) {
 }
 
 ShmWaitCtx TcpComm::shm_ctx(Clock::time_point deadline) {
-  return ShmWaitCtx{deadline, &aborting_, &fault_, control_ ? control_->bye_flags() : nullptr};
+  ShmWaitCtx c;
+  c.deadline = deadline;
+  c.abort = &aborting_;
+  c.fault = &fault_;
+  c.peer_left = control_ ? control_->bye_flags() : nullptr;  // a peer's goodbye
+  return c;
 }
 
 RingResult TcpComm::run_p2p(const std::function<void(Clock::time_point)>& body) {

@@ -18,7 +18,7 @@
 #include "distopt/sdk/plugin.hpp"
 #include "mesh.hpp"
 #include "ring.hpp"
-#include "shm_collectives.hpp"
+#include "shm_link.hpp"
 #include "socket_transport.hpp"
 
 namespace distopt::plugins::tcp {
@@ -91,7 +91,7 @@ class TcpComm final : public sdk::Communicator {
   /// What the constructor connects before it starts the threads.
   struct Links {
     Mesh mesh;
-    std::unique_ptr<ShmTransport> shm;  ///< null: collectives use the TCP ring
+    std::unique_ptr<ShmLink> shm;  ///< null: collectives use the TCP ring
   };
 
   TcpComm(const dopt_create_args& args, const Config& cfg);
@@ -119,7 +119,7 @@ class TcpComm final : public sdk::Communicator {
 
   Mesh mesh_;
   std::unique_ptr<Control> control_;
-  std::unique_ptr<ShmTransport> shm_;  ///< null: collectives use the TCP ring
+  std::unique_ptr<ShmLink> shm_;  ///< null: collectives use the TCP ring
 
   // Progress thread and its queue.
   std::mutex qmu_;

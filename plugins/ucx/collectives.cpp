@@ -1,6 +1,8 @@
-// UcxComm's operations: argument checks on the caller's thread, then the
-// SDK's p2p collectives on the progress thread (sdk/p2p_collectives.hpp);
-// user send/recv go straight to the transport, tagged Tag::user(tag).
+// UcxComm's operations: argument checks on the caller's thread, then, on
+// the progress thread, the SDK's shared-memory collectives when every rank
+// is on one host (sdk/shm_collectives.hpp; shm_ set at create), else the
+// SDK's p2p collectives over UCX (sdk/p2p_collectives.hpp); barrier stays
+// on UCX; user send/recv go straight to the transport, tagged Tag::user(tag).
 #include <cstring>
 
 #include "comm.hpp"
@@ -22,6 +24,12 @@ void check_same_dtype(const Buffer& a, const Buffer& b, const char* name) {
                      std::string(name) + ": send and recv have different dtypes");
 }
 
+/// Count what a shm collective handed to peers; throw its failure as sdk::Error.
+void finish(const sdk::shm::Result& r, uint64_t* sent) {
+  *sent += r.bytes_sent;
+  if (r.status != DOPT_OK) throw sdk::Error(r.status, r.why);
+}
+
 }  // namespace
 
 std::unique_ptr<sdk::Request> UcxComm::allreduce(const DLTensor& send, DLTensor& recv,
@@ -36,7 +44,10 @@ std::unique_ptr<sdk::Request> UcxComm::allreduce(const DLTensor& send, DLTensor&
                                                     " elements but recv has " +
                                                     std::to_string(r.count));
   return enqueue("allreduce", [this, s, r, dt, op](Clock::time_point d) {
-    coll_->allreduce(s.data, r.data, s.count, dt, op, d);
+    if (shm_)
+      finish(shm_->allreduce(s.data, r.data, s.count, dt, op, shm_ctx(d)), &shm_sent_);
+    else
+      coll_->allreduce(s.data, r.data, s.count, dt, op, d);
   });
 }
 
@@ -53,7 +64,10 @@ std::unique_ptr<sdk::Request> UcxComm::reduce_scatter(const DLTensor& send, DLTe
         "reduce_scatter: send has " + std::to_string(s.count) +
             " elements, expected world_size * recv = " + std::to_string(r.count * world_));
   return enqueue("reduce_scatter", [this, s, r, dt, op](Clock::time_point d) {
-    coll_->reduce_scatter(s.data, r.data, r.count, dt, op, d);
+    if (shm_)
+      finish(shm_->reduce_scatter(s.data, r.data, r.count, dt, op, shm_ctx(d)), &shm_sent_);
+    else
+      coll_->reduce_scatter(s.data, r.data, r.count, dt, op, d);
   });
 }
 
@@ -66,7 +80,10 @@ std::unique_ptr<sdk::Request> UcxComm::allgather(const DLTensor& send, DLTensor&
                                                     " bytes, expected world_size * send = " +
                                                     std::to_string(s.bytes() * world_));
   return enqueue("allgather", [this, s, r](Clock::time_point d) {
-    coll_->allgather(s.data, r.data, s.bytes(), d);
+    if (shm_)
+      finish(shm_->allgather(s.data, r.data, s.bytes(), shm_ctx(d)), &shm_sent_);
+    else
+      coll_->allgather(s.data, r.data, s.bytes(), d);
   });
 }
 
@@ -77,7 +94,10 @@ std::unique_ptr<sdk::Request> UcxComm::broadcast(DLTensor& buf, int32_t root) {
                                                     ")");
   Buffer b = check(buf, "broadcast", "buf", false);
   return enqueue("broadcast", [this, b, root](Clock::time_point d) {
-    coll_->broadcast(b.data, b.bytes(), root, d);
+    if (shm_)
+      finish(shm_->broadcast(b.data, b.bytes(), root, shm_ctx(d)), &shm_sent_);
+    else
+      coll_->broadcast(b.data, b.bytes(), root, d);
   });
 }
 

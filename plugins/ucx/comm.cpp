@@ -19,6 +19,8 @@ Config Config::from(const dopt_options* options) {
   c.small_bytes = o.get_int("small_bytes");
   c.segment_bytes = o.get_int("segment_bytes");
   c.peer_errors = o.get_bool("peer_errors");
+  c.shm = o.get_bool("shm");
+  c.shm_bytes = o.get_int("shm_bytes");
   return c;
 }
 
@@ -111,6 +113,7 @@ UcxComm::UcxComm(const dopt_create_args& args, const Config& cfg)
   co.small_bytes = static_cast<size_t>(cfg_.small_bytes);
   co.segment_bytes = static_cast<size_t>(cfg_.segment_bytes);
   coll_ = std::make_unique<sdk::p2p::Collectives>(*transport_, co);
+  if (world_ > 1) create_shm(args);
   fault_ = sdk::FaultPoint::from_env(rank_);
   transport_->set_fault(&fault_);
   transport_->set_progress_hook([this] { complete_user_ops(); });
@@ -128,6 +131,7 @@ UcxComm::~UcxComm() {
     stopping_ = true;
     left.swap(queue_);
   }
+  aborting_ = true;
   transport_->abort();
   qcv_.notify_all();
   for (auto& op : left)
@@ -139,7 +143,52 @@ UcxComm::~UcxComm() {
   // The progress thread is gone: this thread owns the (serialized) worker now.
   transport_->close(Clock::now() + std::chrono::seconds(2));
   coll_.reset();
+  shm_.reset();
   transport_.reset();
+}
+
+void UcxComm::create_shm(const dopt_create_args& args) {
+  sdk::shm::Setup ss;
+  ss.enabled = cfg_.shm;
+  ss.rank = rank_;
+  ss.world_size = world_;
+  ss.store = args.store;
+  ss.scope = scope_;
+  ss.segment_bytes = static_cast<size_t>(cfg_.shm_bytes);
+  ss.timeout_s = cfg_.timeout_s;
+  ss.component = "ucx";
+  ss.fallback = "UCX";
+  try {
+    shm_ = sdk::shm::Collectives::create(ss);
+  } catch (const std::exception& e) {
+    throw sdk::Error(DOPT_ERR_COMM, "create: rank " + std::to_string(rank_) + ": " + e.what());
+  }
+}
+
+sdk::shm::WaitCtx UcxComm::shm_ctx(Clock::time_point deadline) {
+  sdk::shm::WaitCtx c;
+  c.deadline = deadline;
+  c.abort = &aborting_;
+  c.fault = &fault_;
+  c.peer_failed = [this](std::string* why) { return shm_failed_peer(why); };
+  return c;
+}
+
+int UcxComm::shm_failed_peer(std::string* why) {
+  // At most every 5 ms: with more ranks than cores the peer being waited
+  // for needs the CPU more than failure detection (which has a 1 s grace).
+  const auto t = Clock::now();
+  if (t < shm_polled_ + std::chrono::milliseconds(5)) return -1;
+  shm_polled_ = t;
+  transport_->progress();  // UCP error callbacks, failure notices, user send/recv
+  std::string w;
+  const int p = transport_->failed_peer(&w);
+  if (p < 0) return -1;
+  const auto now = Clock::now();
+  if (shm_failure_seen_ == Clock::time_point{}) shm_failure_seen_ = now;
+  if (now < shm_failure_seen_ + std::chrono::seconds(1)) return -1;  // UcpTransport's grace
+  *why = w;
+  return p;
 }
 
 Clock::time_point UcxComm::deadline() const {
@@ -215,7 +264,7 @@ void UcxComm::run_op(Op& op) {
     return;
   }
   const auto t0 = Clock::now();
-  const uint64_t sent0 = transport_->bytes_sent();
+  const uint64_t sent0 = transport_->bytes_sent() + shm_sent_;
   fault_.begin_op();
   try {
     op.body(deadline());
@@ -227,7 +276,8 @@ void UcxComm::run_op(Op& op) {
     cause = e.what();
   }
   sdk::metric_add("comm.seconds", std::chrono::duration<double>(Clock::now() - t0).count());
-  sdk::metric_add("comm.bytes_sent", static_cast<double>(transport_->bytes_sent() - sent0));
+  sdk::metric_add("comm.bytes_sent",
+                  static_cast<double>(transport_->bytes_sent() + shm_sent_ - sent0));
   if (st == DOPT_OK) {
     op.req->complete(DOPT_OK);
     return;

@@ -1,7 +1,9 @@
 // One rank's endpoint of a `ucx` communicator: a UcpTransport, the SDK's
-// p2p collectives over it, and the progress thread that runs operations in
-// issue order and drives UCX all the time (also while idle, so a peer's
-// large send or close never stalls on this rank).
+// p2p collectives over it (or, when every rank is on one host, the SDK's
+// shared-memory collectives for allreduce, reduce_scatter, allgather and
+// broadcast), and the progress thread that runs operations in issue order
+// and drives UCX all the time (also while idle, so a peer's large send or
+// close never stalls on this rank).
 #pragma once
 
 #include <atomic>
@@ -18,6 +20,7 @@
 #include "distopt/sdk/fault_point.hpp"
 #include "distopt/sdk/p2p_collectives.hpp"
 #include "distopt/sdk/plugin.hpp"
+#include "distopt/sdk/shm_collectives.hpp"
 #include "ucp_transport.hpp"
 
 namespace distopt::plugins::ucx {
@@ -31,6 +34,8 @@ struct Config {
   int64_t small_bytes = 64 << 10;   ///< allreduce/broadcast latency path up to this size
   int64_t segment_bytes = 1 << 20;  ///< pipeline grain of ring and chain
   bool peer_errors = true;          ///< UCP_ERR_HANDLING_MODE_PEER (see UcpTransport)
+  bool shm = true;                  ///< sdk::shm collectives when all ranks share a host
+  int64_t shm_bytes = 1 << 20;      ///< per-rank shared segment (two slots)
 };
 
 /// A DLTensor checked to be dense host memory.
@@ -98,6 +103,18 @@ class UcxComm final : public sdk::Communicator {
   void fail(dopt_status status, const std::string& cause);
   bool failed(dopt_status* status, std::string* cause) const;
   Clock::time_point deadline() const;
+  /// Through the store, collective: the shared-memory collectives, or null
+  /// (ranks on several hosts, shm off on a rank). Throws sdk::Error(COMM).
+  void create_shm(const dopt_create_args& args);
+  /// A wait context for the shm collectives: the deadline, the abort flag,
+  /// and UCX's view of failed peers (shm_failed_peer).
+  sdk::shm::WaitCtx shm_ctx(Clock::time_point deadline);
+  /// Called while a shm collective waits (progress thread): every 5 ms at
+  /// most, drives UCX so its error callbacks and failure notices run, and
+  /// returns the failed peer (why in *why) once it has been known for the
+  /// transport's grace period (so a notice can name the rank that really
+  /// died), else -1.
+  int shm_failed_peer(std::string* why);
   Buffer check(const DLTensor& t, const char* op, const char* which, bool reduce_dtype,
                sdk::DType* dt = nullptr) const;
 
@@ -109,6 +126,11 @@ class UcxComm final : public sdk::Communicator {
 
   std::unique_ptr<UcpTransport> transport_;
   std::unique_ptr<sdk::p2p::Collectives> coll_;  // progress thread only
+  std::unique_ptr<sdk::shm::Collectives> shm_;   // null: everything over UCX
+  uint64_t shm_sent_ = 0;                        // bytes shm_ handed to peers
+  Clock::time_point shm_failure_seen_{};         // progress thread only
+  Clock::time_point shm_polled_{};               // last shm_failed_peer progress
+  std::atomic<bool> aborting_{false};            // set by the destructor
   std::list<UserOp> user_ops_;                   // progress thread only
   std::deque<std::function<void()>> posts_;      // user send/recv to post (under qmu_)
   sdk::FaultPoint fault_;                        // progress thread only

@@ -29,6 +29,13 @@ constexpr dopt_option_spec kOptions[] = {
                      "with COMM naming it). UCX 1.13 then cannot use its shared-memory "
                      "transports (no peer failure handler) and moves data on one host over TCP "
                      "and CMA; false lets it use them, and a dead peer is seen only as TIMEOUT"),
+    sdk::option_bool("shm", "true",
+                     "run allreduce, reduce_scatter, allgather and broadcast over distopt's "
+                     "shared-memory transport (sdk/shm_collectives.hpp) when every rank is on "
+                     "one host (UCX if any rank says false); send/recv and barrier stay on UCX"),
+    sdk::option_int("shm_bytes", "1048576",
+                    "shared-memory segment per rank (two slots that tensors stream through)")
+        .range(65536, 1 << 30),
 };
 
 }  // namespace

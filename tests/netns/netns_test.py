@@ -111,13 +111,15 @@ def test_training_matches_loopback(tmp):
 def test_ucx_training_matches_loopback(tmp):
     # ucx (UCX_TLS=tcp: UCX's TCP transport over the veth links), one rank
     # per namespace: the SDK's ring reduces in the same order on loopback
-    # and across hosts, so the results are bitwise those of loopback ucx.
+    # and across hosts, so the results are bitwise those of loopback ucx
+    # (with shm: false there; on one host ucx would use shared memory).
     if not os.path.exists(os.path.join(PLUGINS, "libdistopt_ucx.so")):
         print("  ucx plugin not built (UCX not found): case skipped")
         return
     ucx = f"{{name: ucx, options: {{timeout_s: {COMM_TIMEOUT_S}}}}}"
+    ucx_lo = f"{{name: ucx, options: {{timeout_s: {COMM_TIMEOUT_S}, shm: false}}}}"
     m_lo = os.path.join(tmp, "ucx_loopback.jsonl")
-    r = subprocess.run(["env", "UCX_TLS=tcp", CLI, "train", job(tmp, "ucx_lo.yaml", comm=ucx),
+    r = subprocess.run(["env", "UCX_TLS=tcp", CLI, "train", job(tmp, "ucx_lo.yaml", comm=ucx_lo),
                         "--metrics", m_lo], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, f"loopback ucx failed:\n{r.stdout}{r.stderr}"
     with hosts.Hosts(WORLD) as h:
@@ -311,9 +313,10 @@ def test_ucx_strangers_without_the_token_reach_nothing(tmp):
         return
     assert os.path.exists(UCX_STRANGER), f"{UCX_STRANGER} is not built"
     ucx = f"{{name: ucx, options: {{timeout_s: {COMM_TIMEOUT_S}}}}}"
+    ucx_lo = f"{{name: ucx, options: {{timeout_s: {COMM_TIMEOUT_S}, shm: false}}}}"  # the ring
     steps, epochs = 300, 4
     lo = loopback_reference(tmp, "tok_ucx_lo",
-                            job(tmp, "tok_ucx_lo.yaml", comm=ucx, epochs=epochs, max_steps=steps),
+                            job(tmp, "tok_ucx_lo.yaml", comm=ucx_lo, epochs=epochs, max_steps=steps),
                             ["UCX_TLS=tcp"])
     with hosts.Hosts(WORLD + 1) as h:
         m = os.path.join(tmp, "tok_ucx_ns.jsonl")

@@ -1,8 +1,9 @@
 // The `ucx` communicator beyond the conformance suite: user send/recv (also
 // while a collective runs), split, failure handling (a killed peer is named
 // with DOPT_ERR_COMM, a stopped one with DOPT_ERR_TIMEOUT) and no fd or
-// /dev/shm left behind by destroy. Each runs with UCX's default transports
-// and with UCX_TLS=tcp.
+// /dev/shm left behind by destroy. Each runs on distopt's shared-memory
+// collectives (sdk/shm_collectives.hpp, the default on one host), on UCX's
+// default transports (shm: false) and on UCX_TLS=tcp (shm: false).
 #include <dirent.h>
 #include <doctest/doctest.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "comm_helpers.hpp"
 #include "distopt/error.hpp"
@@ -20,7 +22,13 @@ using namespace distopt::test;
 
 namespace {
 
-const char* const kTls[] = {"", "tcp"};  // "": UCX's default choice
+/// How the collectives move data: UCX_TLS ("": UCX's default choice) and
+/// whether the ranks (all on this host) use the SDK's shared memory.
+struct Variant {
+  const char* tls;
+  bool shm;
+};
+const Variant kVariants[] = {{"", true}, {"", false}, {"tcp", false}};
 
 /// Set UCX_TLS for the ranks forked next ("" unsets it).
 void set_tls(const char* tls) {
@@ -28,6 +36,11 @@ void set_tls(const char* tls) {
     setenv("UCX_TLS", tls, 1);
   else
     unsetenv("UCX_TLS");
+}
+
+/// The communicator's options: `extra` ("timeout_s: 2.0" or "") and shm.
+std::string options(const Variant& v, const std::string& extra = "") {
+  return "{" + extra + (extra.empty() ? "" : ", ") + "shm: " + (v.shm ? "true" : "false") + "}";
 }
 
 size_t count_dir(const char* path) {
@@ -39,17 +52,34 @@ size_t count_dir(const char* path) {
   return n;
 }
 
+/// /dev/shm entries this process may own: all but the shared-memory
+/// segments of other processes ("distopt-<pid>-..."; other jobs on this
+/// machine create them for a moment while they connect).
+size_t count_shm() {
+  size_t n = 0;
+  const std::string foreign = "distopt-", own = foreign + std::to_string(getpid()) + "-";
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind(foreign, 0) != 0 || name.rfind(own, 0) == 0) ++n;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
 }  // namespace
 
 TEST_CASE("ucx: send/recv (also around a running collective) and split") {
-  for (const char* tls : kTls) {
-    CAPTURE(tls);
-    set_tls(tls);
+  for (const Variant& v : kVariants) {
+    CAPTURE(v.tls);
+    CAPTURE(v.shm);
+    set_tls(v.tls);
     const int port = free_port();
     auto codes = fork_ranks(
         4,
         [&](int me) {
-          auto ep = make_endpoint("ucx", me, 4, port);
+          auto ep = make_endpoint("ucx", me, 4, port, options(v));
           Communicator& c = *ep->comm;
           // A ring of 1 MiB messages: every rank sends and receives at once.
           std::vector<int32_t> out(1 << 18, me), in(1 << 18, -1);
@@ -119,16 +149,17 @@ TEST_CASE("ucx: a rank that dies mid-allreduce fails every other rank's wait, na
   // before it: every rank's first allreduce has completed, its rendezvous
   // sends included). timeout_s 600: only failure detection, not the
   // timeout, ends this within the test's limit.
-  for (const char* tls : kTls) {
-    CAPTURE(tls);
-    set_tls(tls);
+  for (const Variant& v : kVariants) {
+    CAPTURE(v.tls);
+    CAPTURE(v.shm);
+    set_tls(v.tls);
     const int n = 4, dead = 2;
     const int port = free_port();
     setenv("DISTOPT_FAULT_INJECT", ("comm_exit:" + std::to_string(dead) + ":3:1048576").c_str(), 1);
     auto codes = fork_ranks(
         n,
         [&](int me) {
-          auto ep = make_endpoint("ucx", me, n, port, "{timeout_s: 600}");
+          auto ep = make_endpoint("ucx", me, n, port, options(v, "timeout_s: 600"));
           std::vector<float> buf(8u << 20, 1.0f);
           int64_t s;
           DLTensor t = make_dltensor(buf.data(), static_cast<int64_t>(buf.size()), dl_f32(), &s);
@@ -165,14 +196,15 @@ TEST_CASE("ucx: a rank that dies mid-allreduce fails every other rank's wait, na
 }
 
 TEST_CASE("ucx: a stopped peer makes the others time out (DOPT_ERR_TIMEOUT), naming it") {
-  for (const char* tls : kTls) {
-    CAPTURE(tls);
-    set_tls(tls);
+  for (const Variant& v : kVariants) {
+    CAPTURE(v.tls);
+    CAPTURE(v.shm);
+    set_tls(v.tls);
     const int port = free_port();
     auto codes = fork_ranks(
         3,
         [&](int me) {
-          auto ep = make_endpoint("ucx", me, 3, port, "{timeout_s: 2.0}");
+          auto ep = make_endpoint("ucx", me, 3, port, options(v, "timeout_s: 2.0"));
           float x = 1;
           int64_t s;
           DLTensor t = make_dltensor(&x, 1, dl_f32(), &s);
@@ -205,14 +237,15 @@ TEST_CASE("ucx: a stopped peer makes the others time out (DOPT_ERR_TIMEOUT), nam
 }
 
 TEST_CASE("ucx: destroy leaves no file descriptor and no /dev/shm entry behind") {
-  for (const char* tls : kTls) {
-    CAPTURE(tls);
-    set_tls(tls);
+  for (const Variant& v : kVariants) {
+    CAPTURE(v.tls);
+    CAPTURE(v.shm);
+    set_tls(v.tls);
     const int port = free_port();
     auto codes = fork_ranks(
         2,
         [&](int me) {
-          auto ep = make_endpoint("ucx", me, 2, port);  // store + a first communicator
+          auto ep = make_endpoint("ucx", me, 2, port, options(v));  // store + a first comm
           auto cycle = [&](int i) {
             // A new communicator in its own scope, used with a large message
             // (rendezvous, shared memory or CMA lanes), then destroyed.
@@ -236,9 +269,9 @@ TEST_CASE("ucx: destroy leaves no file descriptor and no /dev/shm entry behind")
             c->barrier().wait();
           };
           cycle(0);  // UCX's process-wide state (async thread, ...) is set up once
-          const size_t fds = count_dir("/proc/self/fd"), shm = count_dir("/dev/shm");
+          const size_t fds = count_dir("/proc/self/fd"), shm = count_shm();
           for (int i = 1; i <= 3; ++i) cycle(i);
-          const size_t fds2 = count_dir("/proc/self/fd"), shm2 = count_dir("/dev/shm");
+          const size_t fds2 = count_dir("/proc/self/fd"), shm2 = count_shm();
           // Fewer is fine (UCX closes some lazily); more is a leak.
           if (fds2 > fds) {
             fprintf(stderr, "rank %d: %zu fds before, %zu after\n", me, fds, fds2);

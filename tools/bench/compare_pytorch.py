@@ -4,7 +4,8 @@
 Runs, for each world size, distopt's benchmark (its JSON output) once per
 variant -- by default `tcp` with its shared-memory transport (the default
 when all ranks share a host) and TCP only (`shm: false`), and, when the
-`ucx` plugin was built, `ucx` with UCX's default transports, with
+`ucx` plugin was built, `ucx` with its defaults (distopt's shared memory on
+one host, like tcp), and with `shm: false`: UCX's default transports, with
 UCX_TLS=tcp, and with `peer_errors: false` (UCX's shared-memory transports)
 -- and then the same sizes through torch.distributed's gloo
 backend on 127.0.0.1, and prints one table: size, busbw of each
@@ -121,8 +122,9 @@ def main():
     args = ap.parse_args()
     # (column, communicator, options, extra environment)
     tcp = [("shm", "tcp", "{}", {}), ("tcp-only", "tcp", "{shm: false}", {})]
-    ucx = [("ucx", "ucx", "{}", {}), ("ucx-tcp", "ucx", "{}", {"UCX_TLS": "tcp"}),
-           ("ucx-noerr", "ucx", "{peer_errors: false}", {})]
+    ucx = [("ucx", "ucx", "{}", {}), ("ucx-noshm", "ucx", "{shm: false}", {}),
+           ("ucx-tcp", "ucx", "{shm: false}", {"UCX_TLS": "tcp"}),
+           ("ucx-noerr", "ucx", "{peer_errors: false, shm: false}", {})]
     if args.variant:
         comm = args.communicator or "tcp"
         variants = [tuple(v.split("=", 1)) + ({},) for v in args.variant]
