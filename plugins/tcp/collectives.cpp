@@ -5,7 +5,7 @@
 //
 // When every rank is on one host (shm_ set at create), allreduce,
 // reduce_scatter, allgather and broadcast go over shared memory instead
-// (shm_collectives.hpp); send/recv and barrier stay on TCP.
+// (sdk/shm_collectives.hpp); send/recv and barrier stay on TCP.
 
 #include "comm.hpp"
 #include "p2p.hpp"
@@ -18,29 +18,15 @@ Clock::time_point deadline_after(double seconds) {
          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
-void check_op(dopt_reduce_op op, const char* name) {
-  if (op != DOPT_REDUCE_SUM && op != DOPT_REDUCE_AVG && op != DOPT_REDUCE_MIN &&
-      op != DOPT_REDUCE_MAX)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     std::string(name) + ": unknown reduce op " + std::to_string(op));
-}
-
-void check_same_dtype(const Buffer& a, const Buffer& b, const char* name) {
-  if (a.dtype.code != b.dtype.code || a.dtype.bits != b.dtype.bits ||
-      a.dtype.lanes != b.dtype.lanes)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     std::string(name) + ": send and recv have different dtypes");
-}
-
 }  // namespace
 
 std::unique_ptr<sdk::Request> TcpComm::allreduce(const DLTensor& send, DLTensor& recv,
                                                  dopt_reduce_op op) {
-  check_op(op, "allreduce");
+  sdk::require_reduce_op(op, "allreduce");
   DType dt;
   Buffer s = check(send, "allreduce", "send", true, &dt);
   Buffer r = check(recv, "allreduce", "recv", true);
-  check_same_dtype(s, r, "allreduce");
+  sdk::require_same_dtype(s, r, "allreduce");
   if (s.count != r.count)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: send has " + std::to_string(s.count) +
                                                     " elements but recv has " +
@@ -48,10 +34,10 @@ std::unique_ptr<sdk::Request> TcpComm::allreduce(const DLTensor& send, DLTensor&
   return enqueue("allreduce", [this, s, r, dt, op] {
     const int n = world_;
     const size_t N = s.count;
-    RingResult res;
+    OpResult res;
     if (N == 0) return res;
     if (n == 1) {
-      divide(dt, r.data, s.data, N, 1);
+      sdk::divide(dt, r.data, s.data, N, 1);
       return res;
     }
     if (shm_)
@@ -62,11 +48,11 @@ std::unique_ptr<sdk::Request> TcpComm::allreduce(const DLTensor& send, DLTensor&
 
 std::unique_ptr<sdk::Request> TcpComm::reduce_scatter(const DLTensor& send, DLTensor& recv,
                                                       dopt_reduce_op op) {
-  check_op(op, "reduce_scatter");
+  sdk::require_reduce_op(op, "reduce_scatter");
   DType dt;
   Buffer s = check(send, "reduce_scatter", "send", true, &dt);
   Buffer r = check(recv, "reduce_scatter", "recv", true);
-  check_same_dtype(s, r, "reduce_scatter");
+  sdk::require_same_dtype(s, r, "reduce_scatter");
   if (s.count != r.count * static_cast<size_t>(world_))
     throw sdk::Error(
         DOPT_ERR_INVALID_ARGUMENT,
@@ -75,10 +61,10 @@ std::unique_ptr<sdk::Request> TcpComm::reduce_scatter(const DLTensor& send, DLTe
   return enqueue("reduce_scatter", [this, s, r, dt, op] {
     const int n = world_;
     const size_t len = r.bytes();
-    RingResult res;
+    OpResult res;
     if (len == 0) return res;
     if (n == 1) {
-      divide(dt, r.data, s.data, r.count, 1);
+      sdk::divide(dt, r.data, s.data, r.count, 1);
       return res;
     }
     if (shm_)
@@ -99,7 +85,7 @@ std::unique_ptr<sdk::Request> TcpComm::allgather(const DLTensor& send, DLTensor&
   return enqueue("allgather", [this, s, r] {
     const int n = world_;
     const size_t len = s.bytes();
-    RingResult res;
+    OpResult res;
     if (len == 0) return res;
     if (shm_ && n > 1)
       return shm_->allgather(s.data, r.data, len, shm_ctx(deadline_after(cfg_.timeout_s)));
@@ -115,7 +101,7 @@ std::unique_ptr<sdk::Request> TcpComm::broadcast(DLTensor& buf, int32_t root) {
   Buffer b = check(buf, "broadcast", "buf", false);
   return enqueue("broadcast", [this, b, root] {
     const int n = world_;
-    RingResult res;
+    OpResult res;
     if (b.bytes() == 0 || n == 1) return res;
     if (shm_)
       return shm_->broadcast(b.data, b.bytes(), root, shm_ctx(deadline_after(cfg_.timeout_s)));
@@ -125,7 +111,7 @@ std::unique_ptr<sdk::Request> TcpComm::broadcast(DLTensor& buf, int32_t root) {
 
 std::unique_ptr<sdk::Request> TcpComm::barrier() {
   return enqueue("barrier", [this] {
-    RingResult res;
+    OpResult res;
     if (world_ == 1) return res;
     return run_p2p([&](Clock::time_point d) { coll_->barrier(d); });
   });

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "distopt/communicator.h"
+#include "distopt/sdk/host_buffer.hpp"
 #include "distopt/sdk/p2p_collectives.hpp"
 #include "distopt/sdk/plugin.hpp"
 #include "mesh.hpp"
-#include "ring.hpp"
-#include "shm_link.hpp"
+#include "op_result.hpp"
 #include "socket_transport.hpp"
 
 namespace distopt::plugins::tcp {
@@ -39,14 +39,7 @@ struct Config {
       1 << 20;  ///< per-rank shared segment: two slots, small enough to stay in cache
 };
 
-/// A DLTensor checked to be dense host memory.
-struct Buffer {
-  char* data = nullptr;
-  size_t count = 0;      ///< elements
-  size_t elem_size = 0;  ///< bytes per element
-  DLDataType dtype{};
-  size_t bytes() const { return count * elem_size; }
-};
+using Buffer = sdk::HostBuffer;  ///< a checked tensor argument (sdk/host_buffer.hpp)
 
 /// Requests handed to the host are sdk::CompletionRequests over a shared
 /// sdk::Completion named after the operation ("allreduce", "send", ...): the
@@ -86,12 +79,12 @@ class TcpComm final : public sdk::Communicator {
  private:
   struct Op {
     std::shared_ptr<sdk::Completion> req;
-    std::function<RingResult()> body;
+    std::function<OpResult()> body;
   };
   /// What the constructor connects before it starts the threads.
   struct Links {
     Mesh mesh;
-    std::unique_ptr<ShmLink> shm;  ///< null: collectives use the TCP ring
+    std::unique_ptr<sdk::shm::Collectives> shm;  ///< null: collectives use the TCP ring
   };
 
   TcpComm(const dopt_create_args& args, const Config& cfg);
@@ -100,12 +93,12 @@ class TcpComm final : public sdk::Communicator {
   static Links connect(const dopt_create_args& args, const Config& cfg);
   /// The caller's handle on a completion.
   static std::unique_ptr<sdk::Request> request(std::shared_ptr<sdk::Completion> c);
-  std::unique_ptr<sdk::Request> enqueue(const std::string& name, std::function<RingResult()> body);
+  std::unique_ptr<sdk::Request> enqueue(const std::string& name, std::function<OpResult()> body);
   void progress_loop();
   void run_op(Op& op);
   /// Run `body` (SDK collectives over transport_) until `deadline`; its
   /// sdk::Error becomes the result (COMM names the peer whose connection broke).
-  RingResult run_p2p(const std::function<void(Clock::time_point)>& body);
+  OpResult run_p2p(const std::function<void(Clock::time_point)>& body);
   ShmWaitCtx shm_ctx(Clock::time_point deadline);
   Buffer check(const DLTensor& t, const char* op, const char* which, bool reduce_dtype,
                DType* dt = nullptr) const;
@@ -119,7 +112,7 @@ class TcpComm final : public sdk::Communicator {
 
   Mesh mesh_;
   std::unique_ptr<Control> control_;
-  std::unique_ptr<ShmLink> shm_;  ///< null: collectives use the TCP ring
+  std::unique_ptr<sdk::shm::Collectives> shm_;  ///< null: collectives use the TCP ring
 
   // Progress thread and its queue.
   std::mutex qmu_;

@@ -10,20 +10,6 @@
 namespace distopt::plugins::ucx {
 namespace {
 
-void check_op(dopt_reduce_op op, const char* name) {
-  if (op != DOPT_REDUCE_SUM && op != DOPT_REDUCE_AVG && op != DOPT_REDUCE_MIN &&
-      op != DOPT_REDUCE_MAX)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     std::string(name) + ": unknown reduce op " + std::to_string(op));
-}
-
-void check_same_dtype(const Buffer& a, const Buffer& b, const char* name) {
-  if (a.dtype.code != b.dtype.code || a.dtype.bits != b.dtype.bits ||
-      a.dtype.lanes != b.dtype.lanes)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     std::string(name) + ": send and recv have different dtypes");
-}
-
 /// Count what a shm collective handed to peers; throw its failure as sdk::Error.
 void finish(const sdk::shm::Result& r, uint64_t* sent) {
   *sent += r.bytes_sent;
@@ -34,11 +20,11 @@ void finish(const sdk::shm::Result& r, uint64_t* sent) {
 
 std::unique_ptr<sdk::Request> UcxComm::allreduce(const DLTensor& send, DLTensor& recv,
                                                  dopt_reduce_op op) {
-  check_op(op, "allreduce");
+  sdk::require_reduce_op(op, "allreduce");
   sdk::DType dt;
   Buffer s = check(send, "allreduce", "send", true, &dt);
   Buffer r = check(recv, "allreduce", "recv", true);
-  check_same_dtype(s, r, "allreduce");
+  sdk::require_same_dtype(s, r, "allreduce");
   if (s.count != r.count)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: send has " + std::to_string(s.count) +
                                                     " elements but recv has " +
@@ -53,11 +39,11 @@ std::unique_ptr<sdk::Request> UcxComm::allreduce(const DLTensor& send, DLTensor&
 
 std::unique_ptr<sdk::Request> UcxComm::reduce_scatter(const DLTensor& send, DLTensor& recv,
                                                       dopt_reduce_op op) {
-  check_op(op, "reduce_scatter");
+  sdk::require_reduce_op(op, "reduce_scatter");
   sdk::DType dt;
   Buffer s = check(send, "reduce_scatter", "send", true, &dt);
   Buffer r = check(recv, "reduce_scatter", "recv", true);
-  check_same_dtype(s, r, "reduce_scatter");
+  sdk::require_same_dtype(s, r, "reduce_scatter");
   if (s.count != r.count * static_cast<size_t>(world_))
     throw sdk::Error(
         DOPT_ERR_INVALID_ARGUMENT,
@@ -74,7 +60,7 @@ std::unique_ptr<sdk::Request> UcxComm::reduce_scatter(const DLTensor& send, DLTe
 std::unique_ptr<sdk::Request> UcxComm::allgather(const DLTensor& send, DLTensor& recv) {
   Buffer s = check(send, "allgather", "send", false);
   Buffer r = check(recv, "allgather", "recv", false);
-  check_same_dtype(s, r, "allgather");
+  sdk::require_same_dtype(s, r, "allgather");
   if (r.bytes() != s.bytes() * static_cast<size_t>(world_))
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allgather: recv has " + std::to_string(r.bytes()) +
                                                     " bytes, expected world_size * send = " +

@@ -8,6 +8,7 @@
 
 #include "distopt/sdk/fnv1a.hpp"
 #include "distopt/sdk/options.hpp"
+#include "distopt/sdk/store_split.hpp"
 
 namespace distopt::plugins::ucx {
 
@@ -334,86 +335,21 @@ void UcxComm::complete_user_ops() {
 
 Buffer UcxComm::check(const DLTensor& t, const char* op, const char* which, bool reduce_dtype,
                       sdk::DType* dt) const {
-  auto bad = [&](dopt_status s, const std::string& why) {
-    return sdk::Error(s, std::string(op) + ": " + which + " " + why);
-  };
-  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost)
-    throw bad(DOPT_ERR_UNSUPPORTED, "is not in host memory (ucx moves host memory only)");
-  if (t.ndim < 0 || (t.ndim > 0 && !t.shape))
-    throw bad(DOPT_ERR_INVALID_ARGUMENT, "has an invalid shape");
-  Buffer b;
-  b.dtype = t.dtype;
-  const size_t bits = static_cast<size_t>(t.dtype.bits) * t.dtype.lanes;
-  if (bits == 0 || bits % 8)
-    throw bad(DOPT_ERR_UNSUPPORTED, "has a dtype that is not a whole number of bytes");
-  b.elem_size = bits / 8;
-  if (reduce_dtype) {
-    sdk::DType d;
-    if (!sdk::dtype_from_dl(t.dtype, &d))
-      throw bad(DOPT_ERR_UNSUPPORTED,
-                "dtype is not one of float32, float64, bfloat16, float16, int32, int64");
-    if (dt) *dt = d;
-  }
-  size_t count = 1;
-  int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] < 0) throw bad(DOPT_ERR_INVALID_ARGUMENT, "has a negative dimension");
-    if (t.strides && t.shape[i] > 1 && t.strides[i] != expect)
-      throw bad(DOPT_ERR_INVALID_ARGUMENT, "is not contiguous");
-    expect *= t.shape[i];
-    count *= static_cast<size_t>(t.shape[i]);
-  }
-  b.count = count;
-  if (count > 0 && !t.data) throw bad(DOPT_ERR_INVALID_ARGUMENT, "has a NULL data pointer");
-  b.data = static_cast<char*>(t.data) + t.byte_offset;
-  return b;
+  return sdk::host_buffer(t, "ucx", op, which, reduce_dtype, dt);
 }
 
 std::unique_ptr<sdk::Communicator> UcxComm::split(int32_t color, int32_t key) {
-  const int seq = split_seq_++;
-  const std::string base = scope_ + "/split/" + std::to_string(seq);
-  const std::string mine = std::to_string(color) + " " + std::to_string(key);
-  const std::string k = base + "/" + std::to_string(rank_);
-  if (world_ > 1 && sdk::host()->store_set(store_, k.c_str(), mine.data(), mine.size()) != DOPT_OK)
-    throw sdk::Error(DOPT_ERR_COMM, "split: cannot publish this rank's color under '" + k + "'");
-  struct Member {
-    int key, rank;
-  };
-  std::vector<Member> group;
-  for (int p = 0; p < world_; ++p) {
-    int c = color, kk = key;
-    if (p != rank_) {
-      const std::string pk = base + "/" + std::to_string(p);
-      char buf[64];
-      size_t len = 0;
-      dopt_status st = sdk::host()->store_get(store_, pk.c_str(), buf, sizeof buf - 1, &len,
-                                              static_cast<int64_t>(cfg_.timeout_s * 1000));
-      if (st != DOPT_OK || len >= sizeof buf)
-        throw sdk::Error(
-            st == DOPT_ERR_TIMEOUT ? DOPT_ERR_TIMEOUT : DOPT_ERR_COMM,
-            "split: rank " + std::to_string(p) + " did not publish its color (key '" + pk + "')");
-      buf[len] = 0;
-      std::istringstream in(buf);
-      in >> c >> kk;
-    }
-    if (c == color) group.push_back(Member{kk, p});
-  }
-  if (color < 0) return nullptr;
-  std::stable_sort(group.begin(), group.end(), [](const Member& a, const Member& b) {
-    return a.key != b.key ? a.key < b.key : a.rank < b.rank;
-  });
-  int new_rank = 0;
-  for (size_t i = 0; i < group.size(); ++i)
-    if (group[i].rank == rank_) new_rank = static_cast<int>(i);
-  const std::string scope = base + "/color" + std::to_string(color);
+  const sdk::StoreSplit sp = sdk::split_through_store(store_, scope_, split_seq_++, rank_, world_,
+                                                      color, key, cfg_.timeout_s);
+  if (!sp.member) return nullptr;
   dopt_create_args a{};
   a.struct_size = sizeof a;
-  a.rank = new_rank;
-  a.world_size = static_cast<int32_t>(group.size());
-  a.local_rank = new_rank;
-  a.local_world_size = a.world_size;
+  a.rank = sp.rank;
+  a.world_size = sp.world_size;
+  a.local_rank = sp.rank;
+  a.local_world_size = sp.world_size;
   a.store = store_;
-  a.scope = scope.c_str();
+  a.scope = sp.scope.c_str();
   a.job_token = token_.c_str();
   a.bind_address = bind_address_.c_str();
   return std::unique_ptr<sdk::Communicator>(new UcxComm(a, cfg_));

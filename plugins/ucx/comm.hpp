@@ -18,6 +18,7 @@
 
 #include "distopt/communicator.h"
 #include "distopt/sdk/fault_point.hpp"
+#include "distopt/sdk/host_buffer.hpp"
 #include "distopt/sdk/p2p_collectives.hpp"
 #include "distopt/sdk/plugin.hpp"
 #include "distopt/sdk/shm_collectives.hpp"
@@ -38,14 +39,7 @@ struct Config {
   int64_t shm_bytes = 1 << 20;      ///< per-rank shared segment (two slots)
 };
 
-/// A DLTensor checked to be dense host memory.
-struct Buffer {
-  char* data = nullptr;
-  size_t count = 0;      ///< elements
-  size_t elem_size = 0;  ///< bytes per element
-  DLDataType dtype{};
-  size_t bytes() const { return count * elem_size; }
-};
+using Buffer = sdk::HostBuffer;  ///< a checked tensor argument (sdk/host_buffer.hpp)
 
 /// Requests are sdk::CompletionRequests named after the operation; a failed
 /// operation completes with "<op>: <cause>" (e.g. "allreduce: rank 2:

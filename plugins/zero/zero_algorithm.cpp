@@ -5,6 +5,7 @@
 #include <string>
 
 #include "distopt/sdk/optimizer_factory.hpp"
+#include "distopt/sdk/p2p_collectives.hpp"
 #include "distopt/sdk/tensor.hpp"
 
 namespace distopt::plugins::zero {
@@ -24,12 +25,16 @@ at::Tensor flat_slice(const at::Tensor& flat, size_t offset, size_t numel) {
 // Bytes one rank sends, as the tcp communicator's network path moves them
 // (the shared-memory path copies differently; the reducers count the same
 // ring model): a ring reduce-scatter or allgather of W blocks of `block`
-// bytes sends W - 1 blocks; a chain broadcast root -> root+1 -> ... sends
-// the whole buffer from every rank but the last, root - 1.
+// bytes sends W - 1 blocks; a broadcast is the SDK's p2p one
+// (sdk/p2p_collectives.hpp, what tcp and ucx run): up to small_bytes the
+// root sends to every rank, above a chain root -> root+1 -> ... sends the
+// whole buffer from every rank but the last, root - 1.
 uint64_t ring_bytes(uint64_t block, int32_t world) {
   return block * static_cast<uint64_t>(world - 1);
 }
-uint64_t chain_broadcast_bytes(uint64_t bytes, int32_t root, int32_t rank, int32_t world) {
+uint64_t broadcast_bytes(uint64_t bytes, int32_t root, int32_t rank, int32_t world) {
+  if (bytes <= sdk::p2p::CollectiveOptions{}.small_bytes)
+    return rank == root ? bytes * static_cast<uint64_t>(world - 1) : 0;
   return (rank - root + world) % world < world - 1 ? bytes : 0;
 }
 
@@ -303,7 +308,7 @@ void ZeroAlgorithm::sync_by_broadcast(const Layout& layout) {
   uint64_t sent = 0;
   for (const auto& pc : layout.pieces) {
     at::Tensor slice = param_slice(pc.id, pc.item_offset, pc.numel);
-    sent += chain_broadcast_bytes(static_cast<uint64_t>(slice.nbytes()), pc.owner, rank_, world_);
+    sent += broadcast_bytes(static_cast<uint64_t>(slice.nbytes()), pc.owner, rank_, world_);
     views.emplace_back(slice);
     pending.push_back(comm_.broadcast(*views.back().get(), pc.owner));
   }

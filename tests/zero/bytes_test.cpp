@@ -128,10 +128,10 @@ TEST_CASE("zero stage 2: reduce-scatter plus parameter sync, nothing through the
   }
   SUBCASE("3 ranks, broadcast per slice") {
     // chunk ceil(1370 / 3) = 457 (padded to 1371): reduce-scatter 2 x 457 x 4
-    // per rank. Slices owned: 457, 457, 456 elements; rank r forwards the
-    // slices rooted at r and r - 1 (a chain root -> root+1 -> root+2).
+    // per rank. Slices owned: 457, 457, 456 elements, each below the p2p
+    // broadcast's small_bytes: its root sends it to both other ranks.
     auto s = run(3, "{stage: 2, partition: contiguous}");
-    const double bcast[] = {(457 + 456) * 4, (457 + 457) * 4, (456 + 457) * 4};
+    const double bcast[] = {2 * 457 * 4, 2 * 457 * 4, 2 * 456 * 4};
     for (int r = 0; r < 3; ++r) {
       CAPTURE(r);
       CHECK(s[r].reducer == 0);
