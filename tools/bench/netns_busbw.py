@@ -6,9 +6,10 @@ UCX_TLS=tcp within 70% of the veth point-to-point bandwidth).
 For each world size and link (unlimited, and each `--rate`, tc tbf in both
 directions, tools/netns/hosts.py), on N namespaces joined by veth pairs
 through a bridge:
-  1. iperf3, host 1 -> host 0, one TCP stream for `--seconds` s: the
-     one-direction point-to-point rate (and, with --bidir, both directions
-     at once, per direction: what a 2-rank ring asks of each link);
+  1. iperf3, host 1 -> host 0, one TCP stream for `--seconds` s, before
+     and after the benches (the column is their mean): the one-direction
+     point-to-point rate; and both directions at once, per direction (what
+     a ring asks of each link; on an unshaped veth the CPU is the limit);
   2. `distopt bench comm` allreduce, one rank per namespace (rendezvous on
      host 0, DISTOPT_BIND_ADDRESS each host's address), with `tcp` (its
      shared memory is off across namespaces by construction) and `ucx` with
@@ -19,7 +20,8 @@ one link come from one set of namespaces, measured one after the other.
 
     sudo tools/bench/netns_busbw.py [-n 2 3] [--rate 1gbit] [--sizes 1M 16M 64M]
 
-Needs root and iproute2; without iperf3 (apt-get install iperf3) the
+The ranks inherit the environment, so other UCX_* variables reach ucx
+(e.g. UCX_RNDV_THRESH=inf: eager protocols only). Needs root and iproute2; without iperf3 (apt-get install iperf3) the
 point-to-point columns say n/a; without the ucx plugin its columns do.
 """
 import argparse
@@ -124,10 +126,16 @@ def measure(a, n, rate, have_iperf, comms):
     with netns_hosts.Hosts(n, rate=rate) as hosts:
         for note in hosts.notes:
             print(f"# {note}")
-        p2p = iperf3(hosts, a.seconds) if have_iperf else None
+        before = iperf3(hosts, a.seconds) if have_iperf else None
         bidir = iperf3(hosts, a.seconds, bidir=True) if have_iperf and a.bidir else None
         bw = {name: busbw(hosts, a.cli, comm, prefix, a.sizes, a.plugin_path, a.timeout)
               if ok else None for (name, comm, prefix), ok in comms}
+        after = iperf3(hosts, a.seconds) if have_iperf else None
+    # The shared machine's load moves the unshaped rate: measure it around the benches.
+    got = [x for x in (before, after) if x is not None]
+    p2p = sum(got) / len(got) if got else None
+    if len(got) == 2:
+        print(f"# {rate or 'unlimited'}, n={n}: iperf3 before {before:.3f}, after {after:.3f} GB/s")
     rows = []
     for size in a.sizes:
         got = {k: (v or {}).get(size) for k, v in bw.items()}
@@ -166,7 +174,8 @@ def main():
         if not ok:
             print(f"# no {comm} plugin (libdistopt_{comm}.so) next to {a.cli}: {name} is n/a")
     print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
-          f"iperf3 {a.seconds} s host 1 -> 0; ucx with UCX_TLS=tcp; busbw = algbw * 2(n-1)/n")
+          f"iperf3 {a.seconds} s host 1 -> 0 (mean of before and after); ucx with UCX_TLS=tcp; "
+          "busbw = algbw * 2(n-1)/n")
     head = ["link", "n", "size", "iperf3 GB/s", "bidir GB/s", "tcp busbw", "ucx busbw",
             "tcp/iperf3", "ucx/iperf3"]
     print(f"{head[0]:<10}{head[1]:>3}{head[2]:>8}" + "".join(f"{h:>12}" for h in head[3:]))
