@@ -21,8 +21,9 @@ one link come from one set of namespaces, measured one after the other.
     sudo tools/bench/netns_busbw.py [-n 2 3] [--rate 1gbit] [--sizes 1M 16M 64M]
 
 The ranks inherit the environment, so other UCX_* variables reach ucx
-(e.g. UCX_RNDV_THRESH=inf: eager protocols only). Needs root and iproute2; without iperf3 (apt-get install iperf3) the
-point-to-point columns say n/a; without the ucx plugin its columns do.
+(e.g. UCX_RNDV_THRESH=inf: eager protocols only). Needs root and
+iproute2; without iperf3 (apt-get install iperf3) the point-to-point
+columns say n/a; without the ucx plugin its columns do.
 """
 import argparse
 import json
