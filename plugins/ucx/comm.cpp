@@ -20,6 +20,7 @@ Config Config::from(const dopt_options* options) {
   c.small_bytes = o.get_int("small_bytes");
   c.segment_bytes = o.get_int("segment_bytes");
   c.peer_errors = o.get_bool("peer_errors");
+  c.source_filter = o.get_bool("source_filter");
   c.shm = o.get_bool("shm");
   c.shm_bytes = o.get_int("shm_bytes");
   return c;
@@ -101,7 +102,8 @@ UcxComm::UcxComm(const dopt_create_args& args, const Config& cfg)
   if (world_ > 0xffff)
     throw sdk::Error(DOPT_ERR_UNSUPPORTED, "create: ucx supports at most 65535 ranks");
   const auto comm_id = static_cast<uint8_t>(sdk::Fnv1a().chars(scope_).digest() & 0xff);
-  transport_ = std::make_unique<UcpTransport>(rank_, world_, comm_id, cfg_.peer_errors, token_);
+  transport_ = std::make_unique<UcpTransport>(rank_, world_, comm_id, cfg_.peer_errors, token_,
+                                              cfg_.source_filter);
   std::vector<std::string> addresses(world_);
   if (world_ > 1) {
     addresses = exchange_addresses(args, scope_, transport_->address(), cfg_.timeout_s);

@@ -35,6 +35,7 @@ struct Config {
   int64_t small_bytes = 64 << 10;   ///< allreduce/broadcast latency path up to this size
   int64_t segment_bytes = 1 << 20;  ///< pipeline grain of ring and chain
   bool peer_errors = true;          ///< UCP_ERR_HANDLING_MODE_PEER (see UcpTransport)
+  bool source_filter = true;        ///< listeners admit the job's hosts only (listener_filter.hpp)
   bool shm = true;                  ///< sdk::shm collectives when all ranks share a host
   int64_t shm_bytes = 1 << 20;      ///< per-rank shared segment (two slots)
 };

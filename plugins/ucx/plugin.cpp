@@ -29,6 +29,10 @@ constexpr dopt_option_spec kOptions[] = {
                      "with COMM naming it). UCX 1.13 then cannot use its shared-memory "
                      "transports (no peer failure handler) and moves data on one host over TCP "
                      "and CMA; false lets it use them, and a dead peer is seen only as TIMEOUT"),
+    sdk::option_bool("source_filter", "true",
+                     "admit connections to UCX's listening sockets only from the job's hosts' "
+                     "addresses (a BPF filter; see the README's job-token notes). false where "
+                     "peers reach this host through NAT or an address it does not own"),
     sdk::option_bool("shm", "true",
                      "run allreduce, reduce_scatter, allgather and broadcast over distopt's "
                      "shared-memory transport (sdk/shm_collectives.hpp) when every rank is on "

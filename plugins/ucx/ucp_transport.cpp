@@ -69,8 +69,13 @@ constexpr uint64_t kNoticeTag = (uint64_t{1} << sdk::p2p::Tag::kTagBits) - 1;
 }  // namespace
 
 UcpTransport::UcpTransport(int rank, int world, uint8_t comm_id, bool peer_errors,
-                           const std::string& token)
-    : rank_(rank), world_(world), comm_id_(comm_id), peer_errors_(peer_errors), cipher_(token) {
+                           const std::string& token, bool source_filter)
+    : rank_(rank),
+      world_(world),
+      comm_id_(comm_id),
+      peer_errors_(peer_errors),
+      source_filter_(source_filter),
+      cipher_(token) {
   const std::vector<int> listening_before = listening_tcp4_fds();
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);  // UCX_* environment
@@ -113,6 +118,7 @@ UcpTransport::UcpTransport(int rank, int world, uint8_t comm_id, bool peer_error
 }
 
 void UcpTransport::filter_listeners(const std::vector<uint32_t>& hosts) {
+  if (!source_filter_) return;
   for (int fd : listeners_)
     if (!allow_sources(fd, hosts))
       sdk::log_warn("ucx", "rank " + std::to_string(rank_) +

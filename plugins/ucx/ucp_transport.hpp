@@ -69,12 +69,12 @@ class UcpTransport final : public sdk::p2p::Transport {
   /// reported); UCX 1.13 then leaves out its shared-memory transports
   /// (posix/sysv have no peer failure handler) and uses TCP (+ CMA) on one
   /// host. token: the job token, keying the tags (every rank must pass the
-  /// same). The worker's IPv4 listeners accept this host only until
-  /// connect(). Throws sdk::Error(DOPT_ERR_COMM) when UCX cannot be
-  /// initialised. Not thread-safe against other threads opening listening
-  /// sockets meanwhile (see listener_filter.hpp).
+  /// same). With source_filter, the worker's IPv4 listeners accept this
+  /// host only until admit(), then the job's hosts; without, anyone. Throws
+  /// sdk::Error(DOPT_ERR_COMM) when UCX cannot be initialised. Not thread-safe against other
+  /// threads opening listening sockets meanwhile (see listener_filter.hpp).
   UcpTransport(int rank, int world, uint8_t comm_id, bool peer_errors,
-               const std::string& token = "");
+               const std::string& token = "", bool source_filter = true);
   /// Force-closes the endpoints still open, then frees worker and context.
   ~UcpTransport() override;
 
@@ -163,6 +163,7 @@ class UcpTransport final : public sdk::p2p::Transport {
   int rank_, world_;
   uint8_t comm_id_;
   bool peer_errors_;
+  bool source_filter_;
   TagCipher cipher_;
   std::vector<int> listeners_;        ///< the worker's listening IPv4 TCP sockets
   std::vector<uint32_t> my_hosts_;    ///< this host's IPv4 addresses

@@ -359,6 +359,38 @@ def test_ucx_strangers_without_the_token_reach_nothing(tmp):
     assert_same_run(summary(m), lo, "ucx with strangers")
 
 
+def test_ucx_source_filter_off_admits_other_hosts(tmp):
+    # `source_filter: false` (peers behind NAT): a forged endpoint from
+    # outside the job's hosts now connects (the filter is what kept it out
+    # above), and the token-keyed tags still keep its messages out of the
+    # job, which trains to the end.
+    if not os.path.exists(os.path.join(PLUGINS, "libdistopt_ucx.so")):
+        print("  ucx plugin not built (UCX not found): case skipped")
+        return
+    ucx = f"{{name: ucx, options: {{timeout_s: {COMM_TIMEOUT_S}, source_filter: false}}}}"
+    with hosts.Hosts(WORLD + 1) as h:
+        m = os.path.join(tmp, "nofilter_ns.jsonl")
+        yaml = job(tmp, "nofilter_ns.yaml", comm=ucx, epochs=4, max_steps=300)
+        procs, outs = h.launch(["env", "UCX_TLS=tcp", CLI, "train", yaml, "--metrics", m], tmp,
+                               world=WORLD)
+        ports = [wait_until(f"rank {r}'s UCX listener", lambda: ucx_ports(h, r), procs)
+                 for r in range(WORLD)]
+        outside = forge_all(h, [(WORLD, h.addr[r], p, 10) for r in range(WORLD)
+                                for _, p in ports[r]])
+        alive = [p.poll() is None for p in procs]
+        codes, _ = hosts.wait_all(procs, 180)
+        texts = [read(o) for o in outs]
+    print(f"  from outside the job's hosts, no filter: forged endpoints {outside}")
+    assert codes == [0] * WORLD, f"exit codes {codes}:\n" + "\n".join(texts)
+    assert all(alive), f"the job ended before the stranger was done ({alive}): more steps"
+    for code, line in outside:
+        assert code == 0 and "flushed (UCX accepted the connection)" in line, (code, line)
+    assert "forged" not in "".join(texts), "\n".join(texts)
+    acc = summary(m)["final_test_accuracy"]
+    print(f"  test accuracy {100 * acc:.2f}%")
+    assert acc >= 0.78, acc  # 87.3% at these steps with the filter on (above)
+
+
 def main():
     why = hosts.skip_reason()
     if not why and not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):

@@ -710,8 +710,12 @@ ValidatedJob validate_components(const JobConfig& cfg, const PluginRegistry& reg
 
   // A communicator's own timeout_s defaults to world.timeout_s (the one
   // timeout a user sets for the job) unless communicator.options sets it.
-  YAML::Node comm_options =
-      cfg.communicator.options.IsMap() ? YAML::Clone(cfg.communicator.options) : YAML::Node();
+  // A new map holding the written nodes (not a clone: errors keep their line).
+  YAML::Node comm_options;
+  if (cfg.communicator.options.IsMap()) {
+    comm_options = YAML::Node(YAML::NodeType::Map);
+    for (const auto& kv : cfg.communicator.options) comm_options.force_insert(kv.first, kv.second);
+  }
   auto spec = std::find_if(comm.options.begin(), comm.options.end(), [](const auto& s) {
     return s.name == "timeout_s" && s.type == DOPT_OPTION_DOUBLE;
   });
