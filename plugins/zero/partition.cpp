@@ -40,43 +40,4 @@ std::vector<size_t> rank_totals(const std::vector<ParamSize>& sizes,
   return totals;
 }
 
-RangeSplit split_range(const std::vector<Segment>& segments, size_t length, int32_t world) {
-  if (world < 1) throw std::invalid_argument("zero: world size must be >= 1");
-  RangeSplit out;
-  const auto w = static_cast<size_t>(world);
-  out.chunk = (length + w - 1) / w;
-  std::vector<Segment> sorted = segments;
-  std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
-  size_t prev_end = 0;
-  for (const auto& s : sorted) {
-    if (s.offset + s.numel > length || s.offset < prev_end)
-      throw std::invalid_argument("zero: segment " + std::to_string(s.id) + " [" +
-                                  std::to_string(s.offset) + ", +" + std::to_string(s.numel) +
-                                  ") overlaps another or leaves the range of " +
-                                  std::to_string(length));
-    prev_end = s.offset + s.numel;
-    size_t pos = s.offset;
-    const size_t end = s.offset + s.numel;
-    while (pos < end) {
-      const size_t r = pos / out.chunk;
-      const size_t chunk_end = (r + 1) * out.chunk;
-      const size_t n = std::min(end, chunk_end) - pos;
-      out.pieces.push_back({s.id, pos - s.offset, n, static_cast<int32_t>(r), pos - r * out.chunk});
-      pos += n;
-    }
-  }
-  return out;
-}
-
-std::vector<Segment> back_to_back(const std::vector<size_t>& numels) {
-  std::vector<Segment> segs;
-  size_t off = 0;
-  for (size_t i = 0; i < numels.size(); ++i) {
-    segs.push_back({i, off, numels[i]});
-    off += numels[i];
-  }
-  return segs;
-}
-
 }  // namespace distopt::plugins::zero

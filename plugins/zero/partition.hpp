@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "distopt/sdk/flat_range.hpp"
+
 namespace distopt::plugins::zero {
 
 /// One parameter as the greedy partition sees it.
@@ -39,34 +41,11 @@ std::vector<int32_t> greedy_partition(const std::vector<ParamSize>& sizes, int32
 std::vector<size_t> rank_totals(const std::vector<ParamSize>& sizes,
                                 const std::vector<int32_t>& owners, int32_t world);
 
-/// A segment of a flat range: elements [offset, offset + numel) belong to
-/// item `id` (e.g. a parameter index).
-struct Segment {
-  size_t id = 0;
-  size_t offset = 0;
-  size_t numel = 0;
-};
-
-/// The part of a segment one rank owns.
-struct Piece {
-  size_t id = 0;           // the segment's id
-  size_t item_offset = 0;  // first element within the segment's item
-  size_t numel = 0;
-  int32_t owner = 0;
-  size_t chunk_offset = 0;  // first element within the owner's chunk
-};
-
-struct RangeSplit {
-  size_t chunk = 0;           // elements per rank: ceil(length / world)
-  std::vector<Piece> pieces;  // ordered by offset in the range
-};
-
-/// Split a flat range of `length` elements holding `segments` (non-overlapping,
-/// within [0, length); gaps are padding) into `world` equal chunks. Throws
-/// std::invalid_argument for world < 1 or a segment outside the range.
-RangeSplit split_range(const std::vector<Segment>& segments, size_t length, int32_t world);
-
-/// Segments for items of the given sizes laid back to back (ids 0..n-1).
-std::vector<Segment> back_to_back(const std::vector<size_t>& numels);
+// split_range, back_to_back and their types are the SDK's (sdk/flat_range.hpp).
+using sdk::back_to_back;
+using sdk::Piece;
+using sdk::RangeSplit;
+using sdk::Segment;
+using sdk::split_range;
 
 }  // namespace distopt::plugins::zero

@@ -5,7 +5,7 @@
 // into pieces. After each rank updated what it owns, allgather_pieces gives
 // every rank the whole (one allgather of W x chunk elements). For algorithms
 // that shard optimizer state (hybrid's shard: true; zero's `contiguous`
-// partition follows the same rule in plugins/zero/partition.hpp). Torch.
+// partition uses the same split, sdk/flat_range.hpp). Torch.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "distopt/sdk/comm.hpp"
+#include "distopt/sdk/flat_range.hpp"
 #include "distopt/sdk/tensor.hpp"
 
 namespace distopt::sdk {
@@ -39,28 +40,23 @@ struct FlatShards {
 };
 
 /// Items of `numels` elements (>= 0) laid back to back, cut into `world`
-/// equal chunks. Empty items get no piece. Throws std::invalid_argument for
-/// world < 1 or a negative numel. Pure, thread-safe.
+/// equal chunks (sdk/flat_range.hpp's split_range). Empty items get no
+/// piece. Throws std::invalid_argument for world < 1 or a negative numel.
+/// Pure, thread-safe.
 inline FlatShards shard_back_to_back(const std::vector<int64_t>& numels, int32_t world) {
-  if (world < 1) throw std::invalid_argument("flat shards: world size must be >= 1");
-  int64_t total = 0;
+  std::vector<size_t> sizes;
   for (int64_t n : numels) {
     if (n < 0) throw std::invalid_argument("flat shards: negative numel");
-    total += n;
+    sizes.push_back(static_cast<size_t>(n));
   }
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  const RangeSplit split = split_range(back_to_back(sizes), total, world);
   FlatShards out;
-  out.chunk = (total + world - 1) / world;
-  int64_t pos = 0;  // flat position of the current element
-  for (size_t i = 0; i < numels.size(); ++i) {
-    const int64_t end = pos + numels[i];
-    while (pos < end) {
-      const int64_t r = pos / out.chunk;
-      const int64_t n = std::min(end, (r + 1) * out.chunk) - pos;
-      out.pieces.push_back(
-          {i, pos - (end - numels[i]), n, static_cast<int32_t>(r), pos - r * out.chunk});
-      pos += n;
-    }
-  }
+  out.chunk = static_cast<int64_t>(split.chunk);
+  for (const Piece& p : split.pieces)
+    out.pieces.push_back({p.id, static_cast<int64_t>(p.item_offset), static_cast<int64_t>(p.numel),
+                          p.owner, static_cast<int64_t>(p.chunk_offset)});
   return out;
 }
 
