@@ -523,6 +523,30 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("split: a rank that never calls it is named once timeout_s has passed") {
+  const int n = 3, port = free_port();
+  auto codes = fork_ranks(n, [&](int me) {
+    auto ep = make_endpoint("tcp", me, n, port, "{timeout_s: 1}");
+    int rc = 0;
+    if (me != 1) {  // rank 1 skips the split (and leaves)
+      try {
+        ep->comm->split(0, me);
+        rc = 1;
+      } catch (const ComponentError& e) {
+        const std::string m = e.what();
+        // TIMEOUT, or COMM when the store's host (rank 0) left first: both name rank 1.
+        if (e.status() != DOPT_ERR_TIMEOUT && e.status() != DOPT_ERR_COMM) rc = 2;
+        if (m.find("split: rank 1 did not publish its color") == std::string::npos) rc = 3;
+      }
+    }
+    return rc;
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(codes[r] == 0);
+  }
+}
+
 TEST_CASE("world size 1: every collective works without peers") {
   auto codes = fork_ranks(1, [](int) {
     auto ep = make_endpoint("tcp", 0, 1, free_port());
