@@ -1,5 +1,7 @@
 #include "gossip.hpp"
 
+#include <ATen/core/grad_mode.h>
+
 #include <string>
 
 namespace distopt::plugins::decentralized {

@@ -1,5 +1,7 @@
 #include "low_precision_gossip.hpp"
 
+#include <ATen/core/grad_mode.h>
+
 #include <string>
 
 #include "distopt/sdk/tensor_state.hpp"

@@ -1,5 +1,7 @@
 #include "local_sgd_algorithm.hpp"
 
+#include <ATen/core/grad_mode.h>
+
 #include <chrono>
 #include <string>
 

@@ -7,6 +7,7 @@
 //  - algorithms (with the mean reducer): training runs, parameters stay finite,
 //    the loss goes down, state_bytes is reported.
 // A component whose schema has a required option is skipped with a message.
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>

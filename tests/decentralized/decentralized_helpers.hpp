@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 

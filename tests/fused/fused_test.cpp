@@ -4,6 +4,7 @@
 // equal to 1e-6 after 20 steps, with 2 parameter groups (different lr and
 // weight decay). check_flatten detects a user's param.set_data(...).
 // Children do all the torch work and write parameters to files.
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>

@@ -14,6 +14,7 @@
 //   (equal to plain libtorch copying the same values into its model, its
 //   optimizer state kept), also sharded, and with refresh_masters: false it
 //   does not (the bug, reproduced).
+#include <ATen/core/grad_mode.h>
 #include <torch/serialize.h>
 
 #include <string>

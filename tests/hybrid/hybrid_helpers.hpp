@@ -8,6 +8,7 @@
 // torch_doctest.hpp.
 #pragma once
 
+#include <ATen/core/grad_mode.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>

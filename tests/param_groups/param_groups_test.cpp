@@ -8,6 +8,7 @@
 // zero must partition the new parameters too (state per rank covers them).
 // Pattern of tests/zero/zero_test.cpp: forked children do all torch work and
 // write results to files.
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>

@@ -107,7 +107,8 @@ ShardState ShardState::decode(const std::vector<char>& bytes, const std::string&
       throw CheckpointError("holds rank " + std::to_string(root.at("rank").toInt()) + " of " +
                             std::to_string(root.at("world_size").toInt()) + ", expected rank " +
                             std::to_string(rank) + " of " + std::to_string(world_size));
-    for (const c10::IValue& item : root.at("entries").toListRef()) {
+    const c10::IValue entries = root.at("entries");  // holds the list the loop reads
+    for (const c10::IValue& item : entries.toListRef()) {
       auto d = item.toGenericDict();
       StateEntry e;
       e.key = d.at("key").toStringRef();

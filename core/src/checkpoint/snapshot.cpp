@@ -1,5 +1,6 @@
 #include "checkpoint/snapshot.hpp"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
 
 #include <cstdio>

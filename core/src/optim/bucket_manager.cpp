@@ -1,5 +1,6 @@
 #include "optim/bucket_manager.hpp"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>

@@ -1,6 +1,8 @@
 // Buffer synchronisation (see buffer_sync.hpp).
 #include "optim/buffer_sync.hpp"
 
+#include <ATen/core/grad_mode.h>
+
 #include <cstring>
 
 #include "distopt/error.hpp"

@@ -11,6 +11,7 @@
 //   3-5. rebuild with the old state (optim/rebuild.hpp): exchange, build
 //      the replacement beside the old optimizer, all swap or none.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <cstring>

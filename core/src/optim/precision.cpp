@@ -3,6 +3,7 @@
 #include "distopt/precision.hpp"
 
 #include <ATen/Context.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 

@@ -2,6 +2,7 @@
 #include "optim/rebuild.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <exception>
 #include <map>

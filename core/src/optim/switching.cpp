@@ -1,6 +1,7 @@
 // DistributedOptimizer::switch_to and the `schedule:` phases: agree on the
 // parameters, then rebuild with other components (optim/rebuild.hpp).
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstring>
 

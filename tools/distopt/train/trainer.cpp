@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <unistd.h>
 
 #include <algorithm>

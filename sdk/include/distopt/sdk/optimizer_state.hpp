@@ -8,7 +8,6 @@
 // every owner of a slice (equal values). Not thread-safe.
 #pragma once
 
-#include <c10/util/string_utils.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -17,6 +16,7 @@
 #include <torch/optim/sgd.h>
 
 #include <memory>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -107,10 +107,13 @@ using StateMap =
 using StateKey = typename StateMap::key_type;
 template <typename Key = StateKey>  // a template, so only the taken branch is compiled
 Key state_key(const at::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>)
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
-  else
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;  // what 1.x's c10::guts::to_string(TensorImpl*) writes
+    os << static_cast<const void*>(p.unsafeGetTensorImpl());
+    return os.str();
+  } else {
     return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
 }
 
 }  // namespace detail

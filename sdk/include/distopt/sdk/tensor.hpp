@@ -10,6 +10,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (not in ATen.h since libtorch 2.x)
 
 #include <cstdint>
 #include <string>
