@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "distopt/sdk/tensor.hpp"
 #include "distopt/sdk/tensor_state.hpp"
 #include "offload_split.hpp"
+#include "stream_transfer.hpp"
 
 namespace distopt::plugins::hybrid {
 namespace {
@@ -78,20 +80,42 @@ HybridAlgorithm::HybridAlgorithm(const dopt_algorithm_args& args)
   collect_params(args, opts.get_double("offload_fraction"));
   make_pieces(args);
   build_device_optimizer(args);
-  bool any_cuda = false;
-  for (const Param& p : params_) any_cuda = any_cuda || p.model.is_cuda();
-  if (any_cuda)
-    sdk::log_warn("hybrid",
-                  "parameters on CUDA: copies run through the host transfer (synchronous "
-                  "copy_, no side streams); this path has never run on a GPU (UNVERIFIED)");
-  d2h_ = std::make_unique<HostTransfer>("hybrid d2h", overlap);
-  h2d_ = std::make_unique<HostTransfer>("hybrid h2d", overlap);
+  make_transfers(overlap);
   int64_t host_numel = 0;
   for (size_t k : host_) host_numel += pieces_[k].numel;
   sdk::metric_add("hybrid.offloaded_numel", static_cast<double>(host_numel));
 }
 
 HybridAlgorithm::~HybridAlgorithm() = default;
+
+void HybridAlgorithm::make_transfers(bool overlap) {
+  std::optional<c10::Device> device;
+  for (const Param& p : params_) {
+    if (p.model.is_cpu()) continue;
+    if (device && *device != p.model.device())
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED, "hybrid: parameters on two devices (" + device->str() +
+                                                 " and " + p.model.device().str() + " for " +
+                                                 p.name + ")");
+    device = p.model.device();
+  }
+  if (!device || !overlap) {  // host memory, or synchronous copies on the caller's stream
+    d2h_ = std::make_unique<HostTransfer>("hybrid d2h", overlap);
+    h2d_ = std::make_unique<HostTransfer>("hybrid h2d", overlap);
+    return;
+  }
+  try {
+    d2h_ = std::make_unique<StreamTransfer>("hybrid d2h", *device);
+    h2d_ = std::make_unique<StreamTransfer>("hybrid h2d", *device);
+  } catch (const c10::Error& e) {
+    throw sdk::Error(DOPT_ERR_UNSUPPORTED, "hybrid: no side streams on " + device->str() +
+                                               " (overlap_cpu_optimizer_d2h_h2d: false copies "
+                                               "synchronously): " +
+                                               e.what_without_backtrace());
+  }
+  sdk::log_warn("hybrid", "parameters on " + device->str() +
+                              ": copies on side streams; this path has never run on a GPU "
+                              "(UNVERIFIED)");
+}
 
 void HybridAlgorithm::collect_params(const dopt_algorithm_args& args, double fraction) {
   std::vector<int64_t> numels;
@@ -302,7 +326,7 @@ void HybridAlgorithm::step_host() {
           [this, p, &refreshed] {
             at::NoGradGuard ng;
             if (refresh_if_changed(*p)) ++refreshed;
-            p->host_grad.copy_(p->grad);
+            p->host_grad.copy_(p->grad, d2h_->non_blocking());
           },
           "d2h of " + params_[p->param].name);
     }
@@ -314,9 +338,9 @@ void HybridAlgorithm::step_host() {
       d2h[c]->wait(-1);
       p->host_opt->step();
       h2d[c] = h2d_->submit(
-          [p] {
+          [this, p] {
             at::NoGradGuard ng;
-            p->model.copy_(p->master);
+            p->model.copy_(p->master, h2d_->non_blocking());
           },
           "h2d of " + params_[p->param].name);
     }

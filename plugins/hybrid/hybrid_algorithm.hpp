@@ -20,7 +20,10 @@
 // parameter; (4) wait for every H2D. overlap_cpu_optimizer_d2h_h2d runs the
 // D2H and H2D queues on their own threads (the host step of chunk i overlaps
 // the copies of the others); off, the same work runs inline, in the same
-// order, so the result is bitwise the same.
+// order, so the result is bitwise the same. Parameters on a device with
+// streams (CUDA) and overlap: the queues are side streams, copies are
+// non_blocking from/to pinned host memory, and a chunk completes once its
+// side stream has drained (stream_transfer.hpp; UNVERIFIED on a GPU).
 //
 // Stale host copies (Megatron-LM PR 5071, Megatron-Bridge issue 4082): a
 // user who loads model weights alone (torch::load, copy_ into parameters)
@@ -115,6 +118,7 @@ class HybridAlgorithm : public sdk::Algorithm {
   void make_pieces(const dopt_algorithm_args& args);
   void alias_piece(Piece& c);
   void build_device_optimizer(const dopt_algorithm_args& args);
+  void make_transfers(bool overlap);  // StreamTransfer for device parameters with overlap
   void follow_moved_params();
   bool refresh_if_changed(Piece& c);  // true when the master was refreshed
   void step_device();

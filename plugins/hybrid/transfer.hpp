@@ -4,19 +4,14 @@
 // is still being copied (Megatron-LM's HybridDeviceOptimizer: one CUDA side
 // stream per direction and one event per chunk).
 //
-// What exists: HostTransfer, for parameters in host memory (this project's
-// CPU machines: the "device" is the CPU too, the copies are host copies).
+// HostTransfer: for parameters in host memory (this project's CPU machines:
+// the "device" is the CPU too, the copies are host copies), and for device
+// parameters without overlap (synchronous copy_ on the caller's stream).
 // With overlap it runs the queued work on its own thread (sdk::SerialWorker),
 // in submission order; without, it runs the work inline. The same chunking,
 // per-chunk completion and copy-back run in both, so on the CPU the pipeline
 // is exercised and tested; only the copy engine differs on a GPU.
-// NOT BUILT: a CUDA implementation (work issued on a side stream with
-// non_blocking copies, one cudaEvent per submit, completion = the event).
-// The libtorch here (Debian 1.13) is CPU-only, without c10/cuda headers, and
-// no GPU was available. CUDA parameters go through HostTransfer too: each
-// copy_ between CUDA and (pinned) host memory is synchronous on the calling
-// thread's current stream, so it is ordered after the work queued there but
-// the copies do not overlap device compute. UNVERIFIED: never run on a GPU.
+// StreamTransfer (stream_transfer.hpp): device parameters with overlap.
 #pragma once
 
 #include <functional>
@@ -40,6 +35,9 @@ class Transfer {
   /// Called from the training thread only.
   virtual std::shared_ptr<sdk::Completion> submit(std::function<void()> work,
                                                   std::string label) = 0;
+  /// Whether work may queue copies with non_blocking = true: the transfer
+  /// waits for them before completing (false: copies must be synchronous).
+  virtual bool non_blocking() const { return false; }
 };
 
 /// Transfer for host-memory parameters. overlap: work runs on one worker
