@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "comm_check/checked_comm.hpp"
+#include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 
@@ -83,10 +84,19 @@ Communicator::Communicator(const ComponentInfo& info, const dopt_create_args& ar
     vt_ = wrapped.vt;
     comm_ = wrapped.comm;
   }
+  // Outermost, so that a refused call is neither fingerprinted nor sent.
+  dopt_comm_ref checked = device_checked_comm({vt_, comm_}, info_.name, info_.devices);
+  vt_ = checked.vt;
+  comm_ = checked.comm;
 }
 
 Communicator::Communicator(const ComponentInfo& info, dopt_comm* comm)
-    : info_(info), vt_(static_cast<const dopt_communicator_v1*>(info.vtable)), comm_(comm) {}
+    : Communicator(
+          info, device_checked_comm({static_cast<const dopt_communicator_v1*>(info.vtable), comm},
+                                    info.name, info.devices)) {}
+
+Communicator::Communicator(const ComponentInfo& info, dopt_comm_ref wrapped)
+    : info_(info), vt_(wrapped.vt), comm_(wrapped.comm) {}
 
 Communicator::~Communicator() {
   if (comm_) {
@@ -99,23 +109,13 @@ int Communicator::rank() const { return vt_->rank(comm_); }
 int Communicator::world_size() const { return vt_->world_size(comm_); }
 
 void Communicator::set_stream(void* stream) {
-  if (!DOPT_HAS_FIELD(vt_, dopt_communicator_v1, set_stream) || !vt_->set_stream)
-    throw ComponentError(DOPT_ERR_UNSUPPORTED, info_.name, "set_stream",
-                         "communicator '" + info_.name + "' has no device streams (it accepts " +
-                             devices_text(devices()) + " memory)");
   take_last_error();
   check_status(vt_->set_stream(comm_, stream), info_.name, "set_stream");
 }
 
 void Communicator::check_device(const DLTensor& t, const char* op) const {
-  const int32_t type = t.device.device_type;
-  if (type >= 0 && type < 32 && (info_.devices & DOPT_DEVICE_BIT(type))) return;
-  throw ComponentError(DOPT_ERR_UNSUPPORTED, info_.name, op,
-                       "communicator '" + info_.name + "' does not accept " + dl_device_name(type) +
-                           " memory (it declares " + devices_text(info_.devices) +
-                           "); copy the tensor to a device it accepts or choose a communicator "
-                           "that declares " +
-                           dl_device_name(type));
+  const std::string why = comm_device_refusal(info_.name, info_.devices, t);
+  if (!why.empty()) throw ComponentError(DOPT_ERR_UNSUPPORTED, info_.name, op, why);
 }
 
 #define DISTOPT_ISSUE(OPNAME, CALL)                          \
@@ -127,30 +127,21 @@ void Communicator::check_device(const DLTensor& t, const char* op) const {
   } while (0)
 
 CommRequest Communicator::allreduce(const DLTensor& send, DLTensor& recv, dopt_reduce_op op) {
-  check_device(send, "allreduce");
-  check_device(recv, "allreduce");
   DISTOPT_ISSUE("allreduce", vt_->allreduce(comm_, &send, &recv, op, &req));
 }
 CommRequest Communicator::reduce_scatter(const DLTensor& send, DLTensor& recv, dopt_reduce_op op) {
-  check_device(send, "reduce_scatter");
-  check_device(recv, "reduce_scatter");
   DISTOPT_ISSUE("reduce_scatter", vt_->reduce_scatter(comm_, &send, &recv, op, &req));
 }
 CommRequest Communicator::allgather(const DLTensor& send, DLTensor& recv) {
-  check_device(send, "allgather");
-  check_device(recv, "allgather");
   DISTOPT_ISSUE("allgather", vt_->allgather(comm_, &send, &recv, &req));
 }
 CommRequest Communicator::broadcast(DLTensor& buf, int root) {
-  check_device(buf, "broadcast");
   DISTOPT_ISSUE("broadcast", vt_->broadcast(comm_, &buf, root, &req));
 }
 CommRequest Communicator::send(const DLTensor& buf, int peer, int tag) {
-  check_device(buf, "send");
   DISTOPT_ISSUE("send", vt_->send(comm_, &buf, peer, tag, &req));
 }
 CommRequest Communicator::recv(DLTensor& buf, int peer, int tag) {
-  check_device(buf, "recv");
   DISTOPT_ISSUE("recv", vt_->recv(comm_, &buf, peer, tag, &req));
 }
 CommRequest Communicator::barrier() { DISTOPT_ISSUE("barrier", vt_->barrier(comm_, &req)); }
@@ -162,7 +153,8 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   dopt_status st = vt_->split(comm_, color, key, &out);
   check_status(st, info_.name, "split");
   if (!out) return nullptr;
-  return std::unique_ptr<Communicator>(new Communicator(info_, out));
+  // `out` came through the wrappers' split: it is wrapped like this one.
+  return std::unique_ptr<Communicator>(new Communicator(info_, dopt_comm_ref{vt_, out}));
 }
 
 DLTensor make_dltensor(void* data, int64_t count, DLDataType dtype, int64_t* shape_storage) {

@@ -83,6 +83,9 @@ class MomentumCorrection;
 /// Base of the compress reducers: communicator, world, layouts, byte count.
 class CompressReducer : public sdk::Reducer {
  public:
+  /// ABI 1.4 devices: host memory only: the codecs read and write the buckets through raw
+  /// host pointers (memcpy, per-element loops on data()).
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU);
   CompressReducer(const char* who, const dopt_create_args& args, dopt_comm_ref comm,
                   const dopt_bucket* buckets, size_t num_buckets);
   uint64_t bytes_sent() const override { return bytes_sent_.load(); }

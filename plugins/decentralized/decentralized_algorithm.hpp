@@ -52,6 +52,9 @@ namespace distopt::plugins::decentralized {
 
 class DecentralizedAlgorithm : public sdk::Algorithm {
  public:
+  /// ABI 1.4 devices: host memory only: low_precision's min-max uint8 codec reads the
+  /// parameters through raw host pointers (data_ptr).
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU);
   static constexpr uint32_t traits = DOPT_TRAIT_LOCAL_REPLICAS;
   /// Refuses an odd world with shift_one, a bad neighbour list, a reducer
   /// that is not an exact mean, mixed precision, and low_precision with

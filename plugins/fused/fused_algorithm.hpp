@@ -54,6 +54,9 @@ namespace distopt::plugins::fused {
 
 class FusedAlgorithm : public sdk::Algorithm {
  public:
+  /// ABI 1.4 devices: host memory only: the fused kernels are CPU loops over raw float
+  /// pointers (it refuses non-kDLCPU float32 itself).
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU);
   explicit FusedAlgorithm(const dopt_algorithm_args& args);
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;

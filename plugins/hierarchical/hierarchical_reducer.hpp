@@ -64,6 +64,9 @@ namespace distopt::plugins::hierarchical {
 
 class HierarchicalReducer : public sdk::Reducer {
  public:
+  /// ABI 1.4 devices: host memory only: the division after the node sums runs over raw host
+  /// pointers (data_ptr loops, tcp's AVG rounding).
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU);
   /// Exact mean (ABI 1.2), and wraps an `inner:` reducer (ABI 1.3): the
   /// host keeps EXACT_MEAN only when the inner declares it too.
   static constexpr uint32_t traits = DOPT_TRAIT_EXACT_MEAN | DOPT_TRAIT_WRAPS_REDUCER;

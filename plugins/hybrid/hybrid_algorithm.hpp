@@ -78,6 +78,10 @@ namespace distopt::plugins::hybrid {
 
 class HybridAlgorithm : public sdk::Algorithm {
  public:
+  /// ABI 1.4 devices: the model may be on the device (its purpose): the device part and
+  /// the copies are libtorch ops; host state is in (pinned) CPU tensors of its
+  /// own. CUDA UNVERIFIED on a GPU.
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   /// Throws sdk::Error(INVALID_ARGUMENT) for missing args, a parameter in
   /// an unknown group or a non-contiguous parameter, UNSUPPORTED for shard:
   /// true with mixed parameter dtypes, and what sdk::make_optimizer throws.

@@ -92,6 +92,9 @@ BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts);
 
 class PowerSgdReducer : public sdk::Reducer {
  public:
+  /// ABI 1.4 devices: host memory only: Gram-Schmidt runs over raw host pointers
+  /// (orthogonalize_columns on data_ptr).
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU);
   /// Options from args.options (the plugin's schema). Plans the given buckets
   /// (state is sized lazily, at a bucket's first compressed step). Starts the
   /// worker thread. Throws sdk::Error on a bad communicator or bucket.

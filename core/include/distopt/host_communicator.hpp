@@ -69,7 +69,7 @@ class Communicator {
   /// `check`: see CollectiveCheck (off by default).
   Communicator(const ComponentInfo& info, const dopt_create_args& args,
                const CollectiveCheck& check = {});
-  /// Wrap an instance made by split (takes ownership).
+  /// Wrap an instance the plugin's own vtable made (takes ownership).
   Communicator(const ComponentInfo& info, dopt_comm* comm);
   ~Communicator();
   Communicator(const Communicator&) = delete;
@@ -78,6 +78,8 @@ class Communicator {
   int rank() const;
   int world_size() const;
   const std::string& name() const { return info_.name; }
+  /// The reference the host hands reducers and algorithms: the device rule
+  /// (check_device) applies to every call through it too.
   dopt_comm_ref ref() const { return {vt_, comm_}; }
   /// ABI 1.4: the device types it accepts (ComponentInfo::devices).
   uint32_t devices() const { return info_.devices; }
@@ -96,14 +98,18 @@ class Communicator {
   /// Collective; nullptr for color < 0.
   std::unique_ptr<Communicator> split(int color, int key);
 
-  /// The ABI 1.4 host rule, applied by every operation above before the
-  /// plugin is called: each tensor's device type must be among devices(),
-  /// else ComponentError(DOPT_ERR_UNSUPPORTED) "<name>: <op> failed
+  /// The ABI 1.4 host rule (distopt/device_rule.hpp), applied before the
+  /// plugin is called by every operation above and by every call through
+  /// ref(): each tensor's device type must be among devices(), else
+  /// ComponentError(DOPT_ERR_UNSUPPORTED) "<name>: <op> failed
   /// (UNSUPPORTED): communicator '<name>' does not accept kDLCUDA memory
   /// (it declares kDLCPU) ...". The tensors' data is not touched.
   void check_device(const DLTensor& t, const char* op) const;
 
  private:
+  /// An instance already wrapped by the host (split's child).
+  Communicator(const ComponentInfo& info, dopt_comm_ref wrapped);
+
   ComponentInfo info_;  // keeps the plugin library loaded
   const dopt_communicator_v1* vt_ = nullptr;
   dopt_comm* comm_ = nullptr;

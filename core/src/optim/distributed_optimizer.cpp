@@ -18,6 +18,7 @@
 #include "distopt/sdk/traffic.hpp"
 #include "optim/autotune.hpp"
 #include "optim/buffer_sync.hpp"
+#include "optim/device_check.hpp"
 #include "optim/optimizer_impl.hpp"
 
 namespace distopt {
@@ -32,6 +33,7 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   m.world_size = b.common.world_size;
   m.reducer_who = b.reducer.plugin_name + "/" + b.reducer.name;
   m.algorithm_who = b.algorithm.plugin_name + "/" + b.algorithm.name;
+  check_param_devices(b);  // ABI 1.4: before any hook or instance exists
 
   // Parameter groups: spec k is group k; parameters no spec names go to group 0.
   std::map<std::string, int> group_of;

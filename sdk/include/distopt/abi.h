@@ -394,9 +394,16 @@ typedef struct dopt_component {
    * kDLCUDAHost (pinned host memory) is its own type and is accepted only when
    * listed. The host refuses a tensor on another device before it reaches the
    * component (communicators: DOPT_ERR_UNSUPPORTED naming the component, the
-   * device and the operation; see communicator.h, "Device memory"). A
-   * component that lists kDLCUDA implements set_stream / stream_wait
-   * (communicators) and orders its device work as communicator.h says. */
+   * device and the operation, also for calls through a reducer's or an
+   * algorithm's dopt_comm_ref; see communicator.h, "Device memory").
+   * Reducers and algorithms: the host refuses to build an optimizer (and to
+   * switch to one) whose parameters, and so gradient buckets, are on a device
+   * the algorithm, the reducer or its inner reducer does not list
+   * (DOPT_ERR_UNSUPPORTED naming the component, the device, what it lists
+   * and the parameter). A component that lists kDLCUDA implements
+   * set_stream / stream_wait (communicators) and orders its device work as
+   * communicator.h says; a reducer or algorithm that lists it touches tensors
+   * only through device-generic operations (no host reads of their data). */
   uint32_t devices;
 } dopt_component;
 /** The ABI 1.0 / 1.1 size (up to `vtable`). */

@@ -17,8 +17,10 @@
  * Device memory (ABI 1.4). A communicator accepts the device types its
  * dopt_component::devices lists (abi.h; none listed: kDLCPU only). The host
  * refuses any other tensor with DOPT_ERR_UNSUPPORTED before the call reaches
- * the plugin ("communicator 'tcp' does not accept kDLCUDA memory"): nothing
- * is staged implicitly. For kDLCUDA tensors the rules are NCCL's / c10d's:
+ * the plugin ("communicator 'tcp' does not accept kDLCUDA memory"), on its
+ * own calls and on every call through the dopt_comm_ref it hands a reducer
+ * or an algorithm (and through communicators split from it): nothing is
+ * staged implicitly. For kDLCUDA tensors the rules are NCCL's / c10d's:
  *  - Tensors of one call are on one device, the communicator's (its
  *    create-time device; another device_id is INVALID_ARGUMENT).
  *  - Ordering in: each collective (and send / recv) is ordered after all work

@@ -28,7 +28,9 @@
 //   static constexpr uint32_t traits = DOPT_TRAIT_EXACT_MEAN;   // properties it declares
 // and (ABI 1.4, distopt/communicator.h "Device memory"):
 //   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCUDA);  // memory it accepts
-// (absent: kDLCPU only; the host refuses tensors on other devices).
+// (absent: kDLCPU only; the host refuses tensors on other devices: a
+// communicator's, and an optimizer whose parameters are on a device its
+// reducer or algorithm does not declare).
 // Torch-free.
 #pragma once
 
