@@ -36,11 +36,14 @@ inline std::string plugin_dir() {
 inline int free_port() { return random_port(); }
 
 /// Collective: rendezvous on 127.0.0.1:port and create communicator `name`
-/// with `options_yaml` (a YAML map as text). Throws on failure.
+/// with `options_yaml` (a YAML map as text). Throws on failure. `keep_store`,
+/// when given, receives the store before the communicator is created, so it
+/// outlives a failed create (rank 0 hosts it: others may still be reading).
 inline std::unique_ptr<Endpoint> make_endpoint(const std::string& name, int rank, int world,
                                                int port, const std::string& options_yaml = "{}",
                                                const std::string& token = "test-token",
-                                               const std::string& scope = "test") {
+                                               const std::string& scope = "test",
+                                               std::shared_ptr<Store>* keep_store = nullptr) {
   auto ep = std::make_unique<Endpoint>();
   ep->registry.discover({plugin_dir()});
   const ComponentInfo& info = ep->registry.get(DOPT_KIND_COMMUNICATOR, name);
@@ -51,6 +54,7 @@ inline std::unique_ptr<Endpoint> make_endpoint(const std::string& name, int rank
   so.token = token;
   so.timeout = std::chrono::seconds(60);
   ep->store = make_store(so);
+  if (keep_store) *keep_store = ep->store;
   ep->options =
       Options::validate(YAML::Load(options_yaml), info.options, "<test>", "communicator.options");
   dopt_create_args a{};

@@ -142,11 +142,24 @@ TEST_CASE("create: a missing library, or no device, is UNSUPPORTED on every rank
           // timeout_s (600 s) for the id if rank 0 did not publish its
           // failure (the fork timeout below is much shorter).
           setenv("DISTOPT_STANDIN_DEVICES", me == 0 ? "0" : "1", 1);
-          auto [st, msg] = error_of([&] { make_endpoint("nccl", me, 2, port); });
-          if (st != DOPT_ERR_UNSUPPORTED) return 2;
-          if (!has(msg, "cudaErrorNoDevice")) return 3;
-          if (me == 1 && !has(msg, "rank 0 could not create its endpoint")) return 4;
-          return 0;
+          // Rank 0 hosts the store: it stays up until rank 1 has read the
+          // reason (else rank 1 may find it gone: connection refused).
+          std::shared_ptr<Store> store;
+          auto [st, msg] = error_of(
+              [&] { make_endpoint("nccl", me, 2, port, "{}", "test-token", "test", &store); });
+          int code = 0;
+          if (st != DOPT_ERR_UNSUPPORTED)
+            code = 2;
+          else if (!has(msg, "cudaErrorNoDevice"))
+            code = 3;
+          else if (me == 1 && !has(msg, "rank 0 could not create its endpoint"))
+            code = 4;
+          if (!store) return 5;
+          if (me == 1)
+            store->set("test/rank1_read", std::string("1"));
+          else
+            store->get("test/rank1_read", std::chrono::seconds(60));
+          return code;
         },
         std::chrono::seconds(120));
     CHECK(codes[0] == 0);
