@@ -160,7 +160,8 @@ dopt_status c_store_get(dopt_store* s, const char* key, void* buf, size_t cap, s
       return st->check(key) ? DOPT_ERR_COMM : DOPT_ERR_TIMEOUT;
     }
     if (len) *len = v.size();
-    if (cap) std::memcpy(buf, v.data(), std::min(cap, v.size()));
+    // An empty value has no data(): memcpy from NULL is undefined even for 0 bytes.
+    if (cap && !v.empty()) std::memcpy(buf, v.data(), std::min(cap, v.size()));
     return DOPT_OK;
   } catch (const std::exception& e) {
     c_set_error(e.what());

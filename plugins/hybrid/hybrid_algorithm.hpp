@@ -98,13 +98,15 @@ class HybridAlgorithm : public sdk::Algorithm {
 
  private:
   struct Param {  // one trainable parameter
-    const dopt_param* desc;
+    // Initialized: collect_params copies a Param into params_ before it sets
+    // `offloaded` (copying an indeterminate bool is undefined; UBSan saw 64).
+    const dopt_param* desc = nullptr;
     std::string name;
     at::Tensor model;  // flat alias of the host's parameter memory (re-pointed when it moves)
-    void* model_ptr;   // where `model` points
-    at::Tensor grad;   // flat alias of its slot in a reduced bucket
-    bool offloaded;
-    int32_t group;
+    void* model_ptr = nullptr;  // where `model` points
+    at::Tensor grad;            // flat alias of its slot in a reduced bucket
+    bool offloaded = false;
+    int32_t group = 0;
   };
   struct Piece {  // a range of one parameter that this rank steps (whole when unsharded)
     size_t param;

@@ -220,6 +220,15 @@ TEST_CASE("host API: store access, error sink, metrics, status checks") {
   // A small buffer gets a prefix and the full length.
   CHECK(h->store_get(cs, "k", buf, 1, &len, 1000) == DOPT_OK);
   CHECK(len == 3);
+  // An empty value (ucx's "admitted" barrier keys) reads back as length 0.
+  CHECK(h->store_set(cs, "empty", "", 0) == DOPT_OK);
+  CHECK(h->store_set(cs, "empty_null", nullptr, 0) == DOPT_OK);
+  len = 7;
+  CHECK(h->store_get(cs, "empty", buf, sizeof buf, &len, 1000) == DOPT_OK);
+  CHECK(len == 0);
+  len = 7;
+  CHECK(h->store_get(cs, "empty_null", buf, sizeof buf, &len, 1000) == DOPT_OK);
+  CHECK(len == 0);
   take_last_error();
   CHECK(h->store_get(cs, "absent", buf, sizeof buf, &len, 50) == DOPT_ERR_TIMEOUT);
   CHECK(take_last_error().find("absent") != std::string::npos);

@@ -5,8 +5,11 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
+
+#include "distopt/sdk/plugin.hpp"
 
 using namespace distopt::sdk;
 
@@ -120,5 +123,25 @@ TEST_CASE("require_reduce_op and require_same_dtype") {
   } catch (const Error& e) {
     CHECK(e.status() == DOPT_ERR_INVALID_ARGUMENT);
     CHECK(std::string(e.what()) == "allgather: send and recv have different dtypes");
+  }
+}
+
+TEST_CASE("a reduce op from a C caller is checked as an integer before it is used as the enum") {
+  // What a C caller may pass: bits outside the enum's range, written with
+  // memcpy (loading them as the C++ enum, even to copy it, is undefined).
+  for (int32_t bits : {0, 1, 2, 3, 4, 42, -1}) {
+    dopt_reduce_op op;
+    std::memcpy(&op, &bits, sizeof op);
+    if (bits >= 0 && bits <= 3) {
+      CHECK(detail::abi_reduce_op(op, "allreduce") == static_cast<dopt_reduce_op>(bits));
+      continue;
+    }
+    try {
+      detail::abi_reduce_op(op, "reduce_scatter");
+      FAIL("reduce op " << bits << " accepted");
+    } catch (const Error& e) {
+      CHECK(e.status() == DOPT_ERR_INVALID_ARGUMENT);
+      CHECK(std::string(e.what()) == "reduce_scatter: unknown reduce op " + std::to_string(bits));
+    }
   }
 }

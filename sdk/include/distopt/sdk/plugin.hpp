@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -183,6 +184,20 @@ inline dopt_status request_wait(Request* r, int64_t timeout_ms) {
   });
 }
 
+/// A reduce op from a C caller, read as its integer bits first: C may pass
+/// any int, and loading a value outside 0..3 as the C++ enum is undefined
+/// (the enum's range is that of a 2-bit field). Throws sdk::Error
+/// (INVALID_ARGUMENT) "<op>: unknown reduce op N" for one outside SUM..MAX.
+inline dopt_reduce_op abi_reduce_op(const dopt_reduce_op& op, const char* name) {
+  std::underlying_type_t<dopt_reduce_op> raw;
+  std::memcpy(&raw, &op, sizeof raw);
+  const auto v = static_cast<std::make_signed_t<decltype(raw)>>(raw);  // -1 from C stays -1
+  if (v < DOPT_REDUCE_SUM || v > DOPT_REDUCE_MAX)
+    throw Error(DOPT_ERR_INVALID_ARGUMENT,
+                std::string(name) + ": unknown reduce op " + std::to_string(v));
+  return static_cast<dopt_reduce_op>(v);
+}
+
 template <class R>
 dopt_status hand_out(std::unique_ptr<Request> req, R** out) {
   if (!req) throw Error(DOPT_ERR_INTERNAL, "component returned no request");
@@ -226,13 +241,18 @@ struct CommGlue {
                                dopt_reduce_op op, dopt_request** req) noexcept {
     if (!comm || !send || !recv || !req) return null_arg("comm, send, recv or req");
     *req = nullptr;
-    return guard([&] { return hand_out(c(comm)->allreduce(*send, *recv, op), req); });
+    return guard([&] {
+      return hand_out(c(comm)->allreduce(*send, *recv, abi_reduce_op(op, "allreduce")), req);
+    });
   }
   static dopt_status reduce_scatter(dopt_comm* comm, const DLTensor* send, DLTensor* recv,
                                     dopt_reduce_op op, dopt_request** req) noexcept {
     if (!comm || !send || !recv || !req) return null_arg("comm, send, recv or req");
     *req = nullptr;
-    return guard([&] { return hand_out(c(comm)->reduce_scatter(*send, *recv, op), req); });
+    return guard([&] {
+      return hand_out(c(comm)->reduce_scatter(*send, *recv, abi_reduce_op(op, "reduce_scatter")),
+                      req);
+    });
   }
   static dopt_status allgather(dopt_comm* comm, const DLTensor* send, DLTensor* recv,
                                dopt_request** req) noexcept {

@@ -30,7 +30,9 @@ enum class DType { F32, F64, BF16, F16, I32, I64 };
 
 namespace reduce_detail {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: the ifunc resolver is instrumented and runs
+// during relocation, before the TSan runtime is up (a crash at load time).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define DOPT_SDK_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define DOPT_SDK_CLONES
