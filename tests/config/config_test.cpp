@@ -359,7 +359,8 @@ TEST_CASE("bucket and optimizer option schemas") {
 
   for (const char* n : {"sgd", "adam", "adamw", "adagrad", "rmsprop"}) {
     CAPTURE(n);
-    const auto& s = distopt::optimizer_option_specs(n);
+    const std::string name = n;  // a named argument: g++ 14 -Wdangling-reference
+    const auto& s = distopt::optimizer_option_specs(name);
     REQUIRE(!s.empty());
     CHECK(s[0].name == "lr");
   }

@@ -37,7 +37,10 @@ int run_checkpoint(int argc, char** argv) {
   }
   if (sub == "consolidate" && argc == 4) {
     distopt::consolidate_checkpoint(argv[2], argv[3]);
-    std::cout << "wrote " << argv[3] << "\n";
+    std::cout << "wrote " << argv[3] << "\n"
+              << "Python: torch.load(path); PyTorch >= 2.6 (weights_only by default) first "
+                 "needs torch.serialization.add_safe_globals([torch.jit._pickle.restore_type_tag])"
+                 "\n";
     return 0;
   }
   std::cerr << "distopt checkpoint: bad arguments\n" << kUsage;

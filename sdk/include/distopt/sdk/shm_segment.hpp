@@ -32,6 +32,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "distopt/abi.h"
 #include "distopt/sdk/fault_point.hpp"
@@ -103,23 +104,16 @@ class Segment {
   Segment(Segment&& o) noexcept { *this = std::move(o); }
   Segment& operator=(Segment&& o) noexcept {
     if (this != &o) {
-      this->~Segment();
-      base_ = o.base_;
-      bytes_ = o.bytes_;
+      release();  // not ~Segment(): name_ must stay a live string to be assigned
+      base_ = std::exchange(o.base_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
       name_ = std::move(o.name_);
-      owner_linked_ = o.owner_linked_;
-      o.base_ = nullptr;
-      o.bytes_ = 0;
-      o.owner_linked_ = false;
+      owner_linked_ = std::exchange(o.owner_linked_, false);
     }
     return *this;
   }
   /// Unlinks (creator) and unmaps.
-  ~Segment() {
-    unlink();
-    if (base_) munmap(base_, bytes_);
-    base_ = nullptr;
-  }
+  ~Segment() { release(); }
 
   /// Create a fresh, uniquely named segment of `bytes` bytes (O_EXCL, mode
   /// 0600), its header zeroed. Throws std::runtime_error (shm_open,
@@ -187,6 +181,13 @@ class Segment {
   }
 
  private:
+  void release() noexcept {
+    unlink();
+    if (base_) munmap(base_, bytes_);
+    base_ = nullptr;
+    bytes_ = 0;
+  }
+
   void* base_ = nullptr;
   size_t bytes_ = 0;
   std::string name_;
