@@ -164,13 +164,13 @@ void HybridAlgorithm::alias_piece(Piece& c) {
 void HybridAlgorithm::make_pieces(const dopt_algorithm_args& args) {
   const sdk::OptionsView o(args.optimizer_options);
   const std::string opt_name = args.optimizer_name ? args.optimizer_name : "";
-  for (const sdk::FlatPiece& fp : shards_.pieces) {
+  for (const sdk::Piece& fp : shards_.pieces) {
     if (shard_ && fp.owner != rank_) continue;
-    const Param& p = params_[fp.item];
+    const Param& p = params_[fp.id];
     Piece c;
-    c.param = fp.item;
-    c.offset = fp.offset;
-    c.numel = fp.numel;
+    c.param = fp.id;
+    c.offset = static_cast<int64_t>(fp.item_offset);
+    c.numel = static_cast<int64_t>(fp.numel);
     alias_piece(c);
     const DLTensor& d = *p.desc->data;
     c.slice = {p.name, c.offset, std::vector<int64_t>(d.shape, d.shape + d.ndim)};
@@ -292,11 +292,12 @@ void HybridAlgorithm::step() {
 
 void HybridAlgorithm::sync_shards() {
   if (!shard_ || world_size_ == 1 || params_.empty()) return;
-  const uint64_t sent =
-      sdk::allgather_pieces(comm_, shards_, rank_, world_size_, params_.front().model.scalar_type(),
-                            [this](const sdk::FlatPiece& fp) {
-                              return params_[fp.item].model.narrow(0, fp.offset, fp.numel);
-                            });
+  const uint64_t sent = sdk::allgather_pieces(
+      comm_, shards_, rank_, world_size_, params_.front().model.scalar_type(),
+      [this](const sdk::Piece& fp) {
+        return params_[fp.id].model.narrow(0, static_cast<int64_t>(fp.item_offset),
+                                           static_cast<int64_t>(fp.numel));
+      });
   bytes_sent_ += sent;
   if (sent > 0) sdk::metric_add("algorithm.bytes_sent", static_cast<double>(sent));
 }

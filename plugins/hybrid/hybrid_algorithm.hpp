@@ -141,7 +141,7 @@ class HybridAlgorithm : public sdk::Algorithm {
   std::vector<const dopt_bucket*> buckets_;
   std::vector<sdk::ReduceHandle> pending_;
   std::vector<Param> params_;          // trainable, in dopt_param order
-  sdk::FlatShards shards_;             // shard: every rank's pieces (items = params_)
+  sdk::RangeSplit shards_;             // shard: every rank's pieces (items = params_)
   std::vector<Piece> pieces_;          // what this rank steps, in parameter order
   std::vector<size_t> host_, device_;  // indices into pieces_
   std::unique_ptr<torch::optim::Optimizer> device_opt_;

@@ -23,27 +23,12 @@
 
 namespace distopt::sdk {
 
-/// Elements [offset, offset + numel) of item `item`, owned by `owner`, at
-/// `chunk_offset` within the owner's chunk.
-struct FlatPiece {
-  size_t item = 0;
-  int64_t offset = 0;
-  int64_t numel = 0;
-  int32_t owner = 0;
-  int64_t chunk_offset = 0;
-};
-
-/// Every rank's pieces, ordered by position in the flat range.
-struct FlatShards {
-  int64_t chunk = 0;  ///< elements per rank (the last rank's chunk may end in padding)
-  std::vector<FlatPiece> pieces;
-};
-
 /// Items of `numels` elements (>= 0) laid back to back, cut into `world`
-/// equal chunks (sdk/flat_range.hpp's split_range). Empty items get no
-/// piece. Throws std::invalid_argument for world < 1 or a negative numel.
+/// equal chunks (sdk/flat_range.hpp's split_range; a Piece's id is the
+/// item's index, item_offset its first element in the item). Empty items get
+/// no piece. Throws std::invalid_argument for world < 1 or a negative numel.
 /// Pure, thread-safe.
-inline FlatShards shard_back_to_back(const std::vector<int64_t>& numels, int32_t world) {
+inline RangeSplit shard_back_to_back(const std::vector<int64_t>& numels, int32_t world) {
   std::vector<size_t> sizes;
   for (int64_t n : numels) {
     if (n < 0) throw std::invalid_argument("flat shards: negative numel");
@@ -51,37 +36,34 @@ inline FlatShards shard_back_to_back(const std::vector<int64_t>& numels, int32_t
   }
   size_t total = 0;
   for (size_t n : sizes) total += n;
-  const RangeSplit split = split_range(back_to_back(sizes), total, world);
-  FlatShards out;
-  out.chunk = static_cast<int64_t>(split.chunk);
-  for (const Piece& p : split.pieces)
-    out.pieces.push_back({p.id, static_cast<int64_t>(p.item_offset), static_cast<int64_t>(p.numel),
-                          p.owner, static_cast<int64_t>(p.chunk_offset)});
-  return out;
+  return split_range(back_to_back(sizes), total, world);
 }
 
 /// Makes every rank's pieces whole on every rank: packs this rank's pieces
 /// (view(piece): a contiguous 1-D tensor of piece.numel elements aliasing
-/// the piece's memory, all of `dtype`) into a chunk, allgathers the W chunks
-/// through `comm`, and copies the other ranks' pieces into their views.
-/// Blocks until done. Collective: every rank calls it with the same shards.
-/// Returns the bytes this rank sent on a ring allgather ((W - 1) x chunk
-/// bytes). Throws what the communicator throws.
-inline uint64_t allgather_pieces(CommView& comm, const FlatShards& shards, int32_t rank,
+/// the piece's memory, all of `dtype` and on one device) into a chunk on
+/// that device, allgathers the W chunks through `comm`, and copies the other
+/// ranks' pieces into their views. Blocks until done. Collective: every rank
+/// calls it with the same shards. Returns the bytes this rank sent on a ring
+/// allgather ((W - 1) x chunk bytes). Throws what the communicator throws.
+inline uint64_t allgather_pieces(CommView& comm, const RangeSplit& shards, int32_t rank,
                                  int32_t world, at::ScalarType dtype,
-                                 const std::function<at::Tensor(const FlatPiece&)>& view) {
-  if (world <= 1 || shards.chunk == 0) return 0;
+                                 const std::function<at::Tensor(const Piece&)>& view) {
+  if (world <= 1 || shards.chunk == 0 || shards.pieces.empty()) return 0;
   at::NoGradGuard ng;
-  const auto opts = at::TensorOptions().dtype(dtype).device(at::kCPU);
-  at::Tensor send = at::zeros({shards.chunk}, opts);
-  at::Tensor recv = at::empty({shards.chunk * world}, opts);
-  for (const FlatPiece& p : shards.pieces)
-    if (p.owner == rank) send.narrow(0, p.chunk_offset, p.numel).copy_(view(p));
+  // On the pieces' device: a device-only communicator (nccl) takes no host staging.
+  const auto opts = at::TensorOptions().dtype(dtype).device(view(shards.pieces.front()).device());
+  const auto chunk = static_cast<int64_t>(shards.chunk);
+  at::Tensor send = at::zeros({chunk}, opts);
+  at::Tensor recv = at::empty({chunk * world}, opts);
+  const auto i64 = [](size_t v) { return static_cast<int64_t>(v); };
+  for (const Piece& p : shards.pieces)
+    if (p.owner == rank) send.narrow(0, i64(p.chunk_offset), i64(p.numel)).copy_(view(p));
   DLView sv(send), rv(recv);
   comm.allgather(*sv.get(), *rv.get()).wait();
-  for (const FlatPiece& p : shards.pieces)
+  for (const Piece& p : shards.pieces)
     if (p.owner != rank)
-      view(p).copy_(recv.narrow(0, p.owner * shards.chunk + p.chunk_offset, p.numel));
+      view(p).copy_(recv.narrow(0, p.owner * chunk + i64(p.chunk_offset), i64(p.numel)));
   return static_cast<uint64_t>(send.nbytes()) * static_cast<uint64_t>(world - 1);
 }
 
