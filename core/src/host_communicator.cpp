@@ -113,11 +113,6 @@ void Communicator::set_stream(void* stream) {
   check_status(vt_->set_stream(comm_, stream), info_.name, "set_stream");
 }
 
-void Communicator::check_device(const DLTensor& t, const char* op) const {
-  const std::string why = comm_device_refusal(info_.name, info_.devices, t);
-  if (!why.empty()) throw ComponentError(DOPT_ERR_UNSUPPORTED, info_.name, op, why);
-}
-
 #define DISTOPT_ISSUE(OPNAME, CALL)                          \
   do {                                                       \
     dopt_request* req = nullptr;                             \

@@ -31,8 +31,11 @@ std::string comm_device_refusal(const std::string& comm_name, uint32_t devices, 
 /// (allreduce, reduce_scatter, allgather, broadcast, send, recv) first
 /// applies comm_device_refusal to each of them: a refused call sets the
 /// host's error sink to the refusal and returns DOPT_ERR_UNSUPPORTED without
-/// calling `inner` (*req is NULL). Requests are `inner`'s own (test / wait /
-/// request_free / stream_wait go straight to the plugin); split returns a
+/// calling `inner` (*req is NULL). Each issued request is wrapped (one small
+/// allocation per operation): the wrapper's table is static because a
+/// request may be freed after its communicator was destroyed
+/// (communicator.h), and the wrapped request remembers `inner`'s table for
+/// test / wait / request_free / stream_wait. split returns a
 /// wrapped child; destroy destroys `inner` and the wrapper. Ownership of
 /// `inner` moves to the wrapper. `comm_name` is the component's name
 /// ("tcp"), `devices` its ComponentInfo::devices.

@@ -78,8 +78,14 @@ class Communicator {
   int rank() const;
   int world_size() const;
   const std::string& name() const { return info_.name; }
-  /// The reference the host hands reducers and algorithms: the device rule
-  /// (check_device) applies to every call through it too.
+  /// The reference the host hands reducers and algorithms. The ABI 1.4
+  /// device rule (distopt/device_rule.hpp) applies to every call through it
+  /// and through the operations below, before the plugin is called: a tensor
+  /// on a device type not among devices() fails with
+  /// ComponentError(DOPT_ERR_UNSUPPORTED) "<name>: <op> failed
+  /// (UNSUPPORTED): communicator '<name>' does not accept kDLCUDA memory
+  /// (it declares kDLCPU) ..." (through ref(): DOPT_ERR_UNSUPPORTED with that
+  /// text in the error sink). The tensors' data is not touched.
   dopt_comm_ref ref() const { return {vt_, comm_}; }
   /// ABI 1.4: the device types it accepts (ComponentInfo::devices).
   uint32_t devices() const { return info_.devices; }
@@ -97,14 +103,6 @@ class Communicator {
   CommRequest barrier();
   /// Collective; nullptr for color < 0.
   std::unique_ptr<Communicator> split(int color, int key);
-
-  /// The ABI 1.4 host rule (distopt/device_rule.hpp), applied before the
-  /// plugin is called by every operation above and by every call through
-  /// ref(): each tensor's device type must be among devices(), else
-  /// ComponentError(DOPT_ERR_UNSUPPORTED) "<name>: <op> failed
-  /// (UNSUPPORTED): communicator '<name>' does not accept kDLCUDA memory
-  /// (it declares kDLCPU) ...". The tensors' data is not touched.
-  void check_device(const DLTensor& t, const char* op) const;
 
  private:
   /// An instance already wrapped by the host (split's child).
