@@ -16,6 +16,7 @@
 
 #include "config/inner_component.hpp"
 #include "distopt/blas.hpp"
+#include "distopt/device_rule.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
@@ -70,10 +71,23 @@ struct Runtime::Impl {
   std::string rendezvous;
   std::string bind_address;
   std::shared_ptr<Store> store;
-  std::unique_ptr<Communicator> comm;  // last: destroyed before the store
+  std::unique_ptr<Communicator> comm;     // destroyed before the store
+  std::unique_ptr<Communicator> control;  // host-memory companion; null: comm serves
   int next_optimizer = 0;
 
-  ~Impl() { comm.reset(); }
+  /// The communicator for a collective on memory of `device_type`: the
+  /// job's when it accepts it, else the control communicator (host memory).
+  /// Deterministic, so every rank issues the collective on the same one.
+  Communicator& comm_for(int32_t device_type) const {
+    if (!control || device_accepted(comm->devices(), device_type)) return *comm;
+    return *control;
+  }
+  Communicator& control_comm() const { return control ? *control : *comm; }
+
+  ~Impl() {
+    control.reset();
+    comm.reset();
+  }
 };
 
 namespace {
@@ -170,6 +184,35 @@ void wait_for_every_rank(Store& store, const ProcessInfo& proc, const std::strin
 }
 }  // namespace
 
+namespace {
+// Create communicator `name` of the job over its store (`scope` keeps its
+// keys apart from another communicator's) and check the rank it reports.
+std::unique_ptr<Communicator> create_communicator(const Runtime::Impl& m, const std::string& name,
+                                                  const Options& options, const char* scope,
+                                                  const CollectiveCheck& check) {
+  const ComponentInfo& ci = m.registry.get(DOPT_KIND_COMMUNICATOR, name);
+  dopt_create_args args{};
+  args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
+  args.rank = m.proc.rank;
+  args.world_size = m.proc.world_size;
+  args.local_rank = m.proc.local_rank;
+  args.local_world_size = m.proc.local_world_size;
+  args.options = options.c_handle();
+  args.store = reinterpret_cast<dopt_store*>(m.store.get());
+  args.scope = scope;
+  args.job_token = m.proc.token.c_str();
+  args.bind_address = m.bind_address.c_str();
+  auto comm = std::make_unique<Communicator>(ci, args, check);
+  if (comm->world_size() != m.proc.world_size || comm->rank() != m.proc.rank)
+    throw ComponentError(DOPT_ERR_INTERNAL, ci.name, "create",
+                         "communicator reports rank " + std::to_string(comm->rank()) + " of " +
+                             std::to_string(comm->world_size()) + ", expected " +
+                             std::to_string(m.proc.rank) + " of " +
+                             std::to_string(m.proc.world_size));
+  return comm;
+}
+}  // namespace
+
 Runtime Runtime::from_env() {
   const char* path = std::getenv("DISTOPT_CONFIG");
   if (!path || !*path)
@@ -233,26 +276,17 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   m.store = make_store(so);
   wait_for_every_rank(*m.store, proc, m.rendezvous, cfg.timeout_s);
 
-  const ComponentInfo& ci = m.registry.get(DOPT_KIND_COMMUNICATOR, cfg.communicator.name);
-  dopt_create_args args{};
-  args.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
-  args.rank = proc.rank;
-  args.world_size = proc.world_size;
-  args.local_rank = proc.local_rank;
-  args.local_world_size = proc.local_world_size;
-  args.options = m.validated.communicator.c_handle();
-  args.store = reinterpret_cast<dopt_store*>(m.store.get());
-  args.scope = "comm/0";
-  args.job_token = m.proc.token.c_str();
-  args.bind_address = m.bind_address.c_str();
   CollectiveCheck check{
       m.store, std::chrono::milliseconds(static_cast<int64_t>(cfg.collective_check_s * 1000))};
-  m.comm = std::make_unique<Communicator>(ci, args, check);
-  if (m.comm->world_size() != proc.world_size || m.comm->rank() != proc.rank)
-    throw ComponentError(DOPT_ERR_INTERNAL, ci.name, "create",
-                         "communicator reports rank " + std::to_string(m.comm->rank()) + " of " +
-                             std::to_string(m.comm->world_size()) + ", expected " +
-                             std::to_string(proc.rank) + " of " + std::to_string(proc.world_size));
+  m.comm = create_communicator(m, cfg.communicator.name, m.validated.communicator, "comm/0", check);
+  if (!m.validated.control_name.empty()) {
+    m.control = create_communicator(m, m.validated.control_name, m.validated.control_options,
+                                    "comm/control", check);
+    log(DOPT_LOG_DEBUG, "runtime",
+        "control communicator " + m.validated.control_name + " beside " + m.comm->name() +
+            " (host-memory collectives)");
+  }
+  const ComponentInfo& ci = m.registry.get(DOPT_KIND_COMMUNICATOR, cfg.communicator.name);
   log(DOPT_LOG_DEBUG, "runtime",
       "rank " + std::to_string(proc.rank) + "/" + std::to_string(proc.world_size) +
           " connected via " + ci.name + " (rendezvous " + m.rendezvous + ", bind " +
@@ -267,6 +301,7 @@ const JobConfig& Runtime::config() const { return impl_->cfg; }
 PluginRegistry& Runtime::registry() const { return impl_->registry; }
 Store& Runtime::store() const { return *impl_->store; }
 Communicator& Runtime::communicator() const { return *impl_->comm; }
+Communicator& Runtime::control_communicator() const { return impl_->control_comm(); }
 
 void Runtime::broadcast(const std::vector<torch::Tensor>& tensors, int root) {
   if (root < 0 || root >= world_size())
@@ -281,7 +316,8 @@ void Runtime::broadcast(const std::vector<torch::Tensor>& tensors, int root) {
     at::Tensor c = t.is_contiguous() ? t.detach() : t.detach().contiguous();
     work.push_back(c);
     views.emplace_back(c);
-    reqs.push_back(impl_->comm->broadcast(*views.back().get(), root));
+    reqs.push_back(impl_->comm_for(views.back().get()->device.device_type)
+                       .broadcast(*views.back().get(), root));
   }
   for (auto& r : reqs) r.wait();
   size_t k = 0;
@@ -297,11 +333,13 @@ void Runtime::allreduce(torch::Tensor& t, bool average) {
   at::NoGradGuard no_grad;
   at::Tensor c = t.is_contiguous() ? t.detach() : t.detach().contiguous();
   sdk::DLView v(c);
-  impl_->comm->allreduce(*v.get(), *v.get(), average ? DOPT_REDUCE_AVG : DOPT_REDUCE_SUM).wait();
+  impl_->comm_for(v.get()->device.device_type)
+      .allreduce(*v.get(), *v.get(), average ? DOPT_REDUCE_AVG : DOPT_REDUCE_SUM)
+      .wait();
   if (!t.is_contiguous()) t.detach().copy_(c);
 }
 
-void Runtime::barrier() { impl_->comm->barrier().wait(); }
+void Runtime::barrier() { impl_->control_comm().barrier().wait(); }
 
 DistributedOptimizer Runtime::make_optimizer(
     const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
@@ -362,6 +400,8 @@ DistributedOptimizer Runtime::make_optimizer(
   b.precision = m.cfg.precision;
   b.join = m.cfg.join;
   b.comm = m.comm->ref();
+  b.comm_devices = m.comm->devices();
+  b.control = m.control_comm().ref();
   b.common.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
   b.common.rank = m.proc.rank;
   b.common.world_size = m.proc.world_size;

@@ -178,6 +178,16 @@ TEST_CASE("bootstrap: 3 processes get rank 0's ncclUniqueId through the store, i
         auto ep = make_endpoint("nccl", me, 3, port);
         if (ep->comm->rank() != me || ep->comm->world_size() != 3) return 2;
         ep->comm.reset();  // graceful destroy: finalize + destroy
+        // Rank 0 hosts the store: it leaves only after every other rank has
+        // said (with an acknowledged set, its last store request) that it
+        // needs the store no more. Under load rank 0 used to finish first
+        // and take the store with it while rank 2 was still reading.
+        if (me == 0) {
+          for (int r = 1; r < 3; ++r)
+            ep->store->get("left/" + std::to_string(r), std::chrono::seconds(60));
+        } else {
+          ep->store->set("left/" + std::to_string(me), std::string("1"));
+        }
         return 0;
       },
       std::chrono::seconds(120));

@@ -74,6 +74,13 @@ struct JobConfig {
   /// (host_communicator.hpp, CollectiveCheck); 0 turns the check off.
   double collective_check_s = 2;
   ComponentConfig communicator{"tcp", {}, {}, {}, nullptr};
+  /// `control_communicator:` the host-memory communicator for the host's own
+  /// collectives (evaluation sums, inf/NaN and join flags, checkpoint,
+  /// switch and add_param_group agreements, state exchanges), as PyTorch
+  /// keeps a gloo group beside NCCL. Absent (name ""): the job's
+  /// communicator when it accepts kDLCPU memory, else a `tcp` over the same
+  /// rendezvous. Set: always created, and must declare kDLCPU.
+  ComponentConfig control_communicator{"", {}, {}, {}, nullptr};
   ComponentConfig reducer{"mean", {}, {}, {}, nullptr};
   ComponentConfig algorithm{"allreduce", {}, {}, {}, nullptr};
   /// `schedule:` phases in order (empty: the top-level reducer and algorithm
@@ -137,6 +144,11 @@ const std::vector<OptionSpec>& optimizer_option_specs(const std::string& name);
 /// The fully validated instance options of a job against the registry.
 struct ValidatedJob {
   Options communicator, reducer, algorithm, optimizer;
+  /// The control communicator to create beside the job's (its validated
+  /// options in control_options), or "" when the job's own communicator
+  /// carries host memory and none was asked for (JobConfig::control_communicator).
+  std::string control_name;
+  Options control_options;
   /// Per `schedule:` phase: its reducer's and algorithm's options.
   struct Phase {
     Options reducer, algorithm;

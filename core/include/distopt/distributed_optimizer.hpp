@@ -82,15 +82,17 @@ class DistributedOptimizer {
   /// Set the learning rate of parameter group `group`.
   void set_lr(double lr, int group = 0);
 
-  /// Keep `named_buffers` (host tensors, e.g. module.named_buffers(): BatchNorm
-  /// running statistics) equal on every rank: at the end of every step(),
+  /// Keep `named_buffers` (tensors on one device, e.g. module.named_buffers():
+  /// BatchNorm running statistics) equal on every rank: at the end of every step(),
   /// skipped mixed-precision steps included, one collective for all of them
   /// (buffers.hpp has the modes; broadcast and average send
   /// sum(bytes) resp. 8 bytes per element). make_optimizer(module) calls it
   /// with the module's buffers and the job's `buffers.sync`. Every rank must
   /// pass the same names, shapes and dtypes in the same order, between
-  /// steps; a later call replaces the earlier one. Throws ConfigError for a
-  /// buffer that is not on the CPU. Not thread-safe (training thread).
+  /// steps; a later call replaces the earlier one. The collective runs on the
+  /// buffers' device (host buffers beside a device-only communicator go over
+  /// the control communicator). Throws ConfigError for buffers on two
+  /// devices. Not thread-safe (training thread).
   void set_buffers(const std::vector<std::pair<std::string, at::Tensor>>& named_buffers,
                    BufferSync mode);
   /// The mode set_buffers was given (none if never called).

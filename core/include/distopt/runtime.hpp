@@ -54,7 +54,15 @@ class Runtime {
   const JobConfig& config() const;
   PluginRegistry& registry() const;
   Store& store() const;
+  /// The job's communicator (`communicator:`): gradients and parameters.
   Communicator& communicator() const;
+  /// The communicator of the host's own collectives in host memory
+  /// (evaluation sums, flags, agreements, checkpoint exchanges): the
+  /// `control_communicator:` when the job has one (always when the job's
+  /// communicator does not accept kDLCPU memory, e.g. `nccl`), else
+  /// communicator(). Collectives on it are ordered independently of those
+  /// on communicator().
+  Communicator& control_communicator() const;
 
   /// Build the distributed optimizer for these parameters (the algorithm,
   /// reducer and inner optimizer of the config). Collective. Parameters are
@@ -100,11 +108,14 @@ class Runtime {
   std::map<std::string, torch::Tensor> consolidate(torch::nn::Module& model,
                                                    DistributedOptimizer& opt, int to = 0);
 
-  /// Broadcast tensors (in place) from rank 0. Collective.
+  /// Broadcast tensors (in place) from rank `root`. Collective. Each tensor
+  /// goes over communicator() when it accepts the tensor's device, else
+  /// over control_communicator() (host tensors beside `nccl`).
   void broadcast(const std::vector<torch::Tensor>& tensors, int root = 0);
-  /// Sum (or average) a small tensor across ranks in place. Collective.
+  /// Sum (or average) a small tensor across ranks in place. Collective;
+  /// routed by the tensor's device as broadcast.
   void allreduce(torch::Tensor& t, bool average);
-  /// Collective barrier.
+  /// Collective barrier, on control_communicator().
   void barrier();
 
   struct Impl;

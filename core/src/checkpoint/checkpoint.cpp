@@ -66,7 +66,7 @@ bool die_in_this_save(int rank) {
 }
 
 std::vector<int64_t> gather_i64(Runtime& rt, const std::vector<int64_t>& mine) {
-  return checkpoint::gather_i64(rt.communicator().ref(), rt.rank(), rt.world_size(), mine);
+  return checkpoint::gather_i64(rt.control_communicator().ref(), rt.rank(), rt.world_size(), mine);
 }
 
 void remove_old(const fs::path& dir, const std::string& latest, int keep) {

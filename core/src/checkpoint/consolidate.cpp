@@ -98,7 +98,7 @@ std::map<std::string, torch::Tensor> Runtime::consolidate(torch::nn::Module& mod
   if (rank != to) {
     at::Tensor buf = at::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, at::kByte);
     sdk::DLView v(buf);
-    communicator().send(*v.get(), to, kTag).wait();
+    control_communicator().send(*v.get(), to, kTag).wait();
     return {};
   }
   std::vector<ShardState> shards;
@@ -109,7 +109,7 @@ std::map<std::string, torch::Tensor> Runtime::consolidate(torch::nn::Module& mod
     }
     at::Tensor buf = at::empty({sizes[r].item<int64_t>()}, at::kByte);
     sdk::DLView v(buf);
-    communicator().recv(*v.get(), r, kTag).wait();
+    control_communicator().recv(*v.get(), r, kTag).wait();
     std::vector<char> got(static_cast<const char*>(buf.data_ptr()),
                           static_cast<const char*>(buf.data_ptr()) + buf.numel());
     shards.push_back(ShardState::decode(got, "rank " + std::to_string(r), r, world));

@@ -19,6 +19,7 @@
 #include "config/inner_component.hpp"
 #include "config/job_check.hpp"
 #include "config/yaml_util.hpp"
+#include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/sdk/optimizer_schema.hpp"
@@ -89,15 +90,17 @@ class Parser {
     if (!root.IsMap())
       fail(file_, mark_of(root),
            "expected a map of sections at the top level, got " + describe(root));
-    check_keys(root, "the top level",
-               {"plugins", "world", "communicator", "reducer", "algorithm", "optimizer", "train",
-                "precision", "buffers", "join", "app", "schedule", "autotune"});
+    check_keys(
+        root, "the top level",
+        {"plugins", "world", "communicator", "control_communicator", "reducer", "algorithm",
+         "optimizer", "train", "precision", "buffers", "join", "app", "schedule", "autotune"});
     // The program's own section: not validated here. (Assigning yaml-cpp's
     // invalid node for a missing key throws, hence the check.)
     if (YAML::Node app = child(root, "app"); app.IsDefined()) cfg.app = app;
     parse_plugins(section(root, "plugins"), cfg);
     parse_world(section(root, "world"), cfg);
     parse_component(root, "communicator", cfg.communicator);
+    parse_component(root, "control_communicator", cfg.control_communicator);
     parse_component(root, "reducer", cfg.reducer);
     parse_component(root, "algorithm", cfg.algorithm);
     parse_optimizer(root, cfg);
@@ -709,27 +712,51 @@ ValidatedJob validate_components(const JobConfig& cfg, const PluginRegistry& reg
   const ComponentInfo& alg = component(DOPT_KIND_ALGORITHM, "algorithm", cfg.algorithm);
 
   // A communicator's own timeout_s defaults to world.timeout_s (the one
-  // timeout a user sets for the job) unless communicator.options sets it.
+  // timeout a user sets for the job) unless its options set it.
   // A new map holding the written nodes (not a clone: errors keep their line).
-  YAML::Node comm_options;
-  if (cfg.communicator.options.IsMap()) {
-    comm_options = YAML::Node(YAML::NodeType::Map);
-    for (const auto& kv : cfg.communicator.options) comm_options.force_insert(kv.first, kv.second);
+  auto comm_options = [&](const ComponentConfig& cc, const ComponentInfo& ci, const char* section) {
+    YAML::Node opts;
+    if (cc.options.IsMap()) {
+      opts = YAML::Node(YAML::NodeType::Map);
+      for (const auto& kv : cc.options) opts.force_insert(kv.first, kv.second);
+    }
+    auto spec = std::find_if(ci.options.begin(), ci.options.end(), [](const auto& s) {
+      return s.name == "timeout_s" && s.type == DOPT_OPTION_DOUBLE;
+    });
+    const bool has_timeout = spec != ci.options.end();
+    const bool malformed = cc.options.IsDefined() && !cc.options.IsNull() &&
+                           !cc.options.IsMap();  // validate_options reports it as written
+    if (malformed) opts = cc.options;
+    if (has_timeout && !malformed && !opts["timeout_s"])
+      opts["timeout_s"] = spec->min_value <= spec->max_value
+                              ? std::clamp(cfg.timeout_s, spec->min_value, spec->max_value)
+                              : cfg.timeout_s;
+    return validate_options(opts, ci.options, file, std::string(section) + ".options", cc.mark);
+  };
+  out.communicator = comm_options(cfg.communicator, comm, "communicator");
+
+  // The host's own collectives are in host memory: a communicator that does
+  // not accept it gets a control communicator beside it (tcp by default).
+  const bool comm_hosts = device_accepted(comm.devices, kDLCPU);
+  if (!cfg.control_communicator.name.empty() || !comm_hosts) {
+    ComponentConfig cc = cfg.control_communicator;
+    const bool defaulted = cc.name.empty();
+    if (defaulted) cc.name = "tcp";
+    if (defaulted && !registry.find(DOPT_KIND_COMMUNICATOR, cc.name))
+      fail(file, mark_of(child(child(cfg.root, "communicator"), "name"), cfg.communicator.mark),
+           "communicator '" + cfg.communicator.name + "' accepts " + devices_text(comm.devices) +
+               " memory only, and the host's own collectives (evaluation, flags, agreements) "
+               "need a host-memory communicator beside it: the default control_communicator "
+               "'tcp' is not found; set control_communicator: NAME (one that accepts kDLCPU)");
+    const ComponentInfo& ctl = component(DOPT_KIND_COMMUNICATOR, "control_communicator", cc);
+    if (!device_accepted(ctl.devices, kDLCPU))
+      fail(file, mark_of(child(child(cfg.root, "control_communicator"), "name"), cc.mark),
+           "control_communicator.name: communicator '" + ctl.name + "' accepts " +
+               devices_text(ctl.devices) +
+               " memory only; the control communicator carries host memory (kDLCPU)");
+    out.control_name = ctl.name;
+    out.control_options = comm_options(cc, ctl, "control_communicator");
   }
-  auto spec = std::find_if(comm.options.begin(), comm.options.end(), [](const auto& s) {
-    return s.name == "timeout_s" && s.type == DOPT_OPTION_DOUBLE;
-  });
-  const bool has_timeout = spec != comm.options.end();
-  const bool malformed =
-      cfg.communicator.options.IsDefined() && !cfg.communicator.options.IsNull() &&
-      !cfg.communicator.options.IsMap();  // validate_options reports it as written
-  if (malformed) comm_options = cfg.communicator.options;
-  if (has_timeout && !malformed && !comm_options["timeout_s"])
-    comm_options["timeout_s"] = spec->min_value <= spec->max_value
-                                    ? std::clamp(cfg.timeout_s, spec->min_value, spec->max_value)
-                                    : cfg.timeout_s;
-  out.communicator = validate_options(comm_options, comm.options, file, "communicator.options",
-                                      cfg.communicator.mark);
 
   // A reducer also takes core's bucketing options (its own declaration wins).
   std::vector<OptionSpec> rschema = red.options;

@@ -3,8 +3,6 @@
 
 #include <ATen/core/grad_mode.h>
 
-#include <cstring>
-
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 #include "distopt/host_communicator.hpp"
@@ -14,21 +12,31 @@ namespace distopt::optim {
 
 BufferSynchronizer::BufferSynchronizer(
     const std::vector<std::pair<std::string, at::Tensor>>& buffers, BufferSync mode,
-    dopt_comm_ref comm, int rank, int world_size)
-    : mode_(mode), comm_(comm), rank_(rank), world_size_(world_size) {
+    const OptimizerBuild& build, int rank, int world_size)
+    : mode_(mode), rank_(rank), world_size_(world_size) {
   int64_t bytes = 0, elems = 0;
+  std::string first;
+  at::Device device(at::kCPU);
   for (const auto& nb : buffers) {
     const at::Tensor& t = nb.second;
     if (!t.defined() || t.numel() == 0) continue;
-    if (!t.device().is_cpu())
-      throw ConfigError("buffer '" + nb.first + "' is on " + t.device().str() +
-                        ": buffer synchronisation supports host buffers only");
+    if (first.empty()) {
+      first = nb.first;
+      device = t.device();
+    } else if (t.device() != device) {
+      throw ConfigError("buffer '" + nb.first + "' is on " + t.device().str() + " and buffer '" +
+                        first + "' on " + device.str() +
+                        ": buffer synchronisation needs every buffer on one device");
+    }
     buffers_.push_back(t);
     bytes += t.numel() * static_cast<int64_t>(t.element_size());
     elems += t.numel();
   }
-  if (mode_ == BufferSync::broadcast) flat_ = at::empty({bytes}, at::kByte);
-  if (mode_ == BufferSync::average) flat_ = at::empty({elems}, at::kDouble);
+  const auto opts = at::TensorOptions().device(device);
+  if (mode_ == BufferSync::broadcast) flat_ = at::empty({bytes}, opts.dtype(at::kByte));
+  if (mode_ == BufferSync::average) flat_ = at::empty({elems}, opts.dtype(at::kDouble));
+  comm_ = comm_for(
+      build, sdk::DLView(flat_.defined() ? flat_ : at::empty({0}, opts)).get()->device.device_type);
 }
 
 uint64_t BufferSynchronizer::payload_bytes() const {
@@ -45,14 +53,20 @@ void BufferSynchronizer::sync() {
     average();
 }
 
+namespace {
+// The bytes of `t` as a flat uint8 tensor on its device (a copy when t is
+// not contiguous).
+at::Tensor bytes_of(const at::Tensor& t) { return t.contiguous().view({-1}).view(at::kByte); }
+}  // namespace
+
 void BufferSynchronizer::broadcast_bytes() {
-  auto* p = static_cast<char*>(flat_.data_ptr());
+  // Tensor copies, not memcpy: the buffers may be device memory.
+  int64_t off = 0;
   if (rank_ == 0)
     for (const at::Tensor& t : buffers_) {
-      const at::Tensor c = t.contiguous();
-      const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-      std::memcpy(p, c.data_ptr(), n);
-      p += n;
+      const at::Tensor b = bytes_of(t);
+      flat_.narrow(0, off, b.numel()).copy_(b);
+      off += b.numel();
     }
   sdk::DLView v(flat_);
   dopt_request* req = nullptr;
@@ -62,17 +76,15 @@ void BufferSynchronizer::broadcast_bytes() {
   if (st != DOPT_OK) throw CommError(st, "communicator", what, take_last_error());
   CommRequest(comm_.vt, req, "communicator:" + what).wait();
   if (rank_ == 0) return;
-  p = static_cast<char*>(flat_.data_ptr());
+  off = 0;
   for (at::Tensor& t : buffers_) {
-    const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
-    if (t.is_contiguous()) {
-      std::memcpy(t.data_ptr(), p, n);
-    } else {
-      at::Tensor c = at::empty(t.sizes(), t.options());
-      std::memcpy(c.data_ptr(), p, n);
-      t.copy_(c);
-    }
-    p += n;
+    const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
+    // Into the destination's own byte view (an offset into flat_ need not be
+    // aligned for t's dtype).
+    at::Tensor dst = t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
+    dst.view({-1}).view(at::kByte).copy_(flat_.narrow(0, off, n));
+    if (!t.is_contiguous()) t.copy_(dst);
+    off += n;
   }
 }
 

@@ -13,16 +13,20 @@
 
 #include "distopt/buffers.hpp"
 #include "distopt/communicator.h"
+#include "optim/optimizer_builder.hpp"
 
 namespace distopt::optim {
 
 class BufferSynchronizer {
  public:
-  /// `buffers`: dense host tensors (empty ones are skipped). The tensors are
-  /// written in place by sync(), so they must stay the module's storage.
-  /// Throws ConfigError for a buffer that is not on the CPU.
+  /// `buffers`: dense tensors, all on one device (empty ones are skipped).
+  /// The tensors are written in place by sync(), so they must stay the
+  /// module's storage. The collective runs on that device, over
+  /// comm_for(build, device) (the control communicator for host buffers
+  /// beside a device-only communicator). Throws ConfigError for buffers on
+  /// two devices.
   BufferSynchronizer(const std::vector<std::pair<std::string, at::Tensor>>& buffers,
-                     BufferSync mode, dopt_comm_ref comm, int rank, int world_size);
+                     BufferSync mode, const OptimizerBuild& build, int rank, int world_size);
 
   /// Collective: every rank calls it at the same point (the end of step()).
   /// Nothing is sent for mode none, one rank, or no buffers. average: each

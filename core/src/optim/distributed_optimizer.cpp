@@ -159,7 +159,7 @@ void DistributedOptimizer::Impl::allreduce_floats(float* values, int64_t n, dopt
   if (n <= 0) return;
   int64_t shape = n;
   DLTensor t = make_dltensor(values, n, DLDataType{kDLFloat, 32, 1}, &shape);
-  const dopt_comm_ref& c = build.comm;
+  const dopt_comm_ref& c = build.control;  // host memory
   dopt_request* req = nullptr;
   const std::string op_name = std::string("allreduce(") + what + ")";
   dopt_status st = c.vt->allreduce(c.comm, &t, &t, op, &req);
@@ -364,7 +364,7 @@ void DistributedOptimizer::set_buffers(
     const std::vector<std::pair<std::string, at::Tensor>>& named_buffers, BufferSync mode) {
   auto& m = *impl_;
   m.build.buffers = std::make_shared<optim::BufferSynchronizer>(
-      named_buffers, mode, m.build.comm, m.build.common.rank, m.build.common.world_size);
+      named_buffers, mode, m.build, m.build.common.rank, m.build.common.world_size);
 }
 
 BufferSync DistributedOptimizer::buffer_sync() const {

@@ -50,7 +50,11 @@ struct OptimizerBuild {
   const Options* algorithm_options = nullptr;
   const Options* optimizer_options = nullptr;
   std::string optimizer_name;
-  dopt_comm_ref comm{nullptr, nullptr};
+  dopt_comm_ref comm{nullptr, nullptr};  ///< the job's communicator (reducers, algorithms)
+  uint32_t comm_devices = 0;             ///< its ComponentInfo::devices
+  /// The host's control collectives in host memory (Runtime::control_communicator;
+  /// equal to `comm` when that accepts kDLCPU).
+  dopt_comm_ref control{nullptr, nullptr};
   dopt_create_args
       common{};       ///< rank, world, store, token, bind; options / scope set per component
   std::string scope;  ///< unique per optimizer, identical across ranks ("optimizer/0")
@@ -69,6 +73,10 @@ struct OptimizerBuild {
   /// `autotune:` (null when off); shared so that rebuilds keep it.
   std::shared_ptr<Autotuner> tuner;
 };
+
+/// The communicator for a host collective on memory of `device_type`:
+/// `b.comm` when it accepts that device, else `b.control`.
+dopt_comm_ref comm_for(const OptimizerBuild& b, int32_t device_type);
 
 /// `choice` as the build's reducer and algorithm.
 void use_components(OptimizerBuild& b, const ComponentChoice& choice);

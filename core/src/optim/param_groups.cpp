@@ -75,7 +75,7 @@ int64_t call_hash(const NamedParams& named, double lr, double weight_decay) {
   return h.value(lr).value(weight_decay).digest_i64();
 }
 
-void broadcast_from_rank0(const dopt_comm_ref& comm, int world, const NamedParams& named) {
+void broadcast_from_rank0(const optim::OptimizerBuild& b, int world, const NamedParams& named) {
   if (world <= 1) return;
   at::NoGradGuard no_grad;
   std::deque<sdk::DLView> views;
@@ -84,6 +84,7 @@ void broadcast_from_rank0(const dopt_comm_ref& comm, int world, const NamedParam
     if (t.numel() == 0) continue;
     views.emplace_back(t.detach());
     DLTensor* d = views.back().get();
+    const dopt_comm_ref comm = optim::comm_for(b, d->device.device_type);
     dopt_request* req = nullptr;
     const std::string what = "broadcast(add_param_group parameter '" + name + "')";
     const dopt_status st = comm.vt->broadcast(comm.comm, d, 0, &req);
@@ -124,7 +125,7 @@ void DistributedOptimizer::add_param_group(const NamedParams& named_params, doub
                                            double weight_decay) {
   Impl& old = *impl_;
   const int rank = old.build.common.rank, world = old.world_size;
-  const dopt_comm_ref comm = old.build.comm;
+  const dopt_comm_ref control = old.build.control;  // host-memory agreements
   // Requests of the last backward may be in flight on the communicator: any
   // collective now could interleave with them. Local, before any collective
   // (every rank of an SPMD program is in the same state).
@@ -136,11 +137,11 @@ void DistributedOptimizer::add_param_group(const NamedParams& named_params, doub
   // 1. Agreement on the arguments.
   const std::string bad = check_arguments(old, named_params, lr, weight_decay);
   const int64_t hash = call_hash(named_params, lr, weight_decay);
-  optim::agree_on_call(comm, rank, world, bad, hash, "add_param_group",
+  optim::agree_on_call(control, rank, world, bad, hash, "add_param_group",
                        "parameter names, shapes, dtypes, requires_grad or lr / weight_decay");
 
   // 2. Every rank starts the new parameters from rank 0's values.
-  broadcast_from_rank0(comm, world, named_params);
+  broadcast_from_rank0(old.build, world, named_params);
 
   // 3-5. The replacement, with the old state and the new group (rebuild.hpp).
   optim::OptimizerBuild b = old.build;

@@ -10,6 +10,7 @@
 
 #include "checkpoint/exchange.hpp"
 #include "checkpoint/state_source.hpp"
+#include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 #include "optim/optimizer_impl.hpp"
@@ -79,7 +80,7 @@ std::vector<checkpoint::ShardState> exchange_state(Impl& old, int rank, int worl
   }
   std::vector<std::vector<char>> bytes;
   try {
-    bytes = checkpoint::allgather_bytes(std::move(mine), old.build.comm, rank, world);
+    bytes = checkpoint::allgather_bytes(std::move(mine), old.build.control, rank, world);
   } catch (const CheckpointError&) {
     if (failure) std::rethrow_exception(failure);  // this rank's own reason
     throw;
@@ -105,6 +106,11 @@ void agree_on_call(const dopt_comm_ref& comm, int rank, int world, const std::st
       throw ConfigError(what + ": rank " + std::to_string(r) + " passed other " + differ +
                         " than rank 0; every rank must make the same call");
   }
+}
+
+dopt_comm_ref comm_for(const OptimizerBuild& b, int32_t device_type) {
+  if (b.control.comm == nullptr || device_accepted(b.comm_devices, device_type)) return b.comm;
+  return b.control;
 }
 
 void use_components(OptimizerBuild& b, const ComponentChoice& choice) {
@@ -145,7 +151,7 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
   }
 
   // All swap or none.
-  auto ok = checkpoint::gather_i64(old.build.comm, rank, world, {fresh ? 1 : 0});
+  auto ok = checkpoint::gather_i64(old.build.control, rank, world, {fresh ? 1 : 0});
   if (!fresh) std::rethrow_exception(failure);
   for (int r = 0; r < world; ++r)
     if (ok[static_cast<size_t>(r)] != 1) {

@@ -22,7 +22,7 @@ DistributedOptimizer::ReplicaAverage DistributedOptimizer::average_replicas() {
   const at::Tensor mine = all.clone();
   if (m.world_size > 1 && all.numel() > 0) {
     sdk::DLView v(all);
-    const dopt_comm_ref& c = m.build.comm;
+    const dopt_comm_ref c = optim::comm_for(m.build, v.get()->device.device_type);
     dopt_request* req = nullptr;
     const dopt_status st = c.vt->allreduce(c.comm, v.get(), v.get(), DOPT_REDUCE_SUM, &req);
     if (st != DOPT_OK)

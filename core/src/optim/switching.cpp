@@ -118,7 +118,7 @@ void DistributedOptimizer::switch_to(const ComponentConfig& algorithm,
   } catch (const std::exception& e) {
     bad = e.what();
   }
-  optim::agree_on_call(m.build.comm, rank, world, bad.empty() ? "" : "switch_to: " + bad,
+  optim::agree_on_call(m.build.control, rank, world, bad.empty() ? "" : "switch_to: " + bad,
                        bad.empty() ? choice_hash(choice) : 0, "switch_to", "components or options");
   switch_components(*this, choice, m.build.phase, "switch_to");
 }

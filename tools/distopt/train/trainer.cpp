@@ -144,7 +144,8 @@ void check_train_config(const JobConfig& cfg) {
                       "' is not supported (known: fashion-mnist)");
   if (tc.batch_size < 1) throw ConfigError(cfg.path + ": train.batch_size must be at least 1");
   if (tc.epochs < 1) throw ConfigError(cfg.path + ": train.epochs must be at least 1");
-  check_precision_supported(cfg, /*cpu_only=*/true);  // the models run on the CPU
+  // fp16 follows the model: allowed where it runs on a CUDA device.
+  check_precision_supported(cfg, /*cpu_only=*/at::Device(tc.device).is_cpu());
 }
 
 // Fashion-MNIST as tensors over the loaded bytes (uint8 images, int64 labels).
