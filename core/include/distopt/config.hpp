@@ -39,6 +39,10 @@ struct TrainConfig {
   int64_t threads = 0;     ///< intra-op threads per rank; 0 = cores / local ranks
   int64_t log_every = 20;  ///< steps between progress lines
   int64_t max_steps = 0;   ///< stop after this many steps per epoch (0 = all)
+  /// Micro-batches per step (DistributedOptimizer::no_sync): each rank's
+  /// batch_size samples run as this many forward/backward passes, the
+  /// gradients accumulate and are reduced once; 1 = off.
+  int64_t grad_accumulation = 1;
   /// train.drop_last: drop the epoch's last partial global batch (true), or
   /// split it among the ranks in batch_size slices; ranks left without
   /// samples call DistributedOptimizer::join() (false; turns join.enabled on).

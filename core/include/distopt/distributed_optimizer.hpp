@@ -54,6 +54,29 @@ class DistributedOptimizer {
 
   /// Zero every gradient (they are views into the buckets; never set to None).
   void zero_grad();
+
+  /// Gradient accumulation (DDP's no_sync(), DeepSpeed's
+  /// gradient_accumulation_steps): while the returned guard lives, backward
+  /// passes only add their gradients into the buckets; nothing is sent. The
+  /// next backward outside a guard sends the accumulated sums, bucket by
+  /// bucket as usual (so every algorithm and reducer, error feedback and
+  /// PowerSGD included, sees the accumulated gradient once), and step()
+  /// applies them; a step() right after guarded backward passes sends them
+  /// too. Bytes per step do not depend on the number of micro-batches.
+  /// Scale each micro-batch's loss by 1/K to get the mean over K. Local (no
+  /// collective): every rank must accumulate the same number of times.
+  /// Training thread only; guards do not nest.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedOptimizer& opt);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedOptimizer* opt_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
   /// Finish reducing the gradients of the last backward and run the
   /// algorithm's step. Collective. Throws CommError / ComponentError.
   void step();

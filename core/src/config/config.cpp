@@ -338,7 +338,7 @@ class Parser {
     if (!s.IsDefined() || s.IsNull()) return;
     check_keys(s, "train",
                {"model", "dataset", "data_dir", "epochs", "batch_size", "seed", "threads",
-                "log_every", "max_steps", "drop_last", "device"});
+                "log_every", "max_steps", "drop_last", "device", "grad_accumulation"});
     get_string(s, "model", "train.model", t.model, {"mlp", "cnn"});
     get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist"});
     get_string(s, "data_dir", "train.data_dir", t.data_dir);
@@ -349,6 +349,7 @@ class Parser {
     get_int(s, "log_every", "train.log_every", 0, kHuge, t.log_every);
     get_int(s, "max_steps", "train.max_steps", 0, kHuge, t.max_steps);
     get_bool(s, "drop_last", "train.drop_last", t.drop_last);
+    get_int(s, "grad_accumulation", "train.grad_accumulation", 1, kHuge, t.grad_accumulation);
     parse_device(s, t);
   }
 

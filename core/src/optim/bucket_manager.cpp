@@ -160,6 +160,15 @@ void BucketManager::on_grad_ready(size_t i) {
   if (!attached_) return;
   Param& p = params_[i];
   Bucket& bk = buckets_[static_cast<size_t>(p.bucket)];
+  if (no_sync_) {
+    if (bk.launched)
+      throw Error("parameter '" + p.name + "' got a gradient under no_sync() after its bucket " +
+                  std::to_string(p.bucket) +
+                  " was already sent for reduction: call step() before accumulating again");
+    ensure_view(p);  // accumulated in place into the bucket view; sent later
+    p.accumulated = true;
+    return;
+  }
   if (p.ready) {
     if (bk.launched)
       throw Error("parameter '" + p.name + "' got a second gradient after its bucket " +
@@ -192,7 +201,7 @@ void BucketManager::finish() {
       Bucket& bk = buckets_[b];
       for (size_t i : bk.params) {
         Param& p = params_[i];
-        if (p.ready) continue;
+        if (p.ready || p.accumulated) continue;
         if (rehook_if_replaced(i)) {
           ensure_view(p);  // the gradient is in .grad, the old hook just never saw it
         } else {
@@ -212,12 +221,22 @@ void BucketManager::finish() {
 }
 
 void BucketManager::reset_step_locked() {
-  for (auto& p : params_) p.ready = false;
+  for (auto& p : params_) p.ready = p.accumulated = false;
   for (auto& bk : buckets_) {
     bk.pending = bk.params.size();
     bk.launched = false;
   }
   next_ = 0;
+}
+
+void BucketManager::set_no_sync(bool on) {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  no_sync_ = on;
+}
+
+bool BucketManager::no_sync() const {
+  std::lock_guard<std::recursive_mutex> lk(const_cast<std::recursive_mutex&>(mu_));
+  return no_sync_;
 }
 
 void BucketManager::zero_grad() {

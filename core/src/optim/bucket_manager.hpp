@@ -73,6 +73,12 @@ class BucketManager {
   void finish();
   /// Remove the hooks (idempotent); after this backward no longer launches.
   void detach();
+  /// Gradient accumulation (DDP's no_sync): while on, a gradient only
+  /// accumulates in its bucket view and launches nothing; the next backward
+  /// with it off launches the buckets with the accumulated sums, and so does
+  /// finish() (a parameter that got a gradient while on counts as ready).
+  void set_no_sync(bool on);
+  bool no_sync() const;
 
  private:
   struct Param {
@@ -83,6 +89,7 @@ class BucketManager {
     std::shared_ptr<torch::autograd::Node> accumulator;
     uintptr_t hook_key = 0;
     bool ready = false;
+    bool accumulated = false;  // got a gradient under no_sync this step
   };
   struct Bucket {
     at::Tensor flat;
@@ -112,6 +119,7 @@ class BucketManager {
   std::recursive_mutex mu_;
   size_t next_ = 0;  // first bucket not launched yet
   bool attached_ = false;
+  bool no_sync_ = false;
 };
 
 }  // namespace distopt::optim

@@ -148,6 +148,14 @@ DistributedOptimizer::~DistributedOptimizer() = default;
 
 void DistributedOptimizer::zero_grad() { impl_->buckets->zero_grad(); }
 
+DistributedOptimizer::NoSync::NoSync(DistributedOptimizer& opt) : opt_(&opt) {
+  if (opt.impl_->buckets->no_sync())
+    throw Error("no_sync(): already inside a no_sync() scope (scopes do not nest)");
+  opt.impl_->buckets->set_no_sync(true);
+}
+
+DistributedOptimizer::NoSync::~NoSync() { opt_->impl_->buckets->set_no_sync(false); }
+
 float DistributedOptimizer::Impl::allreduce_scalar(float value, dopt_reduce_op op,
                                                    const char* what) {
   allreduce_floats(&value, 1, op, what);

@@ -312,11 +312,26 @@ class Trainer {
     auto x = normalise(data_.train_x.index_select(0, index).to(device_)).to(dtype_);
     auto y = data_.train_y.index_select(0, index).to(device_);
     opt_->zero_grad();
-    // Softmax and loss in fp32 (as autocast does); backward from the scaled loss.
-    auto loss = at::nll_loss(at::log_softmax(model_->forward(x).to(at::kFloat), 1), y);
-    opt_->scale_loss(loss).backward();
+    // train.grad_accumulation: K micro-batches, each loss weighted by its
+    // share of the batch (their sum is the batch's mean loss); the first K-1
+    // backward passes only accumulate (no_sync), the last sends.
+    const int64_t k_total = std::clamp<int64_t>(tc_.grad_accumulation, 1, mine);
+    loss_out = 0;
+    for (int64_t k = 0; k < k_total; ++k) {
+      const int64_t b = mine * k / k_total, e = mine * (k + 1) / k_total;
+      // Softmax and loss in fp32 (as autocast does); backward from the scaled loss.
+      auto loss = at::nll_loss(at::log_softmax(model_->forward(x.slice(0, b, e)).to(at::kFloat), 1),
+                               y.slice(0, b, e));
+      if (k_total > 1) loss = loss * (static_cast<double>(e - b) / static_cast<double>(mine));
+      if (k + 1 < k_total) {
+        auto accumulate_only = opt_->no_sync();
+        opt_->scale_loss(loss).backward();
+      } else {
+        opt_->scale_loss(loss).backward();
+      }
+      loss_out += loss.item<double>();
+    }
     opt_->step();
-    loss_out = loss.item<double>();
     return true;
   }
 
