@@ -253,7 +253,9 @@ class DistributedOptimizer {
   /// inf/NaN flag) and buffer synchronisation (metric
   /// optim.buffer_sync_bytes).
   uint64_t bytes_sent() const;
-  /// Bytes a plain allreduce of the same buckets would have put on the wire.
+  /// Bytes a plain allreduce of the same buckets would have put on the wire
+  /// over the steps run since make_optimizer (as bytes_sent: steps restored
+  /// from a checkpoint are not counted).
   uint64_t bytes_sent_plain_allreduce() const;
   /// Number of buckets, and steps taken (skipped mixed-precision steps excluded).
   size_t num_buckets() const;

@@ -183,6 +183,10 @@ void restore(torch::nn::Module& model, DistributedOptimizer& opt, const StateSou
   check_status(m.avt->load_state(m.algorithm, &ar), m.algorithm_who, "load_state");
   m.steps = man.step;
   m.epoch = man.epoch;
+  // bytes_sent_plain_allreduce counts the steps run since make_optimizer,
+  // as bytes_sent does (the restored steps were sent by another process).
+  m.plain_bytes_base = 0;
+  m.plain_steps_base = m.steps;
   // Learning rates set by the application (schedules) continue as saved.
   for (size_t g = 0; g < man.group_lr.size() && g < m.groups.size(); ++g)
     if (man.group_lr[g] >= 0) opt.set_lr(man.group_lr[g], static_cast<int>(g));
