@@ -77,6 +77,13 @@ DecentralizedAlgorithm::DecentralizedAlgorithm(const dopt_algorithm_args& args)
   interval_ = opts.get_int("communication_interval");
   overlap_ = opts.get_bool("overlap");
   low_precision_ = opts.get_bool("low_precision");
+  if (args.num_buckets > 0 && args.buckets[0].flat)
+    device_ = sdk::to_device(args.buckets[0].flat->device);
+  const std::string kernels = opts.get_string("kernels");
+  if (kernels == "host" && low_precision_ && !device_.is_cpu())
+    fail(DOPT_ERR_UNSUPPORTED, "kernels: host runs the codec on CPU buckets only, these are on " +
+                                   device_.str() + " (use kernels: auto or torch)");
+  const bool torch_codec = kernels == "torch" || (kernels != "host" && !device_.is_cpu());
   if (!low_precision_) {
     for (size_t b = 0; b < args.num_buckets; ++b)
       gossip_.push_back(std::make_unique<BucketGossip>(args.buckets[b], params_.by_index()));
@@ -86,7 +93,8 @@ DecentralizedAlgorithm::DecentralizedAlgorithm(const dopt_algorithm_args& args)
   if (!why.empty()) fail(DOPT_ERR_UNSUPPORTED, why);
   const MixingRow row = topology_.row(rank_, 0);  // static topologies: every round's
   for (size_t b = 0; b < args.num_buckets; ++b)
-    low_.push_back(std::make_unique<LowPrecisionGossip>(args.buckets[b], params_.by_index(), row));
+    low_.push_back(std::make_unique<LowPrecisionGossip>(args.buckets[b], params_.by_index(), row,
+                                                        torch_codec));
 }
 
 DecentralizedAlgorithm::~DecentralizedAlgorithm() { abandon_all(); }
@@ -151,7 +159,8 @@ void DecentralizedAlgorithm::low_precision_round(bool sync) {
 }
 
 bool DecentralizedAlgorithm::every_rank(bool mine) {
-  at::Tensor flag = at::full({1}, mine ? 1.0f : 0.0f);
+  // On the parameters' device: a device-only communicator takes no host memory.
+  at::Tensor flag = at::full({1}, mine ? 1.0f : 0.0f, at::TensorOptions().device(device_));
   sdk::DLView v(flag);
   comm_.allreduce(*v.get(), *v.get(), DOPT_REDUCE_MIN).wait();
   bytes_ += sdk::ring_allreduce_bytes(sizeof(float), world_size_);

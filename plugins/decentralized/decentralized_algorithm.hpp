@@ -34,8 +34,13 @@
 // low_precision/peers: whose copies this rank saved); a checkpoint
 // without them for this topology, buckets and world size starts them again
 // from one float32 round (warned); after a load the first round agrees on
-// it across ranks (one allreduce of a float), since a new neighbour may
-// concern some ranks only.
+// it across ranks (one allreduce of a float on the parameters' device), since
+// a new neighbour may concern some ranks only.
+//
+// kernels (option): which min-max codec low_precision runs: host
+// (minmax_uint8.hpp, CPU buckets only), torch (minmax_uint8_torch.hpp, libtorch
+// ops on any device), auto (default: host on CPU, torch elsewhere). Both
+// write the same bytes; torch on CPU is how the tests run the device path.
 #pragma once
 
 #include <atomic>
@@ -52,9 +57,13 @@ namespace distopt::plugins::decentralized {
 
 class DecentralizedAlgorithm : public sdk::Algorithm {
  public:
-  /// ABI 1.4 devices: host memory only: low_precision's min-max uint8 codec reads the
-  /// parameters through raw host pointers (data_ptr).
-  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU);
+  /// ABI 1.4 devices: host and CUDA memory: gossip, mixing, the inner
+  /// optimizer and low_precision's copies and codec are libtorch ops on the
+  /// parameters' device (the host codec for CPU buckets under kernels auto);
+  /// messages and the copies' agreement flag go through the communicator in
+  /// that device's memory. CUDA UNVERIFIED on a GPU: the CPU tests run the
+  /// same ops on CPU tensors (kernels: torch).
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   static constexpr uint32_t traits = DOPT_TRAIT_LOCAL_REPLICAS;
   /// Refuses an odd world with shift_one, a bad neighbour list, a reducer
   /// that is not an exact mean, mixed precision, and low_precision with
@@ -98,6 +107,7 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   std::vector<std::unique_ptr<LowPrecisionGossip>> low_;
   sdk::WholeParams params_;  // this rank's replica and its inner optimizer
   std::atomic<uint64_t> bytes_{0};
+  at::Device device_{at::kCPU};  // the parameters' (first bucket's): the flag's device
 };
 
 }  // namespace distopt::plugins::decentralized

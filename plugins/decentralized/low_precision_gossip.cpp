@@ -6,23 +6,33 @@
 
 #include "distopt/sdk/tensor_state.hpp"
 #include "minmax_uint8.hpp"
+#include "minmax_uint8_torch.hpp"
 
 namespace distopt::plugins::decentralized {
 
 LowPrecisionGossip::LowPrecisionGossip(const dopt_bucket& bucket,
-                                       const std::vector<at::Tensor>& params, const MixingRow& row)
-    : bucket_(&bucket), params_(bucket, params, "decentralized"), row_(row) {
+                                       const std::vector<at::Tensor>& params, const MixingRow& row,
+                                       bool torch_codec)
+    : bucket_(&bucket),
+      params_(bucket, params, "decentralized"),
+      row_(row),
+      torch_codec_(torch_codec) {
   const at::Tensor flat = sdk::as_tensor(*bucket.flat);
   if (flat.scalar_type() != at::kFloat)
     throw sdk::Error(DOPT_ERR_UNSUPPORTED,
                      "decentralized: low_precision needs float32 parameters, bucket " +
                          std::to_string(bucket.index) + " is " +
                          std::string(at::toString(flat.scalar_type())));
-  const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
+  if (!flat.is_cpu() && !torch_codec_)
+    throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                     "decentralized: the host codec needs CPU buckets, bucket " +
+                         std::to_string(bucket.index) + " is on " + flat.device().str());
+  // Every buffer on the bucket's device.
+  const at::TensorOptions f32 = flat.options().dtype(at::kFloat);
   self_ = at::zeros({flat.numel()}, f32);
   z_ = at::empty_like(self_);
   decoded_ = at::empty_like(self_);
-  send_ = at::empty({static_cast<int64_t>(message_bytes())}, at::TensorOptions().dtype(at::kByte));
+  send_ = at::empty({static_cast<int64_t>(message_bytes())}, flat.options().dtype(at::kByte));
   for (size_t i = 0; i < row_.links.size(); ++i) {
     copies_.push_back(at::zeros_like(self_));
     recv_.push_back(at::empty_like(send_));
@@ -65,8 +75,11 @@ uint64_t LowPrecisionGossip::start(sdk::CommView& comm, int32_t tag) {
   params_.pack_into(z_);  // x'_i
   z_.add_(self_, row_.self_weight - 2.0);
   for (size_t i = 0; i < row_.links.size(); ++i) z_.add_(copies_[i], row_.links[i].weight);
-  minmax_uint8_encode(z_.data_ptr<float>(), static_cast<size_t>(z_.numel()), kMinMaxChunk,
-                      send_.data_ptr<uint8_t>());
+  if (torch_codec_)
+    minmax_uint8_encode_torch(z_, static_cast<int64_t>(kMinMaxChunk), send_);
+  else
+    minmax_uint8_encode(z_.data_ptr<float>(), static_cast<size_t>(z_.numel()), kMinMaxChunk,
+                        send_.data_ptr<uint8_t>());
   compressed_ = true;
   start_exchange(comm, send_, recv_, tag);
   return message_bytes() * row_.links.size();
@@ -85,7 +98,10 @@ void LowPrecisionGossip::finish() {
   if (!compressed_) return;  // sync: the copies were received in place
   const size_t n = static_cast<size_t>(self_.numel());
   auto apply = [&](const at::Tensor& message, at::Tensor& copy) {
-    minmax_uint8_decode(message.data_ptr<uint8_t>(), n, kMinMaxChunk, decoded_.data_ptr<float>());
+    if (torch_codec_)
+      minmax_uint8_decode_torch(message, static_cast<int64_t>(kMinMaxChunk), decoded_);
+    else
+      minmax_uint8_decode(message.data_ptr<uint8_t>(), n, kMinMaxChunk, decoded_.data_ptr<float>());
     copy.add_(decoded_);  // exact float adds: the same on every holder
   };
   apply(send_, self_);

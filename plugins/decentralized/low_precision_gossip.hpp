@@ -21,6 +21,12 @@
 // The copies start from one float32 round (sync): x_hat_i = x_i, sent whole
 // to the neighbours; it runs at the first communication round and after a
 // reset (a checkpoint without matching copies).
+//
+// Devices: every buffer (copies, work buffers, messages) lives on the
+// bucket's device and every step is a libtorch op there, the codec included
+// (minmax_uint8_torch.hpp; the host codec minmax_uint8.hpp over raw pointers
+// for CPU buckets unless told otherwise): no host round trip. Both codecs
+// write and read the same bytes, so ranks may even mix them.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -40,11 +46,13 @@ class LowPrecisionGossip {
  public:
   /// `params`: the algorithm's parameter tensors (index = dopt_param index,
   /// undefined for frozen ones); `row`: this rank's row of the static mixing
-  /// matrix (not average_all). Throws sdk::Error(INVALID_ARGUMENT) for an
-  /// entry naming no trainable parameter, (UNSUPPORTED) for a bucket that is
-  /// not float32.
+  /// matrix (not average_all); `torch_codec`: encode and decode with
+  /// libtorch ops (required off the CPU; the host codec otherwise). Throws
+  /// sdk::Error(INVALID_ARGUMENT) for an entry naming no trainable
+  /// parameter, (UNSUPPORTED) for a bucket that is not float32, or a non-CPU
+  /// bucket without torch_codec.
   LowPrecisionGossip(const dopt_bucket& bucket, const std::vector<at::Tensor>& params,
-                     const MixingRow& row);
+                     const MixingRow& row, bool torch_codec);
 
   /// Start the float32 round: x_hat_i = the parameters, sent to every
   /// neighbour, their x_hat_j received into the copies. Returns the bytes
@@ -93,6 +101,7 @@ class LowPrecisionGossip {
   std::vector<at::Tensor> recv_;    // uint8 messages, per link
   std::vector<sdk::DLView> wire_;   // DLTensors of the pending operations
   std::vector<sdk::CommHandle> pending_;
+  bool torch_codec_ = false;
   bool compressed_ = false;  // what the started round is
   bool started_ = false;
 };

@@ -23,6 +23,11 @@ constexpr dopt_option_spec kOptions[] = {
                      "compressed differences (1024-element chunks, ~1/4 of float32's bytes) and "
                      "keep bitwise-identical copies of the neighbours' parameters; ring, "
                      "exponential or neighbors topologies"),
+    sdk::option_string("kernels", "auto",
+                       "low_precision's min-max codec: host (CPU loops; CPU parameters only), "
+                       "torch (libtorch ops on the parameters' device; the same bytes), auto "
+                       "(host on CPU, torch elsewhere)")
+        .choices("auto|host|torch"),
 };
 }  // namespace
 

@@ -9,9 +9,8 @@
 namespace distopt::plugins::fused {
 namespace {
 
-bool is_f32_cpu(const DLTensor& t) {
-  return t.dtype.code == kDLFloat && t.dtype.bits == 32 && t.dtype.lanes == 1 &&
-         t.device.device_type == kDLCPU;
+bool is_f32(const DLTensor& t) {
+  return t.dtype.code == kDLFloat && t.dtype.bits == 32 && t.dtype.lanes == 1;
 }
 int64_t numel_of(const DLTensor& t) {
   int64_t n = 1;
@@ -23,9 +22,9 @@ std::string name_of(const dopt_param& p) { return p.name ? p.name : "?"; }
 std::vector<int64_t> shape_of(const DLTensor& t) {
   return std::vector<int64_t>(t.shape, t.shape + t.ndim);
 }
-// A non-owning 1-D tensor over n floats of the plugin's state.
-at::Tensor float_view(float* p, int64_t n) {
-  return at::from_blob(p, {n}, at::TensorOptions().dtype(at::kFloat));
+// A non-owning 1-D fp32 tensor over n elements at p on device d.
+at::Tensor float_view(const float* p, int64_t n, const at::Device& d) {
+  return at::from_blob(const_cast<float*>(p), {n}, at::TensorOptions().dtype(at::kFloat).device(d));
 }
 
 }  // namespace
@@ -40,6 +39,7 @@ FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
   sdk::OptionsView opts(args.common->options);
   do_flatten_ = opts.get_bool("do_flatten");
   check_flatten_ = opts.get_bool("check_flatten");
+  const std::string kernels = opts.get_string("kernels");
 
   optimizer_ = args.optimizer_name ? args.optimizer_name : "";
   sdk::OptionsView o(args.optimizer_options);
@@ -72,11 +72,26 @@ FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
   // order its gradients sit in the buckets.
   std::vector<int64_t> group_size(args.num_groups, 0);
   std::vector<bool> seen(args.num_params, false);
+  // Every parameter and bucket on one device (the first bucket's): a group's
+  // state is one buffer, and a chunk one list of one device's tensors.
+  bool have_device = false;
+  auto check_device = [&](const DLTensor& t, const std::string& what) {
+    const at::Device d = sdk::to_device(t.device);  // UNSUPPORTED for other device types
+    if (!have_device) {
+      device_ = d;
+      have_device = true;
+    } else if (d != device_) {
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED, "fused: " + what + " is on " + d.str() +
+                                                 ", other parameters or buckets on " +
+                                                 device_.str() + " (one device per job)");
+    }
+  };
   for (size_t b = 0; b < args.num_buckets; ++b) {
     const dopt_bucket& bk = args.buckets[b];
     buckets_.push_back(&bk);
-    if (!is_f32_cpu(*bk.flat))
-      throw sdk::Error(DOPT_ERR_UNSUPPORTED, "fused: buckets must be fp32 CPU tensors");
+    if (!is_f32(*bk.flat))
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED, "fused: buckets must be fp32 tensors");
+    check_device(*bk.flat, "bucket " + std::to_string(b));
     const float* flat = static_cast<const float*>(data_of(*bk.flat));
     for (size_t e = 0; e < bk.num_entries; ++e) {
       const dopt_bucket_entry& en = bk.entries[e];
@@ -87,9 +102,10 @@ FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
       if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
         throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: parameter " + name_of(p) +
                                                         " has group " + std::to_string(p.group));
-      if (!is_f32_cpu(*p.data))
+      if (!is_f32(*p.data))
         throw sdk::Error(DOPT_ERR_UNSUPPORTED,
-                         "fused: parameter " + name_of(p) + " is not an fp32 CPU tensor");
+                         "fused: parameter " + name_of(p) + " is not an fp32 tensor");
+      check_device(*p.data, "parameter " + name_of(p));
       if (numel_of(*p.data) != static_cast<int64_t>(en.numel))
         throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
                          "fused: bucket entry of " + name_of(p) + " has the wrong numel");
@@ -106,12 +122,17 @@ FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
                        "fused: parameter " + name_of(args.params[i]) + " is in no bucket");
   pending_.resize(buckets_.size());
 
+  if (kernels == "host" && !device_.is_cpu())
+    throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                     "fused: kernels: host runs on CPU parameters only, these are on " +
+                         device_.str() + " (use kernels: auto or torch)");
+  torch_ = kernels == "torch" || (kernels != "host" && !device_.is_cpu());
+
   const int nstate = optimizer_ == "sgd" ? (momentum_ != 0 ? 1 : 0) : (amsgrad_ ? 3 : 2);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
   for (size_t g = 0; g < groups_.size(); ++g) {
-    const size_t n = static_cast<size_t>(group_size[g]);
-    if (nstate > 0) groups_[g].state0.assign(n, 0.0f);
-    if (nstate > 1) groups_[g].state1.assign(n, 0.0f);
-    if (nstate > 2) groups_[g].state2.assign(n, 0.0f);
+    for (int k = 0; k < nstate; ++k) groups_[g].state[k] = at::zeros({group_size[g]}, f32);
+    groups_[g].step = at::zeros({}, f32);
   }
   flatten();
 }
@@ -136,10 +157,12 @@ void FusedAlgorithm::flatten() {
       FusedChunk fc;
       fc.group = s.group;
       // A chunk's state starts at its first slot's offset (0 for a whole group).
-      const int64_t base = do_flatten_ ? 0 : s.state_offset;
-      fc.chunk.state0 = g.state0.empty() ? nullptr : g.state0.data() + base;
-      fc.chunk.state1 = g.state1.empty() ? nullptr : g.state1.data() + base;
-      fc.chunk.state2 = g.state2.empty() ? nullptr : g.state2.data() + base;
+      fc.base = do_flatten_ ? 0 : s.state_offset;
+      // Host pointers for the host kernels (CPU only: never dereferenced otherwise).
+      float** ptr[3] = {&fc.chunk.state0, &fc.chunk.state1, &fc.chunk.state2};
+      for (int k = 0; k < 3; ++k)
+        *ptr[k] = g.state[k].defined() && device_.is_cpu() ? g.state[k].data_ptr<float>() + fc.base
+                                                           : nullptr;
       if (do_flatten_) chunk_of_group[s.group] = static_cast<int>(chunks_.size());
       chunks_.push_back(fc);
       c = &chunks_.back();
@@ -159,6 +182,25 @@ void FusedAlgorithm::flatten() {
     ch.segments.push_back({param, s.grad, s.numel, rel});
     ch.total += s.numel;
   }
+  if (torch_)
+    for (FusedChunk& fc : chunks_) build_tensors(fc);
+}
+
+void FusedAlgorithm::build_tensors(FusedChunk& fc) {
+  // The same segments as 1-D views: parameters and gradients aliasing the
+  // host's memory, state aliasing the group's buffers.
+  const Group& g = groups_[static_cast<size_t>(fc.group)];
+  fused::TensorChunk& t = fc.tensors;
+  t = fused::TensorChunk{};
+  std::vector<at::Tensor>* state[3] = {&t.state0, &t.state1, &t.state2};
+  for (const fused::Segment& seg : fc.chunk.segments) {
+    t.params.push_back(float_view(seg.param, seg.n, device_));
+    t.grads.push_back(float_view(seg.grad, seg.n, device_));
+    for (int k = 0; k < 3; ++k)
+      if (g.state[k].defined())
+        state[k]->push_back(g.state[k].narrow(0, fc.base + seg.state_offset, seg.n));
+  }
+  t.step = g.step;
 }
 
 bool FusedAlgorithm::layout_changed() {
@@ -167,7 +209,7 @@ bool FusedAlgorithm::layout_changed() {
     const DLTensor& t = *s.param->data;
     void* now = data_of(t);
     if (now == s.snapshot) continue;
-    if (!is_f32_cpu(t) || numel_of(t) != s.numel)
+    if (!is_f32(t) || sdk::to_device(t.device) != device_ || numel_of(t) != s.numel)
       throw sdk::Error(DOPT_ERR_STATE, "fused: parameter " + name_of(*s.param) +
                                            " changed dtype, device or size since it was "
                                            "flattened; its optimizer state cannot be mapped");
@@ -217,14 +259,15 @@ void FusedAlgorithm::step() {
 
 void FusedAlgorithm::run_optimizer() {
   for (Group& g : groups_) ++g.steps;
-  for (const FusedChunk& fc : chunks_) {
+  for (FusedChunk& fc : chunks_) {
     const Group& g = groups_[fc.group];
     if (optimizer_ == "sgd") {
-      fused::sgd_step(fc.chunk,
-                      {g.lr, momentum_, dampening_, g.weight_decay, nesterov_, g.steps == 1});
+      const fused::SgdHyper h{g.lr, momentum_, dampening_, g.weight_decay, nesterov_, g.steps == 1};
+      torch_ ? fused::sgd_step_torch(fc.tensors, h) : fused::sgd_step(fc.chunk, h);
     } else {
-      fused::adam_step(fc.chunk, {g.lr, beta1_, beta2_, eps_, g.weight_decay, amsgrad_,
-                                  optimizer_ == "adamw", g.steps});
+      const fused::AdamHyper h{
+          g.lr, beta1_, beta2_, eps_, g.weight_decay, amsgrad_, optimizer_ == "adamw", g.steps};
+      torch_ ? fused::adam_step_torch(fc.tensors, h) : fused::adam_step(fc.chunk, h);
     }
   }
 }
@@ -243,7 +286,9 @@ uint64_t FusedAlgorithm::state_bytes() const {
   // creates its state lazily), then the state tensors' bytes.
   uint64_t n = 0;
   for (const Group& g : groups_)
-    if (g.steps > 0) n += g.state0.size() + g.state1.size() + g.state2.size();
+    if (g.steps > 0)
+      for (const at::Tensor& t : g.state)
+        if (t.defined()) n += static_cast<uint64_t>(t.numel());
   return n * sizeof(float);
 }
 
@@ -261,10 +306,8 @@ std::vector<std::pair<const char*, int>> FusedAlgorithm::state_fields() const {
   return f;
 }
 
-float* FusedAlgorithm::state_of(const Slot& s, int index) {
-  Group& g = groups_[static_cast<size_t>(s.group)];
-  std::vector<float>& v = index == 0 ? g.state0 : index == 1 ? g.state1 : g.state2;
-  return v.data() + s.state_offset;
+at::Tensor FusedAlgorithm::state_of(const Slot& s, int index) {
+  return groups_[static_cast<size_t>(s.group)].state[index].narrow(0, s.state_offset, s.numel);
 }
 
 void FusedAlgorithm::save_state(sdk::StateWriter& w) {
@@ -281,8 +324,7 @@ void FusedAlgorithm::save_state(sdk::StateWriter& w) {
       sdk::put_sharded(w, sdk::optimizer_state_key(name, "step"), at::full({1}, steps, at::kLong),
                        0, {});
     for (const auto& [field, index] : fields)
-      sdk::put_sharded(w, sdk::optimizer_state_key(name, field),
-                       float_view(state_of(s, index), s.numel), 0, shape);
+      sdk::put_sharded(w, sdk::optimizer_state_key(name, field), state_of(s, index), 0, shape);
   }
 }
 
@@ -333,7 +375,7 @@ void FusedAlgorithm::load_state(const sdk::StateReader& r) {
     const std::string name = name_of(*s.param);
     const int64_t st = step[static_cast<size_t>(s.group)];
     for (const auto& [field, index] : fields) {
-      at::Tensor dst = float_view(state_of(s, index), s.numel);
+      at::Tensor dst = state_of(s, index);
       if (st > 0)
         sdk::read_into(r, sdk::optimizer_state_key(name, field), 0, dst);
       else

@@ -26,9 +26,21 @@
 //                  user code replaced `.data`) is re-flattened with a
 //                  warning, keeping its optimizer state; a changed numel or
 //                  dtype is an error (its state cannot be mapped).
+//   kernels        which update code runs: `host` (fused_kernels.hpp: one
+//                  parallel CPU loop per chunk over raw pointers; CPU
+//                  parameters only), `torch` (fused_torch.hpp: libtorch's
+//                  multi-tensor ops, PyTorch's _fused_adam_ / _fused_sgd_
+//                  where libtorch has them; any device), `auto` (default:
+//                  host for CPU parameters, where it is the faster, torch
+//                  for the others). `torch` on CPU is how the tests run the
+//                  device path without a GPU.
 // Inner optimizers: sgd (momentum, dampening, nesterov, weight_decay),
-// adam, adamw (amsgrad, weight_decay); fp32 CPU parameters. Others are refused
-// at create with UNSUPPORTED (use `allreduce`).
+// adam, adamw (amsgrad, weight_decay); fp32 parameters, all on one device
+// (CPU or CUDA), the buckets on the same. Others are refused at create with
+// UNSUPPORTED (use `allreduce`).
+// Device memory: the optimizer state lives on the parameters' device; the
+// update is enqueued on the current stream of the thread that calls step()
+// (no host synchronization), after the reducer's requests were waited for.
 // Checkpoints (ABI 1.1): the flat state is put per parameter under the keys
 // libtorch's optimizers use (optimizer/<param>/momentum_buffer for sgd;
 // step, exp_avg, exp_avg_sq, max_exp_avg_sq for adam / adamw; state.h), as
@@ -49,14 +61,16 @@
 
 #include "distopt/sdk/sdk.hpp"
 #include "fused_kernels.hpp"
+#include "fused_torch.hpp"
 
 namespace distopt::plugins::fused {
 
 class FusedAlgorithm : public sdk::Algorithm {
  public:
-  /// ABI 1.4 devices: host memory only: the fused kernels are CPU loops over raw float
-  /// pointers (it refuses non-kDLCPU float32 itself).
-  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU);
+  /// ABI 1.4 devices: host memory (the host loops or libtorch ops) and CUDA
+  /// memory (libtorch ops, kernels: auto or torch; CUDA UNVERIFIED on a GPU:
+  /// the CPU tests run the same code on CPU tensors).
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   explicit FusedAlgorithm(const dopt_algorithm_args& args);
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
@@ -76,12 +90,15 @@ class FusedAlgorithm : public sdk::Algorithm {
   };
   struct Group {
     double lr, weight_decay;
-    int64_t steps = 0;  // steps taken with state (0: no state yet)
-    std::vector<float> state0, state1, state2;
+    int64_t steps = 0;    // steps taken with state (0: no state yet)
+    at::Tensor state[3];  // flat fp32 on device_ (undefined when not kept)
+    at::Tensor step;      // fp32 scalar on device_ (the torch kernels' step)
   };
   struct FusedChunk {
     int32_t group;
-    fused::Chunk chunk;
+    int64_t base = 0;            // offset of the chunk's state in its group's buffers
+    fused::Chunk chunk;          // kernels host: raw pointers
+    fused::TensorChunk tensors;  // kernels torch: the same segments as tensors
   };
 
   void flatten();         // (re)build chunks_ from slots_ (state kept)
@@ -89,7 +106,10 @@ class FusedAlgorithm : public sdk::Algorithm {
   void run_optimizer();
   // (field name, state buffer index) of what this optimizer keeps per element.
   std::vector<std::pair<const char*, int>> state_fields() const;
-  float* state_of(const Slot& s, int index);
+  /// The slot's elements of state buffer `index` (a view on device_).
+  at::Tensor state_of(const Slot& s, int index);
+  /// fc.tensors from fc.chunk's segments (kernels torch).
+  void build_tensors(FusedChunk& fc);
 
   sdk::ReducerView reducer_;
   int32_t rank_;
@@ -98,6 +118,8 @@ class FusedAlgorithm : public sdk::Algorithm {
   std::string optimizer_;
   double momentum_ = 0, dampening_ = 0, beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8;
   bool nesterov_ = false, amsgrad_ = false;
+  bool torch_ = false;  // run fused_torch.hpp's update (kernels torch, or auto off the CPU)
+  at::Device device_{at::kCPU};
   std::vector<const dopt_bucket*> buckets_;
   std::vector<sdk::ReduceHandle> pending_;
   std::vector<Slot> slots_;  // in bucket layout order

@@ -14,6 +14,12 @@ constexpr dopt_option_spec kOptions[] = {
         "check_flatten", "true",
         "before each step verify every parameter still has the memory it had when flattened; a "
         "replaced .data is re-flattened (warning, state kept), a changed size is an error"),
+    sdk::option_string(
+        "kernels", "auto",
+        "update code: host (one parallel CPU loop per group; CPU parameters only), torch "
+        "(libtorch multi-tensor ops: PyTorch's _fused_adam_/_fused_sgd_ from libtorch 2.4, "
+        "_foreach_ ops before; any device), auto (host on CPU, torch elsewhere)")
+        .choices("auto|host|torch"),
 };
 }  // namespace
 

@@ -26,35 +26,29 @@ std::string ranks_text(const std::vector<int32_t>& ranks) {
   return s + "]";
 }
 
-template <class T, class D>
-void divide_loop(T* p, int64_t n, D d) {
-  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / d);
-}
-
 // x / w for every element, as `tcp`'s DOPT_REDUCE_AVG divides: float32 and
 // float64 in their own precision (a true division, not a multiplication by
 // 1/w), 16-bit floats widened to float32 and rounded once, integers
 // truncated. On integer-valued data this makes the result bitwise `mean`'s.
+// libtorch ops on t's device (no host round trip). The divisor is a 0-dim
+// tensor on that device: CUDA turns a division by a host scalar into a
+// multiplication by its reciprocal, which is not tcp's rounding.
 void divide(const at::Tensor& t, int64_t w) {
   if (w <= 1 || t.numel() == 0) return;
+  auto divisor = [&](at::ScalarType type) {
+    return at::full({}, static_cast<double>(w), at::TensorOptions().dtype(type).device(t.device()));
+  };
   switch (t.scalar_type()) {
     case at::kFloat:
-      divide_loop(t.data_ptr<float>(), t.numel(), static_cast<float>(w));
-      break;
     case at::kDouble:
-      divide_loop(t.data_ptr<double>(), t.numel(), static_cast<double>(w));
+      t.div_(divisor(t.scalar_type()));
       break;
     case at::kInt:
-      divide_loop(t.data_ptr<int32_t>(), t.numel(), static_cast<int32_t>(w));
-      break;
     case at::kLong:
-      divide_loop(t.data_ptr<int64_t>(), t.numel(), w);
+      t.div_(divisor(t.scalar_type()), "trunc");
       break;
-    default: {  // bfloat16, float16
-      at::Tensor f = t.to(at::kFloat);
-      divide_loop(f.data_ptr<float>(), f.numel(), static_cast<float>(w));
-      t.copy_(f);
-    }
+    default:  // bfloat16, float16: w in float32 (a 16-bit w would round above 256 / 2048)
+      t.copy_(t.to(at::kFloat).div_(divisor(at::kFloat)));
   }
 }
 
@@ -171,13 +165,18 @@ HierarchicalReducer::HierarchicalReducer(const dopt_create_args& args, dopt_comm
   } catch (const std::invalid_argument& e) {
     throw bad(e.what());
   }
-  // Every rank's node: one allgather of an int64 key each.
-  at::Tensor keys = at::empty({world_}, at::kLong);
-  at::Tensor mine = at::full({1}, node_key(name), at::kLong);
+  // Every rank's node: one allgather of an int64 key each, in the buckets'
+  // memory (a device-only communicator takes no host tensor).
+  const at::Device device =
+      num_buckets > 0 && buckets[0].flat ? sdk::to_device(buckets[0].flat->device) : at::kCPU;
+  const auto i64 = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor keys = at::empty({world_}, i64);
+  at::Tensor mine = at::full({1}, node_key(name), i64);
   {
     sdk::DLView s(mine), r(keys);
     parent_.allgather(*s.get(), *r.get()).wait();
   }
+  keys = keys.to(at::kCPU);
   layout_ = make_layout(
       std::vector<int64_t>(keys.data_ptr<int64_t>(), keys.data_ptr<int64_t>() + world_), rank_);
   make_communicators(args, buckets, num_buckets);
@@ -243,8 +242,8 @@ uint64_t HierarchicalReducer::inter_bytes() const { return inter_.load() + inner
 std::unique_ptr<sdk::Request> HierarchicalReducer::reduce(const dopt_bucket& bucket) {
   if (!bucket.flat) throw bad("bucket without a flat buffer");
   const DLTensor& dl = *bucket.flat;
-  if (dl.device.device_type != kDLCPU)
-    throw sdk::Error(DOPT_ERR_UNSUPPORTED, "hierarchical: only CPU buckets are supported");
+  if (dl.device.device_type != kDLCPU && dl.device.device_type != kDLCUDA)
+    throw sdk::Error(DOPT_ERR_UNSUPPORTED, "hierarchical: only CPU and CUDA buckets are supported");
   if (dl.ndim != 1 || (dl.strides && dl.strides[0] != 1))
     throw bad("the bucket's flat buffer must be 1-D contiguous");
   auto job = std::make_shared<Job>();
@@ -259,8 +258,15 @@ std::unique_ptr<sdk::Request> HierarchicalReducer::reduce(const dopt_bucket& buc
   job->done = std::make_shared<sdk::Completion>();
   job->failure = std::make_shared<Failure>();
   auto req = std::make_unique<HierarchicalRequest>(job->done, job->failure);
-  worker_.submit([this, job] { leader_variant_ ? run_leader(*job) : run_ring(*job); }, job->done,
-                 "bucket " + std::to_string(bucket.index));
+  worker_.submit(
+      [this, job] {
+        leader_variant_ ? run_leader(*job) : run_ring(*job);
+        // Device memory: the last division or copy may still be queued on the
+        // worker's stream; a one-element copy to the host waits for it, so the
+        // bucket is final when the request completes, whatever stream reads it.
+        if (!job->flat.is_cpu() && job->flat.numel() > 0) (void)job->flat.narrow(0, 0, 1).cpu();
+      },
+      job->done, "bucket " + std::to_string(bucket.index));
   return req;
 }
 
@@ -279,10 +285,11 @@ void HierarchicalReducer::finish(Job& job, sdk::CommHandle& h, const std::string
   }
 }
 
-at::Tensor HierarchicalReducer::scratch(int which, int64_t numel, at::ScalarType dtype) {
+at::Tensor HierarchicalReducer::scratch(int which, int64_t numel, const at::Tensor& like) {
   at::Tensor& s = scratch_[which];
-  if (!s.defined() || s.scalar_type() != dtype || s.numel() < numel)
-    s = at::empty({numel}, at::TensorOptions().dtype(dtype));
+  if (!s.defined() || s.scalar_type() != like.scalar_type() || s.device() != like.device() ||
+      s.numel() < numel)
+    s = at::empty({numel}, like.options());
   return s.narrow(0, 0, numel);
 }
 
@@ -311,7 +318,7 @@ void HierarchicalReducer::run_ring(Job& job) {
   // input and the allgather's output (the bucket itself when no piece moves).
   at::Tensor full = flat;
   if (!plan.in_place()) {
-    full = scratch(0, L * blk, flat.scalar_type());
+    full = scratch(0, L * blk, flat);
     full.zero_();
     for (int32_t r = 0; r < L; ++r)
       for (size_t s = 0; s < plan.slots; ++s)
@@ -325,7 +332,7 @@ void HierarchicalReducer::run_ring(Job& job) {
   // 1. This rank's slots: the node's sums of its pieces.
   at::Tensor mine = full;  // one rank: its block is the node's whole
   if (L > 1) {
-    mine = scratch(1, blk, flat.scalar_type());
+    mine = scratch(1, blk, flat);
     sdk::DLView s(full), r(mine);
     auto h = intra_comm_.view().reduce_scatter(*s.get(), *r.get(), DOPT_REDUCE_SUM);
     add_intra(nbytes((L - 1) * blk, flat));
@@ -381,11 +388,11 @@ void HierarchicalReducer::run_leader(Job& job) {
     const int64_t c = (n + L - 1) / L;
     at::Tensor full = flat;
     if (n != L * c) {
-      full = scratch(0, L * c, flat.scalar_type());
+      full = scratch(0, L * c, flat);
       full.zero_();
       full.narrow(0, 0, n).copy_(flat);
     }
-    at::Tensor mine = scratch(1, c, flat.scalar_type());
+    at::Tensor mine = scratch(1, c, flat);
     {
       sdk::DLView s(full), r(mine);
       auto h = intra_comm_.view().reduce_scatter(*s.get(), *r.get(), DOPT_REDUCE_SUM);

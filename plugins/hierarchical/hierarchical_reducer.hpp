@@ -45,8 +45,16 @@
 // message (it names ranks of the sub-communicator: a warning logged with
 // it maps them to global ranks).
 //
-// Supported buckets: CPU, 1-D contiguous, float32 / float64 / bfloat16 /
-// float16 / int32 / int64 (what `tcp` reduces).
+// Supported buckets: CPU or CUDA, 1-D contiguous, float32 / float64 /
+// bfloat16 / float16 / int32 / int64 (what `tcp` reduces; the communicator
+// decides what it takes). Device memory: the split communicators carry the
+// bucket's own memory, the scratch buffers (padding, ring pieces) live on its
+// device, the division is a libtorch op there: nothing is staged on the
+// host. The worker thread enqueues its ops on its current stream (the
+// device's default stream), waits for each collective with wait(), and ends
+// a bucket with a one-element copy to the host (which waits for that
+// stream), so the bucket is final when its request completes. The node keys
+// exchanged at creation are int64 tensors on the first bucket's device.
 #pragma once
 
 #include <atomic>
@@ -64,9 +72,10 @@ namespace distopt::plugins::hierarchical {
 
 class HierarchicalReducer : public sdk::Reducer {
  public:
-  /// ABI 1.4 devices: host memory only: the division after the node sums runs over raw host
-  /// pointers (data_ptr loops, tcp's AVG rounding).
-  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU);
+  /// ABI 1.4 devices: host and CUDA memory: every step is a communicator call on the
+  /// bucket's memory or a libtorch op on its device (CUDA UNVERIFIED on a GPU; the
+  /// CPU tests run the same code).
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   /// Exact mean (ABI 1.2), and wraps an `inner:` reducer (ABI 1.3): the
   /// host keeps EXACT_MEAN only when the inner declares it too.
   static constexpr uint32_t traits = DOPT_TRAIT_EXACT_MEAN | DOPT_TRAIT_WRAPS_REDUCER;
@@ -89,7 +98,8 @@ class HierarchicalReducer : public sdk::Reducer {
   HierarchicalReducer& operator=(const HierarchicalReducer&) = delete;
 
   /// Enqueue the bucket (reduced in place by the worker); returns at once.
-  /// Throws sdk::Error(UNSUPPORTED) for a non-CPU bucket or another dtype.
+  /// Throws sdk::Error(UNSUPPORTED) for a bucket neither on CPU nor CUDA, or
+  /// another dtype.
   std::unique_ptr<sdk::Request> reduce(const dopt_bucket& bucket) override;
   /// intra_bytes() + inter_bytes(). Thread-safe.
   uint64_t bytes_sent() const override { return intra_bytes() + inter_bytes(); }
@@ -122,7 +132,8 @@ class HierarchicalReducer : public sdk::Reducer {
                           size_t num_buckets);
   void run_ring(Job& job);
   void run_leader(Job& job);
-  at::Tensor scratch(int which, int64_t numel, at::ScalarType dtype);
+  /// numel elements of scratch buffer `which` (0 or 1), of like's dtype and device.
+  at::Tensor scratch(int which, int64_t numel, const at::Tensor& like);
   void add_intra(uint64_t bytes);
   void add_inter(uint64_t bytes);
   /// Wait for h; on failure keep it in job's Failure (its wait on the

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -365,4 +366,65 @@ TEST_CASE("checkpoints: copies resume bitwise; another layout or world size star
     CHECK(read_doubles(rank_file(dir, "two", r)).back() == 4 * kMlpParams + 2 * kMessage + 4);
   }
   std::filesystem::remove_all(dir);
+}
+
+// The device path on CPU tensors: `kernels: torch` runs low_precision's
+// codec on libtorch ops (what a CUDA job runs); it writes and reads the same
+// bytes as the host codec, so a job ends bitwise equal with either, and a
+// checkpoint of one resumes bitwise in the other.
+TEST_CASE("kernels torch (the device codec) trains bitwise as the host codec; checkpoints cross") {
+  const std::string dir = make_temp_dir("distopt_lpkernels");
+  const std::string ckpt = dir + "/ckpt";
+  // Exponential graph on 4, small buckets with padding (chunks cut short),
+  // a local step between rounds.
+  auto algorithm = [](const std::string& kernels) {
+    return low_precision("topology: exponential, communication_interval: 2, kernels: " + kernels);
+  };
+  // Every rank trains steps [first, last) from its own replica (or the
+  // checkpoint), optionally saves, and writes its parameters under `tag`.
+  auto run = [&](const std::string& kernels, int first, int last, bool load, bool save,
+                 const std::string& tag) {
+    const std::string job = job_yaml(4, algorithm(kernels), "{name: sgd, lr: 0.05, momentum: 0.9}",
+                                     "{bucket_cap_mb: 0.002, align_bytes: 64}");
+    auto codes = fork_ranks(4, [&](int rank) {
+      torch::set_num_threads(1);
+      torch::manual_seed(7);
+      Mlp3 net(kIn, kClasses);
+      auto rt = rank_runtime(job, rank, 4, "kernels.yaml");
+      auto opt = rt.make_optimizer(*net);
+      if (load)
+        rt.load_checkpoint(ckpt, *net, opt);
+      else
+        scatter_replicas(net, rank);
+      for (int t = first; t < last; ++t) random_batch_step(net, opt, rank, t);
+      if (save) rt.save_checkpoint(ckpt, *net, opt);
+      write_doubles(rank_file(dir, tag, rank), flat_params(net));
+      return 0;
+    });
+    for (int c : codes) REQUIRE(c == 0);
+  };
+  // max_abs_diff skips NaN (std::max): a diverged run must not compare equal.
+  auto finite_diff = [](const std::vector<double>& a, const std::vector<double>& b) {
+    for (const auto* v : {&a, &b})
+      for (double x : *v)
+        if (!std::isfinite(x)) return static_cast<double>(INFINITY);
+    return max_abs_diff(a, b);
+  };
+  run("host", 0, 9, false, false, "host");
+  run("torch", 0, 9, false, false, "torch");
+  run("host", 0, 5, false, true, "host_half");
+  run("torch", 5, 9, true, false, "host_then_torch");
+  run("torch", 0, 5, false, true, "torch_half");
+  run("host", 5, 9, true, false, "torch_then_host");
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    const auto host = read_doubles(rank_file(dir, "host", r));
+    CHECK(finite_diff(read_doubles(rank_file(dir, "torch", r)), host) == 0);
+    CHECK(finite_diff(read_doubles(rank_file(dir, "host_then_torch", r)), host) == 0);
+    CHECK(finite_diff(read_doubles(rank_file(dir, "torch_then_host", r)), host) == 0);
+    // Not trivially equal: ranks hold different replicas, and training moved them.
+    CHECK(max_abs_diff(read_doubles(rank_file(dir, "host_half", r)), host) > 1e-4);
+    if (r > 0) CHECK(max_abs_diff(read_doubles(rank_file(dir, "host", 0)), host) > 1e-6);
+  }
+  std::system(("rm -rf '" + dir + "'").c_str());
 }

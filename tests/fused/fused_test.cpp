@@ -2,7 +2,10 @@
 // same 2-rank job run with algorithm `allreduce` (libtorch's SGD/Adam/AdamW
 // per tensor) and with `fused` (one pass per group) ends with parameters
 // equal to 1e-6 after 20 steps, with 2 parameter groups (different lr and
-// weight decay). check_flatten detects a user's param.set_data(...).
+// weight decay), with both update codes: kernels host (the CPU loops) and
+// kernels torch (the device path: libtorch multi-tensor ops, run here on CPU
+// tensors). check_flatten detects a user's param.set_data(...). A checkpoint
+// saved by one update code resumes in the other.
 // Children do all the torch work and write parameters to files.
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/modules/linear.h>
@@ -32,11 +35,22 @@ constexpr int kIn = 20, kClasses = 10, kBatch = 8, kSteps = 20;
 
 using Net = Mlp3;  // kIn (20) -> 32 -> 16 -> kClasses (10)
 
+// max_abs_diff, but infinite when either side has a non-finite value
+// (max_abs_diff's std::max skips NaN: a diverged run would compare equal).
+double diff(const std::vector<double>& a, const std::vector<double>& b) {
+  for (const auto* v : {&a, &b})
+    for (double x : *v)
+      if (!std::isfinite(x)) return INFINITY;
+  return max_abs_diff(a, b);
+}
+
 struct Job {
   int world = 2;
   std::string algorithm = "fused", algorithm_options = "{}", optimizer;
   std::string reducer_options = "{bucket_cap_mb: 0.002}";  // several buckets
-  int set_data_at = -1;  // step before which every parameter's .data is replaced
+  int set_data_at = -1;                    // step before which every parameter's .data is replaced
+  int first_step = 0, last_step = kSteps;  // steps [first_step, last_step) are run
+  std::string load, save;                  // checkpoint read before / written after them
 };
 
 // Run the job; returns rank 0's parameters after kSteps (ranks agree: checked).
@@ -65,7 +79,8 @@ std::vector<double> run_job(const Job& j) {
         g1.lr = 0.02;
         g1.weight_decay = 0.05;
         auto opt = rt.make_optimizer(*net, {distopt::ParamGroupSpec{}, g1});
-        for (int step = 0; step < kSteps; ++step) {
+        if (!j.load.empty()) rt.load_checkpoint(j.load, *net, opt);
+        for (int step = j.first_step; step < j.last_step; ++step) {
           if (step == j.set_data_at) {
             at::NoGradGuard ng;
             for (auto& p : net->parameters()) p.set_data(p.detach().clone());
@@ -76,6 +91,7 @@ std::vector<double> run_job(const Job& j) {
           at::nll_loss(at::log_softmax(out, 1), Y.narrow(0, at0, kBatch)).backward();
           opt.step();
         }
+        if (!j.save.empty()) rt.save_checkpoint(j.save, *net, opt);
         write_doubles(dir + "/rank" + std::to_string(rank) + ".bin", flat_params(net));
         rt.barrier();
         return 0;
@@ -87,22 +103,33 @@ std::vector<double> run_job(const Job& j) {
   }
   auto p0 = read_doubles(dir + "/rank0.bin");
   for (int r = 1; r < j.world; ++r)
-    CHECK(max_abs_diff(read_doubles(dir + "/rank" + std::to_string(r) + ".bin"), p0) <= 1e-6);
+    CHECK(diff(read_doubles(dir + "/rank" + std::to_string(r) + ".bin"), p0) <= 1e-6);
   std::system(("rm -rf '" + dir + "'").c_str());
   return p0;
 }
 
+// `opts` with the kernels option added ("{}" -> "{kernels: torch}").
+std::string with_kernels(const std::string& opts, const std::string& kernels) {
+  const std::string k = "kernels: " + kernels;
+  return opts == "{}" ? "{" + k + "}" : opts.substr(0, opts.size() - 1) + ", " + k + "}";
+}
+
+// fused with both update codes equals the unfused optimizer, and each other.
 void check_fused_equals_unfused(const std::string& optimizer, const std::string& fused_opts) {
   CAPTURE(optimizer);
   CAPTURE(fused_opts);
   Job unfused;
   unfused.algorithm = "allreduce";
   unfused.optimizer = optimizer;
-  Job fused = unfused;
-  fused.algorithm = "fused";
-  fused.algorithm_options = fused_opts;
-  auto a = run_job(unfused), b = run_job(fused);
-  CHECK(max_abs_diff(a, b) <= 1e-6);
+  Job host = unfused;
+  host.algorithm = "fused";
+  host.algorithm_options = with_kernels(fused_opts, "host");
+  Job torch_ops = host;
+  torch_ops.algorithm_options = with_kernels(fused_opts, "torch");
+  const auto a = run_job(unfused), b = run_job(host), c = run_job(torch_ops);
+  CHECK(diff(a, b) <= 1e-6);
+  CHECK(diff(a, c) <= 1e-6);
+  CHECK(diff(b, c) <= 1e-6);
 }
 
 }  // namespace
@@ -134,10 +161,50 @@ TEST_CASE("check_flatten detects param.set_data() after flattening") {
   fused.set_data_at = 5;
   const auto a = run_job(ref);
   const auto b = run_job(fused);
-  CHECK(max_abs_diff(a, b) <= 1e-6);  // training went on in the new memory, state kept
+  CHECK(diff(a, b) <= 1e-6);  // training went on in the new memory, state kept
   // Without the check the plugin keeps updating the old memory: the model's
   // parameters freeze at their step-5 values and differ from the reference.
   fused.algorithm_options = "{check_flatten: false}";
   const auto c = run_job(fused);
   CHECK(max_abs_diff(a, c) > 1e-3);
+}
+
+TEST_CASE("kernels torch: check_flatten follows param.set_data() too") {
+  Job ref;
+  ref.algorithm = "allreduce";
+  ref.optimizer = "{name: adam, lr: 0.01}";
+  Job fused = ref;
+  fused.algorithm = "fused";
+  fused.algorithm_options = "{kernels: torch}";
+  fused.set_data_at = 5;
+  CHECK(diff(run_job(ref), run_job(fused)) <= 1e-6);
+}
+
+TEST_CASE("a checkpoint saved by one update code resumes in the other") {
+  const std::string dir = make_temp_dir("distopt_fused_ckpt");
+  for (const char* optimizer : {"{name: adam, lr: 0.01, amsgrad: true, weight_decay: 0.01}",
+                                "{name: sgd, lr: 0.05, momentum: 0.9, nesterov: true}"}) {
+    CAPTURE(optimizer);
+    Job straight;
+    straight.optimizer = optimizer;
+    straight.algorithm_options = "{kernels: host}";
+    const auto whole = run_job(straight);  // 20 steps in one run
+    for (const auto& [first, second] : {std::pair<std::string, std::string>{"host", "torch"},
+                                        std::pair<std::string, std::string>{"torch", "host"}}) {
+      CAPTURE(first);
+      const std::string ckpt = dir + "/" + first;
+      Job a = straight;
+      a.algorithm_options = "{kernels: " + first + "}";
+      a.last_step = kSteps / 2;
+      a.save = ckpt;
+      const auto half = run_job(a);
+      CHECK(max_abs_diff(half, whole) > 1e-4);  // halfway is not the end
+      Job b = straight;
+      b.algorithm_options = "{kernels: " + second + "}";
+      b.first_step = kSteps / 2;
+      b.load = ckpt;
+      CHECK(diff(run_job(b), whole) <= 1e-6);
+    }
+  }
+  std::system(("rm -rf '" + dir + "'").c_str());
 }

@@ -1,7 +1,8 @@
 // `distopt train` (the real CLI, 2 ranks on loopback, Fashion-MNIST) with the
 // fused algorithm + Adam: it learns, and ends with the same test accuracy,
 // test loss and train loss (within 1e-4) as the same job with allreduce +
-// Adam, i.e. the fused step is the unfused inner optimizer's update.
+// Adam, i.e. the fused step is the unfused inner optimizer's update, with
+// either update code (kernels host and torch).
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -58,8 +59,10 @@ TEST_CASE("distopt train: fused Adam, 2 ranks x 30 steps, learns and equals allr
   const json base = train(dir, "{name: allreduce}");
   CHECK(base["algorithm"] == "allreduce");
   // do_flatten: one kernel per group over the flat state; off: one per
-  // contiguous run of parameters. Both must be the unfused update.
-  for (const char* options : {"{do_flatten: true, check_flatten: true}", "{do_flatten: false}"}) {
+  // contiguous run of parameters; kernels torch: the device path (libtorch
+  // multi-tensor ops) on the CPU. All must be the unfused update.
+  for (const char* options :
+       {"{do_flatten: true, check_flatten: true}", "{do_flatten: false}", "{kernels: torch}"}) {
     CAPTURE(options);
     const json fused = train(dir, std::string("{name: fused, options: ") + options + "}");
     CHECK(fused["algorithm"] == "fused");

@@ -409,3 +409,13 @@ TEST_CASE("inner powersgd between the leaders: what flat powersgd computes on th
   // Its first step is a plain average (start_iter 1): the exact mean.
   for (int r = 0; r < 4; ++r) CHECK(same(hr[r][0].value, hr[r][0].mean));
 }
+
+// The division after the node sums is a libtorch op on the bucket's device
+// (any device; a 0-dim divisor there): on 3 ranks (x / 3 rounds) it must
+// stay tcp's AVG for the dtypes the tests above leave out: float16 (widened
+// to float32, rounded once) and integers (truncated).
+TEST_CASE("float16, int32 and int64 buckets on 3 ranks: the division is tcp's AVG") {
+  check_exact_mean("a,a,b", "ring", at::kHalf);
+  check_exact_mean("a,a,b", "leader", at::kInt);
+  check_exact_mean("a,b,b", "ring", at::kLong);
+}
