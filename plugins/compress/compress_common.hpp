@@ -9,7 +9,8 @@
 // bucket's device, end to end (compress, the collective on device tensors,
 // decompress, error feedback; no host round trip of bucket data). The
 // `kernels` option picks one per bucket: auto (CPU kernels for kDLCPU
-// buckets, the generic path for any other device), cpu, generic (also on
+// buckets where they are faster, i.e. all but bf16's; the generic path for
+// any other device), cpu, generic (also on
 // host buckets: the tests compare both paths that way). Both paths send the
 // same wire format, count the same bytes and keep the same state, so ranks
 // may mix them and checkpoints move between them.

@@ -17,7 +17,8 @@
 //
 // bytes_sent: a ring allreduce of the 16-bit buffer, 2 (W-1)/W x 2 x length
 // bytes per bucket: half of what `mean` sends for a float32 bucket.
-// Options: kernels (auto | cpu | generic; compress_common.hpp). The generic
+// Options: kernels (auto | cpu | generic; compress_common.hpp; bf16's auto
+// takes the generic path on the host too: faster there). The generic
 // path computes the same bits as the CPU kernels (x / W in float32, one RNE
 // cast to 16 bits, a 16-bit SUM allreduce of a device tensor, a cast back).
 // Bucket dtypes: float32, float64, float16, bfloat16 (host or CUDA).

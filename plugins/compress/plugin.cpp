@@ -12,9 +12,10 @@ namespace sdk = distopt::sdk;
 // Which implementation runs (compress_common.hpp): every reducer has it.
 constexpr sdk::OptionDecl kKernels =
     sdk::option_string("kernels", "auto",
-                       "auto: CPU kernels for host buckets, libtorch ops on the bucket's device "
-                       "for any other (CUDA); cpu: CPU kernels only (device buckets refused); "
-                       "generic: libtorch ops on any device (same results, for tests)")
+                       "auto: CPU kernels for host buckets (bf16: libtorch, faster there), "
+                       "libtorch ops on the bucket's device for any other (CUDA); cpu: CPU "
+                       "kernels only (device buckets refused); generic: libtorch ops on any "
+                       "device (same results)")
         .choices("auto|cpu|generic");
 
 constexpr dopt_option_spec kHalfOptions[] = {kKernels};

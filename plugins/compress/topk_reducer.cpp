@@ -185,7 +185,8 @@ void TopkReducer::finish_generic(size_t b, const DLTensor* flat) {
   State& s = state_[b];
   const auto k = static_cast<int64_t>(s.k);
   at::Tensor rv = s.recv_view.tensor().view(at::kInt).view({world_size_, k, 2});
-  at::Tensor index = rv.select(2, 0).to(at::kLong).bitwise_and(static_cast<int64_t>(0xFFFFFFFF));  // uint32
+  at::Tensor index =
+      rv.select(2, 0).to(at::kLong).bitwise_and(static_cast<int64_t>(0xFFFFFFFF));  // uint32
   at::Tensor value = rv.select(2, 1).contiguous().view(at::kFloat);
   at::Tensor work = at::zeros({static_cast<int64_t>(l.length)},
                               at::TensorOptions().dtype(at::kFloat).device(l.device));

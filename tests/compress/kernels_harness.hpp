@@ -19,6 +19,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -270,6 +271,7 @@ struct Summary {
   std::string keys;
   double bytes_a = 0, bytes_b = 0;
   uint64_t hash_a = 0, hash_b = 0;  // of A's / B's outputs: equal on every rank
+  double ms_a = 0, ms_b = 0;        // wall time of A's / B's steps (reports only)
 };
 
 inline uint64_t fnv1a(const std::vector<double>& v) {
@@ -343,16 +345,22 @@ inline Summary run_case(const Case& c, int rank, int world, Endpoint& ep, const 
                  "create");
     return std::make_pair(red, opts);  // the options outlive the reducer
   };
+  double reduce_ms = 0;  // reduce + wait time of `steps` (reports only)
   auto steps = [&](dopt_reducer* red, int from, int to) {
     std::vector<double> out;
     for (int s = from; s < to; ++s) {
       fill(bs, rank, s, c.ties);
+      const auto t0 = std::chrono::steady_clock::now();
       std::vector<dopt_reduce_request*> reqs(bs.b.size());
       for (size_t bi = 0; bi < bs.b.size(); ++bi)
         check_status(vt->reduce(red, &bs.b[bi], &reqs[bi]), c.reducer, "reduce");
       for (size_t bi = 0; bi < bs.b.size(); ++bi) {
         check_status(vt->wait(reqs[bi], 60000), c.reducer, "wait");
         vt->request_free(reqs[bi]);
+      }
+      reduce_ms +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      for (size_t bi = 0; bi < bs.b.size(); ++bi) {
         if (bs.is64)
           out.insert(out.end(), bs.f64[bi].begin(), bs.f64[bi].end());
         else
@@ -391,16 +399,20 @@ inline Summary run_case(const Case& c, int rank, int world, Endpoint& ep, const 
   Summary s;
   Store sa, sb;
   auto a = create("cpu");
+  reduce_ms = 0;
   std::vector<double> out_a = steps(a.first, 0, c.save_at);
   save(a.first, sa);
   std::vector<double> cont_a = steps(a.first, c.save_at, c.steps);
+  s.ms_a = reduce_ms;
   s.bytes_a = static_cast<double>(vt->bytes_sent(a.first));
   check_status(vt->destroy(a.first), c.reducer, "destroy");
 
   auto b = create("generic");
+  reduce_ms = 0;
   std::vector<double> out_b = steps(b.first, 0, c.save_at);
   save(b.first, sb);
   std::vector<double> cont_b = steps(b.first, c.save_at, c.steps);
+  s.ms_b = reduce_ms;
   s.bytes_b = static_cast<double>(vt->bytes_sent(b.first));
   check_status(vt->destroy(b.first), c.reducer, "destroy");
 
@@ -452,7 +464,7 @@ inline void write_summary(std::ofstream& out, const Summary& s) {
   out << s.ab_diff << " " << s.ab_bits << " " << s.ca_diff << " " << s.ca_bits << " " << s.db_diff
       << " " << s.db_bits << " " << s.fresh_diff << " " << s.store_diff << " " << s.store_bits
       << " " << s.same_keys << " " << s.bytes_a << " " << s.bytes_b << " " << s.hash_a << " "
-      << s.hash_b << "\n"
+      << s.hash_b << " " << s.ms_a << " " << s.ms_b << "\n"
       << s.keys << "\n";
 }
 
@@ -462,7 +474,7 @@ inline bool read_summary(std::ifstream& in, Summary& s) {
   std::istringstream ls(line);
   ls >> s.ab_diff >> s.ab_bits >> s.ca_diff >> s.ca_bits >> s.db_diff >> s.db_bits >>
       s.fresh_diff >> s.store_diff >> s.store_bits >> s.same_keys >> s.bytes_a >> s.bytes_b >>
-      s.hash_a >> s.hash_b;
+      s.hash_a >> s.hash_b >> s.ms_a >> s.ms_b;
   return static_cast<bool>(ls) && static_cast<bool>(std::getline(in, s.keys));
 }
 

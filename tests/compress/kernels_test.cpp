@@ -6,6 +6,8 @@
 // Torch-free (the parent keeps forking).
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #include "kernels_harness.hpp"
 
 namespace {
@@ -144,4 +146,27 @@ TEST_CASE("compress kernels: cpu refuses device buckets at create, naming the op
     return 0;
   });
   CHECK(codes[0] == 0);
+}
+
+// Rough cost of each path on this machine's CPU (no assertion on time): why
+// `kernels: auto` keeps the CPU kernels for host buckets. Opt-in, 1 rank:
+//   DISTOPT_KERNELS_BENCH=1 build/bin/compress_kernels_test -tc='*bench*'
+TEST_CASE("compress kernels: bench (opt-in)") {
+  if (!std::getenv("DISTOPT_KERNELS_BENCH")) return;
+  // ~1.1 M elements in 2 buckets: an mlp's gradients.
+  const std::vector<k::BucketSpec> big = {{{"fc1.weight", {1024, 784}}, {"fc1.bias", {1024}}},
+                                          {{"fc2.weight", {256, 1024}}, {"fc2.bias", {256}}}};
+  std::vector<k::Case> cases;
+  for (const char* r : {"fp16", "bf16", "signsgd", "topk", "randomk"}) {
+    k::Case c = make(r, std::string(r) == "signsgd" ? "{error_feedback: true}" : "{}");
+    c.buckets = big;
+    c.save_at = 5;
+    c.steps = 10;
+    cases.push_back(c);
+  }
+  auto res = k::run_all(cases, 1);
+  REQUIRE(res.size() == 1);
+  for (size_t i = 0; i < cases.size(); ++i)
+    MESSAGE(cases[i].reducer << ": cpu kernels " << res[0][i].ms_a / 10 << " ms/step, generic "
+                             << res[0][i].ms_b / 10 << " ms/step");
 }

@@ -8,6 +8,8 @@
 // rank ends each path with the same bits; the same bytes are sent. Torch-free.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #include "kernels_harness.hpp"
 
 namespace {
@@ -79,4 +81,20 @@ TEST_CASE("powersgd kernels: generic orthogonalisation == CPU loop to float tole
 
 TEST_CASE("powersgd kernels: 2 ranks, rank 8 (full rank for the small matrices)") {
   check({make("{rank: 8, start_iter: 1, min_compression_rate: 0}")}, 2);
+}
+
+// Rough cost of each orthogonalisation on this machine's CPU (no assertion
+// on time). Opt-in, 1 rank:
+//   DISTOPT_KERNELS_BENCH=1 build/bin/powersgd_kernels_test -tc='*bench*'
+TEST_CASE("powersgd kernels: bench (opt-in)") {
+  if (!std::getenv("DISTOPT_KERNELS_BENCH")) return;
+  k::Case c = make("{rank: 4, start_iter: 0}");
+  c.buckets = {{{"fc1.weight", {1024, 784}}, {"fc1.bias", {1024}}},
+               {{"fc2.weight", {256, 1024}}, {"fc2.bias", {256}}, {"fc3.weight", {10, 256}}}};
+  c.save_at = 5;
+  c.steps = 10;
+  auto res = k::run_all({c}, 1);
+  REQUIRE(res.size() == 1);
+  MESSAGE("powersgd rank 4: cpu loop " << res[0][0].ms_a / 10 << " ms/step, generic "
+                                       << res[0][0].ms_b / 10 << " ms/step");
 }
