@@ -98,3 +98,44 @@ TEST_CASE("powersgd kernels: bench (opt-in)") {
   MESSAGE("powersgd rank 4: cpu loop " << res[0][0].ms_a / 10 << " ms/step, generic "
                                        << res[0][0].ms_b / 10 << " ms/step");
 }
+
+TEST_CASE("powersgd kernels: cpu refuses a device bucket at create, naming the option") {
+  const int port = distopt::test::free_port();
+  auto codes = distopt::test::fork_ranks(1, [&](int) {
+    auto ep = distopt::test::make_endpoint("tcp", 0, 1, port);
+    const distopt::ComponentInfo& info = ep->registry.get(DOPT_KIND_REDUCER, "powersgd");
+    auto opts = distopt::Options::validate(YAML::Load("{kernels: cpu}"), info.options, "<test>",
+                                           "reducer.options");
+    float x[64] = {};
+    int64_t n = 64, shape[2] = {8, 8};
+    dopt_bucket_entry e{};
+    e.struct_size = DOPT_BUCKET_ENTRY_STRUCT_SIZE;
+    e.name = "w";
+    e.numel = 64;
+    e.ndim = 2;
+    e.shape = shape;
+    DLTensor dl{};
+    dl.data = x;  // never dereferenced: refused before
+    dl.device = {kDLCUDA, 0};
+    dl.ndim = 1;
+    dl.dtype = DLDataType{kDLFloat, 32, 1};
+    dl.shape = &n;
+    dopt_bucket b{};
+    b.struct_size = DOPT_BUCKET_STRUCT_SIZE;
+    b.flat = &dl;
+    b.entries = &e;
+    b.num_entries = 1;
+    dopt_create_args a{};
+    a.struct_size = DOPT_CREATE_ARGS_STRUCT_SIZE;
+    a.world_size = 1;
+    a.local_world_size = 1;
+    a.options = opts.c_handle();
+    a.scope = "t";
+    dopt_reducer* red = nullptr;
+    auto* vt = static_cast<const dopt_reducer_v1*>(info.vtable);
+    const dopt_status st = vt->create(&a, ep->comm->ref(), &b, 1, &red);
+    const std::string msg = distopt::take_last_error();
+    return st == DOPT_ERR_UNSUPPORTED && msg.find("kernels: cpu") != std::string::npos ? 0 : 1;
+  });
+  CHECK(codes[0] == 0);
+}
