@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/tensor_state.hpp"
+
 namespace distopt::plugins::compress {
 namespace {
 
@@ -33,7 +36,19 @@ void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_of
 
 }  // namespace
 
-std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* buckets, size_t n) {
+Kernels read_kernels(const char* who, const dopt_options* options) {
+  const std::string k = sdk::OptionsView(options).get_string("kernels");
+  if (k == "auto") return Kernels::kAuto;
+  if (k == "cpu") return Kernels::kCpu;
+  if (k == "generic") return Kernels::kGeneric;
+  throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) +
+                                                  ": option kernels must be auto, cpu or "
+                                                  "generic, got '" +
+                                                  k + "'");
+}
+
+std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* buckets, size_t n,
+                                       Kernels kernels) {
   std::vector<BucketLayout> out(n);
   for (size_t b = 0; b < n; ++b) {
     const dopt_bucket& bk = buckets[b];
@@ -42,8 +57,16 @@ std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* bucke
       throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, where + " has index " + std::to_string(bk.index));
     if (!bk.flat || bk.flat->ndim != 1 || !bk.flat->data)
       throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, where + ": flat buffer must be a 1-D tensor");
-    if (bk.flat->device.device_type != kDLCPU)
-      throw sdk::Error(DOPT_ERR_UNSUPPORTED, where + ": only host (kDLCPU) buckets are supported");
+    const int32_t dev = bk.flat->device.device_type;
+    if (dev != kDLCPU && dev != kDLCUDA)
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                       where + ": only kDLCPU and kDLCUDA buckets are supported, not device type " +
+                           std::to_string(dev));
+    if (dev != kDLCPU && kernels == Kernels::kCpu)
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                       where +
+                           " is device memory: kernels: cpu reads host memory only (use "
+                           "kernels: auto or generic)");
     if (bk.flat->strides && bk.flat->strides[0] != 1)
       throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, where + ": flat buffer is not contiguous");
     if (!supported(bk.flat->dtype))
@@ -52,6 +75,8 @@ std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* bucke
     BucketLayout& l = out[b];
     l.length = sdk::dl_numel(*bk.flat);
     l.dtype = bk.flat->dtype;
+    l.device = sdk::to_device(bk.flat->device);
+    l.generic = kernels == Kernels::kGeneric || (kernels == Kernels::kAuto && dev != kDLCPU);
     for (size_t e = 0; e < bk.num_entries; ++e) {
       const dopt_bucket_entry& en = bk.entries[e];
       if (en.offset + en.numel > l.length)
@@ -74,6 +99,15 @@ std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* bucke
     }
     if (l.length >= (size_t{1} << 32))
       throw sdk::Error(DOPT_ERR_UNSUPPORTED, where + ": more than 2^32 elements");
+    if (l.generic && l.payload < l.length) {
+      // Built once on the host, moved once: the per-step work stays on the device.
+      std::vector<uint8_t> in_entry(l.length, 0);
+      for (const Slice& e : l.entries) std::fill_n(in_entry.begin() + e.offset, e.numel, 1);
+      std::vector<int64_t> pad;
+      for (size_t i = 0; i < l.length; ++i)
+        if (!in_entry[i]) pad.push_back(static_cast<int64_t>(i));
+      l.pad_index = at::tensor(pad, at::kLong).to(l.device);
+    }
   }
   return out;
 }
@@ -124,6 +158,14 @@ void store_float(const std::vector<float>& in, DLTensor& flat) {
   }
 }
 
+at::Tensor load_work(const DLTensor& flat, const BucketLayout& l, bool zero_padding) {
+  at::Tensor work = sdk::as_tensor(flat).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  if (zero_padding && l.pad_index.defined()) work.index_fill_(0, l.pad_index, 0.0);
+  return work;
+}
+
+void store_work(const at::Tensor& work, const DLTensor& flat) { sdk::as_tensor(flat).copy_(work); }
+
 DLTensor host_tensor(void* data, int64_t count, DLDataType dtype, int64_t* shape) {
   *shape = count;
   DLTensor t{};
@@ -159,14 +201,26 @@ bool StagedRequest::wait(int64_t timeout_ms) {
 
 CompressReducer::CompressReducer(const char* who, const dopt_create_args& args, dopt_comm_ref comm,
                                  const dopt_bucket* buckets, size_t num_buckets)
-    : who_(who), comm_(comm), rank_(args.rank), world_size_(args.world_size) {
+    : who_(who),
+      kernels_(read_kernels(who, args.options)),
+      comm_(comm),
+      rank_(args.rank),
+      world_size_(args.world_size) {
   if (!comm.vt || !comm.comm)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) + ": no communicator");
   if (comm_.world_size() != args.world_size)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
                      std::string(who) + ": communicator has " + std::to_string(comm_.world_size()) +
                          " ranks, job has " + std::to_string(args.world_size));
-  layouts_ = read_layouts(who, buckets, num_buckets);
+  layouts_ = read_layouts(who, buckets, num_buckets, kernels_);
+}
+
+std::vector<at::Tensor> CompressReducer::zero_buffers() const {
+  std::vector<at::Tensor> out;
+  for (const BucketLayout& l : layouts_)
+    out.push_back(at::zeros({static_cast<int64_t>(l.length)},
+                            at::TensorOptions().dtype(at::kFloat).device(l.device)));
+  return out;
 }
 
 void CompressReducer::count_sent(uint64_t bytes) {
@@ -175,31 +229,27 @@ void CompressReducer::count_sent(uint64_t bytes) {
 }
 
 void CompressReducer::save_rank_local(sdk::StateWriter& w, const std::string& prefix,
-                                      const std::vector<std::vector<float>*>& residual) const {
+                                      const std::vector<at::Tensor>& residual) const {
   for (size_t b = 0; b < layouts_.size() && b < residual.size(); ++b) {
-    if (!residual[b] || residual[b]->empty()) continue;
-    for (const Slice& e : layouts_[b].entries) {
-      std::vector<int64_t> shape = e.shape;
-      DLTensor t{};
-      t.data = residual[b]->data() + e.offset;
-      t.device = {kDLCPU, 0};
-      t.ndim = static_cast<int32_t>(shape.size());
-      t.dtype = kF32;
-      t.shape = shape.data();
-      w.put_local(prefix + e.name, t);
-    }
+    if (!residual[b].defined()) continue;
+    for (const Slice& e : layouts_[b].entries)
+      // put_local copies to a contiguous host tensor (a view for host memory).
+      sdk::put_local(w, prefix + e.name,
+                     residual[b]
+                         .narrow(0, static_cast<int64_t>(e.offset), static_cast<int64_t>(e.numel))
+                         .view(e.shape));
   }
 }
 
 void CompressReducer::save_feedback_state(sdk::StateWriter& w,
-                                          const std::vector<std::vector<float>*>& residual,
+                                          const std::vector<at::Tensor>& residual,
                                           MomentumCorrection& momentum) const {
   save_residuals(w, residual);
   if (momentum.enabled()) save_rank_local(w, kVelocityPrefix, momentum.buffers());
 }
 
 void CompressReducer::load_feedback_state(const sdk::StateReader& r,
-                                          const std::vector<std::vector<float>*>& residual,
+                                          const std::vector<at::Tensor>& residual,
                                           MomentumCorrection& momentum) const {
   load_residuals(r, residual);
   if (momentum.enabled())
@@ -208,17 +258,18 @@ void CompressReducer::load_feedback_state(const sdk::StateReader& r,
 
 void CompressReducer::load_rank_local(const sdk::StateReader& r, const std::string& prefix,
                                       const std::string& what,
-                                      const std::vector<std::vector<float>*>& residual) const {
+                                      const std::vector<at::Tensor>& residual) const {
   size_t missing = 0, loaded = 0;
   std::string first_missing;
   for (size_t b = 0; b < layouts_.size() && b < residual.size(); ++b) {
-    if (!residual[b] || residual[b]->empty()) continue;
+    if (!residual[b].defined()) continue;
     for (const Slice& e : layouts_[b].entries) {
       const std::string key = prefix + e.name;
-      float* dst = residual[b]->data() + e.offset;
+      at::Tensor dst =
+          residual[b].narrow(0, static_cast<int64_t>(e.offset), static_cast<int64_t>(e.numel));
       sdk::StateInfo info;
       if (!r.find(key, &info)) {
-        std::fill(dst, dst + e.numel, 0.0f);
+        dst.zero_();
         if (missing++ == 0) first_missing = key;
         continue;
       }
@@ -227,9 +278,7 @@ void CompressReducer::load_rank_local(const sdk::StateReader& r, const std::stri
                          std::string(who_) + ": checkpoint state '" + key + "' has " +
                              std::to_string(info.numel()) + " elements, the parameter has " +
                              std::to_string(e.numel));
-      int64_t shape = 0;
-      DLTensor t = host_tensor(dst, static_cast<int64_t>(e.numel), kF32, &shape);
-      r.read(key, 0, t);
+      sdk::read_into(r, key, 0, dst);  // via a host tensor, whatever dst's device
       ++loaded;
     }
   }
@@ -256,19 +305,31 @@ MomentumCorrection::MomentumCorrection(double momentum, bool masking,
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
                      "option momentum must be in [0, 1), got " + std::to_string(momentum));
   if (enabled())
-    for (const BucketLayout& l : layouts) velocity_.emplace_back(l.length, 0.0f);
+    for (const BucketLayout& l : layouts)
+      velocity_.push_back(at::zeros({static_cast<int64_t>(l.length)},
+                                    at::TensorOptions().dtype(at::kFloat).device(l.device)));
 }
 
 void MomentumCorrection::accumulate(size_t b, const Slice& e, float* g) {
   if (!enabled()) return;
-  float* u = velocity_[b].data() + e.offset;
+  float* u = velocity_[b].data_ptr<float>() + e.offset;
   for (size_t i = 0; i < e.numel; ++i) g[i] = u[i] = momentum_ * u[i] + g[i];
 }
 
-std::vector<std::vector<float>*> MomentumCorrection::buffers() {
-  std::vector<std::vector<float>*> out;
-  for (auto& v : velocity_) out.push_back(&v);
-  if (out.empty()) out.assign(1, nullptr);
+void MomentumCorrection::accumulate(size_t b, at::Tensor& g) {
+  if (!enabled()) return;
+  // mul_ then add_ (not add(alpha), which may fuse): the CPU loop's roundings.
+  velocity_[b].mul_(momentum_).add_(g);
+  g.copy_(velocity_[b]);
+}
+
+void MomentumCorrection::sent(size_t b, const at::Tensor& index) {
+  if (masking_ && enabled()) velocity_[b].index_fill_(0, index, 0.0);
+}
+
+std::vector<at::Tensor> MomentumCorrection::buffers() {
+  std::vector<at::Tensor> out = velocity_;
+  if (out.empty()) out.assign(1, at::Tensor());
   return out;
 }
 

@@ -2,7 +2,28 @@
 // create time, float32 working copies of a bucket whatever its dtype, the
 // request that finishes (decompresses) a reduction once its collective is
 // done, and the byte formulas every reducer reports through bytes_sent.
+//
+// Two implementations of every codec (issue 20): the CPU kernels (plain
+// loops over raw host pointers, F16C casts; the faster ones on host memory)
+// and a device-generic path written only with libtorch ops on tensors of the
+// bucket's device, end to end (compress, the collective on device tensors,
+// decompress, error feedback; no host round trip of bucket data). The
+// `kernels` option picks one per bucket: auto (CPU kernels for kDLCPU
+// buckets where they are faster, i.e. all but bf16's; the generic path for
+// any other device), cpu, generic (also on
+// host buckets: the tests compare both paths that way). Both paths send the
+// same wire format, count the same bytes and keep the same state, so ranks
+// may mix them and checkpoints move between them.
+//
+// Device work (generic path on kDLCUDA): kernels are enqueued on the calling
+// thread's current stream; the communicator orders its collective after its
+// caller stream (communicator.h; the default, the legacy stream, orders after
+// every blocking stream), and a request's test() / wait() runs the
+// decompression after the collective's wait(), so the bucket's result is
+// ordered on the current stream of the thread that completed the request.
 #pragma once
+
+#include <ATen/ATen.h>
 
 #include <atomic>
 #include <cstddef>
@@ -14,6 +35,7 @@
 #include <vector>
 
 #include "distopt/sdk/sdk.hpp"
+#include "distopt/sdk/tensor.hpp"
 #include "distopt/sdk/traffic.hpp"
 
 namespace distopt::plugins::compress {
@@ -26,20 +48,39 @@ struct Slice {
   std::vector<int64_t> shape;  ///< the parameter's shape (checkpoint entries)
 };
 
+/// Which implementation reduces a bucket (option `kernels`).
+enum class Kernels {
+  kAuto,     ///< CPU kernels for kDLCPU buckets, the generic path for other devices
+  kCpu,      ///< CPU kernels only (a non-CPU bucket is refused at create)
+  kGeneric,  ///< libtorch ops on the bucket's device, whatever it is
+};
+/// Read the `kernels` option ("auto" | "cpu" | "generic"); throws
+/// INVALID_ARGUMENT naming `who` for another value.
+Kernels read_kernels(const char* who, const dopt_options* options);
+
 /// What a reducer remembers of one bucket from create(): its flat length,
-/// dtype and entries. reduce() checks the bucket it gets against it.
+/// dtype, device and entries. reduce() checks the bucket it gets against it.
 struct BucketLayout {
   size_t length = 0;  ///< elements of the flat buffer, padding included
   DLDataType dtype{};
+  at::Device device{at::kCPU};  ///< where the bucket (and this reducer's state for it) lives
+  bool generic = false;         ///< reduced by the device-generic path (Kernels)
   std::vector<Slice> entries;
   size_t payload = 0;  ///< sum of entries' numel (padding excluded)
+  /// Generic path: int64 flat indices of the padding (elements in no
+  /// entry), on `device`; undefined when there is none.
+  at::Tensor pad_index;
 };
 
 /// Layouts of the buckets handed to create(); throws sdk::Error
 /// (INVALID_ARGUMENT / UNSUPPORTED) naming `who` for a bucket that is not
-/// 1-D, contiguous host memory of float32/64, float16 or bfloat16, or whose
-/// entries do not fit its flat buffer.
-std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* buckets, size_t n);
+/// 1-D, contiguous memory of float32/64, float16 or bfloat16 on kDLCPU or
+/// kDLCUDA, or whose entries do not fit its flat buffer, and (UNSUPPORTED)
+/// for a non-CPU bucket with kernels == kCpu. Sets `generic` per bucket
+/// from `kernels` and builds the generic path's index tensors on the
+/// bucket's device.
+std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* buckets, size_t n,
+                                       Kernels kernels = Kernels::kAuto);
 
 /// The layout of `bucket` (by index), checked against what reduce() got.
 const BucketLayout& layout_of(const char* who, const std::vector<BucketLayout>& layouts,
@@ -53,6 +94,16 @@ void store_float(const std::vector<float>& in, DLTensor& flat);
 /// A 1-D DLTensor over `count` elements of host memory at `data`.
 /// `shape` must outlive it.
 DLTensor host_tensor(void* data, int64_t count, DLDataType dtype, int64_t* shape);
+
+/// Generic path: a float32 copy (a new tensor, on the bucket's device) of
+/// the bucket's flat buffer, its padding set to 0 when `zero_padding` (the
+/// sparsifiers and signsgd: their state and output are 0 there, as the CPU
+/// kernels leave them). Device-generic, no host sync.
+at::Tensor load_work(const DLTensor& flat, const BucketLayout& l, bool zero_padding);
+/// Generic path: write `work` (float32, the flat length, the bucket's
+/// device) into the bucket in its dtype (copy_: round to nearest even, as
+/// store_float).
+void store_work(const at::Tensor& work, const DLTensor& flat);
 
 inline constexpr DLDataType kU8{kDLUInt, 8, 1};
 inline constexpr DLDataType kF32{kDLFloat, 32, 1};
@@ -83,9 +134,12 @@ class MomentumCorrection;
 /// Base of the compress reducers: communicator, world, layouts, byte count.
 class CompressReducer : public sdk::Reducer {
  public:
-  /// ABI 1.4 devices: host memory only: the codecs read and write the buckets through raw
-  /// host pointers (memcpy, per-element loops on data()).
-  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU);
+  /// ABI 1.4 devices: host memory (CPU kernels, or the generic path with
+  /// kernels: generic) and CUDA memory (the generic path: libtorch ops only,
+  /// no host reads of bucket data). CUDA UNVERIFIED on a GPU (see README).
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
+  /// Reads the `kernels` option (every compress reducer has it) and the
+  /// buckets' layouts (read_layouts); throws sdk::Error.
   CompressReducer(const char* who, const dopt_create_args& args, dopt_comm_ref comm,
                   const dopt_bucket* buckets, size_t num_buckets);
   uint64_t bytes_sent() const override { return bytes_sent_.load(); }
@@ -94,12 +148,18 @@ class CompressReducer : public sdk::Reducer {
   /// Add to this reducer's count and to the job metric reducer.bytes_sent.
   void count_sent(uint64_t bytes);
 
+  /// Per bucket, a zeroed float32 tensor of its flat length on its device
+  /// (the residual / velocity buffers both paths share; the CPU kernels use
+  /// data_ptr<float>() of the host ones).
+  std::vector<at::Tensor> zero_buffers() const;
+
   /// Checkpoint the error-feedback residuals (`residual[b]`: float32 over
-  /// bucket b's flat buffer, or empty for none): one DOPT_STATE_RANK_LOCAL
+  /// bucket b's flat buffer on its device, or undefined for none): one DOPT_STATE_RANK_LOCAL
   /// entry "error_feedback/<param name>" per bucket entry, float32, the
   /// parameter's shape (distopt/state.h's convention, so residuals move
-  /// between the EF reducers).
-  void save_residuals(sdk::StateWriter& w, const std::vector<std::vector<float>*>& residual) const {
+  /// between the EF reducers), copied to the host whatever the device, so a
+  /// checkpoint of either path and device loads into any other.
+  void save_residuals(sdk::StateWriter& w, const std::vector<at::Tensor>& residual) const {
     save_rank_local(w, "error_feedback/", residual);
   }
   /// Restore what save_residuals put. Another saved world size gives each
@@ -108,8 +168,7 @@ class CompressReducer : public sdk::Reducer {
   /// a warning and a zero residual (e.g. error_feedback was off when saved);
   /// a saved tensor with another element count throws INVALID_ARGUMENT
   /// naming the key. Values of bucket padding are left as they are.
-  void load_residuals(const sdk::StateReader& r,
-                      const std::vector<std::vector<float>*>& residual) const {
+  void load_residuals(const sdk::StateReader& r, const std::vector<at::Tensor>& residual) const {
     load_rank_local(r, "error_feedback/", "error-feedback residual", residual);
   }
   /// The same for any per-element float32 buffers under "<prefix><param
@@ -117,19 +176,18 @@ class CompressReducer : public sdk::Reducer {
   /// `what` names them in warnings.
   /// save_residuals(residual), and the velocity of `momentum` under
   /// kVelocityPrefix when it is enabled: what every EF reducer checkpoints.
-  void save_feedback_state(sdk::StateWriter& w, const std::vector<std::vector<float>*>& residual,
+  void save_feedback_state(sdk::StateWriter& w, const std::vector<at::Tensor>& residual,
                            MomentumCorrection& momentum) const;
   /// The inverse (load_rank_local's rules for missing keys / world sizes).
-  void load_feedback_state(const sdk::StateReader& r,
-                           const std::vector<std::vector<float>*>& residual,
+  void load_feedback_state(const sdk::StateReader& r, const std::vector<at::Tensor>& residual,
                            MomentumCorrection& momentum) const;
   void save_rank_local(sdk::StateWriter& w, const std::string& prefix,
-                       const std::vector<std::vector<float>*>& buffers) const;
+                       const std::vector<at::Tensor>& buffers) const;
   void load_rank_local(const sdk::StateReader& r, const std::string& prefix,
-                       const std::string& what,
-                       const std::vector<std::vector<float>*>& buffers) const;
+                       const std::string& what, const std::vector<at::Tensor>& buffers) const;
 
   const char* who_;
+  Kernels kernels_;
   sdk::CommView comm_;
   int32_t rank_;
   int32_t world_size_;
@@ -155,22 +213,29 @@ inline constexpr const char* kVelocityPrefix = "momentum_correction/";
 
 class MomentumCorrection {
  public:
-  /// momentum in [0, 1); 0 turns it off (accumulate() is then p = g).
+  /// momentum in [0, 1); 0 turns it off (accumulate() is then p = g). The
+  /// velocity of bucket b is float32 over its flat buffer, on its device.
   MomentumCorrection(double momentum, bool masking, const std::vector<BucketLayout>& layouts);
   bool enabled() const { return momentum_ > 0; }
-  /// g (one entry of bucket b, in place) becomes the new velocity.
+  /// CPU kernels: g (one entry of bucket b, in place) becomes the new velocity.
   void accumulate(size_t b, const Slice& e, float* g);
-  /// Element `index` of bucket b's flat buffer was sent.
+  /// CPU kernels: element `index` of bucket b's flat buffer was sent.
   void sent(size_t b, size_t index) {
-    if (masking_ && enabled()) velocity_[b][index] = 0.0f;
+    if (masking_ && enabled()) velocity_[b].data_ptr<float>()[index] = 0.0f;
   }
-  /// Per bucket, for checkpoints (nullptr when disabled).
-  std::vector<std::vector<float>*> buffers();
+  /// Generic path: the same over the whole flat buffer `g` (float32, the
+  /// bucket's device, padding 0 so the velocity's padding stays 0):
+  /// u = momentum u + g (two roundings, as the CPU loop); g = u.
+  void accumulate(size_t b, at::Tensor& g);
+  /// Generic path: the elements at `index` (int64, the bucket's device) were sent.
+  void sent(size_t b, const at::Tensor& index);
+  /// Per bucket, for checkpoints (one undefined tensor when disabled).
+  std::vector<at::Tensor> buffers();
 
  private:
   float momentum_;
   bool masking_;
-  std::vector<std::vector<float>> velocity_;
+  std::vector<at::Tensor> velocity_;
 };
 
 /// Entries kept per tensor by topk / randomk: k = max(min_k, ceil(ratio x n)),

@@ -17,7 +17,11 @@
 //
 // bytes_sent: a ring allreduce of the 16-bit buffer, 2 (W-1)/W x 2 x length
 // bytes per bucket: half of what `mean` sends for a float32 bucket.
-// Options: none. Bucket dtypes: float32, float64, float16, bfloat16 (host).
+// Options: kernels (auto | cpu | generic; compress_common.hpp; bf16's auto
+// takes the generic path on the host too: faster there). The generic
+// path computes the same bits as the CPU kernels (x / W in float32, one RNE
+// cast to 16 bits, a 16-bit SUM allreduce of a device tensor, a cast back).
+// Bucket dtypes: float32, float64, float16, bfloat16 (host or CUDA).
 // Thread safety: reduce() for one bucket at a time per bucket (the host's
 // order); requests may be tested/waited from any thread.
 #pragma once
@@ -47,7 +51,10 @@ class HalfCastReducer : public CompressReducer {
     std::vector<uint16_t> wire;  // the 16-bit buffer that is allreduced in place
     int64_t shape = 0;
     DLTensor dl{};
+    sdk::DLView wire_view;  // generic path: the 16-bit device tensor in flight
   };
+  std::unique_ptr<sdk::Request> reduce_generic(const dopt_bucket& bucket, const BucketLayout& l,
+                                               State& s);
   std::vector<State> state_;  // per bucket
 };
 

@@ -9,6 +9,17 @@ namespace {
 namespace c = distopt::plugins::compress;
 namespace sdk = distopt::sdk;
 
+// Which implementation runs (compress_common.hpp): every reducer has it.
+constexpr sdk::OptionDecl kKernels =
+    sdk::option_string("kernels", "auto",
+                       "auto: CPU kernels for host buckets (bf16: libtorch, faster there), "
+                       "libtorch ops on the bucket's device for any other (CUDA); cpu: CPU "
+                       "kernels only (device buckets refused); generic: libtorch ops on any "
+                       "device (same results)")
+        .choices("auto|cpu|generic");
+
+constexpr dopt_option_spec kHalfOptions[] = {kKernels};
+
 // DGC momentum correction: a velocity decay factor, [0, 1).
 constexpr sdk::OptionDecl kMomentum =
     sdk::option_double("momentum", "0",
@@ -22,6 +33,7 @@ constexpr dopt_option_spec kSignOptions[] = {
                      "EF-SignSGD (Karimireddy et al. 2019): keep e = p - mean|p| sign(p) per "
                      "parameter, add it next step"),
     kMomentum,
+    kKernels,
 };
 
 // The sparsifiers' common options (topk, randomk).
@@ -42,8 +54,8 @@ constexpr sdk::OptionDecl kMomentumMasking =
     sdk::option_bool("momentum_masking", "true",
                      "DGC momentum factor masking: zero the velocity of the elements sent");
 
-constexpr dopt_option_spec kTopkOptions[] = {kRatio, kMinK, kErrorFeedback, kMomentum,
-                                             kMomentumMasking};
+constexpr dopt_option_spec kTopkOptions[] = {kRatio,           kMinK,   kErrorFeedback, kMomentum,
+                                             kMomentumMasking, kKernels};
 constexpr dopt_option_spec kRandomkOptions[] = {
     kRatio,
     kMinK,
@@ -53,6 +65,7 @@ constexpr dopt_option_spec kRandomkOptions[] = {
     sdk::option_int("seed", "0",
                     "seed of the index draws (same on every rank: all ranks pick the same indices)")
         .range(0, 9.0e15),
+    kKernels,
 };
 
 }  // namespace
@@ -61,10 +74,10 @@ DOPT_PLUGIN(
     "compress", "1.0.0",
     DOPT_COMPONENT(c::Fp16Reducer, "fp16", "1.0.0",
                    "cast each bucket to IEEE half, allreduce, cast back (DDP fp16_compress_hook)",
-                   nullptr),
+                   kHalfOptions),
     DOPT_COMPONENT(c::Bf16Reducer, "bf16", "1.0.0",
                    "cast each bucket to bfloat16, allreduce, cast back (DDP bf16_compress_hook)",
-                   nullptr),
+                   kHalfOptions),
     DOPT_COMPONENT(
         c::SignSgdReducer, "signsgd", "1.0.0",
         "1-bit signs + per-tensor mean |g|, majority vote over ranks (Bernstein et al. 2018/19)",

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "distopt/sdk/tensor.hpp"
+
 namespace distopt::plugins::compress {
 namespace {
 
@@ -55,18 +57,20 @@ RandomkReducer::RandomkReducer(const dopt_create_args& args, dopt_comm_ref comm,
       momentum_(opts_.momentum, opts_.momentum_masking, layouts_),
       seed_(static_cast<uint64_t>(sdk::OptionsView(args.options).get_int("seed"))),
       state_(layouts_.size()) {
+  std::vector<at::Tensor> zeros;
+  if (error_feedback_) zeros = zero_buffers();
   for (size_t b = 0; b < layouts_.size(); ++b) {
     size_t k = 0;
     for (const Slice& e : layouts_[b].entries) k += opts_.keep(e.numel);
-    state_[b].values.resize(k);
+    if (!layouts_[b].generic) state_[b].values.resize(k);
     state_[b].index.resize(k);
-    if (error_feedback_) state_[b].residual.assign(layouts_[b].length, 0.0f);
+    if (error_feedback_) state_[b].residual = zeros[b];
   }
 }
 
-std::vector<std::vector<float>*> RandomkReducer::residuals() {
-  std::vector<std::vector<float>*> out;
-  for (State& s : state_) out.push_back(error_feedback_ ? &s.residual : nullptr);
+std::vector<at::Tensor> RandomkReducer::residuals() {
+  std::vector<at::Tensor> out;
+  for (State& s : state_) out.push_back(s.residual);
   return out;
 }
 
@@ -123,12 +127,13 @@ std::unique_ptr<sdk::Request> RandomkReducer::reduce(const dopt_bucket& bucket) 
   const BucketLayout& l = layout_of(who_, layouts_, bucket);
   const size_t b = static_cast<size_t>(bucket.index);
   State& s = state_[b];
+  if (l.generic) return reduce_generic(b, bucket);
   load_float(*bucket.flat, s.work);
   size_t j = 0;
   for (size_t t = 0; t < l.entries.size(); ++t) {
     const Slice& e = l.entries[t];
     float* p = s.work.data() + e.offset;
-    float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
+    float* res = error_feedback_ ? s.residual.data_ptr<float>() + e.offset : nullptr;
     momentum_.accumulate(b, e, p);
     if (res)
       for (size_t i = 0; i < e.numel; ++i) p[i] += res[i];
@@ -149,6 +154,37 @@ std::unique_ptr<sdk::Request> RandomkReducer::reduce(const dopt_bucket& bucket) 
     std::fill(s.work.begin(), s.work.end(), 0.0f);
     for (size_t q = 0; q < s.index.size(); ++q) s.work[s.index[q]] = s.values[q];
     store_float(s.work, *flat);
+  });
+}
+
+std::unique_ptr<sdk::Request> RandomkReducer::reduce_generic(size_t b, const dopt_bucket& bucket) {
+  const BucketLayout& l = layouts_[b];
+  State& s = state_[b];
+  // The draws: on the host, from (seed, bucket, step, entry) only.
+  std::vector<int64_t> idx;
+  idx.reserve(s.index.size());
+  for (size_t t = 0; t < l.entries.size(); ++t) {
+    const Slice& e = l.entries[t];
+    for (uint32_t i : random_subset(seed_, b, s.step, t, e.numel, opts_.keep(e.numel)))
+      idx.push_back(static_cast<int64_t>(e.offset + i));
+  }
+  ++s.step;
+  at::Tensor sel = at::tensor(idx, at::kLong).to(l.device);
+  at::Tensor p = load_work(*bucket.flat, l, /*zero_padding=*/true);
+  momentum_.accumulate(b, p);
+  if (error_feedback_) p.add_(s.residual);
+  s.values_view = sdk::DLView(p.index_select(0, sel));
+  momentum_.sent(b, sel);
+  if (error_feedback_) s.residual.copy_(p.index_fill_(0, sel, 0.0));  // what was not sent
+  auto handle = comm_.allreduce(*s.values_view.get(), *s.values_view.get(), DOPT_REDUCE_AVG);
+  count_sent(ring_allreduce_bytes(4 * static_cast<uint64_t>(idx.size()), world_size_));
+  const DLTensor* flat = bucket.flat;
+  const int64_t length = static_cast<int64_t>(l.length);
+  return std::make_unique<StagedRequest>(std::move(handle), [&s, flat, sel, length] {
+    at::Tensor work = at::zeros({length}, s.values_view.tensor().options());
+    work.index_copy_(0, sel, s.values_view.tensor());
+    store_work(work, *flat);
+    s.values_view = sdk::DLView();
   });
 }
 

@@ -22,6 +22,11 @@
 // which with `seed` fully determines the draws (counter-based, so there is
 // no generator state to keep); checkpoints hold both (save_state).
 // Bucket dtypes and thread safety as topk.
+// kernels (auto | cpu | generic; compress_common.hpp): the generic path
+// draws the same indices on the host (random_subset: counter-based, so they
+// do not depend on the device or a device generator) and moves them to the
+// bucket's device (k int64 per step, host to device); the values, the
+// allreduce and the scatter run there. Bit-identical to the CPU kernels.
 #pragma once
 
 #include <cstdint>
@@ -53,14 +58,17 @@ class RandomkReducer : public CompressReducer {
   void load_state(const sdk::StateReader& r) override;
 
  private:
-  std::vector<std::vector<float>*> residuals();
+  std::vector<at::Tensor> residuals();
+  std::unique_ptr<sdk::Request> reduce_generic(size_t b, const dopt_bucket& bucket);
 
   struct State {
-    std::vector<float> work, residual, values;
+    std::vector<float> work, values;
+    at::Tensor residual;          // float32, the bucket's device (error feedback only)
     std::vector<uint32_t> index;  // flat-buffer index of each value
     uint64_t step = 0;            // reductions of this bucket so far
     int64_t shape = 0;
     DLTensor dl{};
+    sdk::DLView values_view;  // generic path: the float32 values on the device
   };
   SparseOptions opts_;
   bool error_feedback_;

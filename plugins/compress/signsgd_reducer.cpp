@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "bitpack.hpp"
+#include "distopt/sdk/tensor.hpp"
 
 namespace distopt::plugins::compress {
 
@@ -14,10 +15,40 @@ SignSgdReducer::SignSgdReducer(const dopt_create_args& args, dopt_comm_ref comm,
       error_feedback_(sdk::OptionsView(args.options).get_bool("error_feedback")),
       momentum_(sdk::OptionsView(args.options).get_double("momentum"), false, layouts_),
       state_(layouts_.size()) {
+  std::vector<at::Tensor> zeros;
+  if (error_feedback_) zeros = zero_buffers();
   for (size_t b = 0; b < layouts_.size(); ++b) {
-    if (error_feedback_) state_[b].residual.assign(layouts_[b].length, 0.0f);
-    state_[b].send.resize(message_bytes(layouts_[b]));
-    state_[b].recv.resize(state_[b].send.size() * static_cast<size_t>(world_size_));
+    const BucketLayout& l = layouts_[b];
+    State& s = state_[b];
+    if (error_feedback_) s.residual = zeros[b];
+    if (!l.generic) {
+      s.send.resize(message_bytes(l));
+      s.recv.resize(s.send.size() * static_cast<size_t>(world_size_));
+      continue;
+    }
+    // Index maps of the generic path, built once on the host and moved.
+    const auto ne = static_cast<int64_t>(l.entries.size());
+    std::vector<int64_t> seg(l.length, ne), slot_of(l.length, 0), slot_src;
+    std::vector<double> count;
+    for (size_t t = 0; t < l.entries.size(); ++t) {
+      const Slice& e = l.entries[t];
+      const auto base = static_cast<int64_t>(slot_src.size());
+      for (size_t i = 0; i < e.numel; ++i) {
+        seg[e.offset + i] = static_cast<int64_t>(t);
+        slot_of[e.offset + i] = base + static_cast<int64_t>(i);
+        slot_src.push_back(static_cast<int64_t>(e.offset + i));
+      }
+      slot_src.resize(static_cast<size_t>(base) + 8 * packed_bytes(e.numel),
+                      static_cast<int64_t>(l.length));
+      count.push_back(static_cast<double>(e.numel));
+    }
+    s.seg = at::tensor(seg, at::kLong).to(l.device);
+    s.count = at::tensor(count, at::kDouble).to(l.device);
+    s.slot_src = at::tensor(slot_src, at::kLong).to(l.device);
+    s.slot_of = at::tensor(slot_of, at::kLong).to(l.device);
+    s.bit = at::tensor(std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128}, at::kLong)
+                .to(at::kByte)
+                .to(l.device);
   }
 }
 
@@ -31,13 +62,14 @@ std::unique_ptr<sdk::Request> SignSgdReducer::reduce(const dopt_bucket& bucket) 
   const BucketLayout& l = layout_of(who_, layouts_, bucket);
   const size_t b = static_cast<size_t>(bucket.index);
   State& s = state_[b];
+  if (l.generic) return reduce_generic(b, bucket);
   load_float(*bucket.flat, s.work);
   uint8_t* scales = s.send.data();
   uint8_t* bits = scales + 4 * l.entries.size();
   for (size_t t = 0; t < l.entries.size(); ++t) {
     const Slice& e = l.entries[t];
     float* p = s.work.data() + e.offset;
-    float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
+    float* res = error_feedback_ ? s.residual.data_ptr<float>() + e.offset : nullptr;
     momentum_.accumulate(b, e, p);
     if (res)
       for (size_t i = 0; i < e.numel; ++i) p[i] += res[i];
@@ -57,9 +89,9 @@ std::unique_ptr<sdk::Request> SignSgdReducer::reduce(const dopt_bucket& bucket) 
   return std::make_unique<StagedRequest>(std::move(handle), [this, b, flat] { finish(b, flat); });
 }
 
-std::vector<std::vector<float>*> SignSgdReducer::residuals() {
-  std::vector<std::vector<float>*> out;
-  for (State& s : state_) out.push_back(error_feedback_ ? &s.residual : nullptr);
+std::vector<at::Tensor> SignSgdReducer::residuals() {
+  std::vector<at::Tensor> out;
+  for (State& s : state_) out.push_back(s.residual);
   return out;
 }
 
@@ -88,7 +120,7 @@ void SignSgdReducer::finish(size_t b, DLTensor* flat) {
     }
     scale /= static_cast<float>(w);
     float* out = s.work.data() + e.offset;
-    float* res = error_feedback_ ? s.residual.data() + e.offset : nullptr;
+    float* res = error_feedback_ ? s.residual.data_ptr<float>() + e.offset : nullptr;
     // Byte-wise: count the negative votes of 8 elements over all ranks at
     // once (same result as unpack_sign per element, several times faster).
     const uint8_t* run = s.recv.data() + bit_base;
@@ -109,6 +141,61 @@ void SignSgdReducer::finish(size_t b, DLTensor* flat) {
     bit_base += packed_bytes(e.numel);
   }
   store_float(s.work, *flat);
+}
+
+// The generic path: the CPU kernels' arithmetic, as whole-bucket libtorch ops.
+std::unique_ptr<sdk::Request> SignSgdReducer::reduce_generic(size_t b, const dopt_bucket& bucket) {
+  const BucketLayout& l = layouts_[b];
+  State& s = state_[b];
+  const auto ne = static_cast<int64_t>(l.entries.size());
+  at::Tensor p = load_work(*bucket.flat, l, /*zero_padding=*/true);
+  momentum_.accumulate(b, p);
+  if (error_feedback_) p.add_(s.residual);
+  // mean |p| per entry: double sums in element order (index_add_), / numel, to float.
+  at::Tensor sums = at::zeros({ne + 1}, p.options().dtype(at::kDouble))
+                        .index_add_(0, s.seg, p.abs().to(at::kDouble));
+  at::Tensor scale = sums.narrow(0, 0, ne).div(s.count).to(at::kFloat);
+  // Sign bits: 1 = p < 0, each entry's run padded to whole bytes with 0 bits.
+  at::Tensor neg = at::cat({p.lt(0).to(at::kByte), at::zeros({1}, p.options().dtype(at::kByte))});
+  at::Tensor packed = neg.index_select(0, s.slot_src).view({-1, 8}).mul(s.bit).sum(1).to(at::kByte);
+  s.send_view = sdk::DLView(at::cat({scale.view(at::kByte), packed}));
+  const int64_t msg = s.send_view.tensor().numel();
+  s.recv_view = sdk::DLView(at::empty({msg * world_size_}, packed.options()));
+  if (error_feedback_) s.residual.copy_(p);  // p; finish subtracts what was applied
+  auto handle = comm_.allgather(*s.send_view.get(), *s.recv_view.get());
+  count_sent(allgather_bytes(static_cast<uint64_t>(msg), world_size_));
+  const DLTensor* flat = bucket.flat;
+  return std::make_unique<StagedRequest>(std::move(handle),
+                                         [this, b, flat] { finish_generic(b, flat); });
+}
+
+void SignSgdReducer::finish_generic(size_t b, const DLTensor* flat) {
+  const BucketLayout& l = layouts_[b];
+  State& s = state_[b];
+  const auto ne = static_cast<int64_t>(l.entries.size());
+  const int64_t msg = s.send_view.tensor().numel();
+  at::Tensor rv = s.recv_view.tensor().view({world_size_, msg});
+  // Scales: summed over ranks in rank order, then / W, in float32 (the CPU loop).
+  at::Tensor sc = rv.narrow(1, 0, 4 * ne).contiguous().view(at::kFloat);  // [W, ne]
+  at::Tensor scale = sc.select(0, 0).clone();
+  for (int32_t r = 1; r < world_size_; ++r) scale.add_(sc.select(0, r));
+  scale.div_(at::full({}, static_cast<double>(world_size_), scale.options()));
+  // Negative votes per sign-bit slot over all ranks.
+  at::Tensor neg = rv.narrow(1, 4 * ne, msg - 4 * ne)
+                       .unsqueeze(2)
+                       .bitwise_and(s.bit)
+                       .ne(0)
+                       .sum(at::IntArrayRef{0}, false, at::kInt)
+                       .view({-1});
+  at::Tensor votes = neg.index_select(0, s.slot_of).mul(-2).add(world_size_);  // (+1) - (-1)
+  at::Tensor sc_e = at::cat({scale, at::zeros({1}, scale.options())}).index_select(0, s.seg);
+  at::Tensor out =
+      at::where(votes.gt(0), sc_e, at::where(votes.lt(0), sc_e.neg(), at::zeros_like(sc_e)));
+  if (l.pad_index.defined()) out.index_fill_(0, l.pad_index, 0.0);
+  if (error_feedback_) s.residual.sub_(out);
+  store_work(out, *flat);
+  s.send_view = sdk::DLView();
+  s.recv_view = sdk::DLView();
 }
 
 }  // namespace distopt::plugins::compress

@@ -32,6 +32,11 @@
 // masking as every sign is sent; needs optimizer.momentum 0). The residual e lives in
 // this reducer (float32, one per parameter element); checkpoints hold it
 // (save_state below).
+// kernels (auto | cpu | generic; compress_common.hpp): the generic path
+// computes the same bits as the CPU kernels (the same double sums in the same
+// order on the host; CUDA's index_add may sum mean|p| in another order,
+// which can change the last bit of this rank's own scale, not determinism
+// across ranks: every rank averages the same gathered scales).
 // Bucket dtypes: float32, float64, float16, bfloat16 (computed in float32).
 // Thread safety: as every reducer (reduce in bucket order from one thread at
 // a time; requests testable from any thread).
@@ -62,14 +67,23 @@ class SignSgdReducer : public CompressReducer {
 
  private:
   void finish(size_t b, DLTensor* flat);
-  std::vector<std::vector<float>*> residuals();
+  std::unique_ptr<sdk::Request> reduce_generic(size_t b, const dopt_bucket& bucket);
+  void finish_generic(size_t b, const DLTensor* flat);
+  std::vector<at::Tensor> residuals();
 
   struct State {
-    std::vector<float> work;      // p, then the result
-    std::vector<float> residual;  // e (error feedback only)
+    std::vector<float> work;  // p, then the result
+    at::Tensor residual;      // e (error feedback only), float32, the bucket's device
     std::vector<uint8_t> send, recv;
     int64_t send_shape = 0, recv_shape = 0;
     DLTensor send_dl{}, recv_dl{};
+    // Generic path, on the bucket's device (int64 unless said):
+    at::Tensor seg;       // [length] entry of each element (entries.size() for padding)
+    at::Tensor count;     // [entries] float64 numel of each entry
+    at::Tensor slot_src;  // [8 x packed bytes] element of each sign bit (length: a 0 bit)
+    at::Tensor slot_of;   // [length] sign-bit slot of each element (padding: 0)
+    at::Tensor bit;       // [8] uint8 1, 2, ..., 128
+    sdk::DLView send_view, recv_view;
   };
   bool error_feedback_;
   MomentumCorrection momentum_;  // no masking: every element is sent

@@ -29,6 +29,12 @@
 // velocity are float32, one per parameter element, kept in this reducer;
 // checkpoints hold them (save_state). Bucket dtypes: float32, float64,
 // float16, bfloat16 (computed in float32). Thread safety: as every reducer.
+// kernels (auto | cpu | generic; compress_common.hpp): the generic path
+// selects the same k indices (the k-th largest |p| by at::topk, then ties in
+// index order by a cumulative count), sends the same pairs and sums them in
+// rank order (one index_add_ per rank: a rank's indices are distinct, so no
+// atomics race), so it is bit-identical to the CPU kernels. Its check that
+// peers' indices lie in the bucket reads one int64 to the host per bucket.
 #pragma once
 
 #include <cstdint>
@@ -53,18 +59,23 @@ class TopkReducer : public CompressReducer {
 
  private:
   void finish(size_t b, DLTensor* flat);
-  std::vector<std::vector<float>*> residuals();
+  std::unique_ptr<sdk::Request> reduce_generic(size_t b, const dopt_bucket& bucket);
+  void finish_generic(size_t b, const DLTensor* flat);
+  std::vector<at::Tensor> residuals();
 
   struct Pair {
     uint32_t index;
     float value;
   };
   struct State {
-    std::vector<float> work, residual, scratch;
+    std::vector<float> work, scratch;
+    at::Tensor residual;  // float32, the bucket's device (error feedback only)
     std::vector<Pair> send, recv;
     int64_t send_shape = 0, recv_shape = 0;
     size_t step = 0;
+    size_t k = 0;  // pairs per rank and bucket
     DLTensor send_dl{}, recv_dl{};
+    sdk::DLView send_view, recv_view;  // generic path: the pairs as uint8 device tensors
   };
   SparseOptions opts_;
   bool error_feedback_;

@@ -48,4 +48,26 @@ void orthogonalize_columns(double* a, int64_t rows, int64_t cols, double tiny) {
   gram_schmidt(a, rows, cols, tiny);
 }
 
+void orthogonalize_columns_generic(at::Tensor a) {
+  const double tiny = a.scalar_type() == at::kDouble ? 1e-12 : 1e-6;
+  const int64_t cols = a.size(1);
+  // Finished columns as stored in a's dtype, widened (what the loop reads back).
+  at::Tensor done = at::empty_like(a, a.options().dtype(at::kDouble));
+  for (int64_t j = 0; j < cols; ++j) {
+    at::Tensor c = a.select(1, j).to(at::kDouble);  // a copy
+    at::Tensor before = c.dot(c);
+    if (j > 0) {
+      at::Tensor prev = done.narrow(1, 0, j);
+      for (int pass = 0; pass < 2; ++pass)  // "twice is enough", as the loop
+        c.sub_(prev.mv(prev.t().mv(c)));
+    }
+    at::Tensor norm = c.dot(c).sqrt();
+    at::Tensor ok =
+        at::isfinite(norm).logical_and(norm.gt(0)).logical_and(norm.gt(before.sqrt().mul(tiny)));
+    at::Tensor col = at::where(ok, c.div(norm), at::zeros_like(c)).to(a.scalar_type());
+    a.select(1, j).copy_(col);
+    done.select(1, j).copy_(col);
+  }
+}
+
 }  // namespace distopt::plugins::powersgd

@@ -23,6 +23,11 @@ constexpr dopt_option_spec kOptions[] = {
         .at_least(0),
     sdk::option_int("seed", "0", "seed of the random Q's (the same on every rank)")
         .range(0, 9007199254740992.0),
+    sdk::option_string("kernels", "auto",
+                       "orthogonalisation: auto (CPU loop for host buckets, libtorch ops on the "
+                       "bucket's device for CUDA), cpu (host buckets only), generic (libtorch "
+                       "ops on any device; float-tolerance equal to the loop)")
+        .choices("auto|cpu|generic"),
 };
 }  // namespace
 

@@ -29,11 +29,31 @@ at::ScalarType compute_dtype(at::ScalarType t) {
   return t == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-void orthogonalize(at::Tensor& a) {  // a: contiguous CPU (rows x cols)
+// a: contiguous (rows x cols) on the bucket's device; `generic` picks the
+// libtorch version (any device) over the loop (host pointers).
+void orthogonalize(at::Tensor& a, bool generic) {
+  if (generic) return orthogonalize_columns_generic(a);
   if (a.scalar_type() == at::kDouble)
     orthogonalize_columns(a.data_ptr<double>(), a.size(0), a.size(1));
   else
     orthogonalize_columns(a.data_ptr<float>(), a.size(0), a.size(1));
+}
+
+// Fill `q` (contiguous, any device) with N(0, 1) from `gen` (a CPU
+// generator), drawn on the host: in place for the CPU path; `generic`: into
+// a host tensor, then copied (the same values).
+void fresh_q(at::Generator& gen, at::Tensor q, bool generic) {
+  if (!generic) {
+    q.normal_(0.0, 1.0, gen);
+    return;
+  }
+  // The CPU generator draws on the host (the values the CPU path draws in
+  // place), then one copy to the device;
+  // a device generator would make the draws and the checkpointed state
+  // depend on the device.
+  at::Tensor h = at::empty(q.sizes(), q.options().device(at::kCPU));
+  h.normal_(0.0, 1.0, gen);
+  q.copy_(h);
 }
 
 }  // namespace
@@ -103,6 +123,8 @@ BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts) {
 struct PowerSgdReducer::BucketState {
   int32_t index = 0;
   BucketPlan plan;
+  at::Device device{at::kCPU};      // the bucket's (and p, q, e's) device
+  bool generic = false;             // libtorch orthogonalisation (Kernels)
   at::ScalarType cdt = at::kFloat;  // compute dtype of p, q, e (from the bucket dtype)
   int64_t steps = 0;                // reductions done (plain ones included)
   bool have_q = false;              // Q's hold last step's values (warm start)
@@ -133,6 +155,13 @@ PowerSgdReducer::PowerSgdReducer(const dopt_create_args& args, dopt_comm_ref com
   opts_.start_iter = o.get_int("start_iter");
   opts_.min_compression_rate = o.get_double("min_compression_rate");
   opts_.seed = static_cast<uint64_t>(o.get_int("seed"));
+  const std::string kernels = o.get_string("kernels");
+  if (kernels == "cpu")
+    opts_.kernels = Kernels::kCpu;
+  else if (kernels == "generic")
+    opts_.kernels = Kernels::kGeneric;
+  else if (kernels != "auto")
+    throw bad("kernels must be auto, cpu or generic, got '" + kernels + "'");
   if (opts_.rank < 1) throw bad("rank must be >= 1");
   if (opts_.start_iter < 0) throw bad("start_iter must be >= 0");
   if (!(opts_.min_compression_rate >= 0)) throw bad("min_compression_rate must be >= 0");
@@ -167,12 +196,27 @@ PowerSgdReducer::BucketState& PowerSgdReducer::state_for(const dopt_bucket& buck
     s->plan = plan_bucket(bucket, opts_);
     if (bucket.flat && bucket.flat->dtype.code == kDLFloat && bucket.flat->dtype.bits == 64)
       s->cdt = at::kDouble;
+    const int32_t dev = bucket.flat->device.device_type;
+    if (dev != kDLCPU && dev != kDLCUDA)
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                       "powersgd: bucket " + std::to_string(bucket.index) +
+                           ": only kDLCPU and kDLCUDA buckets are supported, not device type " +
+                           std::to_string(dev));
+    if (dev != kDLCPU && opts_.kernels == Kernels::kCpu)
+      throw sdk::Error(DOPT_ERR_UNSUPPORTED,
+                       "powersgd: bucket " + std::to_string(bucket.index) +
+                           " is device memory: kernels: cpu orthogonalises host memory only (use "
+                           "kernels: auto or generic)");
+    s->device = sdk::to_device(bucket.flat->device);
+    s->generic =
+        opts_.kernels == Kernels::kGeneric || (opts_.kernels == Kernels::kAuto && dev != kDLCPU);
     states_[i] = std::move(s);
   } else {
     // Same index, same layout: the state (residuals, Q's) belongs to it.
     const BucketPlan& p = states_[i]->plan;
     bool same = bucket.flat && sdk::dl_numel(*bucket.flat) == p.flat_numel &&
-                bucket.num_entries == p.entries.size();
+                bucket.num_entries == p.entries.size() &&
+                sdk::to_device(bucket.flat->device) == states_[i]->device;
     for (size_t k = 0; same && k < bucket.num_entries; ++k)
       same = bucket.entries[k].offset == p.entries[k].offset &&
              bucket.entries[k].numel == p.entries[k].numel;
@@ -186,12 +230,10 @@ PowerSgdReducer::BucketState& PowerSgdReducer::state_for(const dopt_bucket& buck
 std::unique_ptr<sdk::Request> PowerSgdReducer::reduce(const dopt_bucket& bucket) {
   if (!bucket.flat) throw bad("bucket without a flat buffer");
   const DLTensor& dl = *bucket.flat;
-  if (dl.device.device_type != kDLCPU)
-    throw sdk::Error(DOPT_ERR_UNSUPPORTED, "powersgd: only CPU buckets are supported");
   if (dl.ndim != 1 || (dl.strides && dl.strides[0] != 1))
     throw bad("the bucket's flat buffer must be 1-D contiguous");
   auto job = std::make_shared<Job>();
-  job->flat = sdk::as_tensor(dl);  // throws UNSUPPORTED for other dtypes
+  job->flat = sdk::as_tensor(dl);  // throws UNSUPPORTED for other dtypes and devices
   const auto st = job->flat.scalar_type();
   if (st != at::kFloat && st != at::kDouble && st != at::kHalf && st != at::kBFloat16)
     throw sdk::Error(DOPT_ERR_UNSUPPORTED, std::string("powersgd: bucket dtype ") +
@@ -222,7 +264,7 @@ void PowerSgdReducer::run_job(Job& job) {
   }
 
   const at::ScalarType cdt = compute_dtype(flat.scalar_type());
-  const auto opt = at::TensorOptions().dtype(cdt);
+  const auto opt = at::TensorOptions().dtype(cdt).device(s.device);
   const size_t esz = dtype_bytes(cdt);
   // Half-precision buckets: work on a float32 copy, written back at the end.
   at::Tensor work = flat.scalar_type() == cdt ? flat : flat.to(cdt);
@@ -232,7 +274,7 @@ void PowerSgdReducer::run_job(Job& job) {
     s.e = at::zeros({static_cast<int64_t>(plan.e_numel)}, opt);
   }
   if (!s.have_q || !opts_.warm_start) {
-    s.q.normal_(0.0, 1.0, rng_->gen);
+    fresh_q(rng_->gen, s.q, s.generic);
     s.have_q = true;
   }
 
@@ -257,7 +299,7 @@ void PowerSgdReducer::run_job(Job& job) {
     x.e.copy_(x.m);  // becomes M - P Q^T below
     // An orthonormal Q (as PyTorch's hook does) keeps a reused Q well
     // conditioned; P = M Q is the power-iteration step.
-    orthogonalize(x.q);
+    orthogonalize(x.q, s.generic);
     at::mm_out(x.p, x.m, x.q);
     mats.push_back(std::move(x));
   }
@@ -277,7 +319,7 @@ void PowerSgdReducer::run_job(Job& job) {
 
   if (!mats.empty()) {
     for (Mats& x : mats) {
-      orthogonalize(x.p);             // bit-identical on every rank (same allreduced P)
+      orthogonalize(x.p, s.generic);  // bit-identical on every rank (same allreduced P)
       at::mm_out(x.q, x.m.t(), x.p);  // Q = M^T P
     }
     at::Tensor qs = s.q.narrow(0, 0, static_cast<int64_t>(plan.q_numel));
@@ -404,7 +446,7 @@ void PowerSgdReducer::load_state(const sdk::StateReader& r) {
       s.have_q = false;
       continue;
     }
-    const auto opt = at::TensorOptions().dtype(s.cdt);
+    const auto opt = at::TensorOptions().dtype(s.cdt).device(s.device);
     s.p = at::empty({static_cast<int64_t>(plan.p_numel)}, opt);
     s.q = at::empty({static_cast<int64_t>(plan.q_numel)}, opt);
     s.e = at::zeros({static_cast<int64_t>(plan.e_numel)}, opt);
@@ -431,7 +473,7 @@ void PowerSgdReducer::load_state(const sdk::StateReader& r) {
           warnings.push_back("'" + qkey + "' was saved with another shape than " +
                              std::to_string(ep.m) + " x " + std::to_string(ep.r) +
                              " (the rank option changed): a fresh random Q replaces it");
-        q.normal_(0.0, 1.0, rng_->gen);
+        fresh_q(rng_->gen, q, s.generic);
       }
     }
     s.have_q = true;

@@ -36,6 +36,18 @@
 // Supported bucket dtypes: float32 and float64 (math in that dtype), float16
 // and bfloat16 (math, residuals and P/Q traffic in float32).
 //
+// Devices (issue 20): the matmuls, error feedback and packing are libtorch
+// ops on the bucket's device, and the collectives take device tensors.
+// Option `kernels` picks the orthogonalisation: auto (the CPU loop over host
+// pointers for kDLCPU buckets, orthogonalize_columns_generic's libtorch ops
+// on the bucket's device otherwise), cpu (host buckets only), generic (the
+// libtorch version on host buckets too: the tests compare them). Fresh
+// Gaussian Q's are always drawn on the host from the CPU generator seeded
+// with `seed` and copied to the device, so the draws, and the generator
+// state that checkpoints hold, do not depend on the device. Device kernels
+// run on the worker thread's current stream (the default stream), which the
+// communicator's default caller stream orders after (communicator.h).
+//
 // State: per bucket, the residuals E (one float per compressed element), the
 // Q's (warm start) and the step count, plus the reducer's Q generator.
 // save_state / load_state checkpoint all of it, so that a resumed run
@@ -53,6 +65,9 @@
 
 namespace distopt::plugins::powersgd {
 
+/// Which orthogonalisation runs (option `kernels`, see above).
+enum class Kernels { kAuto, kCpu, kGeneric };
+
 /// The reducer's options (see plugin.cpp for the schema and defaults).
 struct PowerSgdOptions {
   int64_t rank = 4;                   ///< r, the approximation rank
@@ -60,6 +75,7 @@ struct PowerSgdOptions {
   int64_t start_iter = 10;            ///< plain average for each bucket's first steps
   double min_compression_rate = 2.0;  ///< compress iff (n + m) r * rate < n m; 0: always
   uint64_t seed = 0;                  ///< initial / fresh Q's (same on every rank)
+  Kernels kernels = Kernels::kAuto;   ///< CPU loop vs libtorch orthogonalisation
 };
 
 /// How one bucket entry is reduced. Offsets are in elements.
@@ -92,9 +108,10 @@ BucketPlan plan_bucket(const dopt_bucket& bucket, const PowerSgdOptions& opts);
 
 class PowerSgdReducer : public sdk::Reducer {
  public:
-  /// ABI 1.4 devices: host memory only: Gram-Schmidt runs over raw host pointers
-  /// (orthogonalize_columns on data_ptr).
-  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU);
+  /// ABI 1.4 devices: host memory, and CUDA memory through the generic
+  /// orthogonalisation (libtorch ops only, no host reads of bucket data).
+  /// CUDA UNVERIFIED on a GPU (see README).
+  static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   /// Options from args.options (the plugin's schema). Plans the given buckets
   /// (state is sized lazily, at a bucket's first compressed step). Starts the
   /// worker thread. Throws sdk::Error on a bad communicator or bucket.
