@@ -637,7 +637,7 @@ void check_momentum_owner(const JobConfig& cfg, const ValidatedJob& v) {
   fail(cfg.path, mark_of(child(cfg.reducer.options, "momentum"), cfg.reducer.mark),
        "reducer.options.momentum: reducer '" + cfg.reducer.name +
            "' applies momentum itself (momentum correction), and optimizer.momentum is " +
-           std::to_string(v.optimizer.get_double("momentum")) +
+           yamlutil::format_number(v.optimizer.get_double("momentum")) +
            ": set optimizer.momentum: 0 (or drop reducer.options.momentum)");
 }
 }  // namespace

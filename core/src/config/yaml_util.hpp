@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -34,6 +35,13 @@ inline std::string location(const std::string& file, const YAML::Mark& m) {
 [[noreturn]] inline void fail(const std::string& file, const YAML::Mark& m,
                               const std::string& msg) {
   throw ConfigError(location(file, m) + ": " + msg);
+}
+
+/// `v` as a person writes it: "0.9", "1e-08", "25" (%g, up to 6 digits).
+inline std::string format_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 inline std::string join(const std::vector<std::string>& v, const char* sep = ", ") {

@@ -149,7 +149,7 @@ void Autotuner::log_decision(DistributedOptimizer& opt) const {
   }
   log(m.build.common.rank == 0 ? DOPT_LOG_INFO : DOPT_LOG_DEBUG, "autotune",
       text + " -> " + describe(chosen_) + " (" + std::to_string(m.buckets->num_buckets()) +
-          " buckets)");
+          (m.buckets->num_buckets() == 1 ? " bucket)" : " buckets)"));
 }
 
 }  // namespace distopt::optim

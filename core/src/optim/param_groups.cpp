@@ -163,7 +163,8 @@ void DistributedOptimizer::add_param_group(const NamedParams& named_params, doub
   log(DOPT_LOG_DEBUG, "optimizer",
       "add_param_group: " + std::to_string(named_params.size()) + " parameter(s) as group " +
           std::to_string(impl_->groups.size() - 1) + "; " +
-          std::to_string(impl_->buckets->num_buckets()) + " buckets");
+          std::to_string(impl_->buckets->num_buckets()) +
+          (impl_->buckets->num_buckets() == 1 ? " bucket" : " buckets"));
 }
 
 }  // namespace distopt

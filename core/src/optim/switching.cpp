@@ -78,7 +78,7 @@ void switch_components(DistributedOptimizer& opt, const optim::ComponentChoice& 
   log(now.build.common.rank == 0 ? DOPT_LOG_INFO : DOPT_LOG_DEBUG, "optimizer",
       what + " at step " + std::to_string(now.steps) + ": " + from + " -> " + now.algorithm_who +
           " + " + now.reducer_who + " (" + std::to_string(now.buckets->num_buckets()) +
-          " buckets)");
+          (now.buckets->num_buckets() == 1 ? " bucket)" : " buckets)"));
 }
 
 // The last phase whose predecessors' bounds are all reached.

@@ -266,16 +266,25 @@ class Trainer {
     const int64_t samples = num("samples_in_epoch");
     first_step_ = samples / global_batch_;
     global_step_ = num("global_step");
+    // The saved position may be past this job's epoch (train.max_steps, or a
+    // larger global batch after a world-size change): the next epoch then.
+    const bool epoch_done = first_step_ >= steps_per_epoch_;
     if (lead()) {
       std::cout << "resume: " << ck.path << " (step " << ck.step << ", saved by " << ck.world_size
-                << " rank(s)): epoch " << first_epoch_ << ", step " << first_step_ << " of "
-                << steps_per_epoch_ << std::endl;
-      if (samples % global_batch_ != 0)
+                << " rank(s)): ";
+      if (epoch_done)
+        std::cout << "epoch " << first_epoch_ << " is complete (" << steps_per_epoch_
+                  << " step(s) per epoch here); continuing with epoch " << first_epoch_ + 1
+                  << std::endl;
+      else
+        std::cout << "epoch " << first_epoch_ << ", step " << first_step_ << " of "
+                  << steps_per_epoch_ << std::endl;
+      if (samples % global_batch_ != 0 && !epoch_done)
         std::cout << "resume: " << samples % global_batch_
                   << " sample(s) of a partial global batch are skipped (world size changed)"
                   << std::endl;
     }
-    if (first_step_ >= steps_per_epoch_) {
+    if (epoch_done) {
       ++first_epoch_;
       first_step_ = 0;
     }
