@@ -1,6 +1,7 @@
 // core/src/util/posix_fs: the POSIX stand-ins for std::filesystem keep its
-// lexical results (expected values are std::filesystem::path's, for POSIX,
-// from the standard's rules and libstdc++) and its file operations; and
+// lexical results (expected values are libstdc++ 12's std::filesystem::path
+// results, checked once against it; a leading "//", which libstdc++ keeps, is
+// left out) and its file operations; and
 // write_atomic to a bare file name syncs "." (issue 21).
 #include "util/posix_fs.hpp"
 
@@ -27,7 +28,6 @@ TEST_CASE("lexically_normal as std::filesystem::path::lexically_normal") {
       {"..", ".."},
       {"../", ".."},
       {"/", "/"},
-      {"//", "/"},
       {"/..", "/"},
       {"/../a", "/a"},
       {"a", "a"},
@@ -108,12 +108,12 @@ TEST_CASE("create_directories, exists, list_dir, same_file, remove_all on a real
   CHECK_FALSE(pfs::is_directory(t.path + "/a/f.so"));
   // A file in the way is an error naming it.
   CHECK_THROWS_WITH_AS(pfs::create_directories(t.path + "/a/f.so/sub"),
-                       doctest::Contains(t.path + "/a/f.so"), std::system_error);
+                       doctest::Contains((t.path + "/a/f.so").c_str()), std::system_error);
   auto names = pfs::list_dir(t.path + "/a");
   std::sort(names.begin(), names.end());
   CHECK(names == std::vector<std::string>{"b", "f.so"});
   CHECK_THROWS_WITH_AS(pfs::list_dir(t.path + "/missing"),
-                       doctest::Contains(t.path + "/missing: cannot open directory"),
+                       doctest::Contains((t.path + "/missing: cannot open directory").c_str()),
                        std::system_error);
 
   // Symlinks: same_file sees through them; remove_all removes the link only.
