@@ -1,8 +1,8 @@
-// core/src/util/posix_fs: the POSIX stand-ins for std::filesystem keep its
-// lexical results (expected values are libstdc++ 12's std::filesystem::path
-// results, checked once against it; a leading "//", which libstdc++ keeps, is
-// left out) and its file operations; and
-// write_atomic to a bare file name syncs "." (issue 21).
+// core/src/util/posix_fs, the POSIX stand-ins for std::filesystem: the same
+// lexical results (the expected values are libstdc++ 12's std::filesystem::path
+// results, checked against it once; a leading "//", which libstdc++ keeps, is
+// left out) and file operations; write_atomic to a bare file name syncs "."
+// (issue 21).
 #include "util/posix_fs.hpp"
 
 #include <doctest/doctest.h>
