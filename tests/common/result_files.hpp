@@ -5,8 +5,7 @@
 //
 // No std::filesystem here or in any test: PyTorch's libtorch exports its own
 // broken copy of it, which a test binary would bind to (tools/check_symbols.sh
-// says more). POSIX calls here; tests that need a path type use
-// boost::filesystem.
+// says more). Paths are strings; these helpers use POSIX calls.
 #pragma once
 
 #include <dirent.h>
@@ -128,7 +127,7 @@ inline void make_dirs(const std::string& path) {
   }
 }
 
-/// Copy file `from` to `to` (mode 0644), which must not exist yet. Throws
+/// Copy file `from` to `to`, which must not exist yet. Throws
 /// std::runtime_error naming the file on failure.
 inline void copy_file(const std::string& from, const std::string& to) {
   std::ifstream in(from, std::ios::binary);
