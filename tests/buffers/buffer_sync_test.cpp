@@ -4,7 +4,6 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/linear.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -141,7 +140,7 @@ TEST_CASE("buffers.sync: identical BatchNorm statistics on every rank after ever
       CHECK(max_abs_diff(r.after[1], r.after[0]) > 0.1);
     }
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("buffers.sync: a bad mode is refused naming the key") {

@@ -4,7 +4,7 @@
 // and by Python's torch.load (Debian python3-torch).
 #include <torch/serialize.h>
 
-#include <filesystem>
+#include <cstdio>
 #include <fstream>
 #include <map>
 
@@ -13,7 +13,6 @@
 // after doctest:
 #include "cli_util.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::ProcResult;
 using distopt::test::run_command;
@@ -22,7 +21,9 @@ using namespace distopt::test::cli;
 namespace {
 
 const char* kData = "/usr/share/datasets/fashion-mnist";
-bool have_data() { return fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz"); }
+bool have_data() {
+  return distopt::test::path_exists(std::string(kData) + "/train-images-idx3-ubyte.gz");
+}
 
 struct Job {
   std::string algorithm = "{name: allreduce}";
@@ -49,7 +50,7 @@ ProcResult train(const std::string& cfg, std::vector<std::string> args,
   return run_command(argv, env, std::chrono::seconds(240));
 }
 
-std::string slurp(const fs::path& p) {
+std::string slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
@@ -101,7 +102,7 @@ TEST_CASE("a rank killed mid-training: --resume ends bitwise equal to an uninter
                             {"DISTOPT_FAULT_INJECT=exit:1:25"});
   INFO(killed.output);
   CHECK(killed.exit_code != 0);
-  CHECK(slurp(fs::path(b) / "latest") == "step-000000020\n");
+  CHECK(slurp(b + "/latest") == "step-000000020\n");
   auto info = distopt::find_checkpoint(b);
   REQUIRE(info.has_value());
   CHECK(info->step == 20);
@@ -116,8 +117,8 @@ TEST_CASE("a rank killed mid-training: --resume ends bitwise equal to an uninter
                             "epoch 1, step 20 of 30") != std::string::npos);
   CHECK(resumed.output.find("summary: 2 rank(s), 10 steps") != std::string::npos);
   // keep = 2: the step-10 checkpoint is gone, 20 and 30 remain.
-  CHECK_FALSE(fs::exists(fs::path(b) / "step-000000010"));
-  CHECK(fs::exists(fs::path(b) / "step-000000020"));
+  CHECK_FALSE(distopt::test::path_exists(b + "/step-000000010"));
+  CHECK(distopt::test::path_exists(b + "/step-000000020"));
 
   auto ca = consolidated(t.file("a"), t.file("a.pt"));
   auto cb = consolidated(b, t.file("b.pt"));
@@ -142,10 +143,10 @@ TEST_CASE("a rank killed while writing its shard leaves the previous checkpoint 
                             {"DISTOPT_FAULT_INJECT=save:1:2"});
   INFO(killed.output);
   CHECK(killed.exit_code != 0);
-  CHECK(slurp(fs::path(c) / "latest") == "step-000000010\n");
+  CHECK(slurp(c + "/latest") == "step-000000010\n");
   // The interrupted save: rank 1's shard never got its final name, no manifest.
-  CHECK_FALSE(fs::exists(fs::path(c) / "step-000000020" / "manifest.json"));
-  CHECK_FALSE(fs::exists(fs::path(c) / "step-000000020" / "rank-00001-of-00002.pt"));
+  CHECK_FALSE(distopt::test::path_exists(c + "/step-000000020/manifest.json"));
+  CHECK_FALSE(distopt::test::path_exists(c + "/step-000000020/rank-00001-of-00002.pt"));
 
   ProcResult resumed = train(cfg, {"--checkpoint", c, "--resume"});
   INFO(resumed.output);
@@ -166,13 +167,12 @@ TEST_CASE("corrupt, truncated and foreign checkpoints fail naming the file; noth
   const std::string d = t.file("d");
   ProcResult a = train(cfg, {"--checkpoint", d});
   REQUIRE(a.exit_code == 0);
-  const fs::path shard = fs::path(d) / "step-000000030" / "rank-00001-of-00002.pt";
+  const std::string shard = d + "/step-000000030/rank-00001-of-00002.pt";
   const std::string good = slurp(shard);
 
   auto snapshot = [&] {
     std::map<std::string, std::string> files;
-    for (const auto& e : fs::recursive_directory_iterator(d))
-      if (e.is_regular_file()) files[e.path().string()] = slurp(e.path());
+    for (const std::string& f : distopt::test::files_under(d)) files[f] = slurp(f);
     return files;
   };
   auto expect_failure = [&](const std::string& what) {
@@ -182,7 +182,7 @@ TEST_CASE("corrupt, truncated and foreign checkpoints fail naming the file; noth
     INFO(r.output);
     CHECK(r.exit_code != 0);
     CHECK(r.output.find(what) != std::string::npos);
-    CHECK_FALSE(fs::exists(t.file("out.pt")));
+    CHECK_FALSE(distopt::test::path_exists(t.file("out.pt")));
     ProcResult resume = train(cfg, {"--checkpoint", d, "--resume"});
     INFO(resume.output);
     CHECK(resume.exit_code != 0);
@@ -194,21 +194,20 @@ TEST_CASE("corrupt, truncated and foreign checkpoints fail naming the file; noth
     std::string bad = good;
     bad[bad.size() / 2] ^= 0x40;
     std::ofstream(shard, std::ios::binary) << bad;
-    expect_failure(shard.string() + ": CRC-32 mismatch (the file is corrupt)");
+    expect_failure(shard + ": CRC-32 mismatch (the file is corrupt)");
   }
   SUBCASE("a truncated shard") {
     std::ofstream(shard, std::ios::binary) << good.substr(0, good.size() / 3);
-    expect_failure(shard.string() + ": " + std::to_string(good.size() / 3) +
-                   " bytes, the manifest says " + std::to_string(good.size()));
+    expect_failure(shard + ": " + std::to_string(good.size() / 3) + " bytes, the manifest says " +
+                   std::to_string(good.size()));
   }
   SUBCASE("a missing shard") {
-    fs::remove(shard);
-    expect_failure(shard.string() + ": cannot open");
+    std::remove(shard.c_str());
+    expect_failure(shard + ": cannot open");
   }
   SUBCASE("a garbled manifest") {
-    std::ofstream(fs::path(d) / "step-000000030" / "manifest.json") << "{\"format\": 1";
-    expect_failure((fs::path(d) / "step-000000030" / "manifest.json").string() +
-                   ": invalid manifest");
+    std::ofstream(d + "/step-000000030/manifest.json") << "{\"format\": 1";
+    expect_failure(d + "/step-000000030/manifest.json" + ": invalid manifest");
   }
   SUBCASE("another model's checkpoint") {
     Job other;
@@ -280,6 +279,35 @@ print("python ok", len(z["model"]), "tensors")
   INFO(check.output);
   CHECK(check.exit_code == 0);
   CHECK(check.output.find("python ok 6 tensors") != std::string::npos);
+}
+
+TEST_CASE("consolidate to a bare file name writes it in the current directory (issue 21)") {
+  if (!have_data()) {
+    MESSAGE("Fashion-MNIST is not installed; skipping");
+    return;
+  }
+  TempDir t;
+  ProcResult a = train(write_job(t, Job{}), {"--checkpoint", t.file("ck1")});
+  INFO(a.output);
+  REQUIRE(a.exit_code == 0);
+  // The README's form, run from the directory that holds ck1: the directory
+  // sync after the rename must sync ".", not "".
+  ProcResult r =
+      run_command({"/bin/sh", "-c", "cd \"$1\" && exec \"$2\" checkpoint consolidate ck1 model.pt",
+                   "sh", t.path, cli()},
+                  {}, std::chrono::seconds(120));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("cannot open directory") == std::string::npos);
+  const std::string bytes = slurp(t.file("model.pt"));
+  REQUIRE_FALSE(bytes.empty());
+  const auto bare =
+      torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
+  CHECK(bare.at("format").toStringRef() == "distopt-consolidated-1");
+  // The same content as through an absolute path; no temporary file is left.
+  check_equal_section(bare, consolidated(t.file("ck1"), t.file("abs.pt")), "model");
+  for (const std::string& name : distopt::test::list_dir(t.path))
+    CHECK(name.find(".tmp-") == std::string::npos);
 }
 
 TEST_CASE("a zero checkpoint of 2 ranks resumes on 4 (resharded)") {

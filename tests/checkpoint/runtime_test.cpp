@@ -6,7 +6,6 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -15,9 +14,8 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "multiproc.hpp"
+#include "result_files.hpp"
 #include "torch_doctest.hpp"
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -45,16 +43,15 @@ void train(torch::nn::Linear& net, distopt::DistributedOptimizer& opt, int steps
 }
 
 struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("distopt_ckpt_rt_" + std::to_string(getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
+  std::string path = distopt::test::make_temp_dir("distopt_ckpt_rt");
+  ~TempDir() { distopt::test::remove_tree(path); }
 };
 
 }  // namespace
 
 TEST_CASE("set_lr survives a resume; keep bounds the checkpoints; consolidate on one rank") {
   TempDir t;
-  const std::string dir = (t.path / "ckpt").string();
+  const std::string dir = t.path + "/ckpt";
   auto rt = runtime();
 
   // Uninterrupted: 5 steps at lr 0.1, then lr 0.01 for 5 + 5 steps.
@@ -95,8 +92,8 @@ TEST_CASE("set_lr survives a resume; keep bounds the checkpoints; consolidate on
   // keep = 2 over three saves: the oldest goes.
   rt.save_checkpoint(dir, *b, opt_b, {}, 2);
   std::vector<std::string> steps;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_directory()) steps.push_back(e.path().filename().string());
+  for (const std::string& name : distopt::test::list_dir(dir))
+    if (distopt::test::is_dir(dir + "/" + name)) steps.push_back(name);
   std::sort(steps.begin(), steps.end());
   CHECK(steps == std::vector<std::string>{"step-000000010", "step-000000015"});
 
@@ -111,7 +108,7 @@ TEST_CASE("set_lr survives a resume; keep bounds the checkpoints; consolidate on
   CHECK(all.at("algorithm/optimizer/weight/momentum_buffer").sizes() == b->weight.sizes());
   CHECK_THROWS_AS(rt.consolidate(*b, opt_b, 1), distopt::ConfigError);
   CHECK_THROWS_AS(rt.save_checkpoint(dir, *b, opt_b, {}, 0), distopt::ConfigError);
-  CHECK_THROWS_WITH_AS(rt.load_checkpoint((t.path / "none").string(), *b, opt_b),
+  CHECK_THROWS_WITH_AS(rt.load_checkpoint(t.path + "/none", *b, opt_b),
                        doctest::Contains("no checkpoint (no 'latest' file)"),
                        distopt::CheckpointError);
 }
@@ -132,7 +129,7 @@ TEST_CASE("a reducer built for ABI 1.0 trains, and checkpointing with it fails n
   train(net, opt, 3, 5);
   CHECK_FALSE(torch::equal(before, net->weight));  // it trains
   try {
-    rt.save_checkpoint((t.path / "c").string(), *net, opt);
+    rt.save_checkpoint(t.path + "/c", *net, opt);
     FAIL("save_checkpoint with an ABI 1.0 reducer did not throw");
   } catch (const distopt::ComponentError& e) {
     const std::string msg = e.what();
@@ -140,12 +137,12 @@ TEST_CASE("a reducer built for ABI 1.0 trains, and checkpointing with it fails n
     CHECK(msg.find("abi10/abi10_mean") != std::string::npos);
     CHECK(msg.find("libdistopt_abi10.so was built for ABI 1.0") != std::string::npos);
   }
-  CHECK_FALSE(distopt::find_checkpoint((t.path / "c").string()).has_value());
+  CHECK_FALSE(distopt::find_checkpoint(t.path + "/c").has_value());
 }
 
 TEST_CASE("the manifest writes floating-point options so that they read back exactly") {
   TempDir t;
-  const std::string dir = (t.path / "ckpt").string();
+  const std::string dir = t.path + "/ckpt";
   distopt::ProcessInfo proc;
   proc.source = "test";
   std::string text = job_text();
@@ -158,7 +155,7 @@ TEST_CASE("the manifest writes floating-point options so that they read back exa
   auto opt = rt.make_optimizer(*net);
   train(net, opt, 1, 2);
   auto info = rt.save_checkpoint(dir, *net, opt);
-  std::ifstream in(fs::path(info.path) / "manifest.json");
+  std::ifstream in(info.path + "/manifest.json");
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string m = ss.str();

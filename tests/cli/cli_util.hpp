@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <cstring>  // multiproc.hpp uses strdup without including it
-#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "multiproc.hpp"
+#include "result_files.hpp"
 
 namespace distopt::test::cli {
 
@@ -33,14 +33,14 @@ inline std::string cli() {
 }
 
 struct TempDir {
-  std::filesystem::path path;
+  std::string path;
   TempDir() {
     char tmpl[] = "/tmp/distopt_cli_test_XXXXXX";
     REQUIRE(mkdtemp(tmpl) != nullptr);
     path = tmpl;
   }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+  ~TempDir() { remove_tree(path); }
+  std::string file(const std::string& name) const { return path + "/" + name; }
 };
 
 inline std::vector<std::string> lines_of(const std::string& s) {

@@ -7,12 +7,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
-namespace fs = std::filesystem;
+#include "result_files.hpp"
+
 using distopt::train::DataError;
 using distopt::train::load_fashion_mnist;
 using distopt::train::load_idx_pair;
@@ -20,13 +20,13 @@ using distopt::train::load_idx_pair;
 namespace {
 
 struct TempDir {
-  fs::path path;
+  std::string path;
   TempDir() {
     char tmpl[] = "/tmp/distopt_dataset_test_XXXXXX";
     REQUIRE(mkdtemp(tmpl) != nullptr);
     path = tmpl;
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~TempDir() { distopt::test::remove_tree(path); }
 };
 
 std::vector<uint8_t> be32(uint32_t v) {
@@ -56,12 +56,12 @@ std::vector<uint8_t> labels(uint32_t magic, uint32_t n, const std::vector<uint8_
   return b;
 }
 
-void write_plain(const fs::path& p, const std::vector<uint8_t>& data) {
+void write_plain(const std::string& p, const std::vector<uint8_t>& data) {
   std::ofstream f(p, std::ios::binary);
   f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
 }
 
-void write_gz(const fs::path& p, const std::vector<uint8_t>& data) {
+void write_gz(const std::string& p, const std::vector<uint8_t>& data) {
   gzFile f = gzopen(p.c_str(), "wb");
   REQUIRE(f != nullptr);
   REQUIRE(gzwrite(f, data.data(), static_cast<unsigned>(data.size())) ==
@@ -82,7 +82,7 @@ std::string error_of(const std::string& images_path, const std::string& labels_p
 
 TEST_CASE("the installed Fashion-MNIST loads with the documented sizes and statistics") {
   const char* dir = "/usr/share/datasets/fashion-mnist";
-  if (!fs::exists(fs::path(dir) / "train-images-idx3-ubyte.gz")) {
+  if (!distopt::test::path_exists(std::string(dir) + "/train-images-idx3-ubyte.gz")) {
     MESSAGE("dataset-fashion-mnist is not installed; skipping");
     return;
   }
@@ -112,12 +112,12 @@ TEST_CASE("gzip and plain IDX files load alike") {
   TempDir t;
   auto img = images(0x803, 3, 2, 2, 12);
   auto lab = labels(0x801, 3, {0, 9, 4});
-  write_gz(t.path / "i.gz", img);
-  write_plain(t.path / "i", img);
-  write_gz(t.path / "l.gz", lab);
-  write_plain(t.path / "l", lab);
-  auto a = load_idx_pair((t.path / "i.gz").string(), (t.path / "l.gz").string(), 10);
-  auto b = load_idx_pair((t.path / "i").string(), (t.path / "l").string(), 10);
+  write_gz(t.path + "/i.gz", img);
+  write_plain(t.path + "/i", img);
+  write_gz(t.path + "/l.gz", lab);
+  write_plain(t.path + "/l", lab);
+  auto a = load_idx_pair(t.path + "/i.gz", t.path + "/l.gz", 10);
+  auto b = load_idx_pair(t.path + "/i", t.path + "/l", 10);
   CHECK(a.count == 3);
   CHECK(a.rows == 2);
   CHECK(a.pixels == b.pixels);
@@ -127,7 +127,7 @@ TEST_CASE("gzip and plain IDX files load alike") {
 
 TEST_CASE("malformed IDX files give an error naming the file and the problem") {
   TempDir t;
-  const std::string good_i = (t.path / "good_i").string(), good_l = (t.path / "good_l").string();
+  const std::string good_i = t.path + "/good_i", good_l = t.path + "/good_l";
   write_plain(good_i, images(0x803, 2, 2, 2, 8));
   write_plain(good_l, labels(0x801, 2, {1, 2}));
   REQUIRE(error_of(good_i, good_l).empty());
@@ -150,7 +150,7 @@ TEST_CASE("malformed IDX files give an error naming the file and the problem") {
   };
   for (const auto& c : cases) {
     CAPTURE(c.name);
-    const std::string path = (t.path / c.name).string();
+    const std::string path = t.path + "/" + c.name;
     write_plain(path, c.data);
     std::string err = c.is_images ? error_of(path, good_l) : error_of(good_i, path);
     CHECK(err.find(path) != std::string::npos);
@@ -159,11 +159,11 @@ TEST_CASE("malformed IDX files give an error naming the file and the problem") {
 
   SUBCASE("a truncated gzip stream") {
     std::vector<uint8_t> big = images(0x803, 100, 28, 28, 100 * 784);
-    write_gz(t.path / "whole.gz", big);
-    std::ifstream f(t.path / "whole.gz", std::ios::binary);
+    write_gz(t.path + "/whole.gz", big);
+    std::ifstream f(t.path + "/whole.gz", std::ios::binary);
     std::vector<uint8_t> gz((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     gz.resize(gz.size() / 2);
-    const std::string path = (t.path / "cut.gz").string();
+    const std::string path = t.path + "/cut.gz";
     write_plain(path, gz);
     std::string err = error_of(path, good_l);
     CHECK(err.find(path) != std::string::npos);
@@ -174,11 +174,11 @@ TEST_CASE("malformed IDX files give an error naming the file and the problem") {
 TEST_CASE("a directory without the files names the first missing one") {
   TempDir t;
   try {
-    load_fashion_mnist(t.path.string());
+    load_fashion_mnist(t.path);
     FAIL("expected DataError");
   } catch (const DataError& e) {
     std::string msg = e.what();
-    CHECK(msg.find((t.path / "train-images-idx3-ubyte.gz").string()) != std::string::npos);
+    CHECK(msg.find(t.path + "/train-images-idx3-ubyte.gz") != std::string::npos);
     CHECK(msg.find("missing") != std::string::npos);
   }
 }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -243,9 +242,8 @@ TEST_CASE(
   REQUIRE(plugins);
   TempDir t;
   const std::string copy = t.file("libdistopt_mean.so");
-  std::filesystem::copy_file(std::string(plugins) + "/libdistopt_mean.so", copy);
-  ProcResult p =
-      run_command({"env", "-u", "DISTOPT_PLUGIN_PATH", cli(), "plugins", "-P", t.path.string()});
+  distopt::test::copy_file(std::string(plugins) + "/libdistopt_mean.so", copy);
+  ProcResult p = run_command({"env", "-u", "DISTOPT_PLUGIN_PATH", cli(), "plugins", "-P", t.path});
   INFO(p.output);
   const size_t row = p.output.find("reducer       mean");
   REQUIRE(row != std::string::npos);

@@ -2,8 +2,8 @@
 // loopback, its metrics, its failure paths.
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <future>
 #include <iterator>
@@ -16,7 +16,6 @@
 
 #include "cli_util.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::ProcResult;
 using namespace distopt::test::cli;
@@ -67,7 +66,9 @@ std::vector<json> read_metrics(const std::string& path) {
   return out;
 }
 
-bool have_data() { return fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz"); }
+bool have_data() {
+  return distopt::test::path_exists(std::string(kData) + "/train-images-idx3-ubyte.gz");
+}
 
 }  // namespace
 
@@ -257,7 +258,7 @@ TEST_CASE("a bad dataset directory gives a clear error naming the file") {
   std::string cfg = write_job(t, j);
   SUBCASE("missing files") {
     std::string dir = t.file("nodata");
-    fs::create_directories(dir);
+    distopt::test::make_dirs(dir);
     ProcResult r = run_command({cli(), "train", cfg, "--data", dir});
     INFO(r.output);
     CHECK(r.exit_code == 1);
@@ -267,11 +268,11 @@ TEST_CASE("a bad dataset directory gives a clear error naming the file") {
   SUBCASE("a malformed file, with 2 ranks") {
     if (!have_data()) return;
     std::string dir = t.file("broken");
-    fs::create_directories(dir);
-    for (auto& e : fs::directory_iterator(kData))
-      fs::copy_file(e.path(), fs::path(dir) / e.path().filename());
+    distopt::test::make_dirs(dir);
+    for (const std::string& name : distopt::test::list_dir(kData))
+      distopt::test::copy_file(std::string(kData) + "/" + name, dir + "/" + name);
     std::string bad = dir + "/t10k-labels-idx1-ubyte.gz";
-    fs::remove(bad);
+    std::remove(bad.c_str());
     std::ofstream(bad) << "not an idx file";
     Job j2;
     std::string cfg2 = write_job(t, j2, "two.yaml");

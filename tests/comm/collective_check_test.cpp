@@ -4,7 +4,6 @@
 // collectives are never reported.
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -63,7 +62,7 @@ Outcome run(int world, const std::string& world_extra,
     out.messages.push_back(read_text(dir + "/msg" + std::to_string(r)));
     out.seconds.push_back(std::stod(read_text(dir + "/sec" + std::to_string(r))));
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
   return out;
 }
 

@@ -2,10 +2,11 @@
 // Fashion-MNIST data set is installed, and the summary line of a metrics file.
 #pragma once
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "result_files.hpp"
 
 namespace distopt::test {
 
@@ -14,8 +15,7 @@ inline const char* const kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
 /// Whether the Fashion-MNIST training images are installed.
 inline bool fashion_mnist_installed() {
-  return std::filesystem::exists(std::filesystem::path(kFashionMnistDir) /
-                                 "train-images-idx3-ubyte.gz");
+  return path_exists(std::string(kFashionMnistDir) + "/train-images-idx3-ubyte.gz");
 }
 
 /// The last line of a metrics file (JSON lines) whose "event" is "summary";

@@ -5,7 +5,6 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -19,7 +18,6 @@
 
 namespace {
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 using nlohmann::json;
@@ -80,7 +78,7 @@ TEST_CASE("compress reducers train the mlp on Fashion-MNIST (2 ranks x 2 epochs)
   // ~1/ratio steps, and any momentum on top of that staleness diverges.
   Outcome randomk = train(
       dir, "randomk", "{name: randomk, options: {ratio: 0.01, error_feedback: true}}", 0.1, 0.0);
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 
   // Floors: the issue's targets; over 3 seeds x 3 BLAS kernel sets the
   // lowest seen was mean 85.9, signsgd 83.9, topk 85.6, randomk RANDOMK_MIN.
@@ -111,7 +109,7 @@ TEST_CASE("a reducer that applies momentum itself refuses an optimizer with mome
                      << "reducer: {name: topk, options: {momentum: 0.9}}\n"
                      << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n";
   auto r = run_command({cli, "check", job}, {}, std::chrono::seconds(60));
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
   INFO(r.output);
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("double-momentum.yaml") != std::string::npos);

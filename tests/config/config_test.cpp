@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstring>  // multiproc.hpp uses strdup without including it
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -23,8 +22,8 @@
 #include "distopt/registry.hpp"
 #include "distopt/sdk/options.hpp"
 #include "multiproc.hpp"
+#include "result_files.hpp"
 
-namespace fs = std::filesystem;
 using distopt::ConfigError;
 using distopt::Options;
 using distopt::OptionSpec;
@@ -32,7 +31,38 @@ using distopt::OptionSpec;
 namespace {
 
 const std::string kMockDir = DISTOPT_MOCK_PLUGIN_DIR;
-const fs::path kTestDir = DISTOPT_CONFIG_TEST_DIR;
+const std::string kTestDir = DISTOPT_CONFIG_TEST_DIR;
+
+bool is_yaml(const std::string& name) {
+  return name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0;
+}
+
+// `path` without its last `n` elements ("/a/b/c", 2 -> "/a").
+std::string up(std::string path, int n) {
+  while (n-- > 0) path.erase(path.rfind('/'));
+  return path;
+}
+
+// `target` relative to `base` (both absolute, no "." or ".." in them), as
+// std::filesystem::relative gives it.
+std::string relative_to(const std::string& target, const std::string& base) {
+  auto split = [](const std::string& p) {
+    std::vector<std::string> out;
+    std::istringstream is(p);
+    for (std::string e; std::getline(is, e, '/');)
+      if (!e.empty()) out.push_back(e);
+    return out;
+  };
+  const auto t = split(target), b = split(base);
+  size_t common = 0;
+  while (common < t.size() && common < b.size() && t[common] == b[common]) ++common;
+  std::string rel;
+  for (size_t i = common; i < b.size(); ++i) rel += "../";
+  for (size_t i = common; i < t.size(); ++i) rel += t[i] + "/";
+  if (rel.empty()) return ".";
+  rel.pop_back();
+  return rel;
+}
 
 struct BadCase {
   std::string file;
@@ -40,13 +70,13 @@ struct BadCase {
   std::string expect;
 };
 
-std::vector<BadCase> bad_corpus(const fs::path& dir = kTestDir / "bad") {
+std::vector<BadCase> bad_corpus(const std::string& dir = kTestDir + "/bad") {
   std::vector<BadCase> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".yaml") continue;
+  for (const std::string& name : distopt::test::list_dir(dir)) {
+    if (!is_yaml(name)) continue;
     BadCase c;
-    c.file = e.path().string();
-    std::ifstream in(e.path());
+    c.file = dir + "/" + name;
+    std::ifstream in(c.file);
     std::string l;
     while (std::getline(in, l) && l.rfind("#", 0) == 0) {
       if (l.rfind("# expect-line: ", 0) == 0) c.line = std::stoi(l.substr(15));
@@ -121,13 +151,13 @@ TEST_CASE("distopt check exits 1 on every broken file and prints file:line") {
 }
 
 TEST_CASE("a full good config parses with the expected values") {
-  const std::string file = (kTestDir / "good" / "full.yaml").string();
+  const std::string file = kTestDir + "/good/full.yaml";
   auto cfg = distopt::load_job_config(file);
   CHECK(cfg.path == file);
   REQUIRE(cfg.plugin_paths.size() == 2);
   // Relative plugin paths resolve against the YAML file's directory.
-  CHECK(cfg.plugin_paths[0] ==
-        (kTestDir / "good" / "../../../build-nowhere/plugins").lexically_normal().string());
+  // (good/../../../ is the source tree's root.)
+  CHECK(cfg.plugin_paths[0] == up(kTestDir, 2) + "/build-nowhere/plugins");
   CHECK(cfg.plugin_paths[1] == "/opt/distopt/plugins");
   CHECK(cfg.world_size == 3);
   CHECK(cfg.rendezvous == "file:///tmp/distopt-rdzv");
@@ -369,7 +399,7 @@ TEST_CASE("bucket and optimizer option schemas") {
 }
 
 TEST_CASE("distopt check accepts good configs and prints the summary") {
-  const std::string full = (kTestDir / "good" / "full.yaml").string();
+  const std::string full = kTestDir + "/good/full.yaml";
   auto r = cli({"check", full, "--plugin-path", kMockDir});
   CAPTURE(r.output);
   CHECK(r.exit_code == 0);
@@ -379,7 +409,7 @@ TEST_CASE("distopt check accepts good configs and prints the summary") {
           ": OK (communicator mock, reducer mock, algorithm mock, optimizer adam, world size 3)") !=
       std::string::npos);
 
-  const std::string req = (kTestDir / "good" / "required.yaml").string();
+  const std::string req = kTestDir + "/good/required.yaml";
   r = cli({"check", req, "--plugin-path", kMockDir});
   CAPTURE(r.output);
   CHECK(r.exit_code == 0);
@@ -402,7 +432,7 @@ TEST_CASE("distopt check: usage errors") {
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("/nonexistent/job.yaml: cannot read the job file") != std::string::npos);
   // Without the mock plugins the default components are not found either.
-  r = cli({"check", (kTestDir / "good" / "full.yaml").string()});
+  r = cli({"check", kTestDir + "/good/full.yaml"});
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("full.yaml:8:22: communicator.name: no communicator named 'mock'") !=
         std::string::npos);
@@ -458,12 +488,10 @@ TEST_CASE("distopt plugins lists components, options and skipped files") {
   }
 
   // --config uses the job's plugins.paths (relative to the job file).
-  fs::path tmp = fs::temp_directory_path() / ("distopt-cfg-" + std::to_string(::getpid()));
-  fs::create_directories(tmp);
-  std::ofstream(tmp / "job.yaml") << "plugins: {paths: [" << fs::relative(kMockDir, tmp).string()
-                                  << "]}\n";
-  r = cli({"plugins", "--config", (tmp / "job.yaml").string(), "--json"});
-  fs::remove_all(tmp);
+  const std::string tmp = distopt::test::make_temp_dir("distopt-cfg");
+  std::ofstream(tmp + "/job.yaml") << "plugins: {paths: [" << relative_to(kMockDir, tmp) << "]}\n";
+  r = cli({"plugins", "--config", tmp + "/job.yaml", "--json"});
+  distopt::test::remove_tree(tmp);
   REQUIRE(r.exit_code == 0);
   mocks = 0;
   const auto listed = nlohmann::json::parse(r.output);  // kept alive for the loop
@@ -514,7 +542,7 @@ TEST_CASE("distopt plugins prints ranges in interval notation, open bounds inclu
 }
 
 TEST_CASE("an ABI 1.1 plugin's components load and check, with inclusive bounds") {
-  const std::string file = (kTestDir / "good" / "abi11.yaml").string();
+  const std::string file = kTestDir + "/good/abi11.yaml";
   auto cfg = distopt::load_job_config(file);
   auto v = distopt::validate_job(cfg, mock_registry());
   CHECK(v.reducer.get_double("ratio") == 0);  // [0, 1] in 1.1: 0 is allowed
@@ -616,7 +644,7 @@ TEST_CASE("the project's plugins: open bounds and job checks at distopt check ti
   CHECK(reg.get(DOPT_KIND_REDUCER, "topk").traits == 0);
   CHECK((reg.get(DOPT_KIND_ALGORITHM, "zero").check_job != nullptr));
 
-  const auto corpus = bad_corpus(kTestDir / "project" / "bad");
+  const auto corpus = bad_corpus(kTestDir + "/project/bad");
   REQUIRE(corpus.size() >= 5);
   for (const auto& c : corpus) {
     CAPTURE(c.file);
@@ -634,9 +662,10 @@ TEST_CASE("the project's plugins: open bounds and job checks at distopt check ti
     CHECK(r.exit_code == 1);
     CHECK(r.output.find(location(c) + " " + c.expect) != std::string::npos);
   }
-  for (const auto& e : fs::directory_iterator(kTestDir / "project" / "good")) {
-    CAPTURE(e.path());
-    auto r = cli({"check", e.path().string(), "--plugin-path", plugins});
+  for (const std::string& name : distopt::test::list_dir(kTestDir + "/project/good")) {
+    const std::string file = kTestDir + "/project/good/" + name;
+    CAPTURE(file);
+    auto r = cli({"check", file, "--plugin-path", plugins});
     CAPTURE(r.output);
     CHECK(r.exit_code == 0);
     CHECK(r.output.find(": OK (") != std::string::npos);
@@ -667,20 +696,21 @@ TEST_CASE("the project's plugins: open bounds and job checks at distopt check ti
 }
 
 TEST_CASE("the shipped example jobs pass distopt check against the project's plugins") {
-  const fs::path examples =
-      fs::path(distopt::test::env_path("DISTOPT_SOURCE_DIR")) / "share/distopt/examples";
+  const std::string examples =
+      distopt::test::env_path("DISTOPT_SOURCE_DIR") + "/share/distopt/examples";
   const std::string plugins = distopt::test::env_path("DISTOPT_PLUGIN_DIR");
   distopt::PluginRegistry reg;
   reg.discover({plugins});
-  if (!fs::is_directory(examples) || !reg.find(DOPT_KIND_COMMUNICATOR, "tcp") ||
+  if (!distopt::test::is_dir(examples) || !reg.find(DOPT_KIND_COMMUNICATOR, "tcp") ||
       !reg.find(DOPT_KIND_REDUCER, "mean") || !reg.find(DOPT_KIND_ALGORITHM, "allreduce")) {
     MESSAGE("examples or the tcp/mean/allreduce plugins are not built here; nothing to check");
     return;
   }
-  for (const auto& e : fs::directory_iterator(examples)) {
-    if (e.path().extension() != ".yaml") continue;
-    CAPTURE(e.path());
-    auto r = cli({"check", e.path().string(), "--plugin-path", plugins});
+  for (const std::string& name : distopt::test::list_dir(examples)) {
+    if (!is_yaml(name)) continue;
+    const std::string file = examples + "/" + name;
+    CAPTURE(file);
+    auto r = cli({"check", file, "--plugin-path", plugins});
     CAPTURE(r.output);
     CHECK(r.exit_code == 0);
     CHECK(r.output.find(": OK (") != std::string::npos);
@@ -688,10 +718,9 @@ TEST_CASE("the shipped example jobs pass distopt check against the project's plu
 }
 
 TEST_CASE("an empty job file is an error that says so; text may still be empty") {
-  fs::path dir = fs::temp_directory_path() / ("distopt-empty-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const std::string dir = distopt::test::make_temp_dir("distopt-empty");
   for (const char* body : {"", "\n\n", "# only a comment\n"}) {
-    const std::string path = (dir / "job.yaml").string();
+    const std::string path = dir + "/job.yaml";
     std::ofstream(path) << body;
     try {
       distopt::load_job_config(path);
@@ -702,7 +731,7 @@ TEST_CASE("an empty job file is an error that says so; text may still be empty")
       CHECK(m.find("empty") != std::string::npos);
     }
   }
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
   CHECK(distopt::parse_job_config("").world_size == 1);  // programmatic defaults
 }
 

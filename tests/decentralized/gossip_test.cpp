@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -74,7 +73,7 @@ Rounds gossip_rounds(int world, const std::string& algorithm, int rounds) {
   }
   for (int r = 0; r < world; ++r)
     out.final_params.push_back(read_doubles(rank_file(dir, "final", r)));
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
   return out;
 }
 
@@ -156,7 +155,7 @@ TrainRun train(int world, const std::string& algorithm, int steps) {
     v.pop_back();
     out.params.push_back(v);
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
   return out;
 }
 
@@ -198,7 +197,7 @@ TEST_CASE("least squares with different data per rank: near the optimum allreduc
   // (measured: 0.015 at lr 0.01, about 0.003 after the drop to 0.001).
   CHECK(max_abs_diff(ring, opt) <= 1e-2 * scale);
   CHECK(consensus <= 1e-2 * scale * scale);
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("checkpoints: every replica resumes bitwise; another world size starts from the mean") {
@@ -250,5 +249,5 @@ TEST_CASE("checkpoints: every replica resumes bitwise; another world size starts
     CAPTURE(r);
     CHECK(max_abs_diff(read_doubles(rank_file(dir, "two_loaded", r)), mean) <= 1e-6);
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }

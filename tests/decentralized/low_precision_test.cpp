@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -104,7 +103,7 @@ int compare_copies(int world, const std::string& algorithm, int steps,
   REQUIRE(entries.count(self0) == 1);
   CHECK_FALSE(same_bits(entries.at(self0), entries.at("algorithm/low_precision/0/self@rank1")));
   CHECK(entries.at(self0).abs().sum().item<double>() > 0);
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
   return compared;
 }
 
@@ -163,7 +162,7 @@ std::vector<std::vector<std::vector<double>>> gradient_free_rounds(int world,
     for (int t = 0; t <= rounds; ++t)
       out[t].emplace_back(log.begin() + t * n, log.begin() + (t + 1) * n);
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
   return out;
 }
 
@@ -234,7 +233,7 @@ Bytes train_bytes(int world, const std::string& algorithm, int steps) {
     REQUIRE(codes[r] == 0);
     out.per_rank.push_back(read_doubles(rank_file(dir, "bytes", r))[0]);
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
   return out;
 }
 
@@ -365,7 +364,7 @@ TEST_CASE("checkpoints: copies resume bitwise; another layout or world size star
     CHECK(max_abs_diff(read_doubles(rank_file(dir, "two_loaded", r)), mean) <= 1e-6);
     CHECK(read_doubles(rank_file(dir, "two", r)).back() == 4 * kMlpParams + 2 * kMessage + 4);
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 // The device path on CPU tensors: `kernels: torch` runs low_precision's

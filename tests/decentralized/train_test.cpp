@@ -5,7 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
-#include <filesystem>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -15,16 +15,15 @@
 #include "result_files.hpp"
 #include "train_metrics.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 
 namespace {
 
-std::string write_job(const fs::path& dir, const std::string& name, int world,
+std::string write_job(const std::string& dir, const std::string& name, int world,
                       const std::string& algorithm, const std::string& reducer = "{name: mean}",
                       int epochs = 2) {
-  const fs::path job = dir / name;
+  const std::string job = dir + "/" + name;
   std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
                      << "world: {size: " << world << ", timeout_s: 60}\n"
                      << "algorithm: " << algorithm << "\n"
@@ -32,14 +31,14 @@ std::string write_job(const fs::path& dir, const std::string& name, int world,
                      << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
                      << "train: {model: mlp, epochs: " << epochs
                      << ", batch_size: 128, seed: 0, threads: 1}\n";
-  return job.string();
+  return job;
 }
 
 }  // namespace
 
 TEST_CASE("distopt check refuses bad decentralized jobs, naming file:line") {
   const std::string cli = env_path("DISTOPT_CLI");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_dcheck");
+  const std::string dir = distopt::test::make_temp_dir("distopt_dcheck");
   struct Case {
     std::string algorithm, reducer, where, why;
     int world;
@@ -78,38 +77,37 @@ TEST_CASE("distopt check refuses bad decentralized jobs, naming file:line") {
     INFO(ok.output);
     CHECK(ok.exit_code == 0);
   }
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("distopt train: 4 ranks x 2 epochs, ring, shift_one and low_precision learn the MLP") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_dtrain_cli");
+  const std::string dir = distopt::test::make_temp_dir("distopt_dtrain_cli");
   for (const char* options : {"topology: ring", "topology: shift_one", "low_precision: true"}) {
     CAPTURE(options);
     const std::string job = write_job(
         dir, "job.yaml", 4, std::string("{name: decentralized, options: {") + options + "}}");
-    const fs::path metrics = dir / "metrics.jsonl";
-    fs::remove(metrics);
-    auto r = run_command({cli, "train", job, "--metrics", metrics.string()}, {},
-                         std::chrono::seconds(300));
+    const std::string metrics = dir + "/metrics.jsonl";
+    std::remove(metrics.c_str());
+    auto r = run_command({cli, "train", job, "--metrics", metrics}, {}, std::chrono::seconds(300));
     INFO(r.output);
     REQUIRE_FALSE(r.timed_out);
     REQUIRE(r.exit_code == 0);
     CHECK(r.output.find("consensus distance") != std::string::npos);
-    const auto summary = distopt::test::metrics_summary(metrics.string());
+    const auto summary = distopt::test::metrics_summary(metrics);
     REQUIRE(summary.is_object());
     MESSAGE(std::string(options) << ": test accuracy "
                                  << summary["final_test_accuracy"].get<double>());
     CHECK(summary["final_test_accuracy"].get<double>() >= 0.84);
   }
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("a rank killed during the neighbour exchange is named, and the job fails") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_dkill");
+  const std::string dir = distopt::test::make_temp_dir("distopt_dkill");
   for (const char* algorithm :
        {"{name: decentralized}", "{name: decentralized, options: {low_precision: true}}"}) {
     CAPTURE(algorithm);
@@ -122,5 +120,5 @@ TEST_CASE("a rank killed during the neighbour exchange is named, and the job fai
     CHECK(r.output.find("rank 1 failed (exit code 137)") != std::string::npos);
     CHECK(std::regex_search(r.output, std::regex(R"(\[rank 0\] .*error.*rank 1)")));
   }
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }

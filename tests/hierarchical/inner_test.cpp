@@ -5,7 +5,6 @@
 // the inner (dopt_host_api::inner_reducer / create_inner_reducer, through
 // the SDK's InnerReducer), and the traits the job reports.
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -22,21 +21,20 @@
 #include "result_files.hpp"
 #include "torch_doctest.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 
 namespace {
 
 // A job file: line 1 plugins, 2 world, 3 algorithm, 4 reducer.
-std::string write_job(const fs::path& dir, const std::string& name, const std::string& reducer,
+std::string write_job(const std::string& dir, const std::string& name, const std::string& reducer,
                       const std::string& algorithm = "{name: allreduce}") {
-  const fs::path job = dir / name;
+  const std::string job = dir + "/" + name;
   std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
                      << "world: {size: 4}\n"
                      << "algorithm: " << algorithm << "\n"
                      << "reducer: " << reducer << "\n";
-  return job.string();
+  return job;
 }
 
 const char* kPowerSgd = "{name: powersgd, options: {rank: 2}}";

@@ -7,7 +7,7 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -17,7 +17,6 @@
 #include "result_files.hpp"
 #include "train_metrics.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 
@@ -25,16 +24,16 @@ namespace {
 
 const char* kTwoByTwo = "DISTOPT_NODE_ID=a,a,b,b";
 
-std::string write_job(const fs::path& dir, const std::string& reducer, int world = 4,
+std::string write_job(const std::string& dir, const std::string& reducer, int world = 4,
                       int epochs = 2) {
-  const fs::path job = dir / "job.yaml";
+  const std::string job = dir + "/job.yaml";
   std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
                      << "world: {size: " << world << ", timeout_s: 60}\n"
                      << "reducer: " << reducer << "\n"
                      << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
                      << "train: {model: mlp, epochs: " << epochs
                      << ", batch_size: 128, seed: 0, threads: 1}\n";
-  return job.string();
+  return job;
 }
 
 struct Trained {
@@ -42,16 +41,16 @@ struct Trained {
   std::string output;
 };
 
-Trained train(const fs::path& dir, const std::string& reducer) {
+Trained train(const std::string& dir, const std::string& reducer) {
   const std::string job = write_job(dir, reducer);
-  const fs::path metrics = dir / "metrics.jsonl";
-  fs::remove(metrics);
-  auto r = run_command({env_path("DISTOPT_CLI"), "train", job, "--metrics", metrics.string()},
-                       {kTwoByTwo}, std::chrono::seconds(420));
+  const std::string metrics = dir + "/metrics.jsonl";
+  std::remove(metrics.c_str());
+  auto r = run_command({env_path("DISTOPT_CLI"), "train", job, "--metrics", metrics}, {kTwoByTwo},
+                       std::chrono::seconds(420));
   INFO(reducer << "\n" << r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);
-  const auto summary = distopt::test::metrics_summary(metrics.string());
+  const auto summary = distopt::test::metrics_summary(metrics);
   REQUIRE(summary.is_object());
   return {summary["final_test_accuracy"].get<double>(), r.output};
 }

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -16,29 +15,29 @@
 #include "result_files.hpp"
 #include "train_metrics.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 
 namespace {
 
 // Line 3 is the algorithm.
-std::string write_job(const fs::path& dir, const std::string& name, const std::string& algorithm) {
-  const fs::path job = dir / name;
+std::string write_job(const std::string& dir, const std::string& name,
+                      const std::string& algorithm) {
+  const std::string job = dir + "/" + name;
   std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
                      << "world: {size: 2, timeout_s: 60}\n"
                      << "algorithm: " << algorithm << "\n"
                      << "reducer: {name: mean}\n"
                      << "optimizer: {name: adam, lr: 1.0e-3}\n"
                      << "train: {model: mlp, epochs: 2, batch_size: 256, seed: 0, threads: 1}\n";
-  return job.string();
+  return job;
 }
 
 }  // namespace
 
 TEST_CASE("distopt check refuses bad hybrid options, naming file:line and key") {
   const std::string cli = env_path("DISTOPT_CLI");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_hybrid_check");
+  const std::string dir = distopt::test::make_temp_dir("distopt_hybrid_check");
   struct Case {
     std::string options, where, key, why;
   };
@@ -67,13 +66,13 @@ TEST_CASE("distopt check refuses bad hybrid options, naming file:line and key") 
     INFO(ok.output);
     CHECK(ok.exit_code == 0);
   }
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("a rank killed during hybrid training is named, and the job fails") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_hybrid_kill");
+  const std::string dir = distopt::test::make_temp_dir("distopt_hybrid_kill");
   const std::string job = write_job(dir, "job.yaml", "{name: hybrid}");
   auto r = run_command({cli, "train", job}, {"DISTOPT_FAULT_INJECT=exit:1:5"},
                        std::chrono::seconds(120));
@@ -82,5 +81,5 @@ TEST_CASE("a rank killed during hybrid training is named, and the job fails") {
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("rank 1 failed (exit code 137)") != std::string::npos);
   CHECK(std::regex_search(r.output, std::regex(R"(\[rank 0\] .*error.*rank 1)")));
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }

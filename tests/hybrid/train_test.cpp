@@ -8,7 +8,7 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,28 +17,26 @@
 #include "result_files.hpp"
 #include "train_metrics.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 
 namespace {
 
-double test_accuracy(const fs::path& dir, const std::string& algorithm) {
-  const fs::path job = dir / "job.yaml", metrics = dir / "metrics.jsonl";
+double test_accuracy(const std::string& dir, const std::string& algorithm) {
+  const std::string job = dir + "/job.yaml", metrics = dir + "/metrics.jsonl";
   std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
                      << "world: {size: 2, timeout_s: 60}\n"
                      << "algorithm: " << algorithm << "\n"
                      << "reducer: {name: mean}\n"
                      << "optimizer: {name: adam, lr: 1.0e-3}\n"
                      << "train: {model: mlp, epochs: 2, batch_size: 256, seed: 0, threads: 1}\n";
-  fs::remove(metrics);
-  auto r =
-      run_command({env_path("DISTOPT_CLI"), "train", job.string(), "--metrics", metrics.string()},
-                  {}, std::chrono::seconds(300));
+  std::remove(metrics.c_str());
+  auto r = run_command({env_path("DISTOPT_CLI"), "train", job, "--metrics", metrics}, {},
+                       std::chrono::seconds(300));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);
-  const auto summary = distopt::test::metrics_summary(metrics.string());
+  const auto summary = distopt::test::metrics_summary(metrics);
   REQUIRE(summary.is_object());
   CHECK(summary["algorithm"] ==
         nlohmann::json::parse(
@@ -54,7 +52,7 @@ TEST_CASE(
     "distopt train: hybrid at offload_fraction 0.5 (also sharded) on 2 ranks reaches allreduce's "
     "accuracy") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
-  const fs::path dir = distopt::test::make_temp_dir("distopt_hybrid_train");
+  const std::string dir = distopt::test::make_temp_dir("distopt_hybrid_train");
   const double base = test_accuracy(dir, "{name: allreduce}");
   MESSAGE("allreduce: test accuracy " << base);
   for (std::string options : {"overlap_cpu_optimizer_d2h_h2d: true",
@@ -66,5 +64,5 @@ TEST_CASE(
     CHECK(acc >= 0.84);
     CHECK(std::fabs(acc - base) <= 0.01);
   }
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -154,7 +153,7 @@ Outcome run(const Spec& s) {
     o.ref = read_doubles(dir + "/ref.bin");
     o.init = read_doubles(dir + "/init.bin");
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
   return o;
 }
 

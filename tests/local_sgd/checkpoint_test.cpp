@@ -4,7 +4,6 @@
 // averages fall on the same steps (pytorch/pytorch issue 74556); a
 // checkpoint of 4 ranks loaded into 2 starts both from the replicas' mean
 // and keeps the schedule.
-#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
@@ -147,5 +146,5 @@ TEST_CASE("checkpoint between averages: every rank resumes bitwise, the counter 
     CHECK(two.averages == 1);
     CHECK(max_abs_diff(two.params[1], read_after(file(dir, "two", 0), 2).params[1]) == 0);
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }

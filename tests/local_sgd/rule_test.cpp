@@ -6,7 +6,6 @@
 // different between), to the mean of the replicas; and nothing is sent on
 // the other local steps (bytes checked against tcp's own count).
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
@@ -101,7 +100,7 @@ Run train(int world, const std::string& algorithm, const std::string& optimizer,
     for (size_t i = 0; i < kMetrics.size(); ++i)
       run.metrics.back()[kMetrics[i]] = v[steps * per_step + i];
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
   return run;
 }
 

@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -17,16 +16,15 @@
 #include "result_files.hpp"
 #include "train_metrics.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 
 namespace {
 
-std::string write_job(const fs::path& dir, const std::string& name, int world,
+std::string write_job(const std::string& dir, const std::string& name, int world,
                       const std::string& algorithm, const std::string& reducer = "{name: mean}",
                       const std::string& extra = "") {
-  const fs::path job = dir / name;
+  const std::string job = dir + "/" + name;
   std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
                      << "world: {size: " << world << ", timeout_s: 60}\n"
                      << "algorithm: " << algorithm << "\n"
@@ -34,14 +32,14 @@ std::string write_job(const fs::path& dir, const std::string& name, int world,
                      << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
                      << "train: {model: mlp, epochs: 2, batch_size: 128, seed: 0, threads: 1}\n"
                      << extra;
-  return job.string();
+  return job;
 }
 
 }  // namespace
 
 TEST_CASE("distopt check refuses bad local_sgd jobs, naming file:line:column") {
   const std::string cli = env_path("DISTOPT_CLI");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_lsgd_check");
+  const std::string dir = distopt::test::make_temp_dir("distopt_lsgd_check");
   struct Case {
     std::string algorithm, reducer, extra, where, why;
   };
@@ -74,22 +72,21 @@ TEST_CASE("distopt check refuses bad local_sgd jobs, naming file:line:column") {
                   {}, std::chrono::seconds(60));
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("distopt train: 4 ranks x 2 epochs, local SGD with period 4 learns the MLP") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_lsgd_train");
+  const std::string dir = distopt::test::make_temp_dir("distopt_lsgd_train");
   const std::string job = write_job(dir, "job.yaml", 4, "{name: local_sgd, options: {period: 4}}");
-  const fs::path metrics = dir / "metrics.jsonl";
-  auto r = run_command({cli, "train", job, "--metrics", metrics.string()}, {},
-                       std::chrono::seconds(300));
+  const std::string metrics = dir + "/metrics.jsonl";
+  auto r = run_command({cli, "train", job, "--metrics", metrics}, {}, std::chrono::seconds(300));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("consensus distance") != std::string::npos);
-  const auto summary = distopt::test::metrics_summary(metrics.string());
+  const auto summary = distopt::test::metrics_summary(metrics);
   REQUIRE(summary.is_object());
   const double accuracy = summary["final_test_accuracy"].get<double>();
   MESSAGE("local_sgd period 4: test accuracy " << accuracy);
@@ -105,13 +102,13 @@ TEST_CASE("distopt train: 4 ranks x 2 epochs, local SGD with period 4 learns the
   REQUIRE(plain % steps == 0);
   for (const auto& b : summary["bytes_sent_per_rank"])
     CHECK(b.get<uint64_t>() == plain / steps * (steps / 4));
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("a rank killed during the local steps is named at the next average, and the job fails") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_lsgd_kill");
+  const std::string dir = distopt::test::make_temp_dir("distopt_lsgd_kill");
   // Rank 1 dies before step 5; rank 0 takes local steps 5 and 6 alone and
   // fails in the average after step 7.
   const std::string job = write_job(dir, "job.yaml", 2, "{name: local_sgd, options: {period: 4}}");
@@ -122,5 +119,5 @@ TEST_CASE("a rank killed during the local steps is named at the next average, an
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("rank 1 failed (exit code 137)") != std::string::npos);
   CHECK(std::regex_search(r.output, std::regex(R"(\[rank 0\] .*error.*rank 1)")));
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }

@@ -27,6 +27,10 @@ cmake --build "$work/template/build" >"$work/build.log" 2>&1 || { cat "$work/bui
 mkdir -p "$work/plugins"
 cp "$work/template/build/libdistopt_template.so" "$work/plugins/"
 
+echo "== the installed check_symbols.sh: no symbol PyTorch's libtorch exports (DESIGN.md)"
+"$work/prefix/share/distopt/check_symbols.sh" --require-each "$work/plugins" "$work/prefix/bin" \
+  "$work/prefix/lib"
+
 echo "== distopt plugins lists it"
 export DISTOPT_PLUGIN_PATH="$work/prefix/lib/distopt/plugins"
 out=$("$work/prefix/bin/distopt" plugins --plugin-path "$work/plugins")

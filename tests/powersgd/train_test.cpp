@@ -3,7 +3,6 @@
 // sending a small fraction of a plain allreduce's bytes.
 #include <doctest/doctest.h>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -14,7 +13,6 @@
 #include "result_files.hpp"
 #include "train_metrics.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 using nlohmann::json;
@@ -23,8 +21,8 @@ TEST_CASE("distopt train: powersgd rank 4 on the mlp, 2 ranks x 2 epochs") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI"), plugins = env_path("DISTOPT_PLUGIN_DIR");
   REQUIRE_MESSAGE(!cli.empty(), "DISTOPT_CLI is not set (run through ctest)");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_powersgd_train");
-  std::ofstream(dir / "job.yaml")
+  const std::string dir = distopt::test::make_temp_dir("distopt_powersgd_train");
+  std::ofstream(dir + "/job.yaml")
       << "plugins: {paths: [" << plugins << "]}\n"
       << "world: {size: 2, timeout_s: 60}\n"
       << "communicator: {name: tcp}\n"
@@ -32,14 +30,14 @@ TEST_CASE("distopt train: powersgd rank 4 on the mlp, 2 ranks x 2 epochs") {
       << "algorithm: {name: allreduce}\n"
       << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
       << "train: {model: mlp, epochs: 2, batch_size: 256, seed: 0, threads: 1}\n";
-  const std::string metrics = (dir / "metrics.jsonl").string();
-  auto r = run_command({cli, "train", (dir / "job.yaml").string(), "--metrics", metrics}, {},
+  const std::string metrics = dir + "/metrics.jsonl";
+  auto r = run_command({cli, "train", dir + "/job.yaml", "--metrics", metrics}, {},
                        std::chrono::seconds(300));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);
   const json summary = distopt::test::metrics_summary(metrics);
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
   REQUIRE(summary.is_object());
   CHECK(summary["reducer"] == "powersgd");
   CHECK(summary["final_test_accuracy"].get<double>() >= 0.84);

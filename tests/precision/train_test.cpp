@@ -3,7 +3,6 @@
 // console and JSON metrics, and fp16 refused on CPU with a clear error.
 #include <doctest/doctest.h>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -13,7 +12,6 @@
 #include "cli_util.hpp"
 #include "train_metrics.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::ProcResult;
 using distopt::test::run_command;

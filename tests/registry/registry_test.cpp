@@ -4,10 +4,10 @@
 #include "distopt/registry.hpp"
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>  // multiproc.hpp uses strdup without including it
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -19,8 +19,8 @@
 #include "distopt/error.hpp"
 #include "distopt/host_communicator.hpp"
 #include "multiproc.hpp"
+#include "result_files.hpp"
 
-namespace fs = std::filesystem;
 using distopt::PluginError;
 using distopt::PluginRegistry;
 
@@ -45,15 +45,8 @@ bool library_mapped(const std::string& file) {
 }
 
 struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "distopt-registry-XXXXXX").string();
-    path = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+  std::string path = distopt::test::make_temp_dir("distopt-registry");
+  ~TempDir() { distopt::test::remove_tree(path); }
 };
 
 }  // namespace
@@ -360,18 +353,18 @@ TEST_CASE("components keep their library loaded after the registry is gone") {
 
 TEST_CASE("the same file reached twice loads once; a copy elsewhere is a duplicate") {
   TempDir tmp;
-  fs::copy_file(mock("mock"), tmp.path / "libdistopt_copy.so");
-  std::ofstream(tmp.path / "README.txt") << "not a plugin, and not named .so: ignored\n";
-  fs::create_symlink(mock("mock"), tmp.path / "libdistopt_link.so");
+  distopt::test::copy_file(mock("mock"), tmp.path + "/libdistopt_copy.so");
+  std::ofstream(tmp.path + "/README.txt") << "not a plugin, and not named .so: ignored\n";
+  REQUIRE(::symlink(mock("mock").c_str(), (tmp.path + "/libdistopt_link.so").c_str()) == 0);
 
   PluginRegistry reg;
   CHECK(reg.load_file(mock("mock")));
   CHECK(reg.load_file(mock("mock")));  // again: no duplicate of itself
-  reg.discover({tmp.path.string(), (tmp.path / "missing").string()});
+  reg.discover({tmp.path, tmp.path + "/missing"});
   CHECK(reg.components().size() == 4);
   REQUIRE(reg.skipped().size() == 1);  // the copy; the symlink is the same file
   const auto& s = reg.skipped()[0];
-  CHECK(s.file == (tmp.path / "libdistopt_copy.so").string());
+  CHECK(s.file == tmp.path + "/libdistopt_copy.so");
   CHECK(s.reason.find("duplicate communicator 'mock': already provided by " + mock("mock")) !=
         std::string::npos);
 }
@@ -413,7 +406,7 @@ TEST_CASE(
 
 TEST_CASE("the project's own plugins in build/plugins load cleanly (when built)") {
   const std::string dir = distopt::test::env_path("DISTOPT_PLUGIN_DIR");
-  if (dir.empty() || !fs::is_directory(dir)) {
+  if (dir.empty() || !distopt::test::is_dir(dir)) {
     MESSAGE("no build/plugins directory yet; nothing to check");
     return;
   }

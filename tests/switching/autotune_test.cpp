@@ -6,7 +6,6 @@
 // 2 values computes), and a checkpoint keeps the choice so a resume does not
 // tune again. Which setting is fastest is machine-dependent and not
 // asserted here (tools/bench/autotune.py measures it).
-#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -166,7 +165,7 @@ TEST_CASE("autotune: tries the settings, keeps the fastest, changes no result, r
     CHECK(resumed.buckets == tuned.buckets);
     CHECK(max_abs_diff(resumed.params, read(dir, "plain28", r, nparams).params) == 0);
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("autotune: the overlap and hierarchical stages can be turned off; hierarchical flips") {
@@ -195,7 +194,7 @@ TEST_CASE("autotune: the overlap and hierarchical stages can be turned off; hier
     CHECK(!psgd.rows[2].overlap);
     for (const Row& row : psgd.rows) CHECK(!row.hierarchical);
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("autotune: bad sections are refused naming the file and line") {

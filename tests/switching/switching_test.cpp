@@ -5,7 +5,6 @@
 // per step are the new algorithm's, a checkpoint taken in a later phase
 // resumes in it bitwise, and bad schedules or calls are refused.
 #include <algorithm>
-#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -80,7 +79,7 @@ Trace run_trace(int world, const std::string& rest, int steps) {
       tr.phase[r].push_back(row[rec - 1]);
     }
   }
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
   return tr;
 }
 
@@ -198,7 +197,7 @@ TEST_CASE("a checkpoint taken in phase 2 resumes in phase 2, every replica bitwi
     return 1;
   });
   for (int c : codes) CHECK(c == 0);
-  std::filesystem::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("switch_to: a bad call or ranks that disagree change nothing, on every rank") {

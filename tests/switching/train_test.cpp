@@ -6,7 +6,6 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,25 +15,24 @@
 #include "result_files.hpp"
 #include "train_metrics.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 
 namespace {
 
-std::string write_job(const fs::path& dir, const std::string& name, int world,
+std::string write_job(const std::string& dir, const std::string& name, int world,
                       const std::string& schedule) {
-  const fs::path job = dir / name;
+  const std::string job = dir + "/" + name;
   std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
                      << "world: {size: " << world << ", timeout_s: 60}\n"
                      << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
                      << "train: {model: mlp, epochs: 2, batch_size: 128, seed: 0, threads: 1}\n"
                      << "schedule:\n"
                      << schedule;
-  return job.string();
+  return job;
 }
 
-std::vector<nlohmann::json> epoch_events(const fs::path& metrics) {
+std::vector<nlohmann::json> epoch_events(const std::string& metrics) {
   std::vector<nlohmann::json> out;
   std::ifstream f(metrics);
   for (std::string line; std::getline(f, line);)
@@ -51,7 +49,7 @@ const char* kTwoPhases =
 
 TEST_CASE("distopt check refuses a phase its component refuses, naming file:line and phase") {
   const std::string cli = env_path("DISTOPT_CLI");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_scheck");
+  const std::string dir = distopt::test::make_temp_dir("distopt_scheck");
   const std::string bad =
       write_job(dir, "bad.yaml", 3,
                 "  - {until_step: 10}\n"
@@ -65,18 +63,17 @@ TEST_CASE("distopt check refuses a phase its component refuses, naming file:line
                         std::chrono::seconds(60));
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("distopt train: allreduce for epoch 1, then decentralized; a resume lands in phase 2") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_strain");
+  const std::string dir = distopt::test::make_temp_dir("distopt_strain");
   const std::string job = write_job(dir, "job.yaml", 2, kTwoPhases);
-  const fs::path metrics = dir / "metrics.jsonl", ckpt = dir / "ckpt";
-  auto r =
-      run_command({cli, "train", job, "--metrics", metrics.string(), "--checkpoint", ckpt.string()},
-                  {}, std::chrono::seconds(300));
+  const std::string metrics = dir + "/metrics.jsonl", ckpt = dir + "/ckpt";
+  auto r = run_command({cli, "train", job, "--metrics", metrics, "--checkpoint", ckpt}, {},
+                       std::chrono::seconds(300));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);
@@ -88,7 +85,7 @@ TEST_CASE("distopt train: allreduce for epoch 1, then decentralized; a resume la
   CHECK(epochs[1]["algorithm"] == "decentralized");
   CHECK(epochs[1]["schedule_phase"] == 1);
   CHECK(epochs[1].contains("consensus_distance"));
-  const auto summary = distopt::test::metrics_summary(metrics.string());
+  const auto summary = distopt::test::metrics_summary(metrics);
   REQUIRE(summary.is_object());
   MESSAGE("test accuracy " << summary["final_test_accuracy"].get<double>());
   CHECK(summary["final_test_accuracy"].get<double>() >= 0.83);
@@ -102,10 +99,10 @@ TEST_CASE("distopt train: allreduce for epoch 1, then decentralized; a resume la
     text.replace(text.find("epochs: 2"), 9, "epochs: 3");
     std::ofstream(longer) << text;
   }
-  const fs::path metrics2 = dir / "metrics2.jsonl";
-  auto r2 = run_command({cli, "train", longer, "--metrics", metrics2.string(), "--checkpoint",
-                         ckpt.string(), "--resume"},
-                        {}, std::chrono::seconds(300));
+  const std::string metrics2 = dir + "/metrics2.jsonl";
+  auto r2 =
+      run_command({cli, "train", longer, "--metrics", metrics2, "--checkpoint", ckpt, "--resume"},
+                  {}, std::chrono::seconds(300));
   INFO(r2.output);
   REQUIRE(r2.exit_code == 0);
   const auto resumed = epoch_events(metrics2);
@@ -113,5 +110,5 @@ TEST_CASE("distopt train: allreduce for epoch 1, then decentralized; a resume la
   CHECK(resumed[0]["epoch"] == 3);
   CHECK(resumed[0]["algorithm"] == "decentralized");
   CHECK(resumed[0]["schedule_phase"] == 1);
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }

@@ -4,7 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <filesystem>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -13,7 +13,6 @@
 #include "result_files.hpp"
 #include "train_metrics.hpp"
 
-namespace fs = std::filesystem;
 using distopt::test::env_path;
 using distopt::test::run_command;
 using nlohmann::json;
@@ -25,9 +24,9 @@ struct Run {
   std::string output;
 };
 
-Run train(const fs::path& dir, const std::string& algorithm) {
+Run train(const std::string& dir, const std::string& algorithm) {
   const std::string cli = env_path("DISTOPT_CLI"), plugins = env_path("DISTOPT_PLUGIN_DIR");
-  const fs::path job = dir / "job.yaml", metrics = dir / "metrics.jsonl";
+  const std::string job = dir + "/job.yaml", metrics = dir + "/metrics.jsonl";
   std::ofstream(job) << "plugins: {paths: [" << plugins << "]}\n"
                      << "world: {size: 2, timeout_s: 60}\n"
                      << "communicator: {name: tcp}\n"
@@ -35,15 +34,14 @@ Run train(const fs::path& dir, const std::string& algorithm) {
                      << "algorithm: " << algorithm << "\n"
                      << "optimizer: {name: adam, lr: 1.0e-3}\n"
                      << "train: {model: mlp, epochs: 1, batch_size: 256, seed: 0, threads: 1}\n";
-  fs::remove(metrics);
-  auto r = run_command({cli, "train", job.string(), "--metrics", metrics.string()}, {},
-                       std::chrono::seconds(200));
+  std::remove(metrics.c_str());
+  auto r = run_command({cli, "train", job, "--metrics", metrics}, {}, std::chrono::seconds(200));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);
   Run out;
   out.output = r.output;
-  out.summary = distopt::test::metrics_summary(metrics.string());
+  out.summary = distopt::test::metrics_summary(metrics);
   REQUIRE(out.summary.is_object());
   return out;
 }
@@ -53,7 +51,7 @@ Run train(const fs::path& dir, const std::string& algorithm) {
 TEST_CASE("distopt train: zero + adam, 2 ranks x 1 epoch, half of allreduce's optimizer state") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   REQUIRE_MESSAGE(!env_path("DISTOPT_CLI").empty(), "DISTOPT_CLI is not set (run through ctest)");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_zero_train");
+  const std::string dir = distopt::test::make_temp_dir("distopt_zero_train");
   Run base = train(dir, "{name: allreduce}");
   const double full = base.summary["state_bytes_per_rank"][0].get<double>();
   REQUIRE(full > 0);
@@ -75,15 +73,15 @@ TEST_CASE("distopt train: zero + adam, 2 ranks x 1 epoch, half of allreduce's op
     }
     CHECK(sum == full);  // every element's state is held by exactly one rank
   }
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("zero stage 2 refuses a compressing reducer before any rank connects; stage 1 takes it") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   const std::string cli = env_path("DISTOPT_CLI"), plugins = env_path("DISTOPT_PLUGIN_DIR");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_zero_reducer");
+  const std::string dir = distopt::test::make_temp_dir("distopt_zero_reducer");
   auto job = [&](const std::string& reducer, const std::string& algorithm) {
-    const fs::path path = dir / "job.yaml";
+    const std::string path = dir + "/job.yaml";
     std::ofstream(path) << "plugins: {paths: [" << plugins << "]}\n"
                         << "world: {size: 2, timeout_s: 60}\n"
                         << "reducer: " << reducer << "\n"
@@ -91,7 +89,7 @@ TEST_CASE("zero stage 2 refuses a compressing reducer before any rank connects; 
                         << "optimizer: {name: adam, lr: 1.0e-3}\n"
                         << "train: {model: mlp, epochs: 1, max_steps: 2, batch_size: 64, seed: 0, "
                            "threads: 1}\n";
-    return path.string();
+    return path;
   };
   // Line 4, column 42 is the 2 of `stage: 2`: zero's check_job (ABI 1.2)
   // refuses there, in `distopt check` and in every rank before the rendezvous.
@@ -117,7 +115,7 @@ TEST_CASE("zero stage 2 refuses a compressing reducer before any rank connects; 
   INFO(s1.output);
   CHECK(s1.exit_code == 0);
   CHECK(s1.output.find("without reducer") == std::string::npos);
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("an algorithm that cannot refuse the job and bypasses the reducer is warned about") {
@@ -125,9 +123,9 @@ TEST_CASE("an algorithm that cannot refuse the job and bypasses the reducer is w
   const std::string cli = env_path("DISTOPT_CLI"), plugins = env_path("DISTOPT_PLUGIN_DIR");
   const std::string extra = env_path("DISTOPT_NO_REDUCER_PLUGIN_DIR");
   REQUIRE_MESSAGE(!extra.empty(), "DISTOPT_NO_REDUCER_PLUGIN_DIR is not set (run through ctest)");
-  const fs::path dir = distopt::test::make_temp_dir("distopt_no_reducer");
+  const std::string dir = distopt::test::make_temp_dir("distopt_no_reducer");
   auto run = [&](const std::string& reducer) {
-    const fs::path job = dir / "job.yaml";
+    const std::string job = dir + "/job.yaml";
     std::ofstream(job) << "plugins: {paths: [" << plugins << ", " << extra << "]}\n"
                        << "world: {size: 2, timeout_s: 60}\n"
                        << "reducer: " << reducer << "\n"
@@ -135,7 +133,7 @@ TEST_CASE("an algorithm that cannot refuse the job and bypasses the reducer is w
                        << "optimizer: {name: sgd, lr: 0.1}\n"
                        << "train: {model: mlp, epochs: 1, max_steps: 2, batch_size: 64, seed: 0, "
                           "threads: 1}\n";
-    return run_command({cli, "train", job.string()}, {}, std::chrono::seconds(120));
+    return run_command({cli, "train", job}, {}, std::chrono::seconds(120));
   };
   auto topk = run("{name: topk, options: {ratio: 0.5}}");
   INFO(topk.output);
@@ -147,5 +145,5 @@ TEST_CASE("an algorithm that cannot refuse the job and bypasses the reducer is w
   INFO(mean.output);
   CHECK(mean.exit_code == 0);
   CHECK(mean.output.find("without reducer") == std::string::npos);
-  fs::remove_all(dir);
+  distopt::test::remove_tree(dir);
 }

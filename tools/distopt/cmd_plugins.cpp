@@ -1,7 +1,8 @@
 // `distopt plugins`: what plugin discovery found (kind, name, version, ABI,
 // file, option schemas) and what it skipped, and why.
+#include <sys/stat.h>
+
 #include <boost/program_options.hpp>
-#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -18,6 +19,12 @@ namespace po = boost::program_options;
 using nlohmann::json;
 
 namespace {
+
+// stat(2), not std::filesystem: see tools/check_symbols.sh for why.
+bool is_directory(const std::string& d) {
+  struct stat st {};
+  return ::stat(d.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
 
 std::string join(const std::vector<std::string>& v, const char* sep) {
   std::string s;
@@ -137,7 +144,7 @@ int run_plugins(int argc, char** argv) {
     json out;
     out["search_path"] = json::array();
     for (const auto& d : dirs)
-      out["search_path"].push_back({{"dir", d}, {"exists", std::filesystem::is_directory(d)}});
+      out["search_path"].push_back({{"dir", d}, {"exists", is_directory(d)}});
     out["components"] = json::array();
     for (const auto& c : reg.components())
       out["components"].push_back(
@@ -166,7 +173,7 @@ int run_plugins(int argc, char** argv) {
   std::ostream& os = std::cout;
   os << "Search path:\n";
   for (const auto& d : dirs)
-    os << "  " << d << (std::filesystem::is_directory(d) ? "" : "  (does not exist)") << "\n";
+    os << "  " << d << (is_directory(d) ? "" : "  (does not exist)") << "\n";
 
   os << "\nComponents (" << reg.components().size() << "):\n";
   if (reg.components().empty()) {

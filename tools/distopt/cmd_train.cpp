@@ -7,7 +7,6 @@
 #include <boost/program_options.hpp>
 #include <climits>
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -23,6 +22,16 @@ namespace po = boost::program_options;
 
 namespace distopt::cli {
 namespace {
+
+// `p` against the current directory, as std::filesystem::absolute (not
+// used: see tools/check_symbols.sh for why).
+std::string absolute(const std::string& p) {
+  if (p.empty() || p[0] == '/') return p;
+  char buf[PATH_MAX];
+  if (::getcwd(buf, sizeof buf) == nullptr) return p;
+  const std::string cwd = buf;
+  return cwd.back() == '/' ? cwd + p : cwd + "/" + p;
+}
 
 // This executable, for re-executing it once per rank.
 std::string self_exe() {
@@ -120,7 +129,7 @@ int cmd_train(int argc, char** argv) {
 
   JobConfig cfg = load_job_config(config);
   std::vector<std::string> paths;
-  for (const auto& p : plugin_paths) paths.push_back(std::filesystem::absolute(p).string());
+  for (const auto& p : plugin_paths) paths.push_back(absolute(p));
   paths.insert(paths.end(), cfg.plugin_paths.begin(), cfg.plugin_paths.end());
   cfg.plugin_paths = paths;
   if (!data.empty()) cfg.train.data_dir = data;

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <filesystem>
 
 #include "checkpoint/atomic_file.hpp"
 #include "checkpoint/exchange.hpp"
@@ -21,8 +20,9 @@
 #include "distopt/runtime.hpp"
 #include "optim/autotune.hpp"
 #include "optim/optimizer_impl.hpp"
+#include "util/posix_fs.hpp"
 
-namespace fs = std::filesystem;
+namespace pfs = distopt::posix_fs;
 
 namespace distopt {
 
@@ -44,12 +44,12 @@ std::string step_dir_name(int64_t step, int64_t suffix) {
 }
 
 std::string latest_name(const std::string& dir) {
-  const fs::path p = fs::path(dir) / kLatest;
-  if (!fs::exists(p)) return "";
-  auto bytes = read_file(p.string());
+  const std::string p = pfs::join(dir, kLatest);
+  if (!pfs::exists(p)) return "";
+  auto bytes = read_file(p);
   std::string name = trim(std::string(bytes.begin(), bytes.end()));
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-    throw CheckpointError(p.string() + ": does not name a checkpoint ('" + name + "')");
+    throw CheckpointError(p + ": does not name a checkpoint ('" + name + "')");
   return name;
 }
 
@@ -69,12 +69,10 @@ std::vector<int64_t> gather_i64(Runtime& rt, const std::vector<int64_t>& mine) {
   return checkpoint::gather_i64(rt.control_communicator().ref(), rt.rank(), rt.world_size(), mine);
 }
 
-void remove_old(const fs::path& dir, const std::string& latest, int keep) {
+void remove_old(const std::string& dir, const std::string& latest, int keep) {
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step-", 0) == 0) names.push_back(n);
-  }
+  for (const std::string& n : pfs::list_dir(dir))
+    if (n.rfind("step-", 0) == 0 && pfs::is_directory(pfs::join(dir, n))) names.push_back(n);
   std::sort(names.begin(), names.end());  // zero-padded steps: name order is age order
   int older_kept = 0;                     // besides `latest`; newer names are stale (crashed saves)
   for (auto it = names.rbegin(); it != names.rend(); ++it) {
@@ -83,11 +81,10 @@ void remove_old(const fs::path& dir, const std::string& latest, int keep) {
       ++older_kept;
       continue;
     }
-    std::error_code ec;
-    fs::remove_all(dir / *it, ec);
-    if (ec)
+    const std::string err = pfs::remove_all(pfs::join(dir, *it));
+    if (!err.empty())
       log(DOPT_LOG_WARN, "checkpoint",
-          "could not remove old checkpoint " + (dir / *it).string() + ": " + ec.message());
+          "could not remove old checkpoint " + pfs::join(dir, *it) + ": " + err);
   }
 }
 
@@ -98,12 +95,12 @@ Loaded read_newest(const std::string& dir) {
   if (name.empty())
     throw CheckpointError(dir + ": no checkpoint (no '" + std::string(kLatest) + "' file)");
   Loaded l;
-  l.where = (fs::path(dir) / name).string();
-  const std::string mpath = (fs::path(l.where) / kManifest).string();
+  l.where = pfs::join(dir, name);
+  const std::string mpath = pfs::join(l.where, kManifest);
   auto text = read_file(mpath);
   l.manifest = Manifest::from_json(std::string(text.begin(), text.end()), mpath);
   for (const ShardRecord& s : l.manifest.shards) {
-    const std::string path = (fs::path(l.where) / s.file).string();
+    const std::string path = pfs::join(l.where, s.file);
     auto bytes = read_file(path);
     if (bytes.size() != s.bytes)
       throw CheckpointError(path + ": " + std::to_string(bytes.size()) +
@@ -125,7 +122,7 @@ ShardRecord write_shard(const std::string& step_dir, const ShardState& s, int ra
   auto bytes = s.encode(rank, world);
   r.bytes = bytes.size();
   r.crc32 = crc32_of(bytes);
-  write_atomic((fs::path(step_dir) / r.file).string(), bytes, die_in_this_save(rank));
+  write_atomic(pfs::join(step_dir, r.file), bytes, die_in_this_save(rank));
   return r;
 }
 
@@ -172,8 +169,8 @@ std::optional<CheckpointInfo> find_checkpoint(const std::string& dir) {
   using namespace checkpoint;
   const std::string name = latest_name(dir);
   if (name.empty()) return std::nullopt;
-  const std::string where = (fs::path(dir) / name).string();
-  const std::string mpath = (fs::path(where) / kManifest).string();
+  const std::string where = pfs::join(dir, name);
+  const std::string mpath = pfs::join(where, kManifest);
   auto text = read_file(mpath);
   return Manifest::from_json(std::string(text.begin(), text.end()), mpath).info(where);
 }
@@ -193,14 +190,15 @@ CheckpointInfo Runtime::save_checkpoint(const std::string& dir, torch::nn::Modul
   std::string err;
   if (rank == 0) {
     try {
-      fs::create_directories(dir);
+      pfs::create_directories(dir);
       const std::string latest = latest_name(dir);
       while (step_dir_name(man.step, suffix) == latest ||
-             (suffix > 0 && fs::exists(fs::path(dir) / step_dir_name(man.step, suffix))))
+             (suffix > 0 && pfs::exists(pfs::join(dir, step_dir_name(man.step, suffix)))))
         ++suffix;
-      const fs::path target = fs::path(dir) / step_dir_name(man.step, suffix);
-      fs::remove_all(target);
-      fs::create_directories(target);
+      const std::string target = pfs::join(dir, step_dir_name(man.step, suffix));
+      const std::string stale = pfs::remove_all(target);
+      if (!stale.empty()) throw CheckpointError("cannot remove a stale checkpoint: " + stale);
+      pfs::create_directories(target);
     } catch (const std::exception& e) {
       err = e.what();
       suffix = -1;
@@ -211,7 +209,7 @@ CheckpointInfo Runtime::save_checkpoint(const std::string& dir, torch::nn::Modul
     throw CheckpointError(rank == 0 ? err
                                     : dir + ": rank 0 could not prepare the checkpoint directory");
   const std::string name = step_dir_name(man.step, suffix);
-  const std::string step_dir = (fs::path(dir) / name).string();
+  const std::string step_dir = pfs::join(dir, name);
 
   // Every rank: its shard.
   ShardRecord mine;
@@ -240,11 +238,9 @@ CheckpointInfo Runtime::save_checkpoint(const std::string& dir, torch::nn::Modul
         man.shards.push_back({r, shard_file_name(r, world), static_cast<uint64_t>(all[3 * r + 1]),
                               static_cast<uint32_t>(all[3 * r + 2])});
       const std::string text = man.to_json();
-      write_atomic((fs::path(step_dir) / kManifest).string(),
-                   std::vector<char>(text.begin(), text.end()));
+      write_atomic(pfs::join(step_dir, kManifest), std::vector<char>(text.begin(), text.end()));
       const std::string latest = name + "\n";
-      write_atomic((fs::path(dir) / kLatest).string(),
-                   std::vector<char>(latest.begin(), latest.end()));
+      write_atomic(pfs::join(dir, kLatest), std::vector<char>(latest.begin(), latest.end()));
       remove_old(dir, name, keep);
     } catch (const std::exception& e) {
       committed = 0;

@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -23,6 +22,7 @@
 #include "distopt/error.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/sdk/optimizer_schema.hpp"
+#include "util/posix_fs.hpp"
 
 namespace distopt {
 
@@ -46,7 +46,7 @@ BufferSync parse_buffer_sync(const std::string& name) {
 }
 namespace {
 
-namespace fs = std::filesystem;
+namespace pfs = posix_fs;
 using namespace yamlutil;
 
 /// node[key] when node is a map; an undefined node otherwise (never throws).
@@ -176,8 +176,8 @@ class Parser {
   }
 
   std::string resolve(const std::string& p) const {
-    if (base_dir_.empty() || p.empty() || fs::path(p).is_absolute()) return p;
-    return (fs::path(base_dir_) / p).lexically_normal().string();
+    if (base_dir_.empty() || p.empty() || pfs::is_absolute(p)) return p;
+    return pfs::lexically_normal(pfs::join(base_dir_, p));
   }
 
   void parse_plugins(const YAML::Node& s, JobConfig& cfg) {
@@ -561,9 +561,9 @@ JobConfig load_job_config(const std::string& path) {
   if (!in) throw ConfigError(path + ": cannot read the job file: " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
-  std::error_code ec;
-  fs::path abs = fs::absolute(path, ec);
-  JobConfig cfg = parse_text(ss.str(), path, ec ? std::string(".") : abs.parent_path().string());
+  std::string abs;
+  JobConfig cfg =
+      parse_text(ss.str(), path, pfs::absolute(path, abs) ? pfs::parent_path(abs) : ".");
   // A job file with no sections is almost always a mistake (a wrong or
   // truncated file); running every default would hide it.
   if (!cfg.root.IsDefined() || cfg.root.IsNull())

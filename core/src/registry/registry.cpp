@@ -8,7 +8,7 @@
 #include <boost/dll/shared_library.hpp>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
+#include <system_error>
 
 #include "config/yaml_util.hpp"
 #include "distopt/algorithm.h"
@@ -17,11 +17,12 @@
 #include "distopt/host_api.hpp"
 #include "distopt/job.h"
 #include "distopt/reducer.h"
+#include "util/posix_fs.hpp"
 
 namespace distopt {
 namespace {
 
-namespace fs = std::filesystem;
+namespace pfs = posix_fs;
 
 constexpr size_t kMaxComponents = 4096;
 constexpr size_t kMaxOptions = 4096;
@@ -226,9 +227,7 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
 }
 
 bool same_file(const std::string& a, const std::string& b) {
-  if (a == b) return true;
-  std::error_code ec;
-  return fs::equivalent(a, b, ec) && !ec;
+  return a == b || pfs::same_file(a, b);
 }
 
 }  // namespace
@@ -287,28 +286,28 @@ PluginRegistry::~PluginRegistry() = default;
 
 void PluginRegistry::discover(const std::vector<std::string>& dirs) {
   for (const auto& dir : dirs) {
-    std::error_code ec;
-    if (!fs::is_directory(dir, ec)) {
+    if (!pfs::is_directory(dir)) {
       log(DOPT_LOG_DEBUG, "registry", "plugin directory " + dir + " does not exist; ignored");
       continue;
     }
     std::vector<std::string> files;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      const fs::path& p = it->path();
-      std::error_code fec;
-      if (p.extension() == ".so" && fs::is_regular_file(p, fec)) files.push_back(p.string());
+    try {
+      for (const std::string& n : pfs::list_dir(dir)) {
+        const std::string p = pfs::join(dir, n);
+        if (pfs::extension(p) == ".so" && pfs::is_regular_file(p)) files.push_back(p);
+      }
+    } catch (const std::system_error& e) {
+      log(DOPT_LOG_WARN, "registry",
+          "cannot list plugin directory " + dir + ": " + e.code().message());
     }
-    if (ec)
-      log(DOPT_LOG_WARN, "registry", "cannot list plugin directory " + dir + ": " + ec.message());
     std::sort(files.begin(), files.end());
     for (const auto& f : files) load_file(f);
   }
 }
 
 bool PluginRegistry::load_file(const std::string& path) {
-  std::error_code ec;
-  fs::path abs = fs::absolute(path, ec);
-  const std::string file = (ec ? fs::path(path) : abs).lexically_normal().string();
+  std::string abs;
+  const std::string file = pfs::lexically_normal(pfs::absolute(path, abs) ? abs : path);
 
   // The same library reached twice (a directory listed twice, a symlink):
   // once is enough, and it is not a duplicate of itself.
@@ -432,7 +431,7 @@ const ComponentInfo& PluginRegistry::get(dopt_component_kind kind, const std::st
   // name, libdistopt_<name>.so) is the likely reason: put it first.
   std::vector<const SkippedPlugin*> likely, other;
   for (const auto& s : skipped_) {
-    const std::string stem = fs::path(s.file).stem().string();
+    const std::string stem = pfs::stem(s.file);
     bool match = s.reason.find("'" + name + "'") != std::string::npos ||
                  stem == "libdistopt_" + name || stem == "lib" + name || stem == name;
     (match ? likely : other).push_back(&s);
@@ -455,10 +454,13 @@ std::vector<std::string> PluginRegistry::search_path(const std::vector<std::stri
   std::vector<std::string> out;
   auto add = [&](const std::string& p) {
     if (p.empty()) return;
-    std::string norm = fs::path(p).lexically_normal().string();
+    std::string norm = pfs::lexically_normal(p);
     if (std::find(out.begin(), out.end(), norm) == out.end()) out.push_back(norm);
   };
-  for (const auto& p : cli_paths) add(fs::absolute(p).string());
+  for (const auto& p : cli_paths) {
+    std::string abs;
+    add(pfs::absolute(p, abs) ? abs : p);
+  }
   for (const auto& p : config_paths) add(p);
   if (const char* env = std::getenv("DISTOPT_PLUGIN_PATH")) {
     std::string s = env;

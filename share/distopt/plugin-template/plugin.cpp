@@ -14,6 +14,11 @@
 // template_sgd's check_job refuses a job whose optimizer is not sgd at
 // `distopt check` time, pointing at optimizer.name in the YAML, before any
 // rank starts.
+//
+// No std::filesystem (nor std::pmr, floating-point to_chars/from_chars,
+// <chrono> time zones) in a plugin: PyTorch's libtorch exports its own copies
+// of these and a plugin's calls would bind to them (README.md says more;
+// check_symbols.sh checks the built plugin). Use POSIX or Boost.Filesystem.
 #include <memory>
 #include <string>
 #include <vector>
