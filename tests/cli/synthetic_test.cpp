@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "distopt/error.hpp"
 #include "train/models.hpp"
 
 using distopt::train::make_model;
@@ -54,10 +55,10 @@ TEST_CASE("splitmix64 on int64 tensors matches the unsigned reference, negatives
 TEST_CASE("synthetic samples: shapes, identical across generators, independent of the batch") {
   SyntheticData a(small_spec()), b(small_spec());
   auto [x, y] = a.batch(idx({0, 5, 4095, 17}), false);
-  CHECK(x.sizes() == at::IntArrayRef({4, 3, 12, 10}));
-  CHECK(x.scalar_type() == at::kFloat);
-  CHECK(y.sizes() == at::IntArrayRef({4}));
-  CHECK(y.scalar_type() == at::kLong);
+  CHECK((x.sizes() == at::IntArrayRef({4, 3, 12, 10})));
+  CHECK((x.scalar_type() == at::kFloat));
+  CHECK((y.sizes() == at::IntArrayRef({4})));
+  CHECK((y.scalar_type() == at::kLong));
   // Another generator with the same spec (another run): the same bytes.
   auto [x2, y2] = b.batch(idx({0, 5, 4095, 17}), false);
   CHECK(at::equal(x, x2));
@@ -109,6 +110,28 @@ TEST_CASE("synthetic labels are balanced and the noise has the requested varianc
   CHECK(n.abs().max().item<double>() <= 0.5 * 1.7320509 + 1e-5);  // uniform: |u| <= sqrt(3) std
 }
 
+TEST_CASE("synthetic: the same samples as tools/bench/train_vs_pytorch.py's PyTorch generator") {
+  // Values printed by the Python re-implementation (torch 1.13, CPU) for
+  // this spec: the benchmark compares distopt and PyTorch on identical data.
+  SyntheticData d(small_spec());
+  auto [x, y] = d.batch(idx({0, 5, 4095, 17}), false);
+  CHECK(y[0].item<int64_t>() == 7);
+  CHECK(y[1].item<int64_t>() == 5);
+  CHECK(y[2].item<int64_t>() == 4);
+  CHECK(y[3].item<int64_t>() == 8);
+  const float row0[] = {-1.54755f, -1.78461f, -1.6407f, 0.71498f};
+  for (int i = 0; i < 4; ++i)
+    CHECK(x[0][0][0][i].item<float>() == doctest::Approx(row0[i]).epsilon(1e-4));
+  const float row3[] = {-0.40077f, 0.81065f, -0.91113f, 0.4882f};
+  for (int i = 0; i < 4; ++i)
+    CHECK(x[3][2][11][6 + i].item<float>() == doctest::Approx(row3[i]).epsilon(1e-4));
+  auto [xt, yt] = d.batch(idx({3}), true);
+  CHECK(yt[0].item<int64_t>() == 3);
+  const float test_row[] = {0.18014f, 0.29514f, 0.47124f};
+  for (int i = 0; i < 3; ++i)
+    CHECK(xt[0][1][5][i].item<float>() == doctest::Approx(test_row[i]).epsilon(1e-4));
+}
+
 TEST_CASE("synthetic: a bad spec is refused") {
   SyntheticSpec s = small_spec();
   s.classes = 1;
@@ -117,7 +140,7 @@ TEST_CASE("synthetic: a bad spec is refused") {
 
 TEST_CASE("resnet: output shape, ResNet-18's parameter count at width 64, same seed same weights") {
   auto m = make_model("resnet", 3, 16, 16, 10, 0, 8);
-  CHECK(m->forward(at::randn({2, 3, 16, 16})).sizes() == at::IntArrayRef({2, 10}));
+  CHECK((m->forward(at::randn({2, 3, 16, 16})).sizes() == at::IntArrayRef({2, 10})));
   // Torchvision's resnet18 (BatchNorm) has 11,689,512 parameters with 1000
   // classes and a 7x7 stem; the CIFAR variant here with GroupNorm (same
   // affine parameter count) and 10 classes: 11,173,962.

@@ -265,7 +265,7 @@ def main():
     p.add_argument("--test", type=int, default=2000, help="test samples")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--noise", type=float, default=0.5)
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads of both sides (0: all cores, as distopt train's default)")

@@ -54,11 +54,11 @@ if [[ $MODE == cuda ]]; then
   COMM=nccl DEVICE=cuda
   # Rows: ResNet-18 layout at width 16 on 3x32x32 images (64 steps of 256);
   # the throughput comparison uses the full width 64.
-  WIDTH=16 SAMPLES=16384 TEST=2048 SIZE=32 BATCH=256 ACC_FLOOR=0.30
+  WIDTH=16 SAMPLES=25600 TEST=2048 SIZE=32 BATCH=256 ACC_FLOOR=0.30
   ROW_T=60 BENCH_TOTAL=1000 HYBRID_TOTAL=200 VS_WIDTH=64 VS_STEPS=100
 else
   COMM=tcp DEVICE=cpu
-  WIDTH=4 SAMPLES=1024 TEST=256 SIZE=12 BATCH=32 ACC_FLOOR=0.20
+  WIDTH=4 SAMPLES=3200 TEST=256 SIZE=12 BATCH=32 ACC_FLOOR=0.20
   ROW_T=60 BENCH_TOTAL=2 HYBRID_TOTAL=2 VS_WIDTH=4 VS_STEPS=20
 fi
 if [[ ! -x $CLI ]]; then
@@ -161,9 +161,9 @@ train_row() {
 }
 
 SGD="reducer: {name: mean}
-optimizer: {name: sgd, lr: 0.05, momentum: 0.9}"
+optimizer: {name: sgd, lr: 0.02, momentum: 0.9}"
 ADAM="reducer: {name: mean}
-optimizer: {name: adam, lr: 2.0e-3}"
+optimizer: {name: adam, lr: 3.0e-3}"
 
 # 1. plugins
 if [[ plugins =~ $ONLY ]]; then
@@ -210,11 +210,11 @@ algorithm: {name: decentralized, options: {topology: ring}}"
 train_row local_sgd "$SGD
 algorithm: {name: local_sgd, options: {warmup_steps: 4, period: 4}}"
 train_row powersgd "reducer: {name: powersgd, options: {rank: 4, start_iter: 4}}
-optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+optimizer: {name: sgd, lr: 0.02, momentum: 0.9}
 algorithm: {name: allreduce}"
 for r in fp16 randomk signsgd topk; do
   train_row "reducer $r" "reducer: {name: $r}
-optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
+optimizer: {name: sgd, lr: 0.02, momentum: 0.9}
 algorithm: {name: allreduce}"
 done
 for d in fp16 bf16; do
