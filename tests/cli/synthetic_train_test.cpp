@@ -76,8 +76,8 @@ TEST_CASE("distopt train: resnet on synthetic data at 2 ranks learns, and reruns
   auto a = run("m1.jsonl");
   const double acc = a[0]["test_accuracy"].get<double>();
   MESSAGE("resnet/synthetic accuracy after 100 steps: " << acc);
-  // Chance is 0.10. Measured ACCURACY_MEASURED; the floor leaves margin.
-  CHECK(acc > ACCURACY_FLOOR);
+  // Chance is 0.10; measured 1.000 (2 cores, OpenBLAS). The floor leaves 10 points.
+  CHECK(acc > 0.90);
   // Same seed, same data, same ranks: the same run (the CPU kernels are
   // deterministic for a fixed thread count).
   auto b = run("m2.jsonl");
