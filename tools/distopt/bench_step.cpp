@@ -136,13 +136,14 @@ int distopt_bench_step(int argc, char** argv) {
     n += sizes.back();
   }
   torch::manual_seed(0);
-  // Fresh parameters with gradients for one variant (each variant gets its
-  // own and frees them, so a 1B-element run holds one set at a time).
-  auto make_params = [&] {
+  // Fresh parameters for one variant (each variant gets its own and frees
+  // them, so a 1B-element run holds one set at a time); with gradients for
+  // the libtorch rows (the runtime rows get theirs from make_optimizer).
+  auto make_params = [&](bool with_grad) {
     std::vector<at::Tensor> ps;
     for (int64_t k : sizes) {
       at::Tensor p = at::randn({k}, fopt).set_requires_grad(true);
-      p.mutable_grad() = at::randn_like(p);
+      if (with_grad) p.mutable_grad() = at::randn_like(p);
       ps.push_back(p);
     }
     return ps;
@@ -165,7 +166,7 @@ int distopt_bench_step(int argc, char** argv) {
   std::vector<Row> rows;
 
   {  // unfused: libtorch's optimizer over the tensors
-    auto ps = make_params();
+    auto ps = make_params(true);
     std::unique_ptr<torch::optim::Optimizer> opt;
     if (optimizer == "adam")
       opt = std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(1e-3));
@@ -184,7 +185,7 @@ int distopt_bench_step(int argc, char** argv) {
       r.note = "at::_fused_adamw_ needs libtorch >= 2 (this is " TORCH_VERSION ")";
     } else {
       try {
-        auto ps = make_params();
+        auto ps = make_params(true);
         std::vector<at::Tensor> gs, ms, vs, steps;
         for (auto& p : ps) {
           gs.push_back(p.grad());
@@ -208,7 +209,7 @@ int distopt_bench_step(int argc, char** argv) {
         // e.g. libtorch < 2.4 has no CPU kernel for it.
         std::string what = e.what_without_backtrace();
         r.note = "unsupported by this libtorch (" TORCH_VERSION ") on " + device_name + ": " +
-                 what.substr(0, what.find('\n'));
+                 what.substr(0, std::min(what.find('\n'), what.find(". ")));
       }
     }
     rows.push_back(r);
@@ -225,7 +226,7 @@ int distopt_bench_step(int argc, char** argv) {
       << (optimizer == "sgd" ? ", momentum: 0.9" : "") << "}\n";
     Row r{name, std::nullopt, ""};
     try {
-      auto ps = make_params();
+      auto ps = make_params(false);
       std::vector<std::pair<std::string, at::Tensor>> c;
       for (size_t i = 0; i < ps.size(); ++i) c.emplace_back("p" + std::to_string(i), ps[i]);
       distopt::ProcessInfo proc;

@@ -19,7 +19,7 @@
 #   DISTOPT_BUILD_DIR          build folder (default build-gpu; build for cpu)
 # Exit status: 0 when no row FAILed, 1 otherwise, 2 when it cannot start.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 SRC=$PWD
 MODE=${DISTOPT_SMOKE_DEVICE:-cuda}
 case $MODE in
@@ -66,6 +66,10 @@ if [[ ! -x $CLI ]]; then
   exit 2
 fi
 
+# A python3 with torch for train_vs_pytorch.py (pyenv shims may lack it).
+PY=${DISTOPT_PYTHON:-python3}
+if ! "$PY" -c 'import torch' 2>/dev/null && [[ -x /usr/bin/python3 ]]; then PY=/usr/bin/python3; fi
+
 T0=$(date +%s)
 ROWS=()  # "name|status|accuracy|samples/s|seconds|note"
 FAILED=0
@@ -87,7 +91,8 @@ run() {
     echo "not run: the ${BUDGET} s budget is spent" >"$WORK/out"
     return
   fi
-  local s=$(date +%s)
+  local s
+  s=$(date +%s)
   timeout -k 5 "$t" "$@" >"$WORK/out" 2>&1
   RC=$?
   SECS=$(($(date +%s) - s))
@@ -299,7 +304,7 @@ bench_row "bench step" 120 --total "$BENCH_TOTAL"
 bench_row "bench step hybrid" 120 --total "$HYBRID_TOTAL" --hybrid --iters 5
 
 if [[ "train vs pytorch" =~ $ONLY ]]; then
-  run "train vs pytorch" 150 python3 tools/bench/train_vs_pytorch.py --device "$DEVICE" \
+  run "train vs pytorch" 150 "$PY" tools/bench/train_vs_pytorch.py --device "$DEVICE" \
     --distopt "$CLI" --plugins "$PLUGINS" --communicator "$COMM" --width "$VS_WIDTH" \
     --steps "$VS_STEPS" --batch "$BATCH" --size "$SIZE"
   { echo "===== train vs pytorch"; cat "$WORK/out"; } >>"$BENCH_LOG"
