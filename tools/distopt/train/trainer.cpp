@@ -111,17 +111,6 @@ struct EvalResult {
   int64_t count = 0;
 };
 
-// Up-front checks of the train: section that the schema cannot express.
-void check_train_config(const JobConfig& cfg) {
-  const TrainConfig& tc = cfg.train;
-  if (tc.dataset != "fashion-mnist" && tc.dataset != "synthetic")
-    throw ConfigError(cfg.path + ": train.dataset '" + tc.dataset +
-                      "' is not supported (known: fashion-mnist, synthetic)");
-  if (tc.batch_size < 1) throw ConfigError(cfg.path + ": train.batch_size must be at least 1");
-  if (tc.epochs < 1) throw ConfigError(cfg.path + ": train.epochs must be at least 1");
-  check_precision_supported(cfg, /*cpu_only=*/true);  // the models run on the CPU
-}
-
 // The training data: Fashion-MNIST as tensors over the loaded bytes (uint8
 // images, int64 labels, on the CPU; batches are moved to the device), or
 // synthetic samples generated on the device from their indices.
@@ -213,6 +202,17 @@ EvalResult evaluate(Runtime& rt, Classifier& model, const Data& data, at::Scalar
   r.loss = t[0].item<double>() / std::max<double>(1, r.count);
   r.accuracy = t[1].item<double>() / std::max<double>(1, r.count);
   return r;
+}
+
+// Up-front checks of the train: section that the schema cannot express.
+void check_train_config(const JobConfig& cfg) {
+  const TrainConfig& tc = cfg.train;
+  if (tc.dataset != "fashion-mnist" && tc.dataset != "synthetic")
+    throw ConfigError(cfg.path + ": train.dataset '" + tc.dataset +
+                      "' is not supported (known: fashion-mnist, synthetic)");
+  if (tc.batch_size < 1) throw ConfigError(cfg.path + ": train.batch_size must be at least 1");
+  if (tc.epochs < 1) throw ConfigError(cfg.path + ": train.epochs must be at least 1");
+  check_precision_supported(cfg, /*cpu_only=*/true);  // the models run on the CPU
 }
 
 // One rank's run, in the order run() calls the steps.
