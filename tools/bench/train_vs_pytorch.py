@@ -93,7 +93,9 @@ class Synthetic:
         key = self.key(index, test)
         y = shr(splitmix64(key), 1).remainder(self.classes)
         phase = unit(splitmix64(splitmix64(key) + 1)) * (2 * math.pi)
-        fr, fc, amp = self.fr.to(dev), self.fc.to(dev), self.amp.to(dev)
+        if self.fr.device != dev:  # once, as synthetic.cpp caches them per device
+            self.fr, self.fc, self.amp = self.fr.to(dev), self.fc.to(dev), self.amp.to(dev)
+        fr, fc, amp = self.fr, self.fc, self.amp
         r = (torch.arange(H, dtype=torch.float32, device=dev) / float(H)).view(1, H, 1)
         q = (torch.arange(W, dtype=torch.float32, device=dev) / float(W)).view(1, 1, W)
         arg = fr.index_select(0, y).view(B, 1, 1) * r + fc.index_select(0, y).view(B, 1, 1) * q

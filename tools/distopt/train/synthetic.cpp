@@ -66,6 +66,19 @@ SyntheticData::SyntheticData(const SyntheticSpec& s) : spec_(s) {
   }
 }
 
+SyntheticData::Patterns SyntheticData::patterns_on(const at::Device& dev) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = on_device_.find(dev.str());
+  if (it != on_device_.end()) return it->second;
+  const int64_t K = spec_.classes, C = spec_.channels;
+  auto host = [](const std::vector<float>& v, at::IntArrayRef shape) {
+    return at::from_blob(const_cast<float*>(v.data()), shape, at::kFloat).clone();
+  };
+  Patterns p{host(fr_, {K}).to(dev), host(fc_, {K}).to(dev), host(amp_, {K, C}).to(dev)};
+  on_device_.emplace(dev.str(), p);
+  return p;
+}
+
 at::Tensor SyntheticData::labels(const at::Tensor& index, bool test) const {
   // Key of sample i: (seed, split, i) packed so no two collide for i < 2^40.
   const at::Tensor key = index.to(at::kLong)
@@ -86,10 +99,8 @@ std::pair<at::Tensor, at::Tensor> SyntheticData::batch(const at::Tensor& index, 
   // Per-sample phase from a second stream of the same key.
   at::Tensor phase = unit(splitmix64(splitmix64(key).add(1))).mul_(2 * kPi);  // [B]
   const auto fopt = at::TensorOptions().dtype(at::kFloat).device(dev);
-  at::Tensor fr = at::from_blob(const_cast<float*>(fr_.data()), {s.classes}, at::kFloat).to(dev);
-  at::Tensor fc = at::from_blob(const_cast<float*>(fc_.data()), {s.classes}, at::kFloat).to(dev);
-  at::Tensor amp =
-      at::from_blob(const_cast<float*>(amp_.data()), {s.classes, C}, at::kFloat).to(dev);
+  const Patterns pat = patterns_on(dev);
+  const at::Tensor &fr = pat.fr, &fc = pat.fc, &amp = pat.amp;
   at::Tensor r = at::arange(H, fopt).div_(static_cast<double>(H)).view({1, H, 1});
   at::Tensor q = at::arange(W, fopt).div_(static_cast<double>(W)).view({1, 1, W});
   at::Tensor arg = fr.index_select(0, y).view({B, 1, 1}) * r +

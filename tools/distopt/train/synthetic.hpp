@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -47,9 +50,18 @@ class SyntheticData {
   at::Tensor labels(const at::Tensor& index, bool test) const;
 
  private:
+  struct Patterns {
+    at::Tensor fr, fc, amp;
+  };
+  // The class patterns on `dev`, copied there once: a copy from pageable
+  // host memory per batch would stall the device's queue every step.
+  Patterns patterns_on(const at::Device& dev) const;
+
   SyntheticSpec spec_;
   std::vector<float> amp_;      // [classes, channels]
   std::vector<float> fr_, fc_;  // [classes]: cycles per image along rows / columns
+  mutable std::mutex mu_;
+  mutable std::map<std::string, Patterns> on_device_;  // by Device::str()
 };
 
 /// The hash behind SyntheticData (exposed for tests): splitmix64's finaliser
