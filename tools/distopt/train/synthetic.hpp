@@ -38,10 +38,13 @@ struct SyntheticSpec {
 /// sets how hard that is. Thread-safe (const; no global RNG is touched).
 class SyntheticData {
  public:
+  /// Throws distopt::Error when a count or a dimension is < 1, classes < 2
+  /// or noise < 0.
   explicit SyntheticData(const SyntheticSpec& spec);
   const SyntheticSpec& spec() const { return spec_; }
 
-  /// Samples `index` (int64 [B], any device, each in [0, count of the split))
+  /// Samples `index` (int64 [B], any device; meant to be in [0, count of the
+  /// split), not checked: any int64 below 2^40 names a distinct sample)
   /// of the train (test = false) or test split: images float32 [B, channels,
   /// height, width] and labels int64 [B], on index's device.
   std::pair<at::Tensor, at::Tensor> batch(const at::Tensor& index, bool test) const;
