@@ -27,14 +27,15 @@ case $MODE in
   cpu) BUILD=${DISTOPT_BUILD_DIR:-build} ;;
   *) echo "smoke: DISTOPT_SMOKE_DEVICE must be cuda or cpu, got '$MODE'" >&2; exit 2 ;;
 esac
+[[ $BUILD == /* ]] || BUILD=$SRC/$BUILD
 BUDGET=${DISTOPT_SMOKE_BUDGET_S:-$([[ $MODE == cpu ]] && echo 600 || echo 360)}
 ONLY=${DISTOPT_SMOKE_ROWS:-.}
 LOG_DIR=${OUT:-$(mktemp -d /tmp/distopt-smoke-XXXXXX)}
 mkdir -p "$LOG_DIR"
 WORK=$(mktemp -d /tmp/distopt-smoke-work-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-CLI=$SRC/$BUILD/bin/distopt
-PLUGINS=$SRC/$BUILD/plugins
+CLI=$BUILD/bin/distopt
+PLUGINS=$BUILD/plugins
 TABLE=$LOG_DIR/smoke-table.txt
 ROWS_LOG=$LOG_DIR/smoke-rows.log
 BENCH_LOG=$LOG_DIR/smoke-bench.log
@@ -188,7 +189,7 @@ fi
 if [[ nccl =~ $ONLY ]]; then
   if [[ -x $BUILD/bin/nccl_test ]]; then
     # The real-library case only (create at world 1 on the GPU); ctest runs the rest.
-    run nccl_test 60 env DISTOPT_BUILD_DIR="$SRC/$BUILD" DISTOPT_SOURCE_DIR="$SRC" \
+    run nccl_test 60 env DISTOPT_BUILD_DIR="$BUILD" DISTOPT_SOURCE_DIR="$SRC" \
       DISTOPT_PLUGIN_DIR="$PLUGINS" DISTOPT_CLI="$CLI" "$BUILD/bin/nccl_test" \
       '-tc=create with the real libraries*' 
     if ((RC == 0)); then
