@@ -107,7 +107,9 @@ why() {
   local l
   l=$(grep -m1 -iE 'error|fail|unsupported|refus|not run|terminate|abort' "$WORK/out" |
     cut -c1-150)
-  [[ -n $l ]] || l="exit $RC$( ((RC == 124 || RC == 137)) && echo ' (timed out)'), no message"
+  [[ -n $l ]] || l=$(grep -v '^\s*$' "$WORK/out" | tail -1 | cut -c1-150)
+  ((RC == 124 || RC == 137)) && l="timed out; last: $l"
+  [[ -n $l ]] || l="exit $RC, no output"
   echo "$l"
 }
 
@@ -179,6 +181,8 @@ if [[ plugins =~ $ONLY ]]; then
   run plugins 30 "$CLI" plugins -P "$PLUGINS"
   if ((RC == 0)) && grep -qw "$COMM" "$WORK/out"; then
     record plugins PASS - - "$SECS" "$(grep -cE '^\s+(communicator|reducer|algorithm)' "$WORK/out" || true) components; $COMM listed"
+  elif ((RC == 0)); then
+    record plugins FAIL - - "$SECS" "no communicator '$COMM' among the plugins in $PLUGINS"
   else
     record plugins FAIL - - "$SECS" "$(why)"
   fi
