@@ -1,6 +1,6 @@
 // `dataset: synthetic`: labelled images generated on the fly, on any device,
 // as a pure function of (seed, sample index): no file, any sample count and
-// shape, and the same bytes wherever and whenever they are generated.
+// shape, and the same samples on every run (on another device: up to rounding).
 #pragma once
 
 #include <ATen/ATen.h>
