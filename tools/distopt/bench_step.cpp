@@ -1,19 +1,27 @@
 // `distopt bench step`: the inner-optimizer step on a model of --tensors
 // parameter tensors of mixed sizes (log-uniform in 1e3..1e6 elements, scaled
-// to --total elements), unfused libtorch optimizer vs the `fused` algorithm
-// (single process, world size 1, through the real runtime and plugin), with
-// the machine's copy bandwidth measured in the same run. Bytes per element
-// moved by a step: Adam 28 (read p, g, m, v; write p, m, v), SGD with
-// momentum 20; the floor is bytes / copy bandwidth (a copy moves 8 bytes per
-// fp32 element: read + write).
-// --hybrid adds the `hybrid` algorithm (Megatron HybridDeviceOptimizer) at
-// offload_fraction 0, 0.5 and 1 with overlap_cpu_optimizer_d2h_h2d on and
-// off. On a CPU-only machine its "device" is the CPU: the rows show the cost
-// of the host copies and the pipeline, not a GPU's; GPU rows need a GPU.
+// to --total elements), on --device cpu or cuda:
+//   unfused     torch::optim::{Adam,AdamW,SGD}: one libtorch op chain per tensor
+//   torch fused at::_fused_adam_ / _fused_adamw_ (what torch.optim.Adam(fused=True)
+//               runs), when this libtorch has it for the device
+//   fused       the `fused` algorithm through the real runtime and plugin (world
+//               size 1 over tcp on the CPU, nccl on CUDA)
+//   hybrid ...  (--hybrid) the `hybrid` algorithm at offload_fraction 0, 0.5
+//               and 1 with overlap_cpu_optimizer_d2h_h2d on and off
+// against the memory floor: bytes a step must move (Adam 28 B/element: read
+// p, g, m, v, write p, m, v; SGD with momentum 20) over the device's copy
+// bandwidth. The copy is timed exactly as the steps are (same device and
+// threads, one warm-up, the median of --iters with min and max, device
+// synchronised around each), before and after the variants; the floor uses
+// the fastest copy seen, so it is a lower bound on the same measurement, and a
+// row below it is flagged rather than hidden.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -21,6 +29,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -39,34 +48,55 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+struct Timing {
+  std::vector<double> s;  // sorted seconds per iteration
+  double median() const { return s[s.size() / 2]; }
+  double min() const { return s.front(); }
+  double max() const { return s.back(); }
+};
+
+// One warm-up call (state allocation, page faults, kernel selection), then
+// `iters` timed calls; on CUDA the device is synchronised before the clock
+// starts and before it stops, so a row is the device time of the whole step.
 template <class F>
-double median_seconds(int iters, F&& f) {
-  std::vector<double> t;
-  f();  // warm-up: state allocation, page faults
+Timing time_it(int iters, bool cuda, F&& f) {
+  auto sync = [&] {
+    if (cuda) torch::cuda::synchronize();
+  };
+  Timing t;
+  f();
+  sync();
   for (int i = 0; i < iters; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     f();
-    t.push_back(seconds_since(t0));
+    sync();
+    t.s.push_back(seconds_since(t0));
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  std::sort(t.s.begin(), t.s.end());
+  return t;
 }
 
 }  // namespace
 
 int distopt_bench_step(int argc, char** argv) {
   int tensors = 256, iters = 10;
-  double total_m = 25;
-  std::string optimizer = "adam", plugin_dir;
+  double total_m = 0;
+  std::string optimizer = "adam", plugin_dir, device_name = "cpu", communicator;
   bool hybrid = false;
-  po::options_description desc("distopt bench step: unfused vs fused inner-optimizer step");
-  desc.add_options()("help,h", "this help")("tensors", po::value(&tensors)->default_value(256),
-                                            "parameter tensors")(
-      "total", po::value(&total_m)->default_value(25), "total elements, millions")(
+  po::options_description desc(
+      "distopt bench step: unfused vs fused inner-optimizer step against the memory floor");
+  desc.add_options()("help,h", "this help")(
+      "device", po::value(&device_name)->default_value("cpu"),
+      "cpu or cuda (the GPU of index 0; needs a libtorch with CUDA and a visible GPU)")(
+      "tensors", po::value(&tensors)->default_value(256), "parameter tensors")(
+      "total", po::value(&total_m),
+      "total elements, millions (default: 25 on cpu, 1000 = ~1B parameters on cuda)")(
       "optimizer", po::value(&optimizer)->default_value("adam"),
       "adam, adamw or sgd (momentum 0.9)")("iters", po::value(&iters)->default_value(10),
-                                           "timed steps (median reported)")(
-      "plugin-path,P", po::value(&plugin_dir), "also search DIR for the fused/mean/tcp plugins")(
+                                           "timed steps (median, min and max reported)")(
+      "plugin-path,P", po::value(&plugin_dir), "also search DIR for the plugins")(
+      "communicator", po::value(&communicator),
+      "communicator of the runtime rows (default: tcp on cpu, nccl on cuda)")(
       "hybrid", po::bool_switch(&hybrid),
       "also time the hybrid algorithm at offload_fraction 0, 0.5, 1, overlap on and off");
   po::variables_map vm;
@@ -76,9 +106,21 @@ int distopt_bench_step(int argc, char** argv) {
     std::cout << desc << "\n";
     return 0;
   }
+  if (device_name != "cpu" && device_name != "cuda")
+    throw distopt::Error("bench step: --device must be cpu or cuda, got '" + device_name + "'");
+  const bool cuda = device_name == "cuda";
+  if (cuda && !torch::cuda::is_available())
+    throw distopt::Error(
+        "bench step: --device cuda needs a libtorch built with CUDA and a visible GPU; "
+        "torch::cuda::is_available() is false here (a CPU-only libtorch such as Debian's, or "
+        "no GPU visible)");
+  if (!vm.count("total")) total_m = cuda ? 1000 : 25;
+  if (communicator.empty()) communicator = cuda ? "nccl" : "tcp";
   if (tensors < 1 || total_m <= 0 || iters < 1) throw distopt::Error("bench step: bad sizes");
   if (optimizer != "adam" && optimizer != "adamw" && optimizer != "sgd")
     throw distopt::Error("bench step: --optimizer must be adam, adamw or sgd");
+  const at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const auto fopt = at::TensorOptions().dtype(at::kFloat).device(dev);
 
   // Sizes: log-uniform in [1e3, 1e6], scaled so they sum to --total.
   std::mt19937 rng(0);
@@ -87,86 +129,164 @@ int distopt_bench_step(int argc, char** argv) {
   double sum = 0;
   for (auto& r : raw) sum += (r = std::pow(10.0, u(rng)));
   const double scale = total_m * 1e6 / sum;
-  std::vector<std::pair<std::string, at::Tensor>> a, b;
+  std::vector<int64_t> sizes;
   int64_t n = 0;
-  torch::manual_seed(0);
   for (int i = 0; i < tensors; ++i) {
-    int64_t k = std::max<int64_t>(1, std::llround(raw[i] * scale));
-    n += k;
-    at::Tensor p = at::randn({k});
-    a.emplace_back("p" + std::to_string(i), p.clone().set_requires_grad(true));
-    b.emplace_back("p" + std::to_string(i), p.clone().set_requires_grad(true));
+    sizes.push_back(std::max<int64_t>(1, std::llround(raw[i] * scale)));
+    n += sizes.back();
+  }
+  torch::manual_seed(0);
+  // Fresh parameters for one variant (each variant gets its own and frees
+  // them, so a 1B-element run holds one set at a time); with gradients for
+  // the libtorch rows (the runtime rows get theirs from make_optimizer).
+  auto make_params = [&](bool with_grad) {
+    std::vector<at::Tensor> ps;
+    for (int64_t k : sizes) {
+      at::Tensor p = at::randn({k}, fopt).set_requires_grad(true);
+      if (with_grad) p.mutable_grad() = at::randn_like(p);
+      ps.push_back(p);
+    }
+    return ps;
+  };
+
+  // Copy bandwidth, timed as the steps are: one n-element fp32 copy moves 8n bytes.
+  std::vector<double> copy_s;
+  auto time_copy = [&] {
+    at::Tensor src = at::randn({n}, fopt), dst = at::empty({n}, fopt);
+    Timing t = time_it(iters, cuda, [&] { dst.copy_(src); });
+    copy_s.insert(copy_s.end(), t.s.begin(), t.s.end());
+  };
+  time_copy();
+
+  struct Row {
+    std::string name;
+    std::optional<Timing> t;
+    std::string note;  // why there is no time
+  };
+  std::vector<Row> rows;
+
+  {  // unfused: libtorch's optimizer over the tensors
+    auto ps = make_params(true);
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (optimizer == "adam")
+      opt = std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(1e-3));
+    else if (optimizer == "adamw")
+      opt = std::make_unique<torch::optim::AdamW>(ps, torch::optim::AdamWOptions(1e-3));
+    else
+      opt = std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(1e-3).momentum(0.9));
+    rows.push_back({"unfused", time_it(iters, cuda, [&] { opt->step(); }), ""});
   }
 
-  // Copy bandwidth: one n-element fp32 copy moves 8n bytes.
-  at::Tensor src = at::randn({n}), dst = at::empty({n});
-  const double t_copy = median_seconds(iters, [&] { dst.copy_(src); });
-  const double copy_gbs = 8.0 * n / t_copy / 1e9;
-
-  // Unfused: libtorch's optimizer over the tensors.
-  std::vector<at::Tensor> ps;
-  for (auto& [name, p] : a) {
-    p.mutable_grad() = at::randn_like(p);
-    ps.push_back(p);
+  {  // torch's fused multi-tensor Adam, as torch.optim.Adam(fused=True) calls it
+    Row r{"torch fused", std::nullopt, ""};
+    if (optimizer == "sgd") {
+      r.note = "no fused SGD baseline here";
+    } else if (optimizer == "adamw" && TORCH_VERSION_MAJOR < 2) {
+      r.note = "at::_fused_adamw_ needs libtorch >= 2 (this is " TORCH_VERSION ")";
+    } else {
+      try {
+        auto ps = make_params(true);
+        std::vector<at::Tensor> gs, ms, vs, steps;
+        for (auto& p : ps) {
+          gs.push_back(p.grad());
+          ms.push_back(at::zeros_like(p));
+          vs.push_back(at::zeros_like(p));
+          steps.push_back(at::zeros({1}, fopt));  // float step counts on the device, as torch's
+        }
+        auto step = [&] {
+          at::NoGradGuard ng;
+          at::_foreach_add_(steps, 1);
+          if (optimizer == "adam")
+            at::_fused_adam_(ps, gs, ms, vs, {}, steps, 1e-3, 0.9, 0.999, 0, 1e-8, false, false);
+#if TORCH_VERSION_MAJOR >= 2
+          else
+            at::_fused_adamw_(ps, gs, ms, vs, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false,
+                              false);
+#endif
+        };
+        r.t = time_it(iters, cuda, step);
+      } catch (const c10::Error& e) {
+        // e.g. libtorch < 2.4 has no CPU kernel for it.
+        std::string what = e.what_without_backtrace();
+        r.note = "unsupported by this libtorch (" TORCH_VERSION ") on " + device_name + ": " +
+                 what.substr(0, std::min(what.find('\n'), what.find(". ")));
+      }
+    }
+    rows.push_back(r);
   }
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (optimizer == "adam")
-    opt = std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(1e-3));
-  else if (optimizer == "adamw")
-    opt = std::make_unique<torch::optim::AdamW>(ps, torch::optim::AdamWOptions(1e-3));
-  else
-    opt = std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(1e-3).momentum(0.9));
-  const double t_unfused = median_seconds(iters, [&] { opt->step(); });
 
-  // An algorithm through the real runtime and plugin on a fresh copy of the
-  // parameters (world size 1: the mean reducer's bucket reduction is a
-  // no-op; step() includes it).
-  auto time_algorithm = [&](const std::string& algorithm) {
+  // An algorithm through the real runtime and plugin on fresh parameters
+  // (world size 1: the mean reducer's bucket reduction is a no-op; step()
+  // includes it).
+  auto time_algorithm = [&](const std::string& name, const std::string& algorithm) {
     std::ostringstream y;
     y << "plugins: {paths: [" << (plugin_dir.empty() ? "" : "'" + plugin_dir + "'") << "]}\n"
-      << "world: {size: 1}\ncommunicator: {name: tcp}\nreducer: {name: mean}\n"
+      << "world: {size: 1}\ncommunicator: {name: " << communicator << "}\nreducer: {name: mean}\n"
       << "algorithm: " << algorithm << "\noptimizer: {name: " << optimizer << ", lr: 1.0e-3"
       << (optimizer == "sgd" ? ", momentum: 0.9" : "") << "}\n";
-    std::vector<std::pair<std::string, at::Tensor>> c;
-    for (auto& [name, p] : b) c.emplace_back(name, p.detach().clone().set_requires_grad(true));
-    distopt::ProcessInfo proc;
-    proc.source = "bench";
-    auto rt =
-        distopt::Runtime::from_config(distopt::parse_job_config(y.str(), "bench-step.yaml"), proc);
-    auto dopt = rt.make_optimizer(c);
-    for (auto& [name, p] : c) p.grad().normal_();
-    return median_seconds(iters, [&] { dopt.step(); });
+    Row r{name, std::nullopt, ""};
+    try {
+      auto ps = make_params(false);
+      std::vector<std::pair<std::string, at::Tensor>> c;
+      for (size_t i = 0; i < ps.size(); ++i) c.emplace_back("p" + std::to_string(i), ps[i]);
+      distopt::ProcessInfo proc;
+      proc.source = "bench";
+      auto rt = distopt::Runtime::from_config(distopt::parse_job_config(y.str(), "bench-step.yaml"),
+                                              proc);
+      auto dopt = rt.make_optimizer(c);
+      for (auto& p : ps) p.grad().normal_();
+      r.t = time_it(iters, cuda, [&] { dopt.step(); });
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      r.note = "failed: " + what.substr(0, what.find('\n'));
+    }
+    rows.push_back(r);
   };
-  const double t_fused = time_algorithm("{name: fused}");
-  std::vector<std::pair<std::string, double>> hybrid_rows;
+  time_algorithm("fused", "{name: fused}");
   if (hybrid)
     for (const char* f : {"0", "0.5", "1"})
       for (const char* overlap : {"false", "true"})
-        hybrid_rows.emplace_back(
-            std::string("hybrid f=") + f + (overlap[0] == 't' ? " ovl" : " seq"),
-            time_algorithm(std::string("{name: hybrid, options: {offload_fraction: ") + f +
-                           ", overlap_cpu_optimizer_d2h_h2d: " + overlap + "}}"));
+        time_algorithm(std::string("hybrid f=") + f + (overlap[0] == 't' ? " ovl" : " seq"),
+                       std::string("{name: hybrid, options: {offload_fraction: ") + f +
+                           ", overlap_cpu_optimizer_d2h_h2d: " + overlap + "}}");
+  time_copy();  // again: the machine may have changed pace meanwhile
 
+  std::sort(copy_s.begin(), copy_s.end());
+  const double copy_med = copy_s[copy_s.size() / 2];
   const double bytes_per = optimizer == "sgd" ? 20.0 : 28.0;
-  const double floor_s = bytes_per * n / (copy_gbs * 1e9);
+  const double floor_s = bytes_per / 8.0 * copy_s.front();  // fastest copy: a true lower bound
   std::printf(
-      "bench step: %s, %d tensors, %lld elements (%.1f MB fp32), %d threads, median of %d\n",
-      optimizer.c_str(), tensors, static_cast<long long>(n), 4.0 * n / 1e6, at::get_num_threads(),
-      iters);
-  std::printf("copy bandwidth: %.2f GB/s (read+write); floor = %.0f B/elem / copy bw = %.2f ms\n",
-              copy_gbs, bytes_per, floor_s * 1e3);
-  std::printf("%-16s %12s %10s %14s %12s\n", "variant", "ms/step", "GB/s", "x floor time",
-              "speedup");
-  auto row = [&](const char* name, double t) {
-    std::printf("%-16s %12.2f %10.2f %14.2f %12.2f\n", name, t * 1e3, bytes_per * n / t / 1e9,
-                t / floor_s, t_unfused / t);
-  };
-  row("unfused", t_unfused);
-  row("fused", t_fused);
-  for (const auto& [name, t] : hybrid_rows) row(name.c_str(), t);
-  if (hybrid)
+      "bench step: %s on %s, %d tensors, %lld elements (%.1f MB fp32), %d threads, median of %d "
+      "(min..max)\n",
+      optimizer.c_str(), device_name.c_str(), tensors, static_cast<long long>(n), 4.0 * n / 1e6,
+      at::get_num_threads(), iters);
+  std::printf(
+      "copy bandwidth: %.2f GB/s median (%.2f..%.2f) over %zu copies of %.1f MB, timed as the "
+      "steps; floor = %.0f B/elem / fastest copy = %.2f ms\n",
+      8.0 * n / copy_med / 1e9, 8.0 * n / copy_s.back() / 1e9, 8.0 * n / copy_s.front() / 1e9,
+      copy_s.size(), 4.0 * n / 1e6, bytes_per, floor_s * 1e3);
+  std::printf("%-16s %12s %10s %14s %12s %20s\n", "variant", "ms/step", "GB/s", "x floor time",
+              "speedup", "min..max ms");
+  const double t_unfused = rows[0].t->median();
+  bool below = false;
+  for (const Row& r : rows) {
+    if (!r.t) {
+      std::printf("%-16s %12s  %s\n", r.name.c_str(), "-", r.note.c_str());
+      continue;
+    }
+    const double t = r.t->median();
+    below = below || t < floor_s;
+    std::printf("%-16s %12.2f %10.2f %14.2f %12.2f %9.2f..%-9.2f%s\n", r.name.c_str(), t * 1e3,
+                bytes_per * n / t / 1e9, t / floor_s, t_unfused / t, r.t->min() * 1e3,
+                r.t->max() * 1e3, t < floor_s ? "  BELOW FLOOR" : "");
+  }
+  if (below)
     std::printf(
-        "hybrid: CPU-only rows (the \"device\" is the CPU; ovl = overlap on, seq = off). GPU "
-        "rows (device step, D2H/H2D on streams, GPU memory saved) are missing: no GPU.\n");
+        "note: a row below the floor moved fewer bytes than counted (caches hold part of the "
+        "state at this size) or the copy was slowed by the machine; use a larger --total.\n");
+  if (hybrid && !cuda)
+    std::printf(
+        "hybrid: CPU-only rows (the \"device\" is the CPU; ovl = overlap on, seq = off); run "
+        "with --device cuda on a GPU for the device rows.\n");
   return 0;
 }

@@ -29,9 +29,22 @@ struct ComponentConfig {
 };
 
 /// `train:` section (used by `distopt train`).
+/// train.synthetic: the generated dataset of `dataset: synthetic`
+/// (tools/distopt/train/synthetic.hpp): sample counts, image shape
+/// [channels, height, width], classes, noise std.
+struct SyntheticConfig {
+  int64_t train_samples = 50000, test_samples = 10000;
+  int64_t channels = 3, height = 32, width = 32, classes = 10;
+  double noise = 1.0;
+};
+
 struct TrainConfig {
-  std::string model = "mlp";  ///< mlp | cnn
-  std::string dataset = "fashion-mnist";
+  std::string model = "mlp";  ///< mlp | cnn | resnet
+  /// train.model_width: resnet's base channel count; 0 = 8 on the CPU, 64
+  /// (ResNet-18) on a GPU.
+  int64_t model_width = 0;
+  std::string dataset = "fashion-mnist";  ///< fashion-mnist | synthetic
+  SyntheticConfig synthetic;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int64_t epochs = 2;
   int64_t batch_size = 256;  ///< per rank

@@ -336,11 +336,28 @@ class Parser {
 
   void parse_train(const YAML::Node& s, TrainConfig& t) {
     if (!s.IsDefined() || s.IsNull()) return;
-    check_keys(s, "train",
-               {"model", "dataset", "data_dir", "epochs", "batch_size", "seed", "threads",
-                "log_every", "max_steps", "drop_last", "device", "grad_accumulation"});
-    get_string(s, "model", "train.model", t.model, {"mlp", "cnn"});
-    get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist"});
+    check_keys(
+        s, "train",
+        {"model", "model_width", "dataset", "synthetic", "data_dir", "epochs", "batch_size", "seed",
+         "threads", "log_every", "max_steps", "drop_last", "device", "grad_accumulation"});
+    get_string(s, "model", "train.model", t.model, {"mlp", "cnn", "resnet"});
+    get_int(s, "model_width", "train.model_width", 0, 4096, t.model_width);
+    get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist", "synthetic"});
+    if (YAML::Node y = child(s, "synthetic"); y.IsDefined() && !y.IsNull()) {
+      if (!y.IsMap())
+        fail(file_, mark_of(y), "train.synthetic: expected a map, got " + describe(y));
+      check_keys(
+          y, "train.synthetic",
+          {"train_samples", "test_samples", "channels", "height", "width", "classes", "noise"});
+      SyntheticConfig& g = t.synthetic;
+      get_int(y, "train_samples", "train.synthetic.train_samples", 1, kHuge, g.train_samples);
+      get_int(y, "test_samples", "train.synthetic.test_samples", 1, kHuge, g.test_samples);
+      get_int(y, "channels", "train.synthetic.channels", 1, 4096, g.channels);
+      get_int(y, "height", "train.synthetic.height", 1, 65536, g.height);
+      get_int(y, "width", "train.synthetic.width", 1, 65536, g.width);
+      get_int(y, "classes", "train.synthetic.classes", 2, 1 << 20, g.classes);
+      get_double(y, "noise", "train.synthetic.noise", 0, false, 1e6, false, g.noise);
+    }
     get_string(s, "data_dir", "train.data_dir", t.data_dir);
     get_int(s, "epochs", "train.epochs", 1, kHuge, t.epochs);
     get_int(s, "batch_size", "train.batch_size", 1, kHuge, t.batch_size);

@@ -32,6 +32,7 @@
 #include "train/dataset.hpp"
 #include "train/metrics.hpp"
 #include "train/models.hpp"
+#include "train/synthetic.hpp"
 
 namespace distopt::train {
 namespace {
@@ -110,19 +111,86 @@ struct EvalResult {
   int64_t count = 0;
 };
 
+// The training data: Fashion-MNIST as tensors over the loaded bytes (uint8
+// images, int64 labels, on the CPU; batches are moved to the device), or
+// synthetic samples generated on the device from their indices.
+class Data {
+ public:
+  explicit Data(const TrainConfig& tc) {
+    if (tc.dataset == "synthetic") {
+      SyntheticSpec s;
+      s.train_samples = tc.synthetic.train_samples;
+      s.test_samples = tc.synthetic.test_samples;
+      s.channels = tc.synthetic.channels;
+      s.height = tc.synthetic.height;
+      s.width = tc.synthetic.width;
+      s.classes = tc.synthetic.classes;
+      s.noise = tc.synthetic.noise;
+      s.seed = tc.seed;
+      syn_.emplace(s);
+      channels = s.channels, rows = s.height, cols = s.width, classes = s.classes;
+      train_count = s.train_samples, test_count = s.test_samples;
+      description = "synthetic " + std::to_string(s.train_samples) + "+" +
+                    std::to_string(s.test_samples) + " x [" + std::to_string(s.channels) + ", " +
+                    std::to_string(s.height) + ", " + std::to_string(s.width) + "], " +
+                    std::to_string(s.classes) + " classes, noise " + fmt("%g", s.noise);
+      return;
+    }
+    ds_ = load_fashion_mnist(tc.data_dir);
+    rows = ds_.train.rows, cols = ds_.train.cols, classes = FashionMnist::kNumClasses;
+    train_count = ds_.train.count, test_count = ds_.test.count;
+    description = tc.data_dir;
+    train_x_ = at::from_blob(ds_.train.pixels.data(), {ds_.train.count, 1, rows, cols}, at::kByte);
+    train_y_ = at::from_blob(ds_.train.labels.data(), {ds_.train.count}, at::kByte).to(at::kLong);
+    test_x_ = at::from_blob(ds_.test.pixels.data(), {ds_.test.count, 1, rows, cols}, at::kByte);
+    test_y_ = at::from_blob(ds_.test.labels.data(), {ds_.test.count}, at::kByte).to(at::kLong);
+  }
+
+  // Training samples `index` (int64 [B] on the CPU): images in `dtype` and
+  // labels on `device`.
+  std::pair<at::Tensor, at::Tensor> train_batch(const at::Tensor& index, const at::Device& device,
+                                                at::ScalarType dtype) const {
+    if (syn_) {
+      auto [x, y] = syn_->batch(index.to(device), /*test=*/false);
+      return {x.to(dtype), y};
+    }
+    return {normalise(train_x_.index_select(0, index).to(device)).to(dtype),
+            train_y_.index_select(0, index).to(device)};
+  }
+
+  // Test samples lo..hi-1, as train_batch.
+  std::pair<at::Tensor, at::Tensor> test_batch(int64_t lo, int64_t hi, const at::Device& device,
+                                               at::ScalarType dtype) const {
+    if (syn_) {
+      auto [x, y] = syn_->batch(at::arange(lo, hi, at::TensorOptions(at::kLong).device(device)),
+                                /*test=*/true);
+      return {x.to(dtype), y};
+    }
+    return {normalise(test_x_.slice(0, lo, hi).to(device)).to(dtype),
+            test_y_.slice(0, lo, hi).to(device)};
+  }
+
+  int64_t channels = 1, rows = 0, cols = 0, classes = 0, train_count = 0, test_count = 0;
+  std::string description;
+
+ private:
+  FashionMnist ds_;
+  std::optional<SyntheticData> syn_;
+  at::Tensor train_x_, train_y_, test_x_, test_y_;
+};
+
 // Test loss and accuracy over the whole test set: each rank evaluates its
 // contiguous shard, the sums are allreduced.
-EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8,
-                    const at::Tensor& labels, at::ScalarType dtype, const at::Device& device) {
+EvalResult evaluate(Runtime& rt, Classifier& model, const Data& data, at::ScalarType dtype,
+                    const at::Device& device) {
   at::NoGradGuard no_grad;
-  const int64_t n = images_u8.size(0);
+  const int64_t n = data.test_count;
   const int64_t lo = n * rt.rank() / rt.world_size();
   const int64_t hi = n * (rt.rank() + 1) / rt.world_size();
   double loss_sum = 0, correct = 0;
   for (int64_t b = lo; b < hi; b += 1000) {
     int64_t e = std::min(hi, b + 1000);
-    auto x = normalise(images_u8.slice(0, b, e).to(device)).to(dtype);
-    auto y = labels.slice(0, b, e).to(device);
+    auto [x, y] = data.test_batch(b, e, device, dtype);
     auto logp = at::log_softmax(model.forward(x).to(at::kFloat), 1);
     loss_sum += at::nll_loss(logp, y, {}, at::Reduction::Sum).item<double>();
     correct += logp.argmax(1).eq(y).sum().item<double>();
@@ -139,28 +207,14 @@ EvalResult evaluate(Runtime& rt, Classifier& model, const at::Tensor& images_u8,
 // Up-front checks of the train: section that the schema cannot express.
 void check_train_config(const JobConfig& cfg) {
   const TrainConfig& tc = cfg.train;
-  if (tc.dataset != "fashion-mnist")
+  if (tc.dataset != "fashion-mnist" && tc.dataset != "synthetic")
     throw ConfigError(cfg.path + ": train.dataset '" + tc.dataset +
-                      "' is not supported (known: fashion-mnist)");
+                      "' is not supported (known: fashion-mnist, synthetic)");
   if (tc.batch_size < 1) throw ConfigError(cfg.path + ": train.batch_size must be at least 1");
   if (tc.epochs < 1) throw ConfigError(cfg.path + ": train.epochs must be at least 1");
   // fp16 follows the model: allowed where it runs on a CUDA device.
   check_precision_supported(cfg, /*cpu_only=*/at::Device(tc.device).is_cpu());
 }
-
-// Fashion-MNIST as tensors over the loaded bytes (uint8 images, int64 labels).
-struct Data {
-  FashionMnist ds;
-  at::Tensor train_x, train_y, test_x, test_y;
-  explicit Data(const std::string& dir) : ds(load_fashion_mnist(dir)) {
-    const int64_t rows = ds.train.rows, cols = ds.train.cols;
-    train_x = at::from_blob(ds.train.pixels.data(), {ds.train.count, 1, rows, cols}, at::kByte);
-    train_y = at::from_blob(ds.train.labels.data(), {ds.train.count}, at::kByte).to(at::kLong);
-    test_x = at::from_blob(ds.test.pixels.data(), {ds.test.count, 1, rows, cols}, at::kByte);
-    test_y = at::from_blob(ds.test.labels.data(), {ds.test.count}, at::kByte).to(at::kLong);
-  }
-  int64_t train_count() const { return ds.train.count; }
-};
 
 // One rank's run, in the order run() calls the steps.
 class Trainer {
@@ -170,7 +224,7 @@ class Trainer {
         tc_(cfg.train),
         opts_(opts),
         fault_(fault_injection()),
-        data_(tc_.data_dir),  // a missing file fails every rank at once, before rendezvous
+        data_(tc_),  // a missing file fails every rank at once, before rendezvous
         proc_(detect_process_info()),
         // Runtime::from_config applies the same choice; known here for the log.
         threads_(choose_threads_per_rank(static_cast<int>(tc_.threads), proc_.local_world_size)) {
@@ -196,8 +250,10 @@ class Trainer {
   // Rendezvous, model (in the compute dtype), distributed optimizer.
   void connect() {
     rt_.emplace(Runtime::from_config(cfg_));
-    model_ = make_model(tc_.model, data_.ds.train.rows, data_.ds.train.cols,
-                        FashionMnist::kNumClasses, tc_.seed);
+    // resnet's width by default: small on the CPU, ResNet-18's on a GPU.
+    const int64_t width = tc_.model_width > 0 ? tc_.model_width : tc_.device == "cpu" ? 8 : 64;
+    model_ = make_model(tc_.model, data_.channels, data_.rows, data_.cols, data_.classes, tc_.seed,
+                        width);
     // Mixed precision: the model computes in the low dtype; the optimizer
     // keeps fp32 masters (made from these parameters in make_optimizer).
     dtype_ = precision_scalar_type(cfg_.precision.dtype);
@@ -212,13 +268,13 @@ class Trainer {
   // partial one, whose slices go to the ranks in order.
   void plan_epochs() {
     global_batch_ = tc_.batch_size * rt_->world_size();
-    partial_ = tc_.drop_last ? 0 : data_.train_count() % global_batch_;
-    steps_per_epoch_ = data_.train_count() / global_batch_ + (partial_ > 0 ? 1 : 0);
+    partial_ = tc_.drop_last ? 0 : data_.train_count % global_batch_;
+    steps_per_epoch_ = data_.train_count / global_batch_ + (partial_ > 0 ? 1 : 0);
     if (steps_per_epoch_ < 1)
       throw ConfigError(cfg_.path + ": global batch " + std::to_string(global_batch_) +
                         " (train.batch_size " + std::to_string(tc_.batch_size) + " x " +
                         std::to_string(rt_->world_size()) + " ranks) exceeds the " +
-                        std::to_string(data_.train_count()) + " training images");
+                        std::to_string(data_.train_count) + " training images");
     if (tc_.max_steps > 0) steps_per_epoch_ = std::min(steps_per_epoch_, tc_.max_steps);
   }
 
@@ -231,7 +287,7 @@ class Trainer {
        << ", optimizer " << cfg_.optimizer_name << "\n"
        << "  " << tc_.epochs << " epoch(s) x " << steps_per_epoch_ << " steps, batch "
        << tc_.batch_size << " per rank (global " << global_batch_ << "), " << threads_
-       << " thread(s) per rank, " << opt_->num_buckets() << " bucket(s), data " << tc_.data_dir
+       << " thread(s) per rank, " << opt_->num_buckets() << " bucket(s), data " << data_.description
        << "\n";
     if (partial_ > 0)
       os << "  drop_last: false: the last step of each epoch has " << partial_
@@ -315,11 +371,10 @@ class Trainer {
   // slice is empty (drop_last: false, this rank's data ran out).
   bool train_step(const std::vector<int64_t>& perm, int64_t step, double& loss_out) {
     const int64_t first = step * global_batch_ + rt_->rank() * tc_.batch_size;
-    const int64_t mine = std::clamp<int64_t>(data_.train_count() - first, 0, tc_.batch_size);
+    const int64_t mine = std::clamp<int64_t>(data_.train_count - first, 0, tc_.batch_size);
     if (mine == 0) return false;
     auto index = at::from_blob(const_cast<int64_t*>(perm.data() + first), {mine}, at::kLong);
-    auto x = normalise(data_.train_x.index_select(0, index).to(device_)).to(dtype_);
-    auto y = data_.train_y.index_select(0, index).to(device_);
+    auto [x, y] = data_.train_batch(index, device_, dtype_);
     opt_->zero_grad();
     // train.grad_accumulation: K micro-batches, each loss weighted by its
     // share of the batch (their sum is the batch's mean loss); the first K-1
@@ -346,7 +401,7 @@ class Trainer {
 
   void train_epoch(int64_t epoch) {
     opt_->set_epoch(epoch - 1);  // 0-based, as DistributedSampler: may move the schedule on
-    const auto perm = epoch_permutation(data_.train_count(), tc_.seed, epoch);
+    const auto perm = epoch_permutation(data_.train_count, tc_.seed, epoch);
     model_->train();
     double loss_sum = 0;
     const auto t_epoch = Clock::now();
@@ -395,7 +450,7 @@ class Trainer {
     last_eval_ = evaluate_model();
     const int64_t epoch_steps = steps_per_epoch_ - start;
     const double samples = static_cast<double>(
-        std::min(steps_per_epoch_ * global_batch_, data_.train_count()) - start * global_batch_);
+        std::min(steps_per_epoch_ * global_batch_, data_.train_count) - start * global_batch_);
     samples_run_ += samples;
     if (!lead()) return;
     std::cout << "epoch " << epoch << "/" << tc_.epochs << ": train loss "
@@ -424,8 +479,7 @@ class Trainer {
   // over ranks, swapped in for the evaluation; the consensus distance says
   // how far the replicas are from it.
   EvalResult evaluate_model() {
-    if (!opt_->replicas_differ())
-      return evaluate(*rt_, *model_, data_.test_x, data_.test_y, dtype_, device_);
+    if (!opt_->replicas_differ()) return evaluate(*rt_, *model_, data_, dtype_, device_);
     at::NoGradGuard ng;
     auto avg = opt_->average_replicas();
     consensus_distance_ = avg.consensus_distance;
@@ -436,7 +490,7 @@ class Trainer {
           swapped.emplace_back(p.value(), p.value().detach().clone());
           p.value().detach().copy_(mean);
         }
-    EvalResult r = evaluate(*rt_, *model_, data_.test_x, data_.test_y, dtype_, device_);
+    EvalResult r = evaluate(*rt_, *model_, data_, dtype_, device_);
     for (auto& [param, own] : swapped) param.detach().copy_(own);
     if (lead())
       std::cout << "  replicas: consensus distance " << fmt("%.3g", consensus_distance_)

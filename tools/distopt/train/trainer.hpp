@@ -9,15 +9,17 @@
 
 namespace distopt::train {
 
-/// Train the model of `cfg.train` on Fashion-MNIST as one rank of the job
-/// (rank and world size from the environment, see distopt/process.hpp).
+/// Train the model of `cfg.train` (mlp, cnn, resnet) on its dataset
+/// (Fashion-MNIST, or `synthetic`: generated on train.device from the sample
+/// indices, train/synthetic.hpp) as one rank of the job (rank and world size
+/// from the environment, see distopt/process.hpp).
 ///
 /// Every rank draws the same seeded permutation each epoch and, with global
 /// batch = batch_size x world size, takes slice `rank` of each global batch
 /// (the last incomplete global batch is dropped), so W ranks with batch B
 /// follow exactly one process with batch W*B. Rank 0 prints progress every
-/// train.log_every steps, the mean train loss and test accuracy (whole 10k
-/// test set, evaluated in shards) after each epoch, and a summary; with a
+/// train.log_every steps, the mean train loss and test accuracy (whole test
+/// set, evaluated in shards) after each epoch, and a summary; with a
 /// non-empty `metrics_path` it also writes them as JSON lines (one
 /// {"event":"epoch",...} per epoch and one {"event":"summary",...}).
 ///
