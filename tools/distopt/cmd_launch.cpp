@@ -12,6 +12,7 @@
 #include "command.hpp"
 #include "distopt/config.hpp"
 #include "distopt/process.hpp"
+#include "distopt/slurm.hpp"
 #include "launch/job_rendezvous.hpp"
 #include "launch/launcher.hpp"
 
@@ -161,6 +162,9 @@ int cmd_launch(int argc, char** argv) {
           const auto p = launch::split_endpoint(hp, "the Slurm rendezvous");
           master_addr = p.first;
           if (!have_port) port = p.second;
+        } else if (!vm.count("master-addr") && !vm.count("rdzv-endpoint")) {
+          return usage_error(
+              "Slurm step without SLURM_JOB_NODELIST or MASTER_ADDR: give --master-addr");
         } else if (!have_port) {
           port = env("MASTER_PORT") ? env_int("MASTER_PORT") : slurm_default_port();
         }
