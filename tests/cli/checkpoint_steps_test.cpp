@@ -81,7 +81,7 @@ TEST_CASE("every subcommand has --help; the top level lists them all; --version"
     ProcResult r = run_command(argv);
     INFO(argv[1] << " " << argv[2] << ":\n" << r.output);
     CHECK(r.exit_code == 0);
-    CHECK(contains(r.output, "usage: distopt"));
+    CHECK(contains(r.output, "distopt " + argv[1]));  // its own help, not the top level's
     CHECK_FALSE(contains(r.output, ": error:"));
   }
   ProcResult v = run_command({cli(), "--version"});
