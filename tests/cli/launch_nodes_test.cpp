@@ -180,6 +180,17 @@ TEST_CASE("launch says that its rendezvous replaces the job file's") {
   r = run_command({cli(), "launch", "--config", job, "--master-port", "29517", "--", "true"});
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("is not used") == std::string::npos);
+  // `distopt train` starting its own ranks says the same (the ranks then
+  // fail at once on the missing data set: only the note matters here).
+  const std::string job2 = t.file("job2.yaml");
+  std::ofstream(job2) << "world: {size: 2, rendezvous: 'tcp://127.0.0.1:29518'}\n"
+                      << "train: {data_dir: " << t.file("no-data") << "}\n";
+  r = run_command({cli(), "train", job2});
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("distopt train: " + job2 +
+                      ":1: world.rendezvous 'tcp://127.0.0.1:29518' is not used: the launched "
+                      "ranks meet at tcp://127.0.0.1:") != std::string::npos);
 }
 
 TEST_CASE("2 nodes x 2 ranks train as 4 ranks at once: launch --nnodes, srun, launch in srun") {
