@@ -350,4 +350,7 @@ int run_bench(int argc, char** argv) {
 
 }  // namespace
 
-DISTOPT_REGISTER_COMMAND("bench", "benchmarks: `bench comm` (collective bandwidth)", run_bench);
+DISTOPT_REGISTER_COMMAND("bench",
+                         "benchmarks: `bench comm` (collective bandwidth), `bench step` "
+                         "(optimizer step)",
+                         run_bench);

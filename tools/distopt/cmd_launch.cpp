@@ -1,19 +1,59 @@
-// `distopt launch -n N [--config JOB.yaml] [--port P] [--timeout S] -- PROGRAM ARGS...`
+// `distopt launch [-n N] [--nnodes N --node-rank R --master-addr A --master-port P]
+//  [--config JOB.yaml] [--timeout S] -- PROGRAM ARGS...`
 #include <boost/program_options.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "command.hpp"
 #include "distopt/config.hpp"
+#include "distopt/process.hpp"
+#include "distopt/slurm.hpp"
+#include "launch/job_rendezvous.hpp"
 #include "launch/launcher.hpp"
 
 namespace po = boost::program_options;
 
 namespace distopt::cli {
 namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+int env_int(const char* name) {
+  const char* v = env(name);
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (end == v || *end || x < 0 || x > (1 << 24))
+    throw std::invalid_argument(std::string(name) + "='" + v + "' is not a valid integer");
+  return static_cast<int>(x);
+}
+
+constexpr const char* kHelp =
+    "usage: distopt launch [-n N] [--config JOB.yaml] [--timeout S] -- PROGRAM ARGS...\n"
+    "       distopt launch --nnodes N --node-rank R --nproc-per-node K --master-addr HOST\n"
+    "                      --master-port P [--rdzv-id ID] -- PROGRAM ARGS...   (on each node)\n"
+    "\n"
+    "Start the ranks of PROGRAM on this node (torchrun's options and numbering): local rank\n"
+    "i of node R is global rank R*K + i of N*K. Each gets DISTOPT_RANK, DISTOPT_WORLD_SIZE,\n"
+    "DISTOPT_LOCAL_RANK, DISTOPT_LOCAL_WORLD_SIZE, DISTOPT_RENDEZVOUS=tcp://HOST:P (rank 0,\n"
+    "on node 0, serves it: HOST must be node 0's address), DISTOPT_JOB_TOKEN, DISTOPT_NODE_ID\n"
+    "(nodeR, with --nnodes > 1 unless set), DISTOPT_CONFIG (with --config) and, unless set,\n"
+    "OMP_NUM_THREADS = max(1, cores / K). The job file's world.rendezvous is replaced by this\n"
+    "rendezvous (a line on stderr says so). One node: HOST is 127.0.0.1 and P a free port\n"
+    "unless given. Inside a Slurm step with one task per node\n"
+    "(srun --ntasks-per-node=1 distopt launch -n K -- ...), --nnodes and --node-rank come\n"
+    "from SLURM_NTASKS and SLURM_PROCID, HOST from MASTER_ADDR or the first host of\n"
+    "SLURM_JOB_NODELIST, P from MASTER_PORT or 29500 + SLURM_JOB_ID % 1000.\n"
+    "Output lines are prefixed with \"[rank r] \" (global rank). If a rank fails, the others\n"
+    "on this node are stopped and launch exits 1 (the other nodes' ranks fail at their next\n"
+    "collective); Ctrl-C stops every local rank and exits 130; --timeout exits 124.\n\noptions";
 
 int cmd_launch(int argc, char** argv) {
   // Everything after "--" belongs to the program, untouched by option parsing.
@@ -25,21 +65,25 @@ int cmd_launch(int argc, char** argv) {
     }
 
   launch::LaunchOptions lo;
-  int nprocs = 0;
-  po::options_description desc(
-      "usage: distopt launch -n N [--config JOB.yaml] [--port P] [--timeout S] -- PROGRAM "
-      "ARGS...\n\n"
-      "Start N ranks of PROGRAM on this host. Each gets DISTOPT_RANK, DISTOPT_WORLD_SIZE,\n"
-      "DISTOPT_LOCAL_RANK, DISTOPT_LOCAL_WORLD_SIZE, DISTOPT_RENDEZVOUS=tcp://127.0.0.1:PORT,\n"
-      "DISTOPT_JOB_TOKEN (random per job), DISTOPT_CONFIG (with --config) and, unless already\n"
-      "set, OMP_NUM_THREADS = max(1, cores / N). Output lines are\n"
-      "prefixed with \"[rank r] \". If a rank fails, the others are stopped and launch exits 1;\n"
-      "Ctrl-C stops every rank and exits 130; --timeout exits 124.\n\noptions");
+  int nprocs = 0, nnodes = 1, node_rank = 0, port = 0;
+  std::string master_addr, endpoint, rdzv_id;
+  po::options_description desc(kHelp);
   desc.add_options()("help,h", "show this help")(
-      "nprocs,n", po::value<int>(&nprocs), "number of ranks (default: world.size of --config)")(
-      "config", po::value<std::string>(&lo.config), "job YAML, exported as DISTOPT_CONFIG")(
-      "port", po::value<int>(&lo.port)->default_value(0),
-      "rendezvous port on 127.0.0.1 (0 = a free one)")(
+      "nproc-per-node,n", po::value<int>(&nprocs),
+      "ranks on this node (default: world.size of --config / --nnodes)")(
+      "nnodes", po::value<int>(&nnodes), "nodes in the job (default 1)")(
+      "node-rank", po::value<int>(&node_rank), "this node's index, 0..nnodes-1 (default 0)")(
+      "master-addr", po::value<std::string>(&master_addr),
+      "address of node 0, where rank 0 serves the rendezvous (default 127.0.0.1)")(
+      "master-port", po::value<int>(&port),
+      "rendezvous port (required with --nnodes > 1; one node: a free one)")(
+      "port", po::value<int>(), "the same as --master-port")(
+      "rdzv-endpoint", po::value<std::string>(&endpoint),
+      "HOST:PORT, the same as --master-addr HOST --master-port PORT")(
+      "rdzv-id", po::value<std::string>(&rdzv_id),
+      "job token every node must give (default: $DISTOPT_JOB_TOKEN; else one node: random; "
+      "several: derived from the rendezvous address)")("config", po::value<std::string>(&lo.config),
+                                                       "job YAML, exported as DISTOPT_CONFIG")(
       "timeout", po::value<double>(&lo.timeout_s)->default_value(0),
       "stop the job after S seconds (0 = never)")(
       "failure-wait", po::value<double>(&lo.failure_wait_s)->default_value(4),
@@ -65,51 +109,136 @@ int cmd_launch(int argc, char** argv) {
     std::cout << desc << "\n";
     return 0;
   }
+  auto usage_error = [](const std::string& what) {
+    std::cerr << "distopt launch: " << what << "\n";
+    return 2;
+  };
   if (vm.count("program")) lo.argv = vm["program"].as<std::vector<std::string>>();
   for (int i = split + 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
   if (lo.argv.empty()) {
     std::cerr << "distopt launch: no program given (put it after --)\n" << desc << "\n";
     return 2;
   }
-  if (!vm.count("nprocs")) {
-    if (lo.config.empty()) {
-      std::cerr << "distopt launch: give -n N, or --config JOB.yaml to use its world.size\n";
-      return 2;
+  if (vm.count("port")) {
+    if (vm.count("master-port") && vm["port"].as<int>() != port)
+      return usage_error("--port and --master-port differ; give one");
+    port = vm["port"].as<int>();
+  }
+  if (vm.count("rdzv-endpoint")) {
+    if (vm.count("port")) return usage_error("give --rdzv-endpoint or --port, not both");
+    if (vm.count("master-addr") || vm.count("master-port"))
+      return usage_error("give --rdzv-endpoint or --master-addr/--master-port, not both");
+    try {
+      auto hp = launch::split_endpoint(endpoint, "--rdzv-endpoint");
+      master_addr = hp.first;
+      port = hp.second;
+    } catch (const std::invalid_argument& e) {
+      return usage_error(e.what());
     }
-    nprocs = static_cast<int>(load_job_config(lo.config).world_size);
-  } else if (!lo.config.empty() && std::ifstream(lo.config).good()) {
+  }
+  const bool have_port = vm.count("master-port") || vm.count("port") || vm.count("rdzv-endpoint");
+
+  // Inside a Slurm step of one task per node, Slurm names the node.
+  std::string token = rdzv_id;
+  if (!vm.count("nnodes") && !vm.count("node-rank") && env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    try {
+      const int tasks = env_int("SLURM_NTASKS");
+      if (tasks > 1) {
+        const char* nodes_var = env("SLURM_STEP_NUM_NODES") ? "SLURM_STEP_NUM_NODES"
+                                : env("SLURM_NNODES")       ? "SLURM_NNODES"
+                                                            : nullptr;
+        if (nodes_var && env_int(nodes_var) != tasks)
+          return usage_error("SLURM_NTASKS=" + std::to_string(tasks) + " tasks on " +
+                             env(nodes_var) + " nodes (" + nodes_var +
+                             "): run one launcher per node (srun --ntasks-per-node=1 distopt "
+                             "launch ...), or give --nnodes and --node-rank");
+        nnodes = tasks;
+        node_rank = env_int("SLURM_PROCID");
+        // The Slurm rank environment describes the whole step; the rank's own
+        // environment from this launcher wins (DISTOPT_* first).
+        const ProcessInfo slurm = detect_process_info();
+        if (!vm.count("master-addr") && !vm.count("rdzv-endpoint") && !slurm.rendezvous.empty()) {
+          const std::string hp = slurm.rendezvous.substr(6);  // tcp://
+          const auto p = launch::split_endpoint(hp, "the Slurm rendezvous");
+          master_addr = p.first;
+          if (!have_port) port = p.second;
+        } else if (!vm.count("master-addr") && !vm.count("rdzv-endpoint")) {
+          return usage_error(
+              "Slurm step without SLURM_JOB_NODELIST or MASTER_ADDR: give --master-addr");
+        } else if (!have_port) {
+          port = env("MASTER_PORT") ? env_int("MASTER_PORT") : slurm_default_port();
+        }
+        if (token.empty()) token = slurm.token;
+        std::cerr << "distopt launch: Slurm step: node " << node_rank << " of " << nnodes
+                  << " (SLURM_PROCID / SLURM_NTASKS)\n";
+      }
+    } catch (const std::exception& e) {
+      return usage_error(e.what());
+    }
+  }
+
+  if (nnodes < 1 || nnodes > 4096)
+    return usage_error("--nnodes must be between 1 and 4096 (got " + std::to_string(nnodes) + ")");
+  if (node_rank < 0 || node_rank >= nnodes)
+    return usage_error("--node-rank must be in 0.." + std::to_string(nnodes - 1) + " (got " +
+                       std::to_string(node_rank) + ")");
+  if (nnodes > 1 && port == 0)
+    return usage_error("--nnodes " + std::to_string(nnodes) +
+                       " needs --master-port P (or --rdzv-endpoint HOST:P): every node must "
+                       "name the same rendezvous");
+
+  JobConfig job;
+  const bool have_job = !lo.config.empty() && std::ifstream(lo.config).good();
+  if (have_job) job = load_job_config(lo.config);
+  YAML::Node size = have_job && job.root.IsMap() && job.root["world"].IsMap()
+                        ? job.root["world"]["size"]
+                        : YAML::Node();
+  const bool job_sets_size = size.IsDefined() && !size.IsNull();
+  if (!vm.count("nproc-per-node")) {
+    if (lo.config.empty())
+      return usage_error("give -n N (ranks per node), or --config JOB.yaml to use its world.size");
+    if (!have_job) job = load_job_config(lo.config);  // names the file it cannot read
+    if (job.world_size % nnodes != 0)
+      return usage_error(lo.config + ": world.size " + std::to_string(job.world_size) +
+                         " is not a multiple of --nnodes " + std::to_string(nnodes) + "; give -n");
+    nprocs = static_cast<int>(job.world_size / nnodes);
+  } else if (job_sets_size && job.world_size != static_cast<int64_t>(nprocs) * nnodes) {
     // Two numbers of ranks: refuse rather than guess which one was meant.
     // (A file this host cannot read is the program's business.)
-    const JobConfig job = load_job_config(lo.config);
-    YAML::Node size =
-        job.root.IsMap() && job.root["world"].IsMap() ? job.root["world"]["size"] : YAML::Node();
-    if (size.IsDefined() && !size.IsNull() && job.world_size != nprocs) {
-      std::cerr << "distopt launch: -n " << nprocs << " but " << lo.config << ":"
-                << size.Mark().line + 1 << ": world.size is " << job.world_size
-                << "; give the same number, or leave out -n\n";
-      return 2;
-    }
-  }
-  if (nprocs < 1 || nprocs > 4096) {
-    std::cerr << "distopt launch: -n must be between 1 and 4096 (got " << nprocs << ")\n";
+    std::cerr << "distopt launch: " << (nnodes > 1 ? std::to_string(nnodes) + " nodes x " : "")
+              << "-n " << nprocs << " but " << lo.config << ":" << size.Mark().line + 1
+              << ": world.size is " << job.world_size
+              << "; give the same number, or leave out -n\n";
     return 2;
   }
-  if (lo.port < 0 || lo.port > 65535) {
-    std::cerr << "distopt launch: --port must be in 0..65535 (got " << lo.port << ")\n";
-    return 2;
-  }
-  if (lo.timeout_s < 0 || lo.grace_s < 0 || lo.failure_wait_s < 0) {
-    std::cerr << "distopt launch: --timeout, --failure-wait and --grace must not be negative\n";
-    return 2;
-  }
+  if (nprocs < 1 || nprocs > 4096)
+    return usage_error("-n must be between 1 and 4096 (got " + std::to_string(nprocs) + ")");
+  if (port < 0 || port > 65535)
+    return usage_error("--master-port must be in 0..65535 (got " + std::to_string(port) + ")");
+  if (lo.timeout_s < 0 || lo.grace_s < 0 || lo.failure_wait_s < 0)
+    return usage_error("--timeout, --failure-wait and --grace must not be negative");
+  if (have_job) launch::note_job_rendezvous(job, lo);
+
+  if (token.empty() && env("DISTOPT_JOB_TOKEN")) token = env("DISTOPT_JOB_TOKEN");
   lo.nprocs = nprocs;
+  lo.nnodes = nnodes;
+  lo.node_rank = node_rank;
+  if (!master_addr.empty()) lo.master_addr = master_addr;
+  lo.port = port;
+  // Several nodes share one token: the same on each without a word between them.
+  lo.token = !token.empty() || nnodes == 1
+                 ? token
+                 : "rdzv-" + lo.master_addr + ":" + std::to_string(port) + "-" +
+                       std::to_string(nnodes) + "x" + std::to_string(nprocs);
   std::cout.flush();
   return launch::run(lo);
 }
 
 }  // namespace
 
-DISTOPT_REGISTER_COMMAND("launch", "start N local ranks of a program with the distopt environment",
+DISTOPT_REGISTER_COMMAND("launch",
+                         "start a job's ranks on this node (-n K; --nnodes N --node-rank R "
+                         "across machines; Slurm)",
                          cmd_launch);
 
 }  // namespace distopt::cli

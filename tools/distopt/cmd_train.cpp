@@ -1,6 +1,6 @@
 // `distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... [--epochs N]
 //  [--max-steps N] [--threads N] [--world-size N] [--checkpoint DIR [--checkpoint-every N]
-//  [--keep N] [--resume]]`
+//  [--keep N] [--resume | --resume-from STEP]]`
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "command.hpp"
+#include "distopt/checkpoint_steps.hpp"
 #include "distopt/config.hpp"
 #include "distopt/error.hpp"
 #include "distopt/process.hpp"
+#include "launch/job_rendezvous.hpp"
 #include "launch/launcher.hpp"
 #include "train/trainer.hpp"
 
@@ -43,7 +45,7 @@ std::string self_exe() {
 }
 
 int cmd_train(int argc, char** argv) {
-  std::string config, data, metrics;
+  std::string config, data, metrics, resume_from;
   std::vector<std::string> plugin_paths;
   int64_t epochs = 0, max_steps = -1, threads = 0, world_size = 0;
   train::TrainOptions topts;
@@ -51,7 +53,8 @@ int cmd_train(int argc, char** argv) {
       "usage: distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... "
       "[--epochs N] "
       "[--max-steps N] [--threads N] [--world-size N]\n"
-      "       [--checkpoint DIR [--checkpoint-every N] [--keep N] [--resume]]\n\n"
+      "       [--checkpoint DIR [--checkpoint-every N] [--keep N] [--resume | --resume-from "
+      "STEP]]\n\n"
       "Train the job's model on Fashion-MNIST with its distributed optimizer. Started without a\n"
       "launcher and with world.size > 1, it starts world.size local ranks itself (as\n"
       "`distopt launch` does); under a launcher (distopt launch, torchrun, srun, mpirun) it\n"
@@ -78,7 +81,11 @@ int cmd_train(int argc, char** argv) {
       "also save every N global steps")("keep", po::value<int>(&topts.keep),
                                         "complete checkpoints to keep (default 2)")(
       "resume", po::bool_switch(&topts.resume),
-      "continue from the newest checkpoint in --checkpoint DIR (start afresh if none)");
+      "continue from the newest checkpoint in --checkpoint DIR (start afresh if none)")(
+      "resume-from", po::value<std::string>(&resume_from),
+      "continue from the checkpoint of global step STEP in --checkpoint DIR, or from a step "
+      "directory (DIR/step-000000117); saves still go to --checkpoint DIR, where the next one "
+      "replaces the newer checkpoints");
   po::options_description hidden;
   hidden.add_options()("config", po::value<std::string>(&config), "");
   po::options_description all;
@@ -118,6 +125,24 @@ int cmd_train(int argc, char** argv) {
     std::cerr << "distopt train: --resume, --checkpoint-every and --keep need --checkpoint DIR\n";
     return 2;
   }
+  if (vm.count("resume-from")) {
+    if (topts.resume) {
+      std::cerr << "distopt train: give --resume or --resume-from, not both\n";
+      return 2;
+    }
+    const bool number = !resume_from.empty() && resume_from.size() < 19 &&
+                        resume_from.find_first_not_of("0123456789") == std::string::npos;
+    if (number && topts.checkpoint_dir.empty()) {
+      std::cerr << "distopt train: --resume-from " << resume_from
+                << " (a step) needs --checkpoint DIR; or give a step directory\n";
+      return 2;
+    }
+    topts.resume_from =
+        number ? checkpoint_step_path(topts.checkpoint_dir, std::stoll(resume_from)) : resume_from;
+    if (!find_checkpoint(topts.resume_from))
+      throw CheckpointError("--resume-from " + resume_from + ": no checkpoint there");
+    topts.resume = true;
+  }
   if (topts.checkpoint_every < 0 || topts.keep < 1) {
     std::cerr << "distopt train: --checkpoint-every must be >= 0 and --keep >= 1\n";
     return 2;
@@ -149,6 +174,7 @@ int cmd_train(int argc, char** argv) {
     // Survivors of a failed rank get time to explain it: the collective
     // check waits up to min(collective_check_s, 3 s) for a dead peer.
     lo.failure_wait_s = 1.0 + std::min(cfg.collective_check_s, 3.0);
+    launch::note_job_rendezvous(cfg, lo);  // replaced by the launcher's: say so
     for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
     std::cout.flush();
     return launch::run(lo);

@@ -1,11 +1,18 @@
 // `distopt`: dispatch to the subcommand named by argv[1].
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "command.hpp"
+#include "distopt/abi.h"
 #include "distopt/blas.hpp"
 #include "distopt/error.hpp"
+
+#ifndef DISTOPT_VERSION
+#define DISTOPT_VERSION "unknown"
+#endif
 
 namespace distopt::cli {
 
@@ -20,8 +27,11 @@ bool register_command(const Command& cmd) {
 const std::vector<Command>& commands() { return registry(); }
 
 static void usage(std::ostream& os) {
-  os << "usage: distopt <command> [options]\n\ncommands:\n";
-  for (const auto& c : commands()) {
+  os << "usage: distopt <command> [options]\n       distopt --version\n\ncommands:\n";
+  std::vector<Command> sorted = commands();  // registration order is link order
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Command& a, const Command& b) { return std::strcmp(a.name, b.name) < 0; });
+  for (const auto& c : sorted) {
     os << "  " << c.name
        << std::string(c.name && std::strlen(c.name) < 12 ? 12 - std::strlen(c.name) : 1, ' ')
        << c.summary << "\n";
@@ -39,6 +49,11 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage(argc < 2 ? std::cerr : std::cout);
     return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V")) {
+    std::cout << "distopt " << DISTOPT_VERSION << " (plugin ABI " << DOPT_ABI_VERSION_MAJOR << "."
+              << DOPT_ABI_VERSION_MINOR << ")\n";
+    return 0;
   }
   for (const auto& c : commands()) {
     if (std::strcmp(c.name, argv[1]) == 0) {

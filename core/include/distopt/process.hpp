@@ -10,16 +10,19 @@ struct ProcessInfo {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
-  std::string rendezvous;  ///< from DISTOPT_RENDEZVOUS or MASTER_ADDR/PORT ("" if unset)
-  std::string token;       ///< DISTOPT_JOB_TOKEN ("" if unset)
-  std::string source;      ///< "distopt", "torchrun", "slurm", "openmpi" or "default"
+  /// DISTOPT_RENDEZVOUS, else tcp://MASTER_ADDR:MASTER_PORT, else under
+  /// Slurm the first node's (slurm.hpp); "" if none applies
+  std::string rendezvous;
+  std::string token;   ///< DISTOPT_JOB_TOKEN, else under Slurm "slurm-JOBID.STEPID", else ""
+  std::string source;  ///< "distopt", "torchrun", "slurm", "openmpi" or "default"
 };
 
 /// Read, in this order of precedence: DISTOPT_RANK/WORLD_SIZE/LOCAL_RANK/
 /// LOCAL_WORLD_SIZE (set by `distopt launch`), torchrun's RANK/WORLD_SIZE/
 /// LOCAL_RANK/LOCAL_WORLD_SIZE, Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID,
 /// Open MPI's OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; none set means
-/// a single process (rank 0 of 1). Throws ConfigError for a malformed or
+/// a single process (rank 0 of 1). Slurm's local world size, master host,
+/// port and token: distopt/slurm.hpp. Throws ConfigError for a malformed or
 /// out-of-range value, naming the variable.
 ProcessInfo detect_process_info();
 

@@ -91,11 +91,10 @@ void remove_old(const std::string& dir, const std::string& latest, int keep) {
 }  // namespace
 
 Loaded read_newest(const std::string& dir) {
-  const std::string name = latest_name(dir);
-  if (name.empty())
-    throw CheckpointError(dir + ": no checkpoint (no '" + std::string(kLatest) + "' file)");
   Loaded l;
-  l.where = pfs::join(dir, name);
+  l.where = step_directory(dir);  // listing.cpp: DIR/<latest>, or DIR itself
+  if (l.where.empty())
+    throw CheckpointError(dir + ": no checkpoint (no '" + std::string(kLatest) + "' file)");
   const std::string mpath = pfs::join(l.where, kManifest);
   auto text = read_file(mpath);
   l.manifest = Manifest::from_json(std::string(text.begin(), text.end()), mpath);
@@ -167,9 +166,8 @@ void resume_autotune(DistributedOptimizer& opt, const Manifest& man) {
 
 std::optional<CheckpointInfo> find_checkpoint(const std::string& dir) {
   using namespace checkpoint;
-  const std::string name = latest_name(dir);
-  if (name.empty()) return std::nullopt;
-  const std::string where = pfs::join(dir, name);
+  const std::string where = step_directory(dir);  // listing.cpp: DIR/<latest>, or DIR itself
+  if (where.empty()) return std::nullopt;
   const std::string mpath = pfs::join(where, kManifest);
   auto text = read_file(mpath);
   return Manifest::from_json(std::string(text.begin(), text.end()), mpath).info(where);

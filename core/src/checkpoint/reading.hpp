@@ -17,8 +17,13 @@ struct Loaded {
   std::vector<ShardState> shards;  ///< shards[r] = saved rank r's
 };
 
-/// Throws CheckpointError naming the file (no `latest`, bad manifest, a
-/// missing, truncated or corrupt shard).
+/// The checkpoint `dir` names: `dir` itself when it is a step directory
+/// (holds manifest.json), else DIR/<the name in DIR/latest>; "" when DIR has
+/// no `latest`. Throws CheckpointError for a `latest` naming no step.
+std::string step_directory(const std::string& dir);
+
+/// The checkpoint step_directory(dir) names. Throws CheckpointError naming
+/// the file (no `latest`, bad manifest, a missing, truncated or corrupt shard).
 Loaded read_newest(const std::string& dir);
 
 }  // namespace distopt::checkpoint

@@ -230,24 +230,33 @@ struct ChildEnvironments {
 
 ChildEnvironments child_environments(const LaunchOptions& o, int port, const std::string& token) {
   const int n = o.nprocs;
+  const int world = o.nnodes * n;
   // Ranks sharing the host split its cores unless told otherwise (threads.hpp,
   // the rule Runtime and `distopt train` apply; OpenMP and OpenBLAS read
   // OMP_NUM_THREADS too, so a program without distopt gets it as well).
   const char* omp = std::getenv("OMP_NUM_THREADS");
   const bool set_omp = !(omp && *omp);
   const std::string omp_threads = std::to_string(distopt::default_threads_per_rank(n));
+  // Several nodes: name this one for node-aware components (hierarchical),
+  // unless the user did; the launcher's node index is what they mean by a node.
+  const char* node_id = std::getenv("DISTOPT_NODE_ID");
+  const bool set_node = o.nnodes > 1 && !(node_id && *node_id);
+  const std::string host = o.master_addr.find(':') != std::string::npos && o.master_addr[0] != '['
+                               ? "[" + o.master_addr + "]"
+                               : o.master_addr;
   ChildEnvironments e;
   e.strings.resize(n);
   e.pointers.resize(n);
   for (int r = 0; r < n; ++r) {
     std::vector<std::pair<std::string, std::string>> vars = {
-        {"DISTOPT_RANK", std::to_string(r)},
-        {"DISTOPT_WORLD_SIZE", std::to_string(n)},
+        {"DISTOPT_RANK", std::to_string(o.node_rank * n + r)},
+        {"DISTOPT_WORLD_SIZE", std::to_string(world)},
         {"DISTOPT_LOCAL_RANK", std::to_string(r)},
         {"DISTOPT_LOCAL_WORLD_SIZE", std::to_string(n)},
-        {"DISTOPT_RENDEZVOUS", "tcp://127.0.0.1:" + std::to_string(port)},
+        {"DISTOPT_RENDEZVOUS", "tcp://" + host + ":" + std::to_string(port)},
         {"DISTOPT_JOB_TOKEN", token},
     };
+    if (set_node) vars.emplace_back("DISTOPT_NODE_ID", "node" + std::to_string(o.node_rank));
     if (!o.config.empty()) vars.emplace_back("DISTOPT_CONFIG", o.config);
     if (set_omp) vars.emplace_back("OMP_NUM_THREADS", omp_threads);
     for (const auto& kv : o.extra_env) vars.push_back(kv);
@@ -288,7 +297,8 @@ ChildEnvironments child_environments(const LaunchOptions& o, int port, const std
 // forward signals, stop the job when a rank fails or time runs out.
 class Supervisor {
  public:
-  explicit Supervisor(const LaunchOptions& o) : o_(o), ranks_(o.nprocs), running_(0) {}
+  explicit Supervisor(const LaunchOptions& o)
+      : o_(o), base_(o.node_rank * o.nprocs), ranks_(o.nprocs), running_(0) {}
 
   void spawn(const ChildEnvironments& env, std::vector<char*>& argv) {
     int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -330,7 +340,7 @@ class Supervisor {
     for (auto& rk : ranks_)
       for (auto& s : rk.streams)
         if (s.fd >= 0) {
-          emit(static_cast<int>(&rk - ranks_.data()), s, true);
+          emit(base_ + static_cast<int>(&rk - ranks_.data()), s, true);
           ::close(s.fd);
           s.fd = -1;
         }
@@ -342,7 +352,7 @@ class Supervisor {
     }
     if (timed_out_) return kExitTimeout;
     if (failed_rank_ >= 0) {
-      message(o_, "job failed: rank " + std::to_string(failed_rank_) + " failed (" +
+      message(o_, "job failed: rank " + std::to_string(base_ + failed_rank_) + " failed (" +
                       describe_status(ranks_[failed_rank_].status) + ")");
       return kExitRankFailed;
     }
@@ -393,7 +403,7 @@ class Supervisor {
     if (pr < 0 && errno != EINTR)
       throw std::runtime_error("poll() failed: " + std::string(strerror(errno)));
     for (size_t i = 1; pr > 0 && i < pfds.size(); ++i)
-      if (pfds[i].revents) pump(who[i].first, ranks_[who[i].first].streams[who[i].second]);
+      if (pfds[i].revents) pump(base_ + who[i].first, ranks_[who[i].first].streams[who[i].second]);
     return true;
   }
 
@@ -438,11 +448,12 @@ class Supervisor {
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
       if (!ok && !terminating_ && failed_rank_ < 0 && !interrupted_) {
         failed_rank_ = r;
-        message(o_, "rank " + std::to_string(r) + " failed (" + describe_status(st) + ")" +
+        message(o_, "rank " + std::to_string(base_ + r) + " failed (" + describe_status(st) + ")" +
                         (running_ > 0 ? ", stopping the other ranks" : ""));
         term_at_ = after(o_.failure_wait_s);
       } else if (!ok && !terminating_ && failed_rank_ >= 0) {
-        message(o_, "rank " + std::to_string(r) + " also failed (" + describe_status(st) + ")");
+        message(o_,
+                "rank " + std::to_string(base_ + r) + " also failed (" + describe_status(st) + ")");
       }
       if (running_ == 0) drain_deadline_ = after(0.5);
     }
@@ -471,6 +482,7 @@ class Supervisor {
 
   static constexpr Clock::time_point kNever = Clock::time_point::max();
   const LaunchOptions& o_;
+  const int base_;  // global rank of local rank 0
   std::vector<Rank> ranks_;
   int running_;
   Clock::time_point job_deadline_ = kNever, term_at_ = kNever, kill_at_ = kNever;
@@ -482,15 +494,45 @@ class Supervisor {
 
 }  // namespace
 
+std::pair<std::string, int> split_endpoint(const std::string& ep, const std::string& what) {
+  const size_t colon = ep.rfind(':');
+  std::string host = colon == std::string::npos ? "" : ep.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : ep.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  char* end = nullptr;
+  const long p = port.empty() ? -1 : std::strtol(port.c_str(), &end, 10);
+  if (host.empty() || p < 1 || p > 65535 || *end != '\0')
+    throw std::invalid_argument(what + " '" + ep + "' is not HOST:PORT (port 1..65535)");
+  return {host, static_cast<int>(p)};
+}
+
 int run(const LaunchOptions& o) {
   if (o.nprocs < 1) throw std::runtime_error("the number of ranks must be at least 1");
+  if (o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
+    throw std::runtime_error("node rank " + std::to_string(o.node_rank) + " is not in [0, " +
+                             std::to_string(o.nnodes) + ")");
   if (o.argv.empty()) throw std::runtime_error("no program to launch (give it after --)");
+  if (o.nnodes > 1 && o.port <= 0)
+    throw std::runtime_error("several nodes need a fixed rendezvous port (--master-port)");
   const int port = o.port > 0 ? o.port : free_loopback_port();
+  const std::string token = o.token.empty() ? random_token() : o.token;
+  if (o.nnodes > 1)
+    message(o, "node " + std::to_string(o.node_rank) + " of " + std::to_string(o.nnodes) +
+                   ": ranks " + std::to_string(o.node_rank * o.nprocs) + ".." +
+                   std::to_string((o.node_rank + 1) * o.nprocs - 1) + " of " +
+                   std::to_string(o.nnodes * o.nprocs) + ", rendezvous tcp://" + o.master_addr +
+                   ":" + std::to_string(port));
+  const std::string url = "tcp://" + o.master_addr + ":" + std::to_string(port);
+  if (!o.config_rendezvous.empty() && o.config_rendezvous != url)
+    message(o, o.config_rendezvous_where + ": world.rendezvous '" + o.config_rendezvous +
+                   "' is not used: the launched ranks meet at " + url +
+                   (o.port > 0 ? "" : " (a free port; --master-port P chooses it)"));
   SignalGuard guard;
   std::vector<char*> argv;
   for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const ChildEnvironments env = child_environments(o, port, random_token());
+  const ChildEnvironments env = child_environments(o, port, token);
   Supervisor supervisor(o);
   supervisor.spawn(env, argv);
   supervisor.supervise();

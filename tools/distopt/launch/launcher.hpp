@@ -18,11 +18,25 @@ constexpr int kExitTimeout = 124;      ///< the job ran past LaunchOptions::time
 constexpr int kExitInterrupted = 130;  ///< the launcher got SIGINT / SIGTERM / SIGHUP
 
 struct LaunchOptions {
-  int nprocs = 1;                 ///< ranks to start (>= 1)
+  int nprocs = 1;                 ///< ranks to start on this node (>= 1)
   std::vector<std::string> argv;  ///< program and its arguments; argv[0] is searched in $PATH
   std::string config;             ///< exported as DISTOPT_CONFIG when non-empty
-  int port = 0;                   ///< rendezvous port on 127.0.0.1; 0 = pick a free one
-  double timeout_s = 0;           ///< stop the job after this many seconds; 0 = no limit
+  /// Nodes of the job and this node's index: local rank i gets global rank
+  /// node_rank * nprocs + i of nnodes * nprocs (torchrun's numbering).
+  int nnodes = 1;
+  int node_rank = 0;
+  /// The rendezvous: rank 0 (on node 0) serves the store at master_addr:port.
+  std::string master_addr = "127.0.0.1";
+  int port = 0;  ///< rendezvous port; 0 = pick a free one (one node only)
+  /// The job token; "" = a random one (one node only: several nodes must
+  /// share it, so there the caller chooses it).
+  std::string token;
+  /// The job file's own world.rendezvous URL and where it is written
+  /// ("job.yaml:3"), "" when the file sets none. The launcher's rendezvous
+  /// replaces it (DISTOPT_RENDEZVOUS wins in every rank): run() says so
+  /// once, on stderr, when the two differ.
+  std::string config_rendezvous, config_rendezvous_where;
+  double timeout_s = 0;  ///< stop the job after this many seconds; 0 = no limit
   /// After the first rank fails, the others get this long to exit on their
   /// own (so a surviving rank can report, e.g., which peer died) before
   /// they are sent SIGTERM. Interrupts are forwarded without this wait.
@@ -37,8 +51,8 @@ struct LaunchOptions {
 /// Start the ranks and supervise them until all are gone. Blocks; returns one
 /// of the kExit* codes. Each rank gets DISTOPT_RANK, DISTOPT_WORLD_SIZE,
 /// DISTOPT_LOCAL_RANK, DISTOPT_LOCAL_WORLD_SIZE, DISTOPT_RENDEZVOUS
-/// (tcp://127.0.0.1:port), DISTOPT_JOB_TOKEN, DISTOPT_CONFIG (if set), and,
-/// unless the launcher's environment sets it, OMP_NUM_THREADS = max(1, cores / N)
+/// (tcp://master_addr:port), DISTOPT_NODE_ID (node_rank), DISTOPT_JOB_TOKEN, DISTOPT_CONFIG (if
+/// set), and, unless the launcher's environment sets it, OMP_NUM_THREADS = max(1, cores / nprocs)
 /// so ranks do not oversubscribe the cores (torchrun does the same). Every rank runs in its own
 /// process group (so a rank's own children are stopped with it) with stdin from /dev/null, and dies
 /// with the launcher (PR_SET_PDEATHSIG) if the launcher itself is killed. Each line a rank writes
@@ -52,6 +66,10 @@ int run(const LaunchOptions& opts);
 
 /// 32 hex digits from std::random_device: the job token handed to every rank.
 std::string random_token();
+
+/// Split "HOST:PORT" (or "[V6]:PORT") of --rdzv-endpoint; throws
+/// std::invalid_argument naming `what` when there is no valid port.
+std::pair<std::string, int> split_endpoint(const std::string& endpoint, const std::string& what);
 
 /// A TCP port that was free on 127.0.0.1 a moment ago (bound with port 0 and
 /// released). Throws std::runtime_error if no socket can be bound.

@@ -303,14 +303,14 @@ class Trainer {
 
   // --resume: the newest checkpoint's parameters, optimizer state and data position.
   void resume() {
-    if (!opts_.resume || opts_.checkpoint_dir.empty()) return;
-    if (!find_checkpoint(opts_.checkpoint_dir)) {
+    const std::string& from = opts_.resume_from.empty() ? opts_.checkpoint_dir : opts_.resume_from;
+    if (!opts_.resume || from.empty()) return;
+    if (!find_checkpoint(from)) {
       if (lead())
-        std::cout << "resume: no checkpoint in " << opts_.checkpoint_dir << ", starting afresh"
-                  << std::endl;
+        std::cout << "resume: no checkpoint in " << from << ", starting afresh" << std::endl;
       return;
     }
-    CheckpointInfo ck = rt_->load_checkpoint(opts_.checkpoint_dir, *model_, *opt_);
+    CheckpointInfo ck = rt_->load_checkpoint(from, *model_, *opt_);
     auto num = [&](const char* key) -> int64_t {
       auto it = ck.extra.find(key);
       if (it == ck.extra.end())

@@ -46,6 +46,9 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;
   int keep = 2;
   bool resume = false;
+  /// With `resume`: the checkpoint to continue from (a step directory, or a
+  /// checkpoint directory's newest) instead of checkpoint_dir's newest.
+  std::string resume_from;
 };
 int train_rank(const JobConfig& cfg, const TrainOptions& opts);
 
