@@ -50,17 +50,22 @@ inline std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-/// max_i |a[i] - b[i]|; infinity when the sizes differ or both are empty, so
-/// a missing or truncated result never passes a tolerance check.
 /// `dir`/`what``rank`.bin: where rank `rank` of a forked test writes `what`.
 inline std::string rank_file(const std::string& dir, const std::string& what, int rank) {
   return dir + "/" + what + std::to_string(rank) + ".bin";
 }
 
+/// max_i |a[i] - b[i]|; infinity when the sizes differ or both are empty, so
+/// a missing or truncated result never passes a tolerance check, or
+/// when any difference is NaN (a diverged run).
 inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.size() != b.size() || a.empty()) return INFINITY;
   double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(a[i] - b[i]);
+    if (std::isnan(d)) return INFINITY;  // a diverged run never matches (std::max drops NaN)
+    m = std::max(m, d);
+  }
   return m;
 }
 

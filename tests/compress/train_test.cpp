@@ -115,4 +115,5 @@ TEST_CASE("a reducer that applies momentum itself refuses an optimizer with mome
   CHECK(r.output.find("double-momentum.yaml") != std::string::npos);
   CHECK(r.output.find("reducer.options.momentum") != std::string::npos);
   CHECK(r.output.find("optimizer.momentum: 0") != std::string::npos);
+  CHECK(r.output.find("optimizer.momentum is 0.9:") != std::string::npos);  // as written
 }

@@ -169,7 +169,7 @@ TEST_CASE("a full good config parses with the expected values") {
   CHECK(cfg.optimizer_name == "adam");
   CHECK(cfg.train.model == "cnn");
   CHECK(cfg.train.dataset == "fashion-mnist");
-  CHECK(cfg.train.data_dir == "/data/fmnist");
+  CHECK(cfg.train.data_dir == "/usr/share/datasets/fashion-mnist");
   CHECK(cfg.train.epochs == 3);
   CHECK(cfg.train.batch_size == 64);
   CHECK(cfg.train.seed == 42);

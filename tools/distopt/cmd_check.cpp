@@ -9,6 +9,7 @@
 #include "distopt/config.hpp"
 #include "distopt/error.hpp"
 #include "distopt/registry.hpp"
+#include "train/trainer.hpp"
 
 namespace po = boost::program_options;
 
@@ -56,11 +57,32 @@ int run_check(int argc, char** argv) {
     distopt::PluginRegistry registry;
     registry.discover(dirs);
     distopt::validate_job(cfg, registry);
-    std::cout << path << ": OK (communicator " << cfg.communicator.name << ", reducer "
-              << cfg.reducer.name
-              << (cfg.reducer.inner ? " (inner " + cfg.reducer.inner->name + ")" : "")
-              << ", algorithm " << cfg.algorithm.name << ", optimizer " << cfg.optimizer_name
-              << ", world size " << cfg.world_size << ")\n";
+    // A file with a train: section is for `distopt train`: refuse what it refuses.
+    if (cfg.root.IsMap() && cfg.root["train"].IsDefined()) distopt::train::check_train_config(cfg);
+    auto component = [](const distopt::ComponentConfig& c) {
+      return c.name + (c.inner ? " (inner " + c.inner->name + ")" : "");
+    };
+    std::string algorithms, reducers;
+    if (cfg.schedule.empty()) {
+      algorithms = cfg.algorithm.name;
+      reducers = component(cfg.reducer);
+    } else {  // "allreduce until epoch 1, then decentralized"
+      for (size_t k = 0; k < cfg.schedule.size(); ++k) {
+        const distopt::SchedulePhase& ph = cfg.schedule[k];
+        const std::string bound =
+            ph.until_epoch >= 0  ? " until epoch " + std::to_string(ph.until_epoch)
+            : ph.until_step >= 0 ? " until step " + std::to_string(ph.until_step)
+                                 : "";
+        algorithms += (k ? ", then " : "") + ph.algorithm.name + bound;
+        reducers += (k ? ", then " : "") + component(ph.reducer) + bound;
+      }
+    }
+    std::cout << path << ": OK (communicator " << cfg.communicator.name
+              << (cfg.control_communicator.name.empty()
+                      ? ""
+                      : " + control " + cfg.control_communicator.name)
+              << ", reducer " << reducers << ", algorithm " << algorithms << ", optimizer "
+              << cfg.optimizer_name << ", world size " << cfg.world_size << ")\n";
     return 0;
   } catch (const distopt::Error& e) {
     std::cerr << e.what() << "\n";

@@ -32,25 +32,10 @@ namespace {
 constexpr const char* kLatest = "latest";
 constexpr const char* kManifest = "manifest.json";
 
-std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
 std::string step_dir_name(int64_t step, int64_t suffix) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "step-%09lld", static_cast<long long>(step));
   return suffix == 0 ? std::string(buf) : std::string(buf) + "-" + std::to_string(suffix);
-}
-
-std::string latest_name(const std::string& dir) {
-  const std::string p = pfs::join(dir, kLatest);
-  if (!pfs::exists(p)) return "";
-  auto bytes = read_file(p);
-  std::string name = trim(std::string(bytes.begin(), bytes.end()));
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-    throw CheckpointError(p + ": does not name a checkpoint ('" + name + "')");
-  return name;
 }
 
 // Test-only: DISTOPT_FAULT_INJECT=save:RANK[:N] kills rank RANK halfway

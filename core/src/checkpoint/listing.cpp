@@ -1,9 +1,6 @@
 // Which step directory a path names (a checkpoint directory's newest, or a
 // step directory itself), every complete step of a directory, and one step by
 // number. POSIX only (no std::filesystem: libtorch exports its own copy).
-#include <dirent.h>
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -13,51 +10,48 @@
 #include "checkpoint/reading.hpp"
 #include "distopt/checkpoint_steps.hpp"
 #include "distopt/error.hpp"
+#include "util/posix_fs.hpp"
+
+namespace pfs = distopt::posix_fs;
 
 namespace distopt {
 namespace checkpoint {
 namespace {
-
-bool is_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-bool is_dir(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-std::string join(const std::string& dir, const std::string& name) {
-  if (dir.empty()) return name;
-  return dir.back() == '/' ? dir + name : dir + "/" + name;
-}
 
 std::string strip_slashes(std::string s) {
   while (s.size() > 1 && s.back() == '/') s.pop_back();
   return s;
 }
 
+bool has_manifest(const std::string& dir) {
+  return pfs::is_regular_file(pfs::join(dir, "manifest.json"));
+}
+
 CheckpointInfo read_info(const std::string& where) {
-  const std::string mpath = join(where, "manifest.json");
+  const std::string mpath = pfs::join(where, "manifest.json");
   auto text = read_file(mpath);
   return Manifest::from_json(std::string(text.begin(), text.end()), mpath).info(where);
 }
 
 }  // namespace
 
+std::string latest_name(const std::string& dir) {
+  const std::string p = pfs::join(dir, "latest");
+  if (!pfs::exists(p)) return "";
+  auto bytes = read_file(p);
+  std::string name(bytes.begin(), bytes.end());
+  const size_t b = name.find_first_not_of(" \t\r\n"), e = name.find_last_not_of(" \t\r\n");
+  name = b == std::string::npos ? "" : name.substr(b, e - b + 1);
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+    throw CheckpointError(p + ": does not name a checkpoint ('" + name + "')");
+  return name;
+}
+
 std::string step_directory(const std::string& path) {
   const std::string dir = strip_slashes(path);
-  if (is_file(join(dir, "manifest.json"))) return dir;  // a step directory itself
-  const std::string latest = join(dir, "latest");
-  if (!is_file(latest)) return "";
-  auto bytes = read_file(latest);
-  std::string name(bytes.begin(), bytes.end());
-  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
-    name.pop_back();
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-    throw CheckpointError(latest + ": does not name a checkpoint ('" + name + "')");
-  return join(dir, name);
+  if (has_manifest(dir)) return dir;  // a step directory itself
+  if (!pfs::is_regular_file(pfs::join(dir, "latest"))) return "";
+  return pfs::join(dir, latest_name(dir));
 }
 
 }  // namespace checkpoint
@@ -65,19 +59,18 @@ std::string step_directory(const std::string& path) {
 std::vector<CheckpointInfo> list_checkpoints(const std::string& path) {
   using namespace checkpoint;
   const std::string dir = strip_slashes(path);
-  if (is_file(join(dir, "manifest.json"))) return {read_info(dir)};
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) throw CheckpointError(dir + ": cannot open the checkpoint directory");
+  if (has_manifest(dir)) return {read_info(dir)};
   std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
-    const std::string n = e->d_name;
-    if (n.rfind("step-", 0) == 0 && is_file(join(join(dir, n), "manifest.json")))
-      names.push_back(n);  // a save that crashed before its manifest is not a checkpoint
+  try {
+    for (const std::string& n : pfs::list_dir(dir))
+      if (n.rfind("step-", 0) == 0 && has_manifest(pfs::join(dir, n)))
+        names.push_back(n);  // a save that crashed before its manifest is not a checkpoint
+  } catch (const std::exception&) {
+    throw CheckpointError(dir + ": cannot open the checkpoint directory");
   }
-  ::closedir(d);
   std::sort(names.begin(), names.end());  // zero-padded steps: name order is age order
   std::vector<CheckpointInfo> out;
-  for (const auto& n : names) out.push_back(read_info(join(dir, n)));
+  for (const auto& n : names) out.push_back(read_info(pfs::join(dir, n)));
   std::stable_sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
     return a.step < b.step;
   });
@@ -90,7 +83,7 @@ std::string checkpoint_step_path(const std::string& dir, int64_t step) {
   // Several saves of one step (a resume that saved at once): the one `latest`
   // names, else the newest.
   std::string found;
-  const std::string latest = is_dir(dir) ? step_directory(dir) : "";
+  const std::string latest = pfs::is_directory(dir) ? step_directory(dir) : "";
   for (const auto& c : all)
     if (c.step == step && (found.empty() || found != latest)) found = c.path;
   if (found.empty()) {

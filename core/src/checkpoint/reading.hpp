@@ -17,6 +17,10 @@ struct Loaded {
   std::vector<ShardState> shards;  ///< shards[r] = saved rank r's
 };
 
+/// The step directory name DIR/latest holds ("" when there is no `latest`).
+/// Throws CheckpointError for a `latest` naming no step directory.
+std::string latest_name(const std::string& dir);
+
 /// The checkpoint `dir` names: `dir` itself when it is a step directory
 /// (holds manifest.json), else DIR/<the name in DIR/latest>; "" when DIR has
 /// no `latest`. Throws CheckpointError for a `latest` naming no step.

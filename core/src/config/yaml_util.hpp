@@ -111,18 +111,32 @@ inline size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+/// The entry of `valid` a person most likely meant by `word`, or "": the
+/// closest within edit distance 2 ("zer0" -> "zero"), else one that starts
+/// with `word` or that `word` starts with, at least 4 characters shared
+/// ("bucket_cap" -> "bucket_cap_mb").
+inline std::string closest_match(const std::string& word, const std::vector<std::string>& valid) {
+  const std::string* best = nullptr;
+  size_t best_d = 3;  // suggest only close matches
+  for (const auto& v : valid) {
+    size_t d = edit_distance(word, v);
+    if (d < best_d) best_d = d, best = &v;
+  }
+  if (best) return *best;
+  for (const auto& v : valid) {
+    const size_t n = std::min(word.size(), v.size());
+    if (n >= 4 && word.compare(0, n, v, 0, n) == 0) return v;
+  }
+  return "";
+}
+
 /// "unknown key 'K' in SECTION; valid keys: a, b (did you mean 'a'?)"
 inline std::string unknown_key_message(const std::string& key, const std::string& section,
                                        const std::vector<std::string>& valid) {
   std::string msg = "unknown key '" + key + "' in " + section +
                     "; valid keys: " + (valid.empty() ? std::string("(none)") : join(valid));
-  const std::string* best = nullptr;
-  size_t best_d = 3;  // suggest only close matches
-  for (const auto& v : valid) {
-    size_t d = edit_distance(key, v);
-    if (d < best_d) best_d = d, best = &v;
-  }
-  if (best) msg += " (did you mean '" + *best + "'?)";
+  if (const std::string best = closest_match(key, valid); !best.empty())
+    msg += " (did you mean '" + best + "'?)";
   return msg;
 }
 

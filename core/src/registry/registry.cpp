@@ -427,6 +427,8 @@ const ComponentInfo& PluginRegistry::get(dopt_component_kind kind, const std::st
     if (c.kind == kind) names.push_back(c.name);
   std::string msg = "no " + kn + " named '" + name + "' is available; available " + kn +
                     "s: " + (names.empty() ? std::string("(none)") : yamlutil::join(names));
+  if (const std::string best = yamlutil::closest_match(name, names); !best.empty())
+    msg += " (did you mean '" + best + "'?)";
   // A skipped library that names the component (in its reason or its file
   // name, libdistopt_<name>.so) is the likely reason: put it first.
   std::vector<const SkippedPlugin*> likely, other;

@@ -112,6 +112,17 @@ ImageSet load_idx_pair(const std::string& images_path, const std::string& labels
   return set;
 }
 
+std::string fashion_mnist_missing(const std::string& dir) {
+  try {
+    for (const char* base : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"})
+      locate(dir, base);
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 FashionMnist load_fashion_mnist(const std::string& dir) {
   FashionMnist ds;
   // Located one by one so the first missing file (in this order) is reported.

@@ -51,5 +51,9 @@ ImageSet load_idx_pair(const std::string& images_path, const std::string& labels
 /// t10k-labels-idx1-ubyte[.gz] (the .gz name is preferred). Throws DataError
 /// naming the missing or malformed file.
 FashionMnist load_fashion_mnist(const std::string& dir = kDefaultFashionMnistDir);
+/// Why load_fashion_mnist(dir) would fail for want of a file (the first
+/// missing one, as it would name it), or "" when all four are there. Reads
+/// nothing.
+std::string fashion_mnist_missing(const std::string& dir);
 
 }  // namespace distopt::train

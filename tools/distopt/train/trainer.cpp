@@ -204,6 +204,8 @@ EvalResult evaluate(Runtime& rt, Classifier& model, const Data& data, at::Scalar
   return r;
 }
 
+}  // namespace
+
 // Up-front checks of the train: section that the schema cannot express.
 void check_train_config(const JobConfig& cfg) {
   const TrainConfig& tc = cfg.train;
@@ -214,7 +216,21 @@ void check_train_config(const JobConfig& cfg) {
   if (tc.epochs < 1) throw ConfigError(cfg.path + ": train.epochs must be at least 1");
   // fp16 follows the model: allowed where it runs on a CUDA device.
   check_precision_supported(cfg, /*cpu_only=*/at::Device(tc.device).is_cpu());
+  if (tc.dataset == "fashion-mnist")
+    if (std::string missing = fashion_mnist_missing(tc.data_dir); !missing.empty())
+      throw ConfigError(cfg.path + ": train.data_dir '" + tc.data_dir + "': " + missing);
+  // A phase bounded by an epoch the job never reaches ends the schedule there.
+  for (size_t k = 0; k + 1 < cfg.schedule.size(); ++k) {
+    const int64_t until = cfg.schedule[k].until_epoch;
+    if (until >= tc.epochs)
+      log(DOPT_LOG_WARN, "train",
+          cfg.path + ": schedule[" + std::to_string(k) + "] runs until_epoch " +
+              std::to_string(until) + " but train.epochs is " + std::to_string(tc.epochs) +
+              ": schedule[" + std::to_string(k + 1) + "] and later phases never run");
+  }
 }
+
+namespace {
 
 // One rank's run, in the order run() calls the steps.
 class Trainer {

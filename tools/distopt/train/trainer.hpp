@@ -52,4 +52,11 @@ struct TrainOptions {
 };
 int train_rank(const JobConfig& cfg, const TrainOptions& opts);
 
+/// What `distopt train` refuses in a job before starting a rank (`distopt
+/// check` runs it too for a file with a `train:` section): an unknown
+/// dataset, fp16 for a model on the CPU, a Fashion-MNIST data_dir without
+/// its files. Warns (log) about a `schedule:` phase that can never run.
+/// Throws ConfigError naming the file and key.
+void check_train_config(const JobConfig& cfg);
+
 }  // namespace distopt::train
