@@ -12,23 +12,34 @@ using distopt::test::ProcResult;
 using distopt::test::run_command;
 using distopt::test::cli::cli;
 
-namespace {
-int count_matches(const std::string& text, const std::regex& re) {
-  return static_cast<int>(
-      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
-}
-}  // namespace
-
-TEST_CASE("bench comm prints time, algbw and busbw for every size on 2 ranks") {
+TEST_CASE("bench comm prints median time with its min..max, algbw and busbw for every size") {
   ProcResult r = run_command({cli(), "bench", "comm", "-n", "2", "--max-bytes", "65536", "--iters",
-                              "2", "-P", distopt::test::env_path("DISTOPT_PLUGIN_DIR")},
+                              "3", "-P", distopt::test::env_path("DISTOPT_PLUGIN_DIR")},
                              {}, std::chrono::seconds(120));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("busbw") != std::string::npos);
-  // 4 KiB .. 64 KiB doubling: 5 rows of size, count, time, algbw, busbw.
-  std::regex row(R"(\n\s+(4096|8192|16384|32768|65536)\s+\d+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+)");
-  CHECK(count_matches(r.output, row) == 5);
+  // 4 KiB .. 64 KiB doubling: 5 rows of size, count, median, min..max, algbw, busbw.
+  std::regex row(
+      R"(\n\s+(4096|8192|16384|32768|65536)\s+\d+\s+([0-9.]+)\s+([0-9.]+)\.\.([0-9.]+)\s+[0-9.]+\s+[0-9.]+)");
+  int rows = 0;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), row);
+       it != std::sregex_iterator(); ++it, ++rows) {
+    const double median = std::stod((*it)[2]), lo = std::stod((*it)[3]), hi = std::stod((*it)[4]);
+    CHECK(lo <= median + 0.05);  // printed to 0.1 us
+    CHECK(median <= hi + 0.05);
+  }
+  CHECK(rows == 5);
+}
+
+TEST_CASE("bench comm names the valid operations for an unknown --op") {
+  ProcResult r = run_command({cli(), "bench", "comm", "--op", "alltoall", "-P",
+                              distopt::test::env_path("DISTOPT_PLUGIN_DIR")},
+                             {}, std::chrono::seconds(60));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("unknown --op 'alltoall'") != std::string::npos);
+  CHECK(r.output.find("allreduce, reduce_scatter, allgather, broadcast") != std::string::npos);
 }
 
 TEST_CASE(

@@ -89,7 +89,8 @@ def busbw(cli, hosts):
     out = run_in_namespaces(hosts, [cli, "bench", "comm", "--min-bytes", "1M", "--max-bytes",
                                     "16M", "--options", "{shm: false}"], "bench comm")
     rows = [l.split() for l in out.splitlines() if l.strip() and not l.startswith("#")]
-    return {int(r[0]): float(r[4]) for r in rows if len(r) == 5 and r[0].isdigit()}
+    # size, count, median time, min..max, algbw, busbw
+    return {int(r[0]): float(r[5]) for r in rows if len(r) == 6 and r[0].isdigit()}
 
 
 P2P = r"""

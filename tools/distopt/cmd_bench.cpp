@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -80,7 +81,9 @@ struct CommBenchArgs {
 
 struct Row {
   size_t bytes, count;
-  double time_us, algbw, busbw;
+  double time_us;                   ///< median over the iterations (slowest rank each)
+  double time_min_us, time_max_us;  ///< fastest and slowest iteration
+  double algbw, busbw;              ///< from the median
 };
 
 double bus_factor(const std::string& op, int n) {
@@ -156,21 +159,31 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, const RankSite& si
       };
       int iters = a.iters > 0 ? a.iters
                               : static_cast<int>(std::clamp<size_t>((512u << 20) / bytes, 5, 200));
-      for (int i = 0; i < a.warmup; ++i) issue().wait();
+      // The first size also pays for connection and page warm-up: more
+      // untimed iterations there, so that it is not an outlier.
+      const int warmup = bytes == a.min_bytes ? std::max(a.warmup, 20) : a.warmup;
+      for (int i = 0; i < warmup; ++i) issue().wait();
       comm.barrier().wait();
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i) issue().wait();
-      double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
-      // Rank 0 reports the slowest rank's time (what a job would see).
-      double worst = secs;
-      std::vector<double> all(static_cast<size_t>(n));
+      // Each iteration timed on its own; the slowest rank's time per
+      // iteration (what a job would see) by one MAX allreduce of all of them.
+      std::vector<double> secs(static_cast<size_t>(iters));
+      for (int i = 0; i < iters; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        issue().wait();
+        secs[static_cast<size_t>(i)] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
       int64_t shape;
-      DLTensor tt = make_dltensor(&worst, 1, DLDataType{kDLFloat, 64, 1}, &shape);
+      DLTensor tt = make_dltensor(secs.data(), iters, DLDataType{kDLFloat, 64, 1}, &shape);
       comm.allreduce(tt, tt, DOPT_REDUCE_MAX).wait();
+      std::sort(secs.begin(), secs.end());
+      const double median = secs.size() % 2
+                                ? secs[secs.size() / 2]
+                                : 0.5 * (secs[secs.size() / 2 - 1] + secs[secs.size() / 2]);
       size_t b = count * 4;
-      double algbw = static_cast<double>(b) / worst / 1e9;
-      rows.push_back(Row{b, count, worst * 1e6, algbw, algbw * bus_factor(a.op, n)});
+      double algbw = static_cast<double>(b) / median / 1e9;
+      rows.push_back(Row{b, count, median * 1e6, secs.front() * 1e6, secs.back() * 1e6, algbw,
+                         algbw * bus_factor(a.op, n)});
     }
     comm.barrier().wait();
   }
@@ -186,11 +199,16 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, const RankSite& si
 void print_rows(const CommBenchArgs& a, const std::vector<Row>& rows) {
   std::printf("# distopt bench comm: %s %s, %d ranks, float32 sum, %s\n", a.communicator.c_str(),
               a.op.c_str(), a.nranks, a.where.c_str());
-  std::printf("# %12s %12s %12s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
-              "busbw(GB/s)");
-  for (const auto& r : rows)
-    std::printf("  %12zu %12zu %12.1f %12.3f %12.3f\n", r.bytes, r.count, r.time_us, r.algbw,
-                r.busbw);
+  std::printf(
+      "# time: median over the iterations of the slowest rank's time; min..max beside it\n");
+  std::printf("# %12s %12s %12s %21s %12s %12s\n", "size(B)", "count", "time(us)", "min..max(us)",
+              "algbw(GB/s)", "busbw(GB/s)");
+  for (const auto& r : rows) {
+    char range[64];
+    std::snprintf(range, sizeof range, "%.1f..%.1f", r.time_min_us, r.time_max_us);
+    std::printf("  %12zu %12zu %12.1f %21s %12.3f %12.3f\n", r.bytes, r.count, r.time_us, range,
+                r.algbw, r.busbw);
+  }
   std::fflush(stdout);
   if (!a.json.empty()) {
     nlohmann::json j;
@@ -202,6 +220,8 @@ void print_rows(const CommBenchArgs& a, const std::vector<Row>& rows) {
       j["rows"].push_back({{"bytes", r.bytes},
                            {"count", r.count},
                            {"time_us", r.time_us},
+                           {"time_min_us", r.time_min_us},
+                           {"time_max_us", r.time_max_us},
                            {"algbw_gbs", r.algbw},
                            {"busbw_gbs", r.busbw}});
     std::ofstream out(a.json);
@@ -266,7 +286,8 @@ int bench_comm(int argc, char** argv) {
   }
   if (a.nranks < 1 || a.nranks > 64) throw distopt::Error("bench comm: -n must be in 1..64");
   if (a.op != "allreduce" && a.op != "reduce_scatter" && a.op != "allgather" && a.op != "broadcast")
-    throw distopt::Error("bench comm: unknown --op '" + a.op + "'");
+    throw distopt::Error("bench comm: unknown --op '" + a.op +
+                         "' (valid: allreduce, reduce_scatter, allgather, broadcast)");
   a.min_bytes = parse_size(min_s);
   a.max_bytes = parse_size(max_s);
   if (a.min_bytes > a.max_bytes)
