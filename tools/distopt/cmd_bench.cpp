@@ -8,8 +8,8 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
-#include <boost/program_options.hpp>
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
