@@ -150,6 +150,25 @@ int slurm_tasks_on_node(const std::string& list, int node, const std::string& wh
   throw ConfigError(what + "='" + list + "' has no entry for node " + std::to_string(node));
 }
 
+// Inside an sbatch script (the batch step) Slurm sets SLURM_PROCID=0 and
+// the allocation's SLURM_NTASKS, but only this one process runs: rank 0
+// would wait out the rendezvous timeout for ranks nobody starts. srun sets
+// SLURM_STEP_NUM_TASKS for every task of the step it starts (and
+// SLURM_NTASKS to the same count unless --preserve-env keeps the
+// allocation's), so a process without it, or with another count, is not
+// one of SLURM_NTASKS tasks.
+void refuse_slurm_batch_step(int64_t ntasks) {
+  const char* step_tasks = env("SLURM_STEP_NUM_TASKS");
+  if (step_tasks && parse_int("SLURM_STEP_NUM_TASKS", step_tasks, 1) == ntasks) return;
+  throw ConfigError(
+      "SLURM_NTASKS=" + std::to_string(ntasks) + " but this process is not one of " +
+      std::to_string(ntasks) + " srun tasks (SLURM_STEP_NUM_TASKS " +
+      (step_tasks ? std::string("is ") + step_tasks : std::string("is not set")) +
+      "; an sbatch script itself runs once): start the ranks with `srun distopt train JOB.yaml`, "
+      "or one `distopt launch` per node with `srun --ntasks-per-node=1 distopt launch "
+      "--nproc-per-node N ...`");
+}
+
 ProcessInfo detect_process_info() {
   ProcessInfo info;
   info.source = "default";
@@ -180,6 +199,7 @@ ProcessInfo detect_process_info() {
     break;
   }
   const bool slurm = info.source == "slurm";
+  if (slurm && info.world_size > 1) refuse_slurm_batch_step(info.world_size);
   if (const char* rv = env("DISTOPT_RENDEZVOUS")) {
     info.rendezvous = rv;
   } else if (env("MASTER_ADDR") && env("MASTER_PORT")) {

@@ -247,6 +247,7 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   Impl& m = *impl;
   m.cfg = cfg;
   m.proc = proc;
+  check_plugin_dirs(cfg);
   m.registry.discover(PluginRegistry::search_path(cfg.plugin_paths));
   m.validated = validate_job(cfg, m.registry, proc.world_size);  // components may refuse the job
   // Before the rendezvous: every rank fails at once, nobody waits for a peer.

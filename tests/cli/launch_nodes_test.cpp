@@ -166,6 +166,39 @@ TEST_CASE("launch refuses inconsistent node options, naming them") {
     CHECK_MESSAGE(r.output.find(opt) != std::string::npos, opt);
 }
 
+TEST_CASE("inside an sbatch script (no srun step): launch runs this node, train is refused") {
+  const std::vector<std::string> batch = {"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_ID=4244",
+                                          "SLURM_JOB_NODELIST=127.0.0.1"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), batch.begin(), batch.end());
+    return extra;
+  };
+  // Two nodes: the script runs on the first only; one launcher per node is needed.
+  ProcResult r =
+      run_command({cli(), "launch", "-n", "2", "--", "true"}, with({"SLURM_JOB_NUM_NODES=2"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("sbatch script on the first of 2 nodes") != std::string::npos);
+  CHECK(r.output.find("srun --ntasks-per-node=1 distopt launch") != std::string::npos);
+  // One node: a plain local launch of -n ranks.
+  r = run_command({cli(), "launch", "-n", "2", "--", "sh", "-c",
+                   "echo rank=$DISTOPT_RANK/$DISTOPT_WORLD_SIZE"},
+                  with({"SLURM_JOB_NUM_NODES=1"}));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("rank=0/2") != std::string::npos);
+  CHECK(r.output.find("rank=1/2") != std::string::npos);
+  // distopt train in the script itself would wait for a rank nobody starts.
+  TempDir t;
+  const std::string job = t.file("job.yaml");
+  std::ofstream(job) << "world: {size: 2}\n";
+  r = run_command({cli(), "train", job}, with({"SLURM_JOB_NUM_NODES=1"}));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("SLURM_NTASKS=2 but this process is not one of 2 srun tasks") !=
+        std::string::npos);
+}
+
 TEST_CASE("launch says that its rendezvous replaces the job file's") {
   TempDir t;
   const std::string job = t.file("job.yaml");
@@ -223,6 +256,7 @@ TEST_CASE("2 nodes x 2 ranks train as 4 ranks at once: launch --nnodes, srun, la
                       "SLURM_LOCALID=" + std::to_string(r % 2),
                       "SLURM_NODEID=" + std::to_string(r / 2), "SLURM_TASKS_PER_NODE=2(x2)",
                       "SLURM_JOB_NODELIST=127.0.0.[1-2]", "SLURM_JOB_ID=4242", "SLURM_STEP_ID=0",
+                      "SLURM_STEP_NUM_TASKS=4",
                       "MASTER_PORT=" + std::to_string(port)});
     }
     run_all(cmds, envs);
@@ -236,7 +270,7 @@ TEST_CASE("2 nodes x 2 ranks train as 4 ranks at once: launch --nnodes, srun, la
       cmds.push_back({cli(), "launch", "-n", "2", "--", cli(), "train", job, "--metrics", m});
       envs.push_back({"SLURM_PROCID=" + std::to_string(node), "SLURM_NTASKS=2", "SLURM_NNODES=2",
                       "SLURM_NODEID=" + std::to_string(node), "SLURM_JOB_NODELIST=127.0.0.[1-2]",
-                      "SLURM_JOB_ID=4243", "SLURM_STEP_ID=0",
+                      "SLURM_JOB_ID=4243", "SLURM_STEP_ID=0", "SLURM_STEP_NUM_TASKS=2",
                       "MASTER_PORT=" + std::to_string(port)});
     }
     run_all(cmds, envs);

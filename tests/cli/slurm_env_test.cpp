@@ -45,6 +45,7 @@ class EnvGuard {
                           "SLURM_JOBID",
                           "SLURM_STEP_ID",
                           "SLURM_STEPID",
+                          "SLURM_STEP_NUM_TASKS",
                           "OMPI_COMM_WORLD_RANK",
                           "OMPI_COMM_WORLD_SIZE",
                           "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -111,7 +112,8 @@ TEST_CASE("srun's environment: ranks, the master from the node list, a job token
               {"SLURM_NODEID", "1"},
               {"SLURM_JOB_NODELIST", "node[07-08]"},
               {"SLURM_JOB_ID", "12345"},
-              {"SLURM_STEP_ID", "0"}});
+              {"SLURM_STEP_ID", "0"},
+              {"SLURM_STEP_NUM_TASKS", "4"}});
   distopt::ProcessInfo p = distopt::detect_process_info();
   CHECK(p.source == "slurm");
   CHECK(p.rank == 3);
@@ -125,6 +127,7 @@ TEST_CASE("srun's environment: ranks, the master from the node list, a job token
     // SLURM_NTASKS_PER_NODE wins over the list; MASTER_ADDR / MASTER_PORT over the defaults.
     EnvGuard g2({{"SLURM_PROCID", "0"},
                  {"SLURM_NTASKS", "8"},
+                 {"SLURM_STEP_NUM_TASKS", "8"},
                  {"SLURM_NTASKS_PER_NODE", "4"},
                  {"SLURM_TASKS_PER_NODE", "3"},
                  {"SLURM_JOB_NODELIST", "node[07-08]"},
@@ -138,8 +141,56 @@ TEST_CASE("srun's environment: ranks, the master from the node list, a job token
     CHECK(distopt::detect_process_info().rendezvous == "tcp://10.0.0.5:31000");
   }
   {
-    EnvGuard g3({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_NODELIST", "n[1-"}});
+    EnvGuard g3({{"SLURM_PROCID", "0"},
+                 {"SLURM_NTASKS", "2"},
+                 {"SLURM_STEP_NUM_TASKS", "2"},
+                 {"SLURM_JOB_NODELIST", "n[1-"}});
     CHECK_THROWS_AS(distopt::detect_process_info(), distopt::ConfigError);
+  }
+}
+
+TEST_CASE("an sbatch script is not an srun task: refused with what to run instead") {
+  auto message = [] {
+    try {
+      distopt::detect_process_info();
+    } catch (const distopt::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // The batch step: the allocation's SLURM_NTASKS, SLURM_PROCID=0, no step.
+  std::map<std::string, std::string> batch{{"SLURM_PROCID", "0"},
+                                           {"SLURM_NTASKS", "4"},
+                                           {"SLURM_JOB_NODELIST", "node[07-08]"},
+                                           {"SLURM_JOB_ID", "12345"}};
+  {
+    EnvGuard g(batch);
+    const std::string m = message();
+    CAPTURE(m);
+    CHECK(m.find("SLURM_NTASKS=4 but this process is not one of 4 srun tasks "
+                 "(SLURM_STEP_NUM_TASKS is not set") != std::string::npos);
+    CHECK(m.find("srun distopt train JOB.yaml") != std::string::npos);
+  }
+  {
+    // srun -n 2 --preserve-env inside a 4-task allocation: 2 tasks, not 4.
+    auto vars = batch;
+    vars["SLURM_STEP_NUM_TASKS"] = "2";
+    EnvGuard g(vars);
+    CHECK(message().find("(SLURM_STEP_NUM_TASKS is 2;") != std::string::npos);
+  }
+  {
+    auto vars = batch;
+    vars["SLURM_STEP_NUM_TASKS"] = "4";
+    EnvGuard g(vars);
+    CHECK(message().empty());
+    CHECK(distopt::detect_process_info().world_size == 4);
+  }
+  {
+    // One task (an sbatch of --ntasks=1) is a world of one: nothing to wait for.
+    auto vars = batch;
+    vars["SLURM_NTASKS"] = "1";
+    EnvGuard g(vars);
+    CHECK(message().empty());
   }
 }
 

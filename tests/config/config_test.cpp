@@ -37,12 +37,6 @@ bool is_yaml(const std::string& name) {
   return name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0;
 }
 
-// `path` without its last `n` elements ("/a/b/c", 2 -> "/a").
-std::string up(std::string path, int n) {
-  while (n-- > 0) path.erase(path.rfind('/'));
-  return path;
-}
-
 // `target` relative to `base` (both absolute, no "." or ".." in them), as
 // std::filesystem::relative gives it.
 std::string relative_to(const std::string& target, const std::string& base) {
@@ -156,9 +150,11 @@ TEST_CASE("a full good config parses with the expected values") {
   CHECK(cfg.path == file);
   REQUIRE(cfg.plugin_paths.size() == 2);
   // Relative plugin paths resolve against the YAML file's directory.
-  // (good/../../../ is the source tree's root.)
-  CHECK(cfg.plugin_paths[0] == up(kTestDir, 2) + "/build-nowhere/plugins");
-  CHECK(cfg.plugin_paths[1] == "/opt/distopt/plugins");
+  CHECK(cfg.plugin_paths[0] == kTestDir + "/");  // good/.. (lexically normal keeps the slash)
+  CHECK(cfg.plugin_paths[1] == "/");
+  REQUIRE(cfg.plugin_dirs.size() == 2);
+  CHECK(cfg.plugin_dirs[0].written == "..");
+  CHECK(cfg.plugin_dirs[0].mark.line == 2);
   CHECK(cfg.world_size == 3);
   CHECK(cfg.rendezvous == "file:///tmp/distopt-rdzv");
   CHECK(cfg.timeout_s == doctest::Approx(12.5));
@@ -436,6 +432,39 @@ TEST_CASE("distopt check: usage errors") {
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("full.yaml:8:22: communicator.name: no communicator named 'mock'") !=
         std::string::npos);
+}
+
+TEST_CASE("a plugins.paths entry that is not a directory is refused by check and train") {
+  const std::string tmp = distopt::test::make_temp_dir("distopt-pdir");
+  std::ofstream(tmp + "/file.txt") << "not a directory\n";
+  const std::string mock = relative_to(kMockDir, tmp);
+  // Line 3 names a missing directory, relative to the job file.
+  std::ofstream(tmp + "/job.yaml") << "plugins:\n  paths:\n    - " << mock
+                                   << "\n    - plugins-typo\n";
+  auto r = cli({"check", tmp + "/job.yaml"});
+  CAPTURE(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find(tmp + "/job.yaml:4:7: plugins.paths: 'plugins-typo' (" + tmp +
+                      "/plugins-typo) is not a plugin directory: No such file or directory") !=
+        std::string::npos);
+  // distopt train refuses it at the same line, before any rendezvous.
+  r = distopt::test::run_command(
+      {distopt::test::env_path("DISTOPT_CLI"), "train", tmp + "/job.yaml", "--max-steps", "1"},
+      {"DISTOPT_LOG_LEVEL=error"});
+  CAPTURE(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("job.yaml:4:7: plugins.paths: 'plugins-typo'") != std::string::npos);
+  // A file is not a directory either; an existing directory passes.
+  std::ofstream(tmp + "/job.yaml") << "plugins: {paths: [" << mock << ", file.txt]}\n";
+  r = cli({"check", tmp + "/job.yaml"});
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("plugins.paths: 'file.txt' (" + tmp +
+                      "/file.txt) is not a plugin directory: not a directory") != std::string::npos);
+  std::ofstream(tmp + "/job.yaml") << "plugins: {paths: [" << mock << "]}\n";
+  r = cli({"check", tmp + "/job.yaml"});
+  CAPTURE(r.output);
+  CHECK(r.exit_code == 0);
+  distopt::test::remove_tree(tmp);
 }
 
 TEST_CASE("distopt plugins lists components, options and skipped files") {

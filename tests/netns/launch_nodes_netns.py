@@ -108,13 +108,13 @@ def main():
                  {"SLURM_PROCID": r, "SLURM_NTASKS": 4, "SLURM_LOCALID": r % 2,
                   "SLURM_NODEID": r // 2, "SLURM_TASKS_PER_NODE": "2(x2)",
                   "SLURM_JOB_NODELIST": (lambda h: ",".join(h.addr)), "SLURM_JOB_ID": 77,
-                  "SLURM_STEP_ID": 0, "MASTER_PORT": port}) for r in range(4)],
+                  "SLURM_STEP_ID": 0, "SLURM_STEP_NUM_TASKS": 4, "MASTER_PORT": port}) for r in range(4)],
             "srun-like, one distopt launch -n 2 per node": [
                 (n, [CLI, "launch", "-n", "2", "--", CLI, "train", jobf, "--metrics",
                      os.path.join(tmp, "srun_launch.jsonl")],
                  {"SLURM_PROCID": n, "SLURM_NTASKS": 2, "SLURM_NNODES": 2, "SLURM_NODEID": n,
                   "SLURM_JOB_NODELIST": (lambda h: ",".join(h.addr)), "SLURM_JOB_ID": 78,
-                  "SLURM_STEP_ID": 0, "MASTER_PORT": port}) for n in range(2)],
+                  "SLURM_STEP_ID": 0, "SLURM_STEP_NUM_TASKS": 2, "MASTER_PORT": port}) for n in range(2)],
         }
         files = {"launch --nnodes 2 --node-rank R": "nodes.jsonl",
                  "srun-like distopt train (4 tasks)": "srun.jsonl",

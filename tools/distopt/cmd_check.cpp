@@ -50,6 +50,7 @@ int run_check(int argc, char** argv) {
   const std::string path = vm["job"].as<std::string>();
   try {
     distopt::JobConfig cfg = distopt::load_job_config(path);
+    distopt::check_plugin_dirs(cfg);
     std::vector<std::string> cli_paths;
     if (vm.count("plugin-path")) cli_paths = vm["plugin-path"].as<std::vector<std::string>>();
     std::vector<std::string> dirs =

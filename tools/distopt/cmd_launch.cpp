@@ -140,7 +140,27 @@ int cmd_launch(int argc, char** argv) {
 
   // Inside a Slurm step of one task per node, Slurm names the node.
   std::string token = rdzv_id;
-  if (!vm.count("nnodes") && !vm.count("node-rank") && env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+  // An sbatch script itself (Slurm's batch step: no SLURM_STEP_NUM_TASKS,
+  // which srun sets) runs once, on the allocation's first node: a launch
+  // there starts this node's ranks only, as a plain local launch.
+  const bool slurm_vars = env("SLURM_PROCID") && env("SLURM_NTASKS");
+  const bool slurm_batch_step = slurm_vars && !env("SLURM_STEP_NUM_TASKS");
+  if (slurm_batch_step && !vm.count("nnodes") && !vm.count("node-rank")) {
+    try {
+      const char* nodes_var = env("SLURM_JOB_NUM_NODES") ? "SLURM_JOB_NUM_NODES"
+                              : env("SLURM_NNODES")      ? "SLURM_NNODES"
+                                                         : nullptr;
+      if (nodes_var && env_int(nodes_var) > 1)
+        return usage_error(std::string("this is an sbatch script on the first of ") +
+                           env(nodes_var) +
+                           " nodes, not an srun step: start one launcher per node with `srun "
+                           "--ntasks-per-node=1 distopt launch ...` (or give --nnodes and "
+                           "--node-rank)");
+    } catch (const std::exception& e) {
+      return usage_error(e.what());
+    }
+  }
+  if (!vm.count("nnodes") && !vm.count("node-rank") && slurm_vars && !slurm_batch_step) {
     try {
       const int tasks = env_int("SLURM_NTASKS");
       if (tasks > 1) {

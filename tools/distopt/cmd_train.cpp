@@ -153,6 +153,7 @@ int cmd_train(int argc, char** argv) {
   }
 
   JobConfig cfg = load_job_config(config);
+  check_plugin_dirs(cfg);
   std::vector<std::string> paths;
   for (const auto& p : plugin_paths) paths.push_back(absolute(p));
   paths.insert(paths.end(), cfg.plugin_paths.begin(), cfg.plugin_paths.end());

@@ -83,6 +83,13 @@ struct SchedulePhase {
 struct JobConfig {
   std::string path;                       ///< file it came from ("<string>" if none)
   std::vector<std::string> plugin_paths;  ///< plugins.paths, resolved against the file's directory
+  /// Each plugins.paths entry as the file wrote it, resolved, with where it
+  /// is written (check_plugin_dirs); plugin_paths may gain CLI directories.
+  struct PluginDir {
+    std::string written, resolved;
+    YAML::Mark mark;
+  };
+  std::vector<PluginDir> plugin_dirs;
   int64_t world_size = 1;                 ///< world.size
   std::string rendezvous = "tcp://127.0.0.1:29500";  ///< world.rendezvous
   double timeout_s = 60;  ///< world.timeout_s: rendezvous and default op timeout
@@ -149,6 +156,14 @@ struct JobConfig {
 JobConfig load_job_config(const std::string& path);
 /// Same, from text; `name` is used in messages in place of the file name.
 JobConfig parse_job_config(const std::string& yaml_text, const std::string& name = "<string>");
+
+/// Refuse a plugins.paths entry that is not a directory: ConfigError
+/// "FILE:LINE:COL: plugins.paths: 'WRITTEN' (DIR) is not a directory: WHY".
+/// A directory named in the job is meant to hold plugins, so a typo must not
+/// silently fall back to the default search path. distopt check,
+/// distopt train and Runtime::create call it; load_job_config does not (a
+/// job may be parsed on a machine other than the one that runs it).
+void check_plugin_dirs(const JobConfig& cfg);
 
 /// Options every reducer accepts in addition to its own schema (core bucketing):
 /// bucket_cap_mb (double, 25), align_bytes (int, 8), overlap (bool, true).

@@ -15,6 +15,8 @@
 #include <set>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include "config/inner_component.hpp"
 #include "config/job_check.hpp"
 #include "config/yaml_util.hpp"
@@ -191,6 +193,7 @@ class Parser {
         fail(file_, mark_of(p, mark_of(paths)),
              "plugins.paths: expected a directory name, got " + describe(p));
       cfg.plugin_paths.push_back(resolve(*v));
+      cfg.plugin_dirs.push_back({*v, cfg.plugin_paths.back(), mark_of(p, mark_of(paths))});
     };
     if (paths.IsScalar()) {
       add(paths);
@@ -684,6 +687,21 @@ JobConfig with_components(const JobConfig& cfg, const ComponentConfig& algorithm
   root["reducer"] = section(reducer);
   out.root = root;
   return out;
+}
+
+void check_plugin_dirs(const JobConfig& cfg) {
+  for (const auto& d : cfg.plugin_dirs) {
+    struct stat st {};
+    std::string why;
+    if (::stat(d.resolved.c_str(), &st) != 0)
+      why = std::strerror(errno);
+    else if (!S_ISDIR(st.st_mode))
+      why = "not a directory";
+    if (why.empty()) continue;
+    const std::string shown =
+        d.written == d.resolved ? "'" + d.written + "'" : "'" + d.written + "' (" + d.resolved + ")";
+    fail(cfg.path, d.mark, "plugins.paths: " + shown + " is not a plugin directory: " + why);
+  }
 }
 
 ValidatedJob validate_job(const JobConfig& cfg, const PluginRegistry& registry,
