@@ -12,15 +12,10 @@
 
 namespace distopt::plugins::tcp {
 
-Config Config::from(const dopt_options* options) {
-  Config c;
-  if (!options) return c;  // no options object: the schema's defaults
-  sdk::OptionsView o(options);
-  c.read(o);
-  c.chunk_bytes = o.get_int("chunk_bytes");
-  c.socket_buffer_bytes = o.get_int("socket_buffer_bytes");
-  c.max_io_bytes = o.get_int("max_io_bytes");
-  return c;
+void Config::read_own(const sdk::OptionsView& o) {
+  chunk_bytes = o.get_int("chunk_bytes");
+  socket_buffer_bytes = o.get_int("socket_buffer_bytes");
+  max_io_bytes = o.get_int("max_io_bytes");
 }
 
 namespace {

@@ -20,8 +20,9 @@ class Control;
 
 /// The component's options (see the schema in plugin.cpp).
 struct Config : sdk::p2p::ShellConfig {
-  /// Read from a validated options object; nullptr: the schema's defaults.
-  static Config from(const dopt_options* options);
+  /// This component's keys from a validated options object (the shell's
+  /// config_of reads the shell's keys and calls it).
+  void read_own(const sdk::OptionsView& o);
 
   int64_t chunk_bytes = 256 << 10;  ///< pipeline grain of the TCP ring (segment bytes)
   int64_t socket_buffer_bytes = 0;  ///< 0 = kernel autotuning

@@ -132,13 +132,6 @@ bool recv_exact(int fd, void* p, size_t n, Clock::time_point deadline, std::stri
   return said(sdk::socket_io::recv_all(fd, p, n, deadline, &err), err, why);
 }
 
-std::string peer_address(int fd) {
-  sockaddr_in a{};
-  socklen_t len = sizeof a;
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
-  char ip[INET_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
-  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
-}
+std::string peer_address(int fd) { return sdk::socket_io::peer_address(fd); }
 
 }  // namespace distopt::plugins::tcp

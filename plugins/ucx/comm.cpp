@@ -10,16 +10,11 @@
 
 namespace distopt::plugins::ucx {
 
-Config Config::from(const dopt_options* options) {
-  Config c;
-  if (!options) return c;  // no options object: the schema's defaults
-  sdk::OptionsView o(options);
-  c.read(o);
-  c.small_bytes = o.get_int("small_bytes");
-  c.segment_bytes = o.get_int("segment_bytes");
-  c.peer_errors = o.get_bool("peer_errors");
-  c.source_filter = o.get_bool("source_filter");
-  return c;
+void Config::read_own(const sdk::OptionsView& o) {
+  small_bytes = o.get_int("small_bytes");
+  segment_bytes = o.get_int("segment_bytes");
+  peer_errors = o.get_bool("peer_errors");
+  source_filter = o.get_bool("source_filter");
 }
 
 namespace {

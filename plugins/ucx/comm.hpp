@@ -17,8 +17,9 @@ namespace distopt::plugins::ucx {
 
 /// The component's options (see the schema in plugin.cpp).
 struct Config : sdk::p2p::ShellConfig {
-  /// Read from a validated options object; nullptr: the schema's defaults.
-  static Config from(const dopt_options* options);
+  /// This component's keys from a validated options object (the shell's
+  /// config_of reads the shell's keys and calls it).
+  void read_own(const sdk::OptionsView& o);
 
   int64_t small_bytes = 64 << 10;   ///< allreduce/broadcast latency path up to this size
   int64_t segment_bytes = 1 << 20;  ///< pipeline grain of ring and chain
@@ -40,14 +41,15 @@ class UcxComm final : public sdk::p2p::P2PCommunicator {
  private:
   UcxComm(const dopt_create_args& args, const Config& cfg);
 
-  // The shell's hooks (sdk/p2p_communicator.hpp).
-  std::unique_ptr<sdk::Communicator> split_child(const dopt_create_args& a) override;
-  void wake_transport() override;
+  // The shell's hooks (sdk/p2p_communicator.hpp): UCX's failure view, byte
+  // count and idle progress; the shell's own user send/recv over UCP tags.
   int failed_peer(std::string* why) override;
   void add_wait_signals(sdk::shm::WaitCtx& c) override;
-  void take_bytes(uint64_t* sent, uint64_t* received) override;
   bool idle_progress() override;
   void cancel(Handle h) override;
+  void take_bytes(uint64_t* sent, uint64_t* received) override;
+  void wake_transport() override;
+  std::unique_ptr<sdk::Communicator> split_child(const dopt_create_args& a) override;
 
   /// Called while a shm collective waits (progress thread): every 5 ms at
   /// most, drives UCX so its error callbacks and failure notices run, and

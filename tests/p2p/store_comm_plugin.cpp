@@ -93,11 +93,7 @@ class StoreTransport final : public Transport {
 // ---- the communicator: the transport plus these lines -----------------------
 
 struct Config : ShellConfig {
-  static Config from(const dopt_options* o) {
-    Config c;
-    if (o) c.read(OptionsView(o));
-    return c;
-  }
+  void read_own(const OptionsView&) {}  // no options of its own
 };
 
 ShellSetup store_setup() {

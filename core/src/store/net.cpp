@@ -130,14 +130,7 @@ bool read_frame(int fd, std::vector<uint8_t>& payload, Clock::time_point deadlin
   return read_all(fd, payload.data(), len, deadline, err);
 }
 
-std::string peer_name(int fd) {
-  sockaddr_in a{};
-  socklen_t len = sizeof a;
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
-  char ip[INET_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
-  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
-}
+std::string peer_name(int fd) { return sdk::socket_io::peer_address(fd); }
 
 void put_u8(std::vector<uint8_t>& b, uint8_t v) { b.push_back(v); }
 void put_i64(std::vector<uint8_t>& b, int64_t v) {

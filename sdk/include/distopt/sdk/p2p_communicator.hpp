@@ -44,29 +44,30 @@
 
 namespace distopt::sdk::p2p {
 
-/// The options the shell reads; a component's own Config derives from it.
+/// The options the shell reads; a component's own Config derives from it
+/// and adds `void read_own(const OptionsView&)` for its own keys.
 struct ShellConfig {
-  double timeout_s = 60;   ///< seconds any operation (and connecting) may take
-  bool shm = true;         ///< shared-memory collectives when all ranks share a host
+  double timeout_s = 60;        ///< seconds any operation (and connecting) may take
+  bool shm = true;              ///< shared-memory collectives when all ranks share a host
   int64_t shm_bytes = 1 << 20;  ///< per-rank shared segment (two slots)
-
-  /// Reads timeout_s, shm and shm_bytes from a validated options object
-  /// whose schema has them (see the option specs below).
-  void read(const OptionsView& o) {
-    timeout_s = o.get_double("timeout_s");
-    shm = o.get_bool("shm");
-    shm_bytes = o.get_int("shm_bytes");
-  }
 };
 
-/// `Config::from(args.options)` after checking that the host's args are at
-/// least ABI 1.0's (read before anything else of them). Throws
-/// sdk::Error(INVALID_ARGUMENT).
+/// The component's Config from the host's args: the schema's defaults
+/// without an options object, else the shell's keys (timeout_s, shm,
+/// shm_bytes: the option specs below) and Config::read_own's. Checks first
+/// that the args are at least ABI 1.0's. Throws sdk::Error(INVALID_ARGUMENT).
 template <class Config>
 Config config_of(const dopt_create_args& args) {
   if (args.struct_size < DOPT_CREATE_ARGS_STRUCT_SIZE)
     throw Error(DOPT_ERR_INVALID_ARGUMENT, "create: dopt_create_args is smaller than v1.0's");
-  return Config::from(args.options);
+  Config c;
+  if (!args.options) return c;
+  const OptionsView o(args.options);
+  c.timeout_s = o.get_double("timeout_s");
+  c.shm = o.get_bool("shm");
+  c.shm_bytes = o.get_int("shm_bytes");
+  c.read_own(o);
+  return c;
 }
 
 // The option specs of ShellConfig, for a component's schema table.

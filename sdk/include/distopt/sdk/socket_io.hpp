@@ -1,15 +1,19 @@
 // Deadline-bounded exact transfers on a stream socket (POSIX), shared by the
 // host's TCP store (core/src/store/net.cpp) and the tcp communicator's
 // connection handshake (plugins/tcp/socket.cpp). Each caller words its own
-// messages from the IoStatus. Header-only, torch-free.
+// messages from the IoStatus. Also the peer address both log. Header-only,
+// torch-free.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <string>
 
 namespace distopt::sdk::socket_io {
 
@@ -77,6 +81,17 @@ inline IoStatus recv_all(int fd, void* p, size_t n, Clock::time_point deadline,
                          int* err = nullptr) {
   return detail::transfer(fd, static_cast<char*>(p), n, POLLIN, deadline, err,
                           [](int f, char* b, size_t m) { return ::recv(f, b, m, MSG_DONTWAIT); });
+}
+
+/// "ip:port" of the remote end of IPv4 socket `fd` ("?" when unknown), for
+/// log messages.
+inline std::string peer_address(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
+  char ip[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
 }
 
 }  // namespace distopt::sdk::socket_io
