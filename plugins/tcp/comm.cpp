@@ -29,8 +29,7 @@ sdk::p2p::ShellSetup shell_setup() {
 }
 }  // namespace
 
-TcpComm::TcpComm(const dopt_create_args& args)
-    : TcpComm(args, sdk::p2p::config_of<Config>(args)) {}
+TcpComm::TcpComm(const dopt_create_args& args) : TcpComm(args, sdk::p2p::config_of<Config>(args)) {}
 
 TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg)
     : P2PCommunicator(args, cfg, shell_setup()), cfg_(cfg) {

@@ -108,7 +108,9 @@ int accept_until(int listen_fd, Clock::time_point deadline) {
   }
 }
 
-int poll_ms(Clock::time_point deadline, int cap_ms) { return sdk::socket_io::poll_ms(deadline, cap_ms); }
+int poll_ms(Clock::time_point deadline, int cap_ms) {
+  return sdk::socket_io::poll_ms(deadline, cap_ms);
+}
 
 namespace {
 // The handshake's wording of a transfer's end.

@@ -76,8 +76,7 @@ sdk::p2p::ShellSetup shell_setup() {
 
 }  // namespace
 
-UcxComm::UcxComm(const dopt_create_args& args)
-    : UcxComm(args, sdk::p2p::config_of<Config>(args)) {}
+UcxComm::UcxComm(const dopt_create_args& args) : UcxComm(args, sdk::p2p::config_of<Config>(args)) {}
 
 UcxComm::UcxComm(const dopt_create_args& args, const Config& cfg)
     : P2PCommunicator(args, cfg, shell_setup()), cfg_(cfg) {
@@ -85,8 +84,8 @@ UcxComm::UcxComm(const dopt_create_args& args, const Config& cfg)
   if (world > 0xffff)
     throw sdk::Error(DOPT_ERR_UNSUPPORTED, "create: ucx supports at most 65535 ranks");
   const auto comm_id = static_cast<uint8_t>(sdk::Fnv1a().chars(scope()).digest() & 0xff);
-  transport_ = std::make_unique<UcpTransport>(rank, world, comm_id, cfg_.peer_errors,
-                                              job_token(), cfg_.source_filter);
+  transport_ = std::make_unique<UcpTransport>(rank, world, comm_id, cfg_.peer_errors, job_token(),
+                                              cfg_.source_filter);
   std::vector<std::string> addresses(world);
   if (world > 1) {
     addresses = exchange_addresses(args, scope(), transport_->address(), cfg_.timeout_s);

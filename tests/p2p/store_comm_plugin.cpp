@@ -48,8 +48,8 @@ class StoreTransport final : public Transport {
     std::map<Handle, Op> mine;  // released also when a receive throws
     for (size_t i = 0; i < n; ++i) mine.emplace(hs[i], ops_.at(hs[i])), ops_.erase(hs[i]);
     for (auto& [h, op] : mine) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                              Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (!get(op, std::max<int64_t>(1, left.count())))
         throw Error(DOPT_ERR_TIMEOUT, "timed out waiting for rank " + std::to_string(op.peer));
     }

@@ -96,10 +96,9 @@ class CheckedComm final : public comm_wrap::ForwardingComm {
  public:
   CheckedComm(dopt_comm_ref inner, Settings settings)
       : ForwardingComm(inner), settings_(std::move(settings)) {
-    detector_ = std::make_shared<MismatchDetector>(settings_.store, settings_.prefix,
-                                                   inner.vt->rank(inner.comm),
-                                                   inner.vt->world_size(inner.comm),
-                                                   settings_.comm_name);
+    detector_ = std::make_shared<MismatchDetector>(
+        settings_.store, settings_.prefix, inner.vt->rank(inner.comm),
+        inner.vt->world_size(inner.comm), settings_.comm_name);
   }
 
   // Collectives are fingerprinted in issue order; send/recv are not checked.

@@ -14,14 +14,17 @@ dopt_status ForwardedRequest::stream_wait(void* stream) {
 namespace {
 
 ForwardingComm* self(dopt_comm* c) { return reinterpret_cast<ForwardingComm*>(c); }
-const ForwardingComm* self(const dopt_comm* c) { return reinterpret_cast<const ForwardingComm*>(c); }
+const ForwardingComm* self(const dopt_comm* c) {
+  return reinterpret_cast<const ForwardingComm*>(c);
+}
 ForwardedRequest* req(dopt_request* r) { return reinterpret_cast<ForwardedRequest*>(r); }
 
 // One issuing entry: the Issue it is, then the inner call.
-#define DISTOPT_FORWARD(ISSUE, CALL)                                                  \
-  ForwardingComm* c = self(comm);                                                     \
-  const dopt_comm_ref& in = c->inner();                                               \
-  return c->issue(ISSUE, [&](dopt_request** inner) { return in.vt->CALL; }, out)
+#define DISTOPT_FORWARD(ISSUE, CALL)    \
+  ForwardingComm* c = self(comm);       \
+  const dopt_comm_ref& in = c->inner(); \
+  return c->issue(                      \
+      ISSUE, [&](dopt_request** inner) { return in.vt->CALL; }, out)
 
 dopt_status f_allreduce(dopt_comm* comm, const DLTensor* send, DLTensor* recv, dopt_reduce_op op,
                         dopt_request** out) {
@@ -72,7 +75,9 @@ dopt_status f_set_stream(dopt_comm* comm, void* stream) {
   return in.vt->set_stream(in.comm, stream);
 }
 
-int32_t f_rank(const dopt_comm* comm) { return self(comm)->inner().vt->rank(self(comm)->inner().comm); }
+int32_t f_rank(const dopt_comm* comm) {
+  return self(comm)->inner().vt->rank(self(comm)->inner().comm);
+}
 int32_t f_world_size(const dopt_comm* comm) {
   return self(comm)->inner().vt->world_size(self(comm)->inner().comm);
 }

@@ -92,10 +92,10 @@ constexpr OptionDecl shm_bytes_option() {
 
 /// What the shell needs to know of the component.
 struct ShellSetup {
-  const char* component = "p2p";     ///< "tcp": messages, log, metrics' owner
+  const char* component = "p2p";         ///< "tcp": messages, log, metrics' owner
   const char* fallback = "the network";  ///< logged when shm is not used ("TCP")
-  const char* default_scope = "p2p";  ///< store scope when args.scope is null
-  const char* default_bind = "";      ///< bind_address when args has none ("127.0.0.1")
+  const char* default_scope = "p2p";     ///< store scope when args.scope is null
+  const char* default_bind = "";         ///< bind_address when args has none ("127.0.0.1")
   /// Progress thread while idle: true drives the transport every millisecond
   /// (idle_progress(); UCX needs it for a peer's rendezvous send or close),
   /// false sleeps until work arrives.
@@ -116,8 +116,7 @@ class P2PCommunicator : public Communicator {
   // Each checks its arguments (throws sdk::Error INVALID_ARGUMENT or
   // UNSUPPORTED naming the operation and argument) and returns a started
   // request. Semantics: distopt/communicator.h.
-  std::unique_ptr<Request> allreduce(const DLTensor& send, DLTensor& recv,
-                                     dopt_reduce_op op) final;
+  std::unique_ptr<Request> allreduce(const DLTensor& send, DLTensor& recv, dopt_reduce_op op) final;
   std::unique_ptr<Request> reduce_scatter(const DLTensor& send, DLTensor& recv,
                                           dopt_reduce_op op) final;
   std::unique_ptr<Request> allgather(const DLTensor& send, DLTensor& recv) final;
@@ -170,7 +169,7 @@ class P2PCommunicator : public Communicator {
         scope_(args.scope ? args.scope : setup.default_scope),
         token_(args.job_token ? args.job_token : ""),
         bind_address_(args.bind_address && *args.bind_address ? args.bind_address
-                                                                : setup.default_bind) {
+                                                              : setup.default_bind) {
     if (world_ < 1 || rank_ < 0 || rank_ >= world_)
       throw Error(DOPT_ERR_INVALID_ARGUMENT, "create: rank " + std::to_string(rank_) +
                                                  " is not in [0, " + std::to_string(world_) + ")");
@@ -355,8 +354,7 @@ class P2PCommunicator : public Communicator {
   virtual void post_user(const std::shared_ptr<Completion>& req, bool is_send, int peer,
                          int32_t tag, const HostBuffer& b) {
     if (tag < 0)
-      throw Error(DOPT_ERR_INVALID_ARGUMENT,
-                  req->op() + ": tag " + std::to_string(tag) + " < 0");
+      throw Error(DOPT_ERR_INVALID_ARGUMENT, req->op() + ": tag " + std::to_string(tag) + " < 0");
     {
       std::lock_guard<std::mutex> lk(qmu_);
       if (stopping_) {
@@ -527,10 +525,10 @@ class P2PCommunicator : public Communicator {
   int split_seq_ = 0;
   FaultPoint fault_;  // progress thread only (after construction)
 
-  Transport* transport_ = nullptr;          // owned by the derived class
-  std::unique_ptr<Collectives> coll_;       // progress thread only
-  std::unique_ptr<shm::Collectives> shm_;   // null: collectives over the transport
-  std::list<UserOp> user_ops_;              // progress thread only
+  Transport* transport_ = nullptr;           // owned by the derived class
+  std::unique_ptr<Collectives> coll_;        // progress thread only
+  std::unique_ptr<shm::Collectives> shm_;    // null: collectives over the transport
+  std::list<UserOp> user_ops_;               // progress thread only
   std::deque<std::function<void()>> posts_;  // user send/recv to post (under qmu_)
 
   std::mutex qmu_;
@@ -557,8 +555,7 @@ inline std::unique_ptr<Request> P2PCommunicator::allreduce(const DLTensor& send,
   require_same_dtype(s, r, "allreduce");
   if (s.count != r.count)
     throw Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: send has " + std::to_string(s.count) +
-                                               " elements but recv has " +
-                                               std::to_string(r.count));
+                                               " elements but recv has " + std::to_string(r.count));
   return enqueue("allreduce", [this, s, r, dt, op](Clock::time_point d) {
     if (s.count == 0) return Result{};
     if (world_ == 1) {
@@ -571,8 +568,7 @@ inline std::unique_ptr<Request> P2PCommunicator::allreduce(const DLTensor& send,
 }
 
 inline std::unique_ptr<Request> P2PCommunicator::reduce_scatter(const DLTensor& send,
-                                                                DLTensor& recv,
-                                                                dopt_reduce_op op) {
+                                                                DLTensor& recv, dopt_reduce_op op) {
   require_reduce_op(op, "reduce_scatter");
   DType dt;
   const HostBuffer s = check(send, "reduce_scatter", "send", true, &dt);
@@ -597,9 +593,9 @@ inline std::unique_ptr<Request> P2PCommunicator::allgather(const DLTensor& send,
   const HostBuffer s = check(send, "allgather", "send", false);
   const HostBuffer r = check(recv, "allgather", "recv", false);
   if (s.bytes() * static_cast<size_t>(world_) != r.bytes())
-    throw Error(DOPT_ERR_INVALID_ARGUMENT, "allgather: recv has " + std::to_string(r.bytes()) +
-                                               " bytes, expected world_size * send = " +
-                                               std::to_string(s.bytes() * world_));
+    throw Error(DOPT_ERR_INVALID_ARGUMENT,
+                "allgather: recv has " + std::to_string(r.bytes()) +
+                    " bytes, expected world_size * send = " + std::to_string(s.bytes() * world_));
   return enqueue("allgather", [this, s, r](Clock::time_point d) {
     if (s.bytes() == 0) return Result{};
     if (shm_) return shm_->allgather(s.data, r.data, s.bytes(), wait_ctx(d));
@@ -636,8 +632,8 @@ inline std::unique_ptr<Request> P2PCommunicator::recv(DLTensor& buf, int32_t pee
 }
 
 inline std::unique_ptr<Communicator> P2PCommunicator::split(int32_t color, int32_t key) {
-  const StoreSplit sp = split_through_store(store_, scope_, split_seq_++, rank_, world_, color,
-                                            key, cfg_.timeout_s);
+  const StoreSplit sp =
+      split_through_store(store_, scope_, split_seq_++, rank_, world_, color, key, cfg_.timeout_s);
   if (!sp.member) return nullptr;
   dopt_create_args a{};
   a.struct_size = sizeof a;

@@ -69,10 +69,9 @@ IoStatus transfer(int fd, char* p, size_t n, short event, Clock::time_point dead
 /// for distinct fds.
 inline IoStatus send_all(int fd, const void* p, size_t n, Clock::time_point deadline,
                          int* err = nullptr) {
-  return detail::transfer(fd, static_cast<char*>(const_cast<void*>(p)), n, POLLOUT, deadline, err,
-                          [](int f, char* b, size_t m) {
-                            return ::send(f, b, m, MSG_NOSIGNAL | MSG_DONTWAIT);
-                          });
+  return detail::transfer(
+      fd, static_cast<char*>(const_cast<void*>(p)), n, POLLOUT, deadline, err,
+      [](int f, char* b, size_t m) { return ::send(f, b, m, MSG_NOSIGNAL | MSG_DONTWAIT); });
 }
 
 /// Receive exactly `n` bytes into `p` from socket `fd` before `deadline`,
