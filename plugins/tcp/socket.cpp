@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "distopt/sdk/socket_io.hpp"
+
 namespace distopt::plugins::tcp {
 namespace {
 
@@ -107,73 +109,31 @@ int accept_until(int listen_fd, Clock::time_point deadline) {
 }
 
 int poll_ms(Clock::time_point deadline, int cap_ms) {
-  auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  if (left <= 0) return 0;
-  return left > cap_ms ? cap_ms : static_cast<int>(left) + 1;
+  return sdk::socket_io::poll_ms(deadline, cap_ms);
 }
 
+namespace {
+// The handshake's wording of a transfer's end.
+bool said(sdk::socket_io::IoStatus st, int err, std::string* why) {
+  using sdk::socket_io::IoStatus;
+  if (st == IoStatus::kOk) return true;
+  *why = st == IoStatus::kTimeout  ? "timed out"
+         : st == IoStatus::kClosed ? "connection closed"
+                                   : std::strerror(err);
+  return false;
+}
+}  // namespace
+
 bool send_exact(int fd, const void* p, size_t n, Clock::time_point deadline, std::string* why) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k > 0) {
-      c += k;
-      n -= static_cast<size_t>(k);
-      continue;
-    }
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (Clock::now() >= deadline) {
-        *why = "timed out";
-        return false;
-      }
-      pollfd pf{fd, POLLOUT, 0};
-      poll(&pf, 1, poll_ms(deadline, 1000));
-      continue;
-    }
-    *why = std::strerror(errno);
-    return false;
-  }
-  return true;
+  int err = 0;
+  return said(sdk::socket_io::send_all(fd, p, n, deadline, &err), err, why);
 }
 
 bool recv_exact(int fd, void* p, size_t n, Clock::time_point deadline, std::string* why) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    ssize_t k = ::recv(fd, c, n, MSG_DONTWAIT);
-    if (k > 0) {
-      c += k;
-      n -= static_cast<size_t>(k);
-      continue;
-    }
-    if (k == 0) {
-      *why = "connection closed";
-      return false;
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (Clock::now() >= deadline) {
-        *why = "timed out";
-        return false;
-      }
-      pollfd pf{fd, POLLIN, 0};
-      poll(&pf, 1, poll_ms(deadline, 1000));
-      continue;
-    }
-    *why = std::strerror(errno);
-    return false;
-  }
-  return true;
+  int err = 0;
+  return said(sdk::socket_io::recv_all(fd, p, n, deadline, &err), err, why);
 }
 
-std::string peer_address(int fd) {
-  sockaddr_in a{};
-  socklen_t len = sizeof a;
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
-  char ip[INET_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
-  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
-}
+std::string peer_address(int fd) { return sdk::socket_io::peer_address(fd); }
 
 }  // namespace distopt::plugins::tcp

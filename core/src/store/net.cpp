@@ -6,7 +6,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <cstring>
 
 #include "distopt/error.hpp"
+#include "distopt/sdk/socket_io.hpp"
 
 namespace distopt::store_net {
 
@@ -83,64 +83,27 @@ int connect_to(const std::string& host, int port, std::string* err) {
   return fd;
 }
 
-// Milliseconds to the deadline for poll(): -1 (forever) for time_point::max().
-static int ms_left(Clock::time_point deadline) {
-  if (deadline == Clock::time_point::max()) return -1;
-  auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  if (left < 0) return 0;
-  return left > 1000000 ? 1000000 : static_cast<int>(left);
-}
-
 bool write_all(int fd, const void* p, size_t n, Clock::time_point deadline, std::string* err) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k > 0) {
-      c += k;
-      n -= static_cast<size_t>(k);
-      continue;
-    }
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd pf{fd, POLLOUT, 0};
-      int t = ms_left(deadline);
-      if (t == 0 || poll(&pf, 1, t) == 0) {
-        if (err) *err = "timed out sending";
-        return false;
-      }
-      continue;
-    }
-    if (err) *err = std::string("send failed: ") + std::strerror(errno);
-    return false;
-  }
-  return true;
+  using sdk::socket_io::IoStatus;
+  int e = 0;
+  const IoStatus st = sdk::socket_io::send_all(fd, p, n, deadline, &e);
+  if (st == IoStatus::kOk) return true;
+  if (err)
+    *err = st == IoStatus::kTimeout ? "timed out sending"
+                                    : std::string("send failed: ") + std::strerror(e);
+  return false;
 }
 
 bool read_all(int fd, void* p, size_t n, Clock::time_point deadline, std::string* err) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    pollfd pf{fd, POLLIN, 0};
-    int t = ms_left(deadline);
-    int r = t == 0 ? 0 : poll(&pf, 1, t);
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) {
-      if (err) *err = "timed out waiting for a reply";
-      return false;
-    }
-    ssize_t k = ::recv(fd, c, n, MSG_DONTWAIT);
-    if (k > 0) {
-      c += k;
-      n -= static_cast<size_t>(k);
-      continue;
-    }
-    if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    if (err)
-      *err = k == 0 ? "connection closed by peer"
-                    : std::string("recv failed: ") + std::strerror(errno);
-    return false;
-  }
-  return true;
+  using sdk::socket_io::IoStatus;
+  int e = 0;
+  const IoStatus st = sdk::socket_io::recv_all(fd, p, n, deadline, &e);
+  if (st == IoStatus::kOk) return true;
+  if (err)
+    *err = st == IoStatus::kTimeout  ? "timed out waiting for a reply"
+           : st == IoStatus::kClosed ? "connection closed by peer"
+                                     : std::string("recv failed: ") + std::strerror(e);
+  return false;
 }
 
 bool write_frame(int fd, const std::vector<uint8_t>& payload, Clock::time_point deadline,
@@ -167,14 +130,7 @@ bool read_frame(int fd, std::vector<uint8_t>& payload, Clock::time_point deadlin
   return read_all(fd, payload.data(), len, deadline, err);
 }
 
-std::string peer_name(int fd) {
-  sockaddr_in a{};
-  socklen_t len = sizeof a;
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
-  char ip[INET_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
-  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
-}
+std::string peer_name(int fd) { return sdk::socket_io::peer_address(fd); }
 
 void put_u8(std::vector<uint8_t>& b, uint8_t v) { b.push_back(v); }
 void put_i64(std::vector<uint8_t>& b, int64_t v) {
