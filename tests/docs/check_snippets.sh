@@ -5,6 +5,8 @@
 #   checked as `KEY:` followed by it; `# snippet: fragment` is not checked.
 # - in a ```sh / ```bash block, every `distopt SUB [SUBSUB] --flag` must name a
 #   real subcommand, and each --flag must appear in that subcommand's --help.
+# - every relative link [text](FILE#anchor) names a file that exists and a
+#   heading of it (GitHub's anchors).
 # (The ```cpp blocks are compiled by the build: extract_cpp_snippets.sh.)
 #   check_snippets.sh DISTOPT FILE.md...
 set -uo pipefail
@@ -57,14 +59,15 @@ done
 
 # `distopt` command lines in shell blocks.
 declare -A helps
-help_of() {  # the --help text of "SUB [SUBSUB]"
+help_of() {  # the --help text of "SUB [SUBSUB]" into $help (cached: one run each)
   if [ -z "${helps[$1]+x}" ]; then
     # shellcheck disable=SC2086
     helps[$1]=$("$cli" $1 --help 2>&1) || helps[$1]="FAILED"
   fi
-  printf '%s' "${helps[$1]}"
+  help=${helps[$1]}
 }
-subs=$("$cli" --help | awk '/^commands:/ { on = 1; next } on && NF { print $1 }' | grep -v '^`')
+top_help=$("$cli" --help 2>&1)
+subs=$(awk '/^commands:/ { on = 1; next } on && NF { print $1 }' <<<"$top_help" | grep -v '^`')
 for f in "$work"/*.sh; do
   [ -e "$f" ] || break
   from=$(cat "${f%.sh}.from")
@@ -80,7 +83,7 @@ for f in "$work"/*.sh; do
       cmds=$((cmds + 1))
       sub=${words[0]}
       if [[ $sub == -* ]]; then
-        [[ $("$cli" --help 2>&1) == *"$sub"* ]] || {
+        [[ $top_help == *"$sub"* ]] || {
           echo "FAIL $from: 'distopt $sub' is not a distopt option"
           fail=1
         }
@@ -93,12 +96,14 @@ for f in "$work"/*.sh; do
       fi
       cmd=$sub
       # Subcommands with subcommands of their own take the next word.
+      help_of "$sub"
       if [ ${#words[@]} -gt 1 ] && [[ ${words[1]} != -* ]] &&
-        { [[ $(help_of "$sub") == *"distopt $sub ${words[1]}"* ]] ||
-          grep -qE "^  ${words[1]}( |$)" <<<"$(help_of "$sub")"; }; then
+        { [[ $help == *"distopt $sub ${words[1]}"* ]] ||
+          grep -qE "^  ${words[1]}( |$)" <<<"$help"; }; then
         cmd="$sub ${words[1]}"
       fi
-      text=$(help_of "$cmd")
+      help_of "$cmd"
+      text=$help
       for w in "${words[@]:1}"; do
         [[ $w == --* ]] || continue
         flag=${w%%=*}
@@ -111,6 +116,32 @@ for f in "$work"/*.sh; do
   done <"$f"
 done
 
+# Relative links and their anchors.
+links=0
+anchors_of() {  # GitHub's heading anchors of a markdown file, one a line
+  grep -E '^#{1,6} ' "$1" | sed -E 's/^#+ //' | tr 'A-Z' 'a-z' |
+    sed -E 's/[^a-z0-9 _-]//g; s/ /-/g'
+}
+for md in "$@"; do
+  dir=$(dirname "$md")
+  while IFS= read -r target; do
+    links=$((links + 1))
+    file=${target%%#*}
+    anchor=""
+    [[ $target == *"#"* ]] && anchor=${target#*#}
+    path=$md
+    [ -n "$file" ] && path=$dir/$file
+    if [ ! -e "$path" ]; then
+      echo "FAIL $md: link to $target: no file $path"
+      fail=1
+    elif [ -n "$anchor" ] && ! anchors_of "$path" | grep -qx -- "$anchor"; then
+      echo "FAIL $md: link to $target: no heading with anchor '$anchor' in $path"
+      fail=1
+    fi
+  done < <(grep -oE '\]\([^) ]+\)' "$md" | sed -E 's/^\]\(//; s/\)$//' | grep -vE '^[a-z]+:')
+done
+
+echo "checked $links relative link(s)"
 echo "checked $yaml yaml block(s) with distopt check ($skipped fragment(s) not checked)," \
   "$cmds distopt command line(s)"
 [ "$yaml" -gt 0 ] && [ "$cmds" -gt 0 ] || { echo "FAIL: found no snippets"; fail=1; }

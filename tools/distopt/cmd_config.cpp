@@ -208,8 +208,8 @@ void write_models(Writer& w) {
   w.para(
       "`distopt checkpoint consolidate` writes `{\"model\": {name: tensor}, ...}`; the names "
       "and shapes below are those keys, so a PyTorch module with the same layers and names "
-      "loads it with `load_state_dict`. Weights are float32 (the master weights under "
-      "`precision:`). Inputs are images [B, C, H, W]; Fashion-MNIST pixels are scaled to "
+      "loads it with `load_state_dict`. Inputs are images [B, C, H, W]; Fashion-MNIST pixels are "
+      "scaled to "
       "[0, 1], then normalised with mean 0.2860 and std 0.3530.");
   w.heading(3, "Datasets");
   w.table({{"dataset", "images", "classes", "samples"},
@@ -314,7 +314,10 @@ int run_reference(int argc, char** argv) {
   write_sections(w);
   write_components(w, reg);
   write_models(w);
-  std::cout << out.str();
+  // Headings and paragraphs each add a blank line: keep one between blocks.
+  std::string text = out.str();
+  for (size_t at; (at = text.find("\n\n\n")) != std::string::npos;) text.erase(at, 1);
+  std::cout << text;
   return 0;
 }
 
