@@ -136,7 +136,7 @@ class CompressReducer : public sdk::Reducer {
  public:
   /// ABI 1.4 devices: host memory (CPU kernels, or the generic path with
   /// kernels: generic) and CUDA memory (the generic path: libtorch ops only,
-  /// no host reads of bucket data). CUDA UNVERIFIED on a GPU (see README).
+  /// no host reads of bucket data). CUDA UNVERIFIED on a GPU (see STATUS.md).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   /// Reads the `kernels` option (every compress reducer has it) and the
   /// buckets' layouts (read_layouts); throws sdk::Error.

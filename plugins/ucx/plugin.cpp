@@ -31,7 +31,7 @@ constexpr dopt_option_spec kOptions[] = {
                      "and CMA; false lets it use them, and a dead peer is seen only as TIMEOUT"),
     sdk::option_bool("source_filter", "true",
                      "admit connections to UCX's listening sockets only from the job's hosts' "
-                     "addresses (a BPF filter; see the README's job-token notes). false where "
+                     "addresses (a BPF filter; see GUIDE.md on the job token). false where "
                      "peers reach this host through NAT or an address it does not own"),
 };
 

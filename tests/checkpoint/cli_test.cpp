@@ -290,8 +290,8 @@ TEST_CASE("consolidate to a bare file name writes it in the current directory (i
   ProcResult a = train(write_job(t, Job{}), {"--checkpoint", t.file("ck1")});
   INFO(a.output);
   REQUIRE(a.exit_code == 0);
-  // The README's form, run from the directory that holds ck1: the directory
-  // sync after the rename must sync ".", not "".
+  // The user guide's form (GUIDE.md "Checkpoints"), run from the directory that holds ck1: the
+  // directory sync after the rename must sync ".", not "".
   ProcResult r =
       run_command({"/bin/sh", "-c", "cd \"$1\" && exec \"$2\" checkpoint consolidate ck1 model.pt",
                    "sh", t.path, cli()},

@@ -66,7 +66,7 @@ TEST_CASE("compress reducers train the mlp on Fashion-MNIST (2 ranks x 2 epochs)
   // The lossy reducers carry the momentum themselves (DGC momentum
   // correction; the optimizer runs without): applied after compression, the
   // optimizer's momentum made topk swing between 75% and 83% with the seed
-  // and the BLAS kernels (issue 8; README "Compression" has the study).
+  // and the BLAS kernels (issue 8; BENCHMARKS.md "Compression robustness" has the study).
   // Sign methods take a smaller step than SGD (Bernstein et al. tune lr
   // separately for signSGD).
   Outcome sign = train(
@@ -74,7 +74,7 @@ TEST_CASE("compress reducers train the mlp on Fashion-MNIST (2 ranks x 2 epochs)
   Outcome topk =
       train(dir, "topk",
             "{name: topk, options: {ratio: 0.01, error_feedback: true, momentum: 0.9}}", 0.1, 0.0);
-  // Random-k has no momentum that works (README): every element waits
+  // Random-k has no momentum that works (BENCHMARKS.md): every element waits
   // ~1/ratio steps, and any momentum on top of that staleness diverges.
   Outcome randomk = train(
       dir, "randomk", "{name: randomk, options: {ratio: 0.01, error_feedback: true}}", 0.1, 0.0);

@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 # tests/compress trains. Sign methods take a smaller step (Bernstein et al.
 # tune signSGD's lr separately). signsgd and topk carry the momentum
 # themselves (DGC momentum correction, the optimizer runs without); randomk
-# trains only without momentum (README "Compression robustness").
+# trains only without momentum (share/doc/distopt/BENCHMARKS.md "Compression robustness").
 REDUCERS = [
     ("mean", "{name: mean}", 0.1, 0.9),
     ("fp16", "{name: fp16}", 0.1, 0.9),

@@ -1,7 +1,7 @@
 // Intra-op threads per rank. One rule for `distopt train`, `distopt launch`
 // and Runtime, so an embedding program gets what the CLI gets.
 //
-// Measured (tools/bench/scaling.py, README "Threads and ranks"): with
+// Measured (tools/bench/scaling.py, BENCHMARKS.md "Threads and ranks"): with
 // libtorch and OpenBLAS sharing one OpenMP runtime, splitting the cores
 // evenly between the ranks of a host is the fastest setting; more threads
 // than cores per host (oversubscription) is always slower.

@@ -22,6 +22,7 @@
 #include "config/yaml_util.hpp"
 #include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
+#include "distopt/key_schema.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/sdk/optimizer_schema.hpp"
 #include "util/posix_fs.hpp"
@@ -92,10 +93,7 @@ class Parser {
     if (!root.IsMap())
       fail(file_, mark_of(root),
            "expected a map of sections at the top level, got " + describe(root));
-    check_keys(
-        root, "the top level",
-        {"plugins", "world", "communicator", "control_communicator", "reducer", "algorithm",
-         "optimizer", "train", "precision", "buffers", "join", "app", "schedule", "autotune"});
+    check_keys(root, "the top level", config_keys("the top level"));
     // The program's own section: not validated here. (Assigning yaml-cpp's
     // invalid node for a missing key throws, hence the check.)
     if (YAML::Node app = child(root, "app"); app.IsDefined()) cfg.app = app;
@@ -184,7 +182,7 @@ class Parser {
 
   void parse_plugins(const YAML::Node& s, JobConfig& cfg) {
     if (!s.IsDefined() || s.IsNull()) return;
-    check_keys(s, "plugins", {"paths"});
+    check_keys(s, "plugins", config_keys("plugins"));
     YAML::Node paths = s["paths"];
     if (!paths.IsDefined() || paths.IsNull()) return;
     auto add = [&](const YAML::Node& p) {
@@ -207,7 +205,7 @@ class Parser {
 
   void parse_world(const YAML::Node& s, JobConfig& cfg) {
     if (!s.IsDefined() || s.IsNull()) return;
-    check_keys(s, "world", {"size", "rendezvous", "timeout_s", "collective_check_s"});
+    check_keys(s, "world", config_keys("world"));
     get_int(s, "size", "world.size", 1, 1 << 20, cfg.world_size);
     get_string(s, "rendezvous", "world.rendezvous", cfg.rendezvous);
     if (YAML::Node r = s["rendezvous"]; r.IsDefined()) check_rendezvous(cfg.rendezvous, mark_of(r));
@@ -280,10 +278,8 @@ class Parser {
       return;
     }
     if (!s.IsMap()) fail(file_, out.mark, path + ": expected a map, got " + describe(s));
-    if (takes_inner)
-      check_keys(s, path, {"name", "options", "inner"});
-    else
-      check_keys(s, path, {"name", "options"});
+    // path: communicator, control_communicator, reducer, reducer.inner, algorithm
+    check_keys(s, path, config_keys(path));
     if (YAML::Node in = child(s, "inner"); takes_inner && in.IsDefined()) {
       auto inner = std::make_shared<ComponentConfig>();
       parse_component_section(in, key_mark(s, "inner", mark_of(in, out.mark)), path + ".inner",
@@ -339,19 +335,14 @@ class Parser {
 
   void parse_train(const YAML::Node& s, TrainConfig& t) {
     if (!s.IsDefined() || s.IsNull()) return;
-    check_keys(
-        s, "train",
-        {"model", "model_width", "dataset", "synthetic", "data_dir", "epochs", "batch_size", "seed",
-         "threads", "log_every", "max_steps", "drop_last", "device", "grad_accumulation"});
+    check_keys(s, "train", config_keys("train"));
     get_string(s, "model", "train.model", t.model, {"mlp", "cnn", "resnet"});
     get_int(s, "model_width", "train.model_width", 0, 4096, t.model_width);
     get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist", "synthetic"});
     if (YAML::Node y = child(s, "synthetic"); y.IsDefined() && !y.IsNull()) {
       if (!y.IsMap())
         fail(file_, mark_of(y), "train.synthetic: expected a map, got " + describe(y));
-      check_keys(
-          y, "train.synthetic",
-          {"train_samples", "test_samples", "channels", "height", "width", "classes", "noise"});
+      check_keys(y, "train.synthetic", config_keys("train.synthetic"));
       SyntheticConfig& g = t.synthetic;
       get_int(y, "train_samples", "train.synthetic.train_samples", 1, kHuge, g.train_samples);
       get_int(y, "test_samples", "train.synthetic.test_samples", 1, kHuge, g.test_samples);
@@ -414,7 +405,7 @@ class Parser {
 
   void parse_buffers(const YAML::Node& s, JobConfig& cfg) {
     if (!s.IsDefined()) return;
-    check_keys(s, "buffers", {"sync"});
+    check_keys(s, "buffers", config_keys("buffers"));
     std::string sync = buffer_sync_name(cfg.buffer_sync);
     get_string(s, "sync", "buffers.sync", sync, {"broadcast", "average", "none"});
     cfg.buffer_sync = parse_buffer_sync(sync);
@@ -425,7 +416,7 @@ class Parser {
     if (!s.IsDefined()) return;
     cfg.autotune.enabled = true;
     if (!s.IsNull()) {
-      check_keys(s, "autotune", {"enabled", "steps", "trials", "overlap", "hierarchical"});
+      check_keys(s, "autotune", config_keys("autotune"));
       get_bool(s, "enabled", "autotune.enabled", cfg.autotune.enabled);
       get_bool(s, "overlap", "autotune.overlap", cfg.autotune.overlap);
       get_bool(s, "hierarchical", "autotune.hierarchical", cfg.autotune.hierarchical);
@@ -440,7 +431,7 @@ class Parser {
 
   void parse_join(const YAML::Node& s, JobConfig& cfg) {
     if (!s.IsDefined() || s.IsNull()) return;
-    check_keys(s, "join", {"enabled", "divide_by_initial_world_size"});
+    check_keys(s, "join", config_keys("join"));
     get_bool(s, "enabled", "join.enabled", cfg.join.enabled);
     get_bool(s, "divide_by_initial_world_size", "join.divide_by_initial_world_size",
              cfg.join.divide_by_initial_world_size);
@@ -461,7 +452,7 @@ class Parser {
       const std::string at = "schedule[" + std::to_string(k) + "]";
       if (!p.IsMap())
         fail(file_, mark_of(p, mark_of(s)), at + ": expected a map, got " + describe(p));
-      check_keys(p, at, {"until_epoch", "until_step", "algorithm", "reducer"});
+      check_keys(p, at, config_keys("schedule[k]"));
       SchedulePhase ph;
       ph.mark = mark_of(p, mark_of(s));
       if (child(p, "algorithm").IsDefined())
@@ -501,9 +492,7 @@ class Parser {
     YAML::Node s = section(root, "precision");
     if (!s.IsDefined() || s.IsNull()) return;
     cfg.precision_mark = key_mark(root, "precision", mark_of(s));
-    check_keys(s, "precision",
-               {"dtype", "master_weights", "loss_scale", "init_scale", "growth_factor",
-                "backoff_factor", "growth_interval", "min_scale"});
+    check_keys(s, "precision", config_keys("precision"));
     PrecisionConfig& p = cfg.precision;
     std::string dtype = "fp32";
     get_string(s, "dtype", "precision.dtype", dtype, {"bf16", "fp16", "fp32"});

@@ -17,7 +17,7 @@
 //
 // No std::filesystem (nor std::pmr, floating-point to_chars/from_chars,
 // <chrono> time zones) in a plugin: PyTorch's libtorch exports its own copies
-// of these and a plugin's calls would bind to them (README.md says more;
+// of these and a plugin's calls would bind to them (share/doc/distopt/DESIGN.md says more;
 // check_symbols.sh checks the built plugin). Use POSIX or Boost.Filesystem.
 #include <memory>
 #include <string>
