@@ -148,8 +148,11 @@ TEST_CASE("the switch from decentralized starts every rank from the mean of the 
   for (int r = 0; r < kWorld; ++r) {
     CAPTURE(r);
     CHECK(switched.phase[r][kAfterSwitch] == 2);
-    // One float32 allreduce and division against a float64 mean.
-    CHECK(max_abs_diff(switched.params[r][kAfterSwitch], mean) <= 1e-6);
+    // One float32 allreduce and division against a float64 mean (measured:
+    // SWITCH_ERR), where any one replica is 1e-3 or more away.
+    const double d = max_abs_diff(switched.params[r][kAfterSwitch], mean);
+    MESSAGE("rank " << r << ": max |params after the switch - mean of the replicas| = " << d);
+    CHECK(d <= 1e-6);
   }
 }
 
