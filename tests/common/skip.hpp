@@ -25,10 +25,10 @@ inline std::vector<std::string>& skipped_test_cases() {
 }  // namespace distopt::test
 
 /// Ends the current TEST_CASE as skipped, with `reason` (a string) printed.
-#define DISTOPT_SKIP_TEST_CASE(reason)                                    \
-  do {                                                                    \
-    const std::string distopt_skip_reason_(reason);                       \
-    MESSAGE("skipped: " << distopt_skip_reason_);                         \
+#define DISTOPT_SKIP_TEST_CASE(reason)                                     \
+  do {                                                                     \
+    const std::string distopt_skip_reason_(reason);                        \
+    MESSAGE("skipped: " << distopt_skip_reason_);                          \
     ::distopt::test::skipped_test_cases().push_back(distopt_skip_reason_); \
-    return;                                                               \
+    return;                                                                \
   } while (0)

@@ -35,9 +35,9 @@ inline nlohmann::json metrics_summary(const std::string& metrics_path) {
 /// First statement of a TEST_CASE that trains on Fashion-MNIST: ends the
 /// test case as skipped (skip.hpp: ctest reports the test "Skipped") when
 /// the data set is not installed. tools/setup.sh installs it.
-#define DISTOPT_SKIP_WITHOUT_FASHION_MNIST()                                                     \
-  do {                                                                                           \
-    if (!::distopt::test::fashion_mnist_installed())                                             \
-      DISTOPT_SKIP_TEST_CASE(std::string("dataset-fashion-mnist is not installed (no ") +        \
+#define DISTOPT_SKIP_WITHOUT_FASHION_MNIST()                                                      \
+  do {                                                                                            \
+    if (!::distopt::test::fashion_mnist_installed())                                              \
+      DISTOPT_SKIP_TEST_CASE(std::string("dataset-fashion-mnist is not installed (no ") +         \
                              ::distopt::test::kFashionMnistDir + "/train-images-idx3-ubyte.gz)"); \
   } while (0)

@@ -168,7 +168,8 @@ std::vector<std::vector<double>> metropolis(const std::vector<std::vector<int>>&
   for (size_t i = 0; i < n; ++i) {
     w[i][i] = 1.0;
     for (int j : adjacency[i]) {
-      w[i][j] = 1.0 / (1.0 + static_cast<double>(std::max(adjacency[i].size(), adjacency[j].size())));
+      w[i][j] =
+          1.0 / (1.0 + static_cast<double>(std::max(adjacency[i].size(), adjacency[j].size())));
       w[i][i] -= w[i][j];
     }
   }
@@ -244,7 +245,7 @@ TEST_CASE("one step is x_i' = sum_j W_ij x_j - lr g_i(x_i), with the topology's 
         want[k] = mixed - 0.1 * s.grad[i][k];
       }
       // float32 mixing of O(1) values against float64 (measured: at most
-      // ONESTEP_ERR); weights off by 1/12 move a replica by 1e-2 or more.
+      // 2.7e-7); weights off by 1/12 move a replica by 1e-2 or more.
       const double d = max_abs_diff(s.after[i], want);
       MESSAGE("rank " << i << ": max |x_i' - formula| = " << d);
       CHECK(d <= 5e-6);

@@ -194,8 +194,7 @@ std::vector<double> bf16_reference(int steps) {
         for (auto& p : lp) p.mutable_grad() = at::Tensor();
         auto x = xs.narrow(0, (step * 2 + rank) * kBatch, kBatch).to(at::kBFloat16);
         auto t = ys.narrow(0, (step * 2 + rank) * kBatch, kBatch);
-        (at::nll_loss(at::log_softmax(model->forward(x).to(at::kFloat), 1), t) * scale)
-            .backward();
+        (at::nll_loss(at::log_softmax(model->forward(x).to(at::kFloat), 1), t) * scale).backward();
         for (size_t i = 0; i < lp.size(); ++i) {
           at::Tensor g = lp[i].grad().to(at::kFloat) / scale;
           sum[i] = rank == 0 ? g : sum[i] + g;
@@ -317,7 +316,7 @@ TEST_CASE("bf16: the fp32 masters follow mixed precision done by hand; the model
     REQUIRE(rb[k].masters.size() == ref.size());
     const double d = max_abs_diff(rb[k].masters, ref);
     MESSAGE("rank " << k << ": max |masters - reference| = " << d);
-    // The same fp32 operations in the same order (measured: MASTERS_ERR); masters
+    // The same fp32 operations in the same order (measured: bitwise equal); masters
     // refreshed from the bf16 model, or the unscale or average skipped, are
     // off by bf16's rounding (1e-3) or more.
     CHECK(d <= 1e-6);

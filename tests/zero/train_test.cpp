@@ -69,8 +69,8 @@ TEST_CASE("distopt train: zero + adam, 2 ranks x 1 epoch, half of allreduce's op
                  loss = z.summary["final_test_loss"].get<double>();
     const double base_acc = base.summary["final_test_accuracy"].get<double>(),
                  base_loss = base.summary["final_test_loss"].get<double>();
-    MESSAGE(std::string(options) << ": test accuracy " << acc << " (allreduce " << base_acc << "), test loss "
-                    << loss << " (allreduce " << base_loss << ")");
+    MESSAGE(std::string(options) << ": test accuracy " << acc << " (allreduce " << base_acc
+                                 << "), test loss " << loss << " (allreduce " << base_loss << ")");
     CHECK(std::fabs(acc - base_acc) <= 0.0005);  // 5 of the 10000 test images
     CHECK(loss == doctest::Approx(base_loss).epsilon(1e-4));
     CHECK(base_acc > 0.80);  // and that run learnt
