@@ -12,6 +12,7 @@
 #include "torch_doctest.hpp"
 // after doctest:
 #include "cli_util.hpp"
+#include "train_metrics.hpp"
 
 using distopt::test::env_path;
 using distopt::test::ProcResult;
@@ -20,11 +21,7 @@ using namespace distopt::test::cli;
 
 namespace {
 
-const char* kData = "/usr/share/datasets/fashion-mnist";
-bool have_data() {
-  return distopt::test::path_exists(std::string(kData) + "/train-images-idx3-ubyte.gz");
-}
-
+const char* const kData = distopt::test::kFashionMnistDir;
 struct Job {
   std::string algorithm = "{name: allreduce}";
   std::string optimizer = "{name: sgd, lr: 0.05, momentum: 0.9}";
@@ -86,10 +83,7 @@ void check_equal_section(const c10::impl::GenericDict& a, const c10::impl::Gener
 }  // namespace
 
 TEST_CASE("a rank killed mid-training: --resume ends bitwise equal to an uninterrupted run") {
-  if (!have_data()) {
-    MESSAGE("Fashion-MNIST is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
   const std::string cfg = write_job(t, Job{});
   ProcResult a = train(cfg, {"--checkpoint", t.file("a")});
@@ -129,10 +123,7 @@ TEST_CASE("a rank killed mid-training: --resume ends bitwise equal to an uninter
 }
 
 TEST_CASE("a rank killed while writing its shard leaves the previous checkpoint the newest") {
-  if (!have_data()) {
-    MESSAGE("Fashion-MNIST is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
   const std::string cfg = write_job(t, Job{});
   ProcResult a = train(cfg, {"--checkpoint", t.file("a")});
@@ -158,10 +149,7 @@ TEST_CASE("a rank killed while writing its shard leaves the previous checkpoint 
 }
 
 TEST_CASE("corrupt, truncated and foreign checkpoints fail naming the file; nothing is written") {
-  if (!have_data()) {
-    MESSAGE("Fashion-MNIST is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
   const std::string cfg = write_job(t, Job{});
   const std::string d = t.file("d");
@@ -222,10 +210,7 @@ TEST_CASE("corrupt, truncated and foreign checkpoints fail naming the file; noth
 }
 
 TEST_CASE("a zero checkpoint consolidates into a file Python's torch.load reads") {
-  if (!have_data()) {
-    MESSAGE("Fashion-MNIST is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   ProcResult py =
       run_command({"/usr/bin/python3", "-c", "import torch"}, {}, std::chrono::seconds(120));
   const std::string why =
@@ -282,10 +267,7 @@ print("python ok", len(z["model"]), "tensors")
 }
 
 TEST_CASE("consolidate to a bare file name writes it in the current directory (issue 21)") {
-  if (!have_data()) {
-    MESSAGE("Fashion-MNIST is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
   ProcResult a = train(write_job(t, Job{}), {"--checkpoint", t.file("ck1")});
   INFO(a.output);
@@ -311,10 +293,7 @@ TEST_CASE("consolidate to a bare file name writes it in the current directory (i
 }
 
 TEST_CASE("a zero checkpoint of 2 ranks resumes on 4 (resharded)") {
-  if (!have_data()) {
-    MESSAGE("Fashion-MNIST is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
   Job zero;
   zero.algorithm = "{name: zero, options: {stage: 2}}";

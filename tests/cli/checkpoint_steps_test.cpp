@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli_util.hpp"
+#include "train_metrics.hpp"
 
 using distopt::test::env_path;
 using distopt::test::ProcResult;
@@ -21,11 +22,7 @@ using nlohmann::json;
 
 namespace {
 
-const char* kData = "/usr/share/datasets/fashion-mnist";
-
-bool have_data() {
-  return ::access((std::string(kData) + "/train-images-idx3-ubyte.gz").c_str(), R_OK) == 0;
-}
+const char* const kData = distopt::test::kFashionMnistDir;
 
 bool contains(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
@@ -93,10 +90,7 @@ TEST_CASE("every subcommand has --help; the top level lists them all; --version"
 }
 
 TEST_CASE("checkpoint info / consolidate / train --resume-from take any step") {
-  if (!have_data()) {
-    MESSAGE("dataset-fashion-mnist is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
   const std::string job = write_job(t);
   const std::string ck = t.file("ck");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "result_files.hpp"
+#include "train_metrics.hpp"
 
 using distopt::train::DataError;
 using distopt::train::load_fashion_mnist;
@@ -81,11 +82,8 @@ std::string error_of(const std::string& images_path, const std::string& labels_p
 }  // namespace
 
 TEST_CASE("the installed Fashion-MNIST loads with the documented sizes and statistics") {
-  const char* dir = "/usr/share/datasets/fashion-mnist";
-  if (!distopt::test::path_exists(std::string(dir) + "/train-images-idx3-ubyte.gz")) {
-    MESSAGE("dataset-fashion-mnist is not installed; skipping");
-    return;
-  }
+  const char* dir = distopt::test::kFashionMnistDir;
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   auto ds = load_fashion_mnist(dir);
   CHECK(ds.train.count == 60000);
   CHECK(ds.test.count == 10000);

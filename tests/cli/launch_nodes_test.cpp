@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli_util.hpp"
+#include "train_metrics.hpp"
 
 using distopt::test::env_path;
 using distopt::test::ProcResult;
@@ -24,11 +25,7 @@ using nlohmann::json;
 
 namespace {
 
-const char* kData = "/usr/share/datasets/fashion-mnist";
-
-bool have_data() {
-  return ::access((std::string(kData) + "/train-images-idx3-ubyte.gz").c_str(), R_OK) == 0;
-}
+const char* const kData = distopt::test::kFashionMnistDir;
 
 // A 4-rank job: tcp / mean / allreduce, the MLP, a few steps, one thread per rank.
 std::string write_job(const TempDir& t) {
@@ -227,10 +224,7 @@ TEST_CASE("launch says that its rendezvous replaces the job file's") {
 }
 
 TEST_CASE("2 nodes x 2 ranks train as 4 ranks at once: launch --nnodes, srun, launch in srun") {
-  if (!have_data()) {
-    MESSAGE("dataset-fashion-mnist is not installed; skipping");
-    return;
-  }
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
   const std::string job = write_job(t);
   const std::string ref = reference_run(t, job);

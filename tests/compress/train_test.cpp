@@ -81,7 +81,7 @@ TEST_CASE("compress reducers train the mlp on Fashion-MNIST (2 ranks x 2 epochs)
   distopt::test::remove_tree(dir);
 
   // Floors: the issue's targets; over 3 seeds x 3 BLAS kernel sets the
-  // lowest seen was mean 85.9, signsgd 83.9, topk 85.6, randomk RANDOMK_MIN.
+  // lowest seen was mean 85.9, signsgd 83.9, topk 85.6; randomk 81 in one run.
   CHECK(mean.accuracy >= 0.83);
   CHECK(std::abs(fp16.accuracy - mean.accuracy) <= 0.005);
   CHECK(std::abs(bf16.accuracy - mean.accuracy) <= 0.005);

@@ -110,6 +110,40 @@ struct LeastSquares {
     return read_doubles(dir + "/" + tag + ".bin");
   }
 
+  /// The D-PSGD iteration run() drives, x_i <- sum_j W_ij x_j - lr g_i(x_i)
+  /// on a ring of kWorld (W_ij = 1/3 for i, its left and its right), in
+  /// float64 from the same initial weights and data: the replicas' mean
+  /// followed by their consensus distance, as run() returns them.
+  static std::vector<double> simulate_ring() {
+    torch::manual_seed(3);  // run()'s initial weights
+    torch::nn::Linear lin(torch::nn::LinearOptions(kDim, 1).bias(false));
+    const at::Tensor x0 = lin->weight.detach().to(at::kDouble).view({kDim, 1});
+    std::vector<at::Tensor> a, b, x;
+    for (int r = 0; r < kWorld; ++r) {
+      auto [ar, br] = data(r);
+      a.push_back(ar.to(at::kDouble));
+      b.push_back(br.to(at::kDouble));
+      x.push_back(x0.clone());
+    }
+    for (int t = 0; t < kSteps; ++t) {
+      const double lr = t < kSteps / 2 ? 0.01 : 0.001;
+      std::vector<at::Tensor> next;
+      for (int i = 0; i < kWorld; ++i) {
+        const int left = (i + kWorld - 1) % kWorld, right = (i + 1) % kWorld;
+        const at::Tensor grad = a[i].t().mm(a[i].mm(x[i]) - b[i]) * (2.0 / kRows);
+        next.push_back((x[i] + x[left] + x[right]) / 3.0 - lr * grad);
+      }
+      x = next;
+    }
+    at::Tensor mean = (x[0] + x[1] + x[2] + x[3]) / kWorld;
+    double consensus = 0;
+    for (const auto& xi : x) consensus += (xi - mean).pow(2).sum().item<double>() / kWorld;
+    mean = mean.view(-1).contiguous();
+    std::vector<double> out(mean.data_ptr<double>(), mean.data_ptr<double>() + kDim);
+    out.push_back(consensus);
+    return out;
+  }
+
   /// Euclidean norm of `v`.
   static double norm(const std::vector<double>& v) {
     double s = 0;

@@ -164,7 +164,11 @@ void check(const Spec& s, double tol = 1e-5) {
     CHECK(o.shadowed[r] == s.max_steps() - s.steps[r]);
     CHECK(max_abs_diff(o.params[r], o.params[0]) == 0);  // identical on every rank
     for (double v : o.params[r]) REQUIRE(std::isfinite(v));
-    if (s.reference) CHECK(max_abs_diff(o.params[r], o.ref) <= tol);
+    if (s.reference) {
+      const double d = max_abs_diff(o.params[r], o.ref);
+      if (tol > 1e-5) MESSAGE("rank " << r << ": max |params - reference| = " << d);
+      CHECK(d <= tol);
+    }
   }
   if (s.reference) {
     CHECK(max_abs_diff(o.ref, o.init) > 1e-3);  // training really moved the parameters
@@ -220,7 +224,10 @@ TEST_CASE("bf16 mixed precision: joined ranks shadow the inf/NaN check in the sa
 }
 
 TEST_CASE("fp16 reducer tracks the reference loosely") {
-  check(Spec({10, 4}, "{name: allreduce}", "{name: fp16}"), 5e-3);
+  // fp16 rounding of the averaged gradients: 2.7e-5 with either OpenBLAS
+  // kernel set; 10x that. (bf16 on the wire gives 1.3e-4 and truncation
+  // 4.1e-5: too close to tell from fp16 here; kernels_test checks the casts.)
+  check(Spec({10, 4}, "{name: allreduce}", "{name: fp16}"), 2.5e-4);
 }
 
 TEST_CASE("join() without join.enabled (the default) is refused on every rank") {

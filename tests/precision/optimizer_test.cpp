@@ -6,6 +6,7 @@
 // Forked children do all the torch work and write their results to files
 // that the parent compares (the parent never forks after using torch).
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
+#include "optim/optimizer_impl.hpp"  // the fp32 masters (core/src)
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
 #include "test_net.hpp"
@@ -54,6 +56,9 @@ struct Spec {
 struct Result {
   std::vector<double> params, scale, skipped, steps, changed;
   std::vector<double> extra;  // after set_loss_scale_state: scale, skipped
+  // Mixed precision: the fp32 masters, and max |model parameter - its
+  // master rounded to the model's dtype| (as doubles).
+  std::vector<double> masters, model_vs_masters;
 };
 
 void write_vec(std::ofstream& f, const std::vector<double>& v) {
@@ -120,9 +125,25 @@ std::vector<Result> run(const Spec& s) {
           opt.set_loss_scale_state(st);
           r.extra = {opt.loss_scale(), static_cast<double>(opt.skipped_steps()),
                      static_cast<double>(opt.loss_scale_state().growth_tracker)};
+          const auto& impl = distopt::optim::Access::of(opt);
+          const auto params = net->parameters();
+          double worst = 0;
+          for (size_t i = 0; i < params.size(); ++i) {
+            const at::Tensor& m = impl.masters->master(i);
+            at::Tensor c = m.to(at::kDouble).contiguous().view(-1);
+            r.masters.insert(r.masters.end(), c.data_ptr<double>(),
+                             c.data_ptr<double>() + c.numel());
+            worst = std::max(worst, (params[i].detach().to(at::kDouble) -
+                                     m.to(params[i].scalar_type()).to(at::kDouble))
+                                        .abs()
+                                        .max()
+                                        .item<double>());
+          }
+          r.model_vs_masters = {worst};
         }
         std::ofstream f(dir + "/rank" + std::to_string(rank) + ".bin", std::ios::binary);
-        for (const auto* v : {&r.params, &r.scale, &r.skipped, &r.steps, &r.changed, &r.extra})
+        for (const auto* v : {&r.params, &r.scale, &r.skipped, &r.steps, &r.changed, &r.extra,
+                              &r.masters, &r.model_vs_masters})
           write_vec(f, *v);
         f.close();
         rt.barrier();
@@ -135,11 +156,61 @@ std::vector<Result> run(const Spec& s) {
     REQUIRE(codes[r] == 0);
     std::ifstream f(dir + "/rank" + std::to_string(r) + ".bin", std::ios::binary);
     for (auto* v : {&out[r].params, &out[r].scale, &out[r].skipped, &out[r].steps, &out[r].changed,
-                    &out[r].extra})
+                    &out[r].extra, &out[r].masters, &out[r].model_vs_masters})
       *v = read_vec(f);
     std::remove((dir + "/rank" + std::to_string(r) + ".bin").c_str());
   }
   std::remove(dir.c_str());
+  return out;
+}
+
+// Mixed precision by hand in one libtorch process, as the header documents
+// it, for run()'s job with `precision: {dtype: bf16}` (scale 65536, no
+// overflow in 6 steps): each rank's bf16 gradients of the scaled loss,
+// upcast, divided by the scale, averaged in fp32; SGD (lr 0.1, momentum
+// 0.9) on fp32 masters that start as rank 0's bf16 weights; the model is
+// the masters rounded to bf16 after each step. Returns the masters.
+std::vector<double> bf16_reference(int steps) {
+  const std::string dir = tmpdir();
+  auto codes = fork_ranks(1, [&](int) {
+    torch::set_num_threads(1);
+    torch::manual_seed(1234);
+    at::Tensor xs = at::randn({steps * 2 * kBatch, kIn});
+    at::Tensor ys = at::randint(0, kClasses, {steps * 2 * kBatch});
+    torch::manual_seed(42);  // rank 0's weights: make_optimizer broadcasts them
+    Net model;
+    model->to(at::kBFloat16);
+    Net masters;  // fp32
+    auto mp = masters->parameters(), lp = model->parameters();
+    {
+      at::NoGradGuard ng;
+      for (size_t i = 0; i < mp.size(); ++i) mp[i].copy_(lp[i]);
+    }
+    torch::optim::SGD sgd(mp, torch::optim::SGDOptions(0.1).momentum(0.9));
+    const double scale = 65536;
+    for (int step = 0; step < steps; ++step) {
+      std::vector<at::Tensor> sum(mp.size());
+      for (int rank = 0; rank < 2; ++rank) {
+        for (auto& p : lp) p.mutable_grad() = at::Tensor();
+        auto x = xs.narrow(0, (step * 2 + rank) * kBatch, kBatch).to(at::kBFloat16);
+        auto t = ys.narrow(0, (step * 2 + rank) * kBatch, kBatch);
+        (at::nll_loss(at::log_softmax(model->forward(x).to(at::kFloat), 1), t) * scale).backward();
+        for (size_t i = 0; i < lp.size(); ++i) {
+          at::Tensor g = lp[i].grad().to(at::kFloat) / scale;
+          sum[i] = rank == 0 ? g : sum[i] + g;
+        }
+      }
+      for (size_t i = 0; i < mp.size(); ++i) mp[i].mutable_grad() = sum[i] / 2;
+      sgd.step();
+      at::NoGradGuard ng;
+      for (size_t i = 0; i < mp.size(); ++i) lp[i].copy_(mp[i]);
+    }
+    write_doubles(dir + "/reference.bin", flat_params(masters));
+    return 0;
+  });
+  REQUIRE(codes[0] == 0);
+  auto out = read_doubles(dir + "/reference.bin");
+  distopt::test::remove_tree(dir);
   return out;
 }
 
@@ -229,5 +300,28 @@ TEST_CASE("bf16 model with fp32 masters tracks the fp32 model closely") {
   const double d = max_abs_diff(rf[0].params, rb[0].params);
   MESSAGE("max |fp32 - bf16| parameter difference after 6 steps: " << d);
   CHECK(d > 0.0);
-  CHECK(d < 0.02);
+  // bf16 rounding of weights, activations and gradients, deterministic for
+  // this data (measured: 0.0038 on every kernel set).
+  CHECK(d < 0.01);
+}
+
+TEST_CASE("bf16: the fp32 masters follow mixed precision done by hand; the model is them rounded") {
+  Spec b16;
+  b16.precision = "{dtype: bf16}";
+  auto rb = run(b16);
+  const std::vector<double> ref = bf16_reference(b16.steps);
+  REQUIRE(rb[0].scale == std::vector<double>(6, 65536.0));  // no step skipped
+  for (int k = 0; k < 2; ++k) {
+    CAPTURE(k);
+    REQUIRE(rb[k].masters.size() == ref.size());
+    const double d = max_abs_diff(rb[k].masters, ref);
+    MESSAGE("rank " << k << ": max |masters - reference| = " << d);
+    // The same fp32 operations in the same order (measured: bitwise equal); masters
+    // refreshed from the bf16 model, or the unscale or average skipped, are
+    // off by bf16's rounding (1e-3) or more.
+    CHECK(d <= 1e-6);
+    CHECK(rb[k].model_vs_masters == std::vector<double>{0.0});  // model = bf16(masters)
+    // The masters keep what bf16 rounds away (else they would be pointless).
+    CHECK(max_abs_diff(rb[k].masters, rb[k].params) > 0.0);
+  }
 }

@@ -1,7 +1,8 @@
 // Switching algorithms during training (Bagua's ModelSwitchWrapper.switch_to;
 // the job's `schedule:`), on 2-3 real ranks over tcp on loopback: the ranks
 // agree on the parameters at every switch, the inner optimizer's state
-// carries over (an exact schedule equals one algorithm throughout), bytes
+// carries over (an exact schedule equals one algorithm throughout), the
+// switch from decentralized starts from the replicas' mean, bytes
 // per step are the new algorithm's, a checkpoint taken in a later phase
 // resumes in it bitwise, and bad schedules or calls are refused.
 #include <algorithm>
@@ -120,6 +121,39 @@ TEST_CASE("schedule: the ranks agree at every switch; bytes per step are the new
     CHECK(zero_step != 2 * param_bytes);
     CHECK(zero_step > 0.5 * plain_step);
     CHECK(zero_step < 2 * plain_step);
+  }
+}
+
+TEST_CASE("the switch from decentralized starts every rank from the mean of the replicas") {
+  // The same steps without the switch at step 6 keep the replicas apart:
+  // their mean is what every rank must hold right after the switch (rank
+  // 0's replica, or any one rank's, would leave the ranks agreeing too).
+  constexpr int kWorld = 3, kSteps = 6;
+  const Trace switched = run_trace(kWorld, kThreePhases, kSteps);
+  const Trace apart =
+      run_trace(kWorld,
+                "schedule:\n"
+                "  - {until_step: 3, algorithm: {name: allreduce}}\n"
+                "  - {algorithm: {name: decentralized, options: {topology: ring}}}\n",
+                kSteps);
+  constexpr int kAfterSwitch = 5;  // the trace index of step 6
+  const size_t n = apart.params[0][kAfterSwitch].size();
+  std::vector<double> mean(n, 0.0);
+  for (int r = 0; r < kWorld; ++r)
+    for (size_t i = 0; i < n; ++i) mean[i] += apart.params[r][kAfterSwitch][i] / kWorld;
+  double spread = 0;  // how far the replicas are from their mean
+  for (int r = 0; r < kWorld; ++r)
+    spread = std::max(spread, max_abs_diff(apart.params[r][kAfterSwitch], mean));
+  MESSAGE("replicas' distance from their mean before the switch: " << spread);
+  REQUIRE(spread > 1e-4);
+  for (int r = 0; r < kWorld; ++r) {
+    CAPTURE(r);
+    CHECK(switched.phase[r][kAfterSwitch] == 2);
+    // One float32 allreduce and division against a float64 mean (measured:
+    // 2e-8), where the replicas were 2e-2 apart.
+    const double d = max_abs_diff(switched.params[r][kAfterSwitch], mean);
+    MESSAGE("rank " << r << ": max |params after the switch - mean of the replicas| = " << d);
+    CHECK(d <= 1e-6);
   }
 }
 
