@@ -36,6 +36,13 @@ std::vector<std::string> communicators() {
   return names;
 }
 
+/// DISTOPT_CONFORMANCE_BIG_MIB, else 64: the size of the large allreduce.
+size_t big_mib() {
+  const char* v = std::getenv("DISTOPT_CONFORMANCE_BIG_MIB");
+  const long n = v && *v ? std::strtol(v, nullptr, 10) : 64;
+  return n >= 1 ? static_cast<size_t>(n) : 64;
+}
+
 /// DISTOPT_CONFORMANCE_OPTIONS (for DISTOPT_CONFORMANCE_COMM), else "{}".
 std::string options() {
   const char* o = std::getenv("DISTOPT_CONFORMANCE_OPTIONS");
@@ -222,8 +229,9 @@ TEST_CASE(
               fprintf(stderr, "%s rank %d: %s\n", name.c_str(), me, bad.c_str());
               return 1;
             }
-            // 64 MiB of float32: the bandwidth path, many pipeline segments.
-            std::vector<float> big(16u << 20);
+            // 64 MiB of float32: the bandwidth path, many pipeline segments
+            // (DISTOPT_CONFORMANCE_BIG_MIB: less for a slow test transport).
+            std::vector<float> big(big_mib() << 18);
             for (size_t i = 0; i < big.size(); ++i)
               big[i] = static_cast<float>((i % 1000) * (me + 1));
             int64_t s;
@@ -232,7 +240,8 @@ TEST_CASE(
             const float k = static_cast<float>(n * (n + 1) / 2);
             for (size_t i = 0; i < big.size(); ++i)
               if (big[i] != static_cast<float>(i % 1000) * k) {
-                fprintf(stderr, "%s rank %d: 64 MiB allreduce wrong at %zu\n", name.c_str(), me, i);
+                fprintf(stderr, "%s rank %d: %zu MiB allreduce wrong at %zu\n", name.c_str(), me,
+                        big_mib(), i);
                 return 2;
               }
             return 0;

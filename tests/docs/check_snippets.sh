@@ -47,8 +47,14 @@ for f in "$work"/*.yaml; do
       { echo "$key:"; sed 's/^/  /' "$f"; } >"$job" ;;
   esac
   yaml=$((yaml + 1))
-  # A job file's relative paths are relative to it: run beside the docs' own
-  # example directory layout (none needed so far), from the work dir.
+  # A job file's relative paths are relative to it. The relative
+  # plugins.paths directories a block names stand for the reader's own:
+  # create them, empty, beside it (check refuses a missing one).
+  sed -n 's/^[[:space:]]*paths:[[:space:]]*\[\([^]]*\)\].*/\1/p' "$job" | tr ',' '\n' |
+    sed "s/^[[:space:]]*//; s/[[:space:]]*\$//; s/^[\"']//; s/[\"']\$//" |
+    while read -r d; do
+      case $d in /* | '') ;; *) mkdir -p "$(dirname "$job")/$d" ;; esac
+    done
   if ! out=$("$cli" check "$job" "${plugin_args[@]}" 2>&1); then
     echo "FAIL $from: distopt check refuses this yaml block:"
     sed 's/^/    /' "$f"
