@@ -49,8 +49,8 @@ class AllreduceAlgorithm : public sdk::Algorithm {
   sdk::ReducerView reducer_;
   int32_t rank_;
   int32_t world_size_;
-  double grad_clip_;           // the deprecated option
-  double host_grad_clip_ = 0;  // optimizer.grad_clip (set_grad_clip)
+  double grad_clip_;               // the deprecated option
+  double host_grad_clip_ = 0;      // optimizer.grad_clip (set_grad_clip)
   std::vector<at::Tensor> grads_;  // trainable gradients (bucket views), what is clipped
   bool average_world_;
   bool divide_before_;

@@ -110,7 +110,7 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   std::vector<std::unique_ptr<LowPrecisionGossip>> low_;
   /// optimizer.grad_clip on this rank's gradient, then one step of params_.
   void clip_and_step();
-  double grad_clip_ = 0;  // optimizer.grad_clip (0 = off)
+  double grad_clip_ = 0;     // optimizer.grad_clip (0 = off)
   sdk::WholeParams params_;  // this rank's replica and its inner optimizer
   std::atomic<uint64_t> bytes_{0};
   at::Device device_{at::kCPU};  // the parameters' (first bucket's): the flag's device

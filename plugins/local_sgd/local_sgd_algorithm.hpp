@@ -85,8 +85,8 @@ class LocalSgdAlgorithm : public sdk::Algorithm {
   std::vector<sdk::ReduceHandle> pending_;  // per bucket, a warm-up step's reduction
   /// optimizer.grad_clip on this rank's gradient, then one step of params_.
   void clip_and_step();
-  double grad_clip_ = 0;  // optimizer.grad_clip (0 = off)
-  sdk::WholeParams params_;                 // this rank's replica and its inner optimizer
+  double grad_clip_ = 0;     // optimizer.grad_clip (0 = off)
+  sdk::WholeParams params_;  // this rank's replica and its inner optimizer
   ParameterAverage average_;
   uint64_t bytes_ = 0;
 };

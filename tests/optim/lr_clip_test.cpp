@@ -95,8 +95,7 @@ double cosine_warmup_lr(int k, int warmup, int total, double base) {
 
 // Single process, the whole global batch each step: clip_grad_norm_ on the
 // averaged gradient (clip > 0) and the lr of lr_at(step) set by hand.
-std::vector<double> reference(const Job& j, double clip,
-                              const std::function<double(int)>& lr_at) {
+std::vector<double> reference(const Job& j, double clip, const std::function<double(int)>& lr_at) {
   const std::string dir = make_temp_dir("distopt_lrclip_ref");
   auto codes = fork_ranks(1, [&](int) {
     torch::set_num_threads(1);
@@ -107,8 +106,7 @@ std::vector<double> reference(const Job& j, double clip,
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     for (int k = 0; k < j.steps; ++k) {
       opt.zero_grad();
-      loss_of(net, d.x.narrow(0, k * global, global), d.y.narrow(0, k * global, global))
-          .backward();
+      loss_of(net, d.x.narrow(0, k * global, global), d.y.narrow(0, k * global, global)).backward();
       if (clip > 0) torch::nn::utils::clip_grad_norm_(net->parameters(), clip);
       if (lr_at) opt.param_groups()[0].options().set_lr(lr_at(k));
       opt.step();
@@ -212,9 +210,8 @@ TEST_CASE("grad_clip: zero stage 1 and 2 sum the shards' squares over the ranks"
 }
 
 TEST_CASE("grad_clip: fused, hybrid (offload 0.5, unsharded and sharded), hierarchical") {
-  for (const std::string alg :
-       {"{name: fused}", "{name: hybrid, options: {offload_fraction: 0.5}}",
-        "{name: hybrid, options: {offload_fraction: 0.5, shard: true}}"}) {
+  for (const std::string alg : {"{name: fused}", "{name: hybrid, options: {offload_fraction: 0.5}}",
+                                "{name: hybrid, options: {offload_fraction: 0.5, shard: true}}"}) {
     CAPTURE(alg);
     Job j;
     j.algorithm = alg;
@@ -234,7 +231,8 @@ TEST_CASE("grad_clip: the deprecated allreduce option still clips the same") {
 }
 
 TEST_CASE("grad_clip: decentralized and local_sgd clip each rank's own gradient") {
-  for (const std::string alg : {"{name: decentralized}", "{name: local_sgd, options: {period: 2}}"}) {
+  for (const std::string alg :
+       {"{name: decentralized}", "{name: local_sgd, options: {period: 2}}"}) {
     CAPTURE(alg);
     Job j;
     j.algorithm = alg;
@@ -256,7 +254,8 @@ TEST_CASE("grad_clip: decentralized and local_sgd clip each rank's own gradient"
         loss_of(net, d.x.narrow(0, at, kBatch), d.y.narrow(0, at, kBatch)).backward();
         auto norm = [&] {
           double s = 0;
-          for (const auto& p : net->parameters()) s += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+          for (const auto& p : net->parameters())
+            s += p.grad().to(at::kDouble).pow(2).sum().item<double>();
           return std::sqrt(s);
         };
         rows.push_back(norm());
@@ -277,8 +276,8 @@ TEST_CASE("grad_clip: decentralized and local_sgd clip each rank's own gradient"
         CAPTURE(k);
         const double before = rows[2 * k], after = rows[2 * k + 1];
         // clip_grad_norm_'s formula on this rank's own gradient
-        CHECK(after == doctest::Approx(before * std::min(1.0, kClip / (before + 1e-6)))
-                           .epsilon(1e-5));
+        CHECK(after ==
+              doctest::Approx(before * std::min(1.0, kClip / (before + 1e-6))).epsilon(1e-5));
         clipped += before > kClip ? 1 : 0;
       }
       CHECK(clipped >= 1);

@@ -1,6 +1,8 @@
 // LrSchedule against libtorch's StepLR and PyTorch's documented closed forms
 // and examples; the YAML keys optimizer.lr_schedule / grad_clip and their
 // errors. In process (no ranks).
+#include "distopt/lr_schedule.hpp"
+
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/optim/sgd.h>
 
@@ -9,7 +11,6 @@
 
 #include "distopt/config.hpp"
 #include "distopt/error.hpp"
-#include "distopt/lr_schedule.hpp"
 #include "torch_doctest.hpp"
 
 namespace {

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "distopt/lr_schedule.hpp"
 #include "distopt/buffers.hpp"
 #include "distopt/component_options.hpp"
+#include "distopt/lr_schedule.hpp"
 #include "distopt/precision.hpp"
 
 namespace distopt {

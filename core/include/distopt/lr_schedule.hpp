@@ -56,12 +56,12 @@ struct LrSchedule {
   /// included); -1 = not given (`distopt train` fills it in from its
   /// epochs x steps per epoch or train.max_steps).
   int64_t total_steps = -1;
-  double min_lr_factor = 0;        ///< cosine: the final factor, [0, 1]
-  double end_factor = 0;           ///< linear: the final factor, [0, 1]
-  double pct_start = 0.3;          ///< one_cycle: fraction of steps rising, (0, 1)
-  double div_factor = 25;          ///< one_cycle: peak / initial (> 0)
-  double final_div_factor = 1e4;   ///< one_cycle: initial / final (> 0)
-  bool anneal_cos = true;          ///< one_cycle: anneal strategy cos (true) or linear
+  double min_lr_factor = 0;       ///< cosine: the final factor, [0, 1]
+  double end_factor = 0;          ///< linear: the final factor, [0, 1]
+  double pct_start = 0.3;         ///< one_cycle: fraction of steps rising, (0, 1)
+  double div_factor = 25;         ///< one_cycle: peak / initial (> 0)
+  double final_div_factor = 1e4;  ///< one_cycle: initial / final (> 0)
+  bool anneal_cos = true;         ///< one_cycle: anneal strategy cos (true) or linear
 
   /// The factor of the base learning rate at optimizer step `step` (>= 0;
   /// step 0 is the first step). Throws ConfigError as validate() does.

@@ -77,8 +77,7 @@ LrSchedule parse_lr_schedule(const YAML::Node& node, const std::string& file) {
       std::vector<std::string> all = valid;
       all.insert(all.begin(), "kind");
       fail(file, mark_of(k),
-           unknown_key_message(key, kPath + " (kind " + lr_schedule_kind_name(s.kind) + ")",
-                               all));
+           unknown_key_message(key, kPath + " (kind " + lr_schedule_kind_name(s.kind) + ")", all));
     }
     auto integer = [&](int64_t lo) {
       const auto x = to_int(v);
@@ -94,16 +93,26 @@ LrSchedule parse_lr_schedule(const YAML::Node& node, const std::string& file) {
       return *x;
     };
     {
-      if (key == "warmup_steps") s.warmup_steps = integer(0);
-      else if (key == "warmup_start_factor") s.warmup_start_factor = number();
-      else if (key == "step_size") s.step_size = integer(1);
-      else if (key == "gamma") s.gamma = number();
-      else if (key == "total_steps") s.total_steps = integer(1);
-      else if (key == "min_lr_factor") s.min_lr_factor = number();
-      else if (key == "end_factor") s.end_factor = number();
-      else if (key == "pct_start") s.pct_start = number();
-      else if (key == "div_factor") s.div_factor = number();
-      else if (key == "final_div_factor") s.final_div_factor = number();
+      if (key == "warmup_steps")
+        s.warmup_steps = integer(0);
+      else if (key == "warmup_start_factor")
+        s.warmup_start_factor = number();
+      else if (key == "step_size")
+        s.step_size = integer(1);
+      else if (key == "gamma")
+        s.gamma = number();
+      else if (key == "total_steps")
+        s.total_steps = integer(1);
+      else if (key == "min_lr_factor")
+        s.min_lr_factor = number();
+      else if (key == "end_factor")
+        s.end_factor = number();
+      else if (key == "pct_start")
+        s.pct_start = number();
+      else if (key == "div_factor")
+        s.div_factor = number();
+      else if (key == "final_div_factor")
+        s.final_div_factor = number();
       else if (key == "anneal") {
         const auto a = to_string(v);
         if (!a || (*a != "cos" && *a != "linear"))
@@ -146,7 +155,8 @@ double parse_grad_clip(const YAML::Node& node, const std::string& file) {
   if (!x || !std::isfinite(*x) || *x < 0)
     fail(file, mark_of(node),
          "optimizer.grad_clip: expected a number >= 0 (the max global L2 norm of the "
-         "gradients; 0 = off), got " + describe(node));
+         "gradients; 0 = off), got " +
+             describe(node));
   return *x;
 }
 

@@ -114,8 +114,8 @@ double LrSchedule::factor(int64_t step) const {
     case LrScheduleKind::step:
       return std::pow(gamma, static_cast<double>(s / step_size));
     case LrScheduleKind::multi_step: {
-      const auto passed = std::upper_bound(milestones.begin(), milestones.end(), s) -
-                          milestones.begin();
+      const auto passed =
+          std::upper_bound(milestones.begin(), milestones.end(), s) - milestones.begin();
       return std::pow(gamma, static_cast<double>(passed));
     }
     case LrScheduleKind::cosine: {

@@ -4,8 +4,8 @@
 #include <ATen/ATen.h>
 
 #include <functional>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
