@@ -74,6 +74,7 @@ struct Job {
   std::string algorithm = "{name: allreduce}";
   std::string reducer = "{name: mean, options: {bucket_cap_mb: 0.0005}}";  // several buckets
   std::string optimizer_extra;  // more keys of `optimizer:`
+  std::string sections;         // more top-level YAML (schedule:)
   int world = 2, steps = 12;
 };
 
@@ -81,7 +82,8 @@ std::string job_yaml(const Job& j, int port) {
   std::ostringstream y;
   y << plugins_and_world_yaml(j.world, port) << "communicator: {name: tcp}\n"
     << "reducer: " << j.reducer << "\nalgorithm: " << j.algorithm << "\n"
-    << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9" << j.optimizer_extra << "}\n";
+    << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9" << j.optimizer_extra << "}\n"
+    << j.sections;
   return y.str();
 }
 
@@ -303,6 +305,24 @@ TEST_CASE("lr_schedule: cosine with warm-up on 2 ranks equals SGD with the lr se
   // without the schedule the result differs (the test can fail)
   const auto plain = reference(j, 0, nullptr);
   CHECK(max_abs_diff(plain, ref) > 1e-3);
+}
+
+TEST_CASE("lr_schedule and grad_clip carry across a schedule: phase switch (allreduce -> zero)") {
+  Job j;
+  j.optimizer_extra = ", grad_clip: 0.3, lr_schedule: {kind: step, step_size: 3, gamma: 0.5}";
+  j.sections =
+      "schedule:\n  - until_step: 5\n    algorithm: {name: allreduce}\n"
+      "  - algorithm: {name: zero, options: {stage: 2}}\n";
+  auto ranks = run_job(j);
+  auto lr_at = [](int k) { return 0.1 * std::pow(0.5, k / 3); };
+  const auto ref = reference(j, kClip, lr_at);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    CAPTURE(r);
+    CHECK(max_abs_diff(ranks[r].params, ref) <= 2e-5);
+    CHECK(ranks[r].clipped_steps >= 1);
+    REQUIRE(ranks[r].lrs.size() == size_t(j.steps));
+    for (int k = 0; k < j.steps; ++k) CHECK(ranks[r].lrs[k] == doctest::Approx(lr_at(k)));
+  }
 }
 
 TEST_CASE("lr_schedule: a resumed checkpoint continues the schedule bitwise (zero, with set_lr)") {
