@@ -342,8 +342,9 @@ class Parser {
     cfg.optimizer_options = opts;
     // An unknown key is listed with the host keys too ('lr_schedul' -> lr_schedule).
     const auto& specs = optimizer_option_specs(cfg.optimizer_name);
-    std::vector<std::string> valid = {"name", "lr_schedule", "grad_clip"};
+    std::vector<std::string> valid;
     for (const auto& o : specs) valid.push_back(o.name);
+    valid.insert(valid.end(), {"lr_schedule", "grad_clip"});
     for (const auto& kv : opts)
       if (kv.first.IsScalar() &&
           std::find(valid.begin(), valid.end(), kv.first.Scalar()) == valid.end())

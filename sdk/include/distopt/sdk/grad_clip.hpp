@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "distopt/algorithm.h"
 #include "distopt/sdk/comm.hpp"
 #include "distopt/sdk/host.hpp"
 #include "distopt/sdk/tensor.hpp"
