@@ -398,6 +398,15 @@ DistributedOptimizer Runtime::make_optimizer(
   }
   b.optimizer_options = &m.validated.optimizer;
   b.optimizer_name = m.cfg.optimizer_name;
+  if (m.cfg.lr_schedule) {
+    try {
+      m.cfg.lr_schedule->validate();  // total_steps: the embedding API has no epochs to count
+    } catch (const ConfigError& e) {
+      throw ConfigError(m.cfg.path + ": " + e.what());
+    }
+    b.lr_schedule = m.cfg.lr_schedule;
+  }
+  b.grad_clip = m.cfg.grad_clip;
   b.precision = m.cfg.precision;
   b.join = m.cfg.join;
   b.comm = m.comm->ref();

@@ -2,28 +2,10 @@
 
 #include <string>
 
+#include "distopt/sdk/grad_clip.hpp"
 #include "distopt/sdk/tensor.hpp"
 
 namespace distopt::plugins::allreduce {
-namespace {
-
-// torch::nn::utils::clip_grad_norm_ (L2), op for op, so clipping here matches
-// a single-process run that calls it: total = ||(||g_i||)_i||,
-// g_i *= min(1, max_norm / (total + 1e-6)).
-void clip_grad_norm(const std::vector<std::pair<std::string, at::Tensor>>& params,
-                    double max_norm) {
-  std::vector<at::Tensor> norms;
-  for (const auto& [name, p] : params)
-    if (p.grad().defined()) norms.push_back(p.grad().norm(2));
-  if (norms.empty()) return;
-  at::Tensor total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2);
-  at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
-  for (const auto& [name, p] : params)
-    if (p.grad().defined()) p.grad().mul_(coef);
-}
-
-}  // namespace
-
 AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)
     : reducer_(args.reducer),
       rank_(args.common ? args.common->rank : 0),
@@ -33,7 +15,14 @@ AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: needs common args and a reducer");
   if (world_size_ < 1) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: world_size < 1");
   sdk::OptionsView opts(args.common->options);
+  // Deprecated alias of the host's optimizer.grad_clip (ABI 1.5), kept so
+  // that old YAML runs; the host's value, when set, wins.
   grad_clip_ = opts.get_double("grad_clip");
+  if (grad_clip_ > 0 && rank_ == 0)
+    sdk::log(DOPT_LOG_WARN, "allreduce",
+             "algorithm.options.grad_clip is deprecated: write optimizer.grad_clip (the same "
+             "clipping, for every algorithm)");
+  grads_ = sdk::trainable_grads(args);
   average_world_ = opts.get_bool("average_world");
   divide_before_ = opts.get_bool("divide_before");
   for (size_t b = 0; b < args.num_buckets; ++b) {
@@ -79,9 +68,14 @@ void AllreduceAlgorithm::step() {
     for (auto& p : pending_) p.reset();  // a failed step leaves no stale requests behind
     throw;
   }
-  if (grad_clip_ > 0) clip_grad_norm(params_.trainable(), grad_clip_);
+  const double max_norm = host_grad_clip_ > 0 ? host_grad_clip_ : grad_clip_;
+  if (max_norm > 0) sdk::clip_grad_norm(grads_, max_norm, sdk::GradParts::replicated);
   params_.step();
   sdk::metric_add("algorithm.steps", 1);
+}
+
+void AllreduceAlgorithm::set_grad_clip(double max_norm) {
+  host_grad_clip_ = sdk::checked_max_norm(max_norm, "allreduce");
 }
 
 void AllreduceAlgorithm::set_lr(int32_t group, double lr) { params_.set_lr(group, lr); }

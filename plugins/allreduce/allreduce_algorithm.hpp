@@ -4,8 +4,9 @@
 // norm, and runs the same inner optimizer on the full, replicated parameters.
 //
 // Options:
-//   grad_clip      max global L2 norm of the reduced gradients (0 = off);
-//                  torch::nn::utils::clip_grad_norm_ semantics.
+//   grad_clip      deprecated alias of the job's optimizer.grad_clip (which
+//                  wins when set): max global L2 norm of the reduced
+//                  gradients (0 = off); clip_grad_norm_ semantics.
 //   average_world  true: gradients are the mean over ranks; false: the sum.
 //   divide_before  scale local gradients by 1/W before handing a bucket to
 //                  the reducer and undo it after. The reducer averages
@@ -37,6 +38,7 @@ class AllreduceAlgorithm : public sdk::Algorithm {
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;
+  void set_grad_clip(double max_norm) override;
   uint64_t state_bytes() const override;
   void save_state(sdk::StateWriter& w) override;
   void load_state(const sdk::StateReader& r) override;
@@ -47,7 +49,9 @@ class AllreduceAlgorithm : public sdk::Algorithm {
   sdk::ReducerView reducer_;
   int32_t rank_;
   int32_t world_size_;
-  double grad_clip_;
+  double grad_clip_;               // the deprecated option
+  double host_grad_clip_ = 0;      // optimizer.grad_clip (set_grad_clip)
+  std::vector<at::Tensor> grads_;  // trainable gradients (bucket views), what is clipped
   bool average_world_;
   bool divide_before_;
   std::vector<const dopt_bucket*> buckets_;

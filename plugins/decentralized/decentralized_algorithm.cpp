@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "distopt/sdk/grad_clip.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "distopt/sdk/traffic.hpp"
 
@@ -140,7 +141,7 @@ void DecentralizedAlgorithm::step() {
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     sdk::metric_add("decentralized.rounds", 1);
   }
-  params_.step();
+  clip_and_step();
   ++step_;
   sdk::metric_add("algorithm.steps", 1);
 }
@@ -184,7 +185,7 @@ void DecentralizedAlgorithm::low_precision_step() {
     copies_synced_ = true;
   }
   const auto t1 = std::chrono::steady_clock::now();
-  params_.step();
+  clip_and_step();
   if (round) {
     const auto t2 = std::chrono::steady_clock::now();
     low_precision_round(false);
@@ -195,6 +196,19 @@ void DecentralizedAlgorithm::low_precision_step() {
   }
   ++step_;
   sdk::metric_add("algorithm.steps", 1);
+}
+
+void DecentralizedAlgorithm::set_grad_clip(double max_norm) {
+  grad_clip_ = sdk::checked_max_norm(max_norm, "decentralized");
+}
+
+void DecentralizedAlgorithm::clip_and_step() {
+  if (grad_clip_ > 0) {
+    std::vector<at::Tensor> grads;
+    for (const auto& np : params_.trainable()) grads.push_back(np.second.grad());
+    sdk::clip_grad_norm(grads, grad_clip_, sdk::GradParts::per_rank);
+  }
+  params_.step();
 }
 
 void DecentralizedAlgorithm::set_lr(int32_t group, double lr) { params_.set_lr(group, lr); }

@@ -75,6 +75,9 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;
+  /// ABI 1.5: no global gradient exists, so each rank clips its own
+  /// gradient by its own norm (no communication).
+  void set_grad_clip(double max_norm) override;
   uint64_t state_bytes() const override;
   void save_state(sdk::StateWriter& w) override;
   void load_state(const sdk::StateReader& r) override;
@@ -105,6 +108,9 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   bool copies_synced_ = false;  // low_precision: the copies hold x_hat
   bool agree_copies_ = false;   // loaded copies: every rank must have its own
   std::vector<std::unique_ptr<LowPrecisionGossip>> low_;
+  /// optimizer.grad_clip on this rank's gradient, then one step of params_.
+  void clip_and_step();
+  double grad_clip_ = 0;     // optimizer.grad_clip (0 = off)
   sdk::WholeParams params_;  // this rank's replica and its inner optimizer
   std::atomic<uint64_t> bytes_{0};
   at::Device device_{at::kCPU};  // the parameters' (first bucket's): the flag's device

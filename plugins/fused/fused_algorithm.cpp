@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "distopt/sdk/grad_clip.hpp"
 #include "distopt/sdk/optimizer_state.hpp"
 #include "distopt/sdk/tensor_state.hpp"
 
@@ -36,6 +37,7 @@ FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
   if (!args.common || !args.reducer.vt || !args.reducer.reducer)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: needs common args and a reducer");
   if (world_size_ < 1) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: world_size < 1");
+  grads_ = sdk::trainable_grads(args);
   sdk::OptionsView opts(args.common->options);
   do_flatten_ = opts.get_bool("do_flatten");
   check_flatten_ = opts.get_bool("check_flatten");
@@ -253,6 +255,10 @@ void FusedAlgorithm::step() {
     ++reflattens_;
     sdk::metric_add("fused.reflattens", 1);
   }
+  if (grad_clip_ > 0) {
+    at::NoGradGuard ng;
+    sdk::clip_grad_norm(grads_, grad_clip_, sdk::GradParts::replicated);
+  }
   run_optimizer();
   sdk::metric_add("algorithm.steps", 1);
 }
@@ -270,6 +276,10 @@ void FusedAlgorithm::run_optimizer() {
       torch_ ? fused::adam_step_torch(fc.tensors, h) : fused::adam_step(fc.chunk, h);
     }
   }
+}
+
+void FusedAlgorithm::set_grad_clip(double max_norm) {
+  grad_clip_ = sdk::checked_max_norm(max_norm, "fused");
 }
 
 void FusedAlgorithm::set_lr(int32_t group, double lr) {

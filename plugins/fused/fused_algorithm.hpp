@@ -75,6 +75,8 @@ class FusedAlgorithm : public sdk::Algorithm {
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;
+  /// ABI 1.5: replicated gradients, clipped before the fused update.
+  void set_grad_clip(double max_norm) override;
   uint64_t state_bytes() const override;
   void save_state(sdk::StateWriter& w) override;
   void load_state(const sdk::StateReader& r) override;
@@ -126,6 +128,8 @@ class FusedAlgorithm : public sdk::Algorithm {
   std::vector<Group> groups_;
   std::vector<FusedChunk> chunks_;
   uint64_t reflattens_ = 0;
+  double grad_clip_ = 0;           // optimizer.grad_clip (0 = off)
+  std::vector<at::Tensor> grads_;  // trainable gradients (bucket views), what is clipped
 };
 
 }  // namespace distopt::plugins::fused

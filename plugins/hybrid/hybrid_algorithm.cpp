@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "distopt/sdk/grad_clip.hpp"
 #include "distopt/sdk/optimizer_factory.hpp"
 #include "distopt/sdk/tensor.hpp"
 #include "distopt/sdk/tensor_state.hpp"
@@ -285,6 +286,15 @@ void HybridAlgorithm::step() {
     throw;
   }
   follow_moved_params();
+  if (grad_clip_ > 0 && !params_.empty()) {
+    // Host and device pieces alike, while every gradient is still in the
+    // reduced buckets: the D2H copies then carry clipped values.
+    std::vector<at::Tensor> grads;
+    for (const Piece& c : pieces_) grads.push_back(c.grad);
+    sdk::clip_grad_norm(grads, grad_clip_,
+                        shard_ ? sdk::GradParts::sharded : sdk::GradParts::replicated, &comm_,
+                        params_.front().model.device());
+  }
   step_host();
   sync_shards();
   sdk::metric_add("algorithm.steps", 1);
@@ -352,6 +362,10 @@ void HybridAlgorithm::step_host() {
     throw;
   }
   note_refreshed(refreshed.load());
+}
+
+void HybridAlgorithm::set_grad_clip(double max_norm) {
+  grad_clip_ = sdk::checked_max_norm(max_norm, "hybrid");
 }
 
 void HybridAlgorithm::set_lr(int32_t group, double lr) {

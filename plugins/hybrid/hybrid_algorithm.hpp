@@ -90,6 +90,10 @@ class HybridAlgorithm : public sdk::Algorithm {
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;
+  /// ABI 1.5: the pieces' gradients (both sides, on the device, before the
+  /// D2H copies) are clipped by the global norm; with shard: true the
+  /// squares are summed over the ranks (one scalar allreduce).
+  void set_grad_clip(double max_norm) override;
   uint64_t state_bytes() const override;
   void save_state(sdk::StateWriter& w) override;
   void load_state(const sdk::StateReader& r) override;
@@ -137,6 +141,7 @@ class HybridAlgorithm : public sdk::Algorithm {
   int32_t rank_;
   int32_t world_size_;
   bool fp32_update_, refresh_, shard_;
+  double grad_clip_ = 0;  // optimizer.grad_clip (0 = off)
   uint64_t bytes_sent_ = 0;
   std::vector<const dopt_bucket*> buckets_;
   std::vector<sdk::ReduceHandle> pending_;

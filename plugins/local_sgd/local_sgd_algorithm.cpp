@@ -5,6 +5,8 @@
 #include <chrono>
 #include <string>
 
+#include "distopt/sdk/grad_clip.hpp"
+
 namespace distopt::plugins::local_sgd {
 namespace {
 
@@ -86,12 +88,25 @@ void LocalSgdAlgorithm::step() {
   at::NoGradGuard ng;
   const bool warm_up = warming_up();
   if (warm_up) finish_reductions();
-  params_.step();
+  clip_and_step();
   ++step_;
   sdk::metric_add(warm_up ? "local_sgd.warmup_steps" : "local_sgd.local_steps", 1);
   // step_ - warmup_ is now the local step k just taken (when positive).
   if (!warm_up && (step_ - warmup_) % period_ == 0 && world_size_ > 1) average();
   sdk::metric_add("algorithm.steps", 1);
+}
+
+void LocalSgdAlgorithm::set_grad_clip(double max_norm) {
+  grad_clip_ = sdk::checked_max_norm(max_norm, "local_sgd");
+}
+
+void LocalSgdAlgorithm::clip_and_step() {
+  if (grad_clip_ > 0) {
+    std::vector<at::Tensor> grads;
+    for (const auto& np : params_.trainable()) grads.push_back(np.second.grad());
+    sdk::clip_grad_norm(grads, grad_clip_, sdk::GradParts::per_rank);
+  }
+  params_.step();
 }
 
 void LocalSgdAlgorithm::set_lr(int32_t group, double lr) { params_.set_lr(group, lr); }

@@ -61,6 +61,9 @@ class LocalSgdAlgorithm : public sdk::Algorithm {
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;
+  /// ABI 1.5: no global gradient exists, so each rank clips its own
+  /// gradient by its own norm (no communication).
+  void set_grad_clip(double max_norm) override;
   uint64_t state_bytes() const override;
   void save_state(sdk::StateWriter& w) override;
   void load_state(const sdk::StateReader& r) override;
@@ -80,7 +83,10 @@ class LocalSgdAlgorithm : public sdk::Algorithm {
   int64_t period_;
   int64_t step_ = 0;                        // s: steps taken
   std::vector<sdk::ReduceHandle> pending_;  // per bucket, a warm-up step's reduction
-  sdk::WholeParams params_;                 // this rank's replica and its inner optimizer
+  /// optimizer.grad_clip on this rank's gradient, then one step of params_.
+  void clip_and_step();
+  double grad_clip_ = 0;     // optimizer.grad_clip (0 = off)
+  sdk::WholeParams params_;  // this rank's replica and its inner optimizer
   ParameterAverage average_;
   uint64_t bytes_ = 0;
 };

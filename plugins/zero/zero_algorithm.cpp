@@ -4,6 +4,7 @@
 #include <numeric>
 #include <string>
 
+#include "distopt/sdk/grad_clip.hpp"
 #include "distopt/sdk/optimizer_factory.hpp"
 #include "distopt/sdk/p2p_collectives.hpp"
 #include "distopt/sdk/tensor.hpp"
@@ -244,9 +245,30 @@ void ZeroAlgorithm::step() {
     throw;
   }
   follow_host_params();
+  if (grad_clip_ > 0) clip_owned_grads();
   optimizer_->step();
   sync_parameters();
   sdk::metric_add("algorithm.steps", 1);
+}
+
+void ZeroAlgorithm::set_grad_clip(double max_norm) {
+  grad_clip_ = sdk::checked_max_norm(max_norm, "zero");
+}
+
+void ZeroAlgorithm::clip_owned_grads() {
+  // The pieces this rank owns partition every trainable parameter over the
+  // ranks (stage 1: slices of the reduced bucket; stage 2: of the shard), so
+  // the squares summed over the ranks are the whole gradient's.
+  std::vector<at::Tensor> owned;
+  for (const auto& group : optimizer_->param_groups())
+    for (const at::Tensor& p : group.params()) owned.push_back(p.grad());
+  at::Device device = at::kCPU;
+  for (const at::Tensor& g : grads_)
+    if (g.defined()) {
+      device = g.device();
+      break;
+    }
+  sdk::clip_grad_norm(owned, grad_clip_, sdk::GradParts::sharded, &comm_, device);
 }
 
 void ZeroAlgorithm::follow_host_params() {

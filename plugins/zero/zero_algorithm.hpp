@@ -96,6 +96,8 @@ class ZeroAlgorithm : public sdk::Algorithm {
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;
+  /// ABI 1.5: the norm is summed over the pieces each rank owns, over the ranks.
+  void set_grad_clip(double max_norm) override;
   uint64_t state_bytes() const override;
   void save_state(sdk::StateWriter& w) override;
   void load_state(const sdk::StateReader& r) override;
@@ -129,6 +131,8 @@ class ZeroAlgorithm : public sdk::Algorithm {
   /// algorithm.h): alias the new memory, keeping the optimizer state.
   void follow_host_params();
   void sync_parameters();
+  /// Clip the owned pieces' gradients by the global norm (one scalar allreduce).
+  void clip_owned_grads();
   void sync_by_allgather(const Layout& layout);
   void sync_by_broadcast(const Layout& layout);
   at::Tensor param_slice(size_t param, size_t offset, size_t numel) const;
@@ -138,6 +142,7 @@ class ZeroAlgorithm : public sdk::Algorithm {
   int64_t stage_ = 1;
   std::string partition_;
   bool bucket_view_ = false;
+  double grad_clip_ = 0;  // optimizer.grad_clip (0 = off)
   sdk::CommView comm_;
   sdk::ReducerView reducer_;
   std::vector<const dopt_bucket*> buckets_;

@@ -773,3 +773,17 @@ TEST_CASE("app: is the program's own section, any YAML, not validated") {
   CHECK(cfg.app["anything"]["nested"].as<bool>());
   CHECK(distopt::parse_job_config("world: {size: 2}\n").app.IsNull());  // absent: null
 }
+
+TEST_CASE("optimizer.grad_clip is refused for an algorithm without ABI 1.5 set_grad_clip") {
+  // The mock algorithm's vtable is the ABI 1.0 one: it cannot clip.
+  const std::string job =
+      "communicator: {name: mock}\nreducer: {name: mock}\nalgorithm: {name: mock}\n"
+      "optimizer:\n  name: sgd\n  grad_clip: ";
+  CHECK_NOTHROW(
+      distopt::validate_job(distopt::parse_job_config(job + "0\n", "job.yaml"), mock_registry()));
+  auto cfg = distopt::parse_job_config(job + "0.5\n", "job.yaml");
+  const std::string m = error_of([&] { distopt::validate_job(cfg, mock_registry()); });
+  CHECK(m.rfind("job.yaml:6:3: optimizer.grad_clip: algorithm 'mock' (plugin ", 0) == 0);
+  CHECK(m.find("libdistopt_mock.so") != std::string::npos);
+  CHECK(m.find("cannot clip gradients") != std::string::npos);
+}

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "distopt/buffers.hpp"
 #include "distopt/component_options.hpp"
+#include "distopt/lr_schedule.hpp"
 #include "distopt/precision.hpp"
 
 namespace distopt {
@@ -114,6 +116,12 @@ struct JobConfig {
   std::string optimizer_name = "sgd";  ///< optimizer.name
   YAML::Node optimizer_options;        ///< the other keys of `optimizer:`
   YAML::Mark optimizer_mark;
+  /// optimizer.lr_schedule (lr_schedule.hpp); absent: none (the lr stays as
+  /// set). A host key, not passed to the inner optimizer.
+  std::optional<LrSchedule> lr_schedule;
+  /// optimizer.grad_clip: max global L2 norm of the gradients the inner
+  /// optimizer applies (0 = off); every algorithm (ABI 1.5 set_grad_clip).
+  double grad_clip = 0;
   TrainConfig train;
   PrecisionConfig precision;  ///< precision: (absent = fp32, off); see precision.hpp
   YAML::Mark precision_mark;  ///< where `precision:` (or its dtype) is written

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "distopt/buffers.hpp"
+#include "distopt/lr_schedule.hpp"
 #include "distopt/precision.hpp"
 
 namespace at {
@@ -102,8 +103,28 @@ class DistributedOptimizer {
   /// step(); CommError / ComponentError as step(). Training thread only.
   int64_t join();
 
-  /// Set the learning rate of parameter group `group`.
+  /// Set the learning rate of parameter group `group`. With a learning-rate
+  /// schedule this is the group's base: step k uses lr x factor(k). Kept
+  /// across add_param_group / switch_to and in checkpoints. Throws
+  /// ComponentError (INVALID_ARGUMENT) for a group that does not exist.
   void set_lr(double lr, int group = 0);
+
+  /// Scale every group's base learning rate by `schedule.factor(steps())`
+  /// at the start of each step() (torch's LambdaLR over optimizer steps;
+  /// lr_schedule.hpp has the kinds and formulas). Replaces the job's
+  /// optimizer.lr_schedule. Bases: set_lr's value, else the group's lr, else
+  /// the optimizer's `lr` (one_cycle: the peak). The position is steps(), so
+  /// a resumed checkpoint continues the schedule exactly; add_param_group
+  /// and switch_to keep it. Call on every rank with the same schedule,
+  /// between steps. Throws ConfigError naming the key
+  /// (optimizer.lr_schedule.total_steps: required ...) for an invalid one.
+  void set_lr_schedule(const LrSchedule& schedule);
+  /// The schedule in use (the job's optimizer.lr_schedule or set_lr_schedule).
+  const std::optional<LrSchedule>& lr_schedule() const;
+  /// The learning rate of `group` that the next step() uses: its base x the
+  /// schedule's factor at steps() (the base without a schedule). Throws
+  /// ConfigError for a group that does not exist.
+  double lr(int group = 0) const;
 
   /// Keep `named_buffers` (tensors on one device, e.g. module.named_buffers():
   /// BatchNorm running statistics) equal on every rank: at the end of every step(),

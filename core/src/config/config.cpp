@@ -19,6 +19,7 @@
 
 #include "config/inner_component.hpp"
 #include "config/job_check.hpp"
+#include "config/lr_schedule_config.hpp"
 #include "config/yaml_util.hpp"
 #include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
@@ -326,9 +327,28 @@ class Parser {
     for (const auto& kv : s) {
       const YAML::Node k = kv.first;
       if (k.IsScalar() && k.Scalar() == "name") continue;
+      // Host keys (lr_schedule_config.hpp), not the inner optimizer's.
+      if (k.IsScalar() && k.Scalar() == "lr_schedule") {
+        if (!kv.second.IsNull()) cfg.lr_schedule = config::parse_lr_schedule(kv.second, file_);
+        continue;
+      }
+      if (k.IsScalar() && k.Scalar() == "grad_clip") {
+        cfg.grad_clip = config::parse_grad_clip(kv.second, file_);
+        continue;
+      }
       opts.force_insert(k, kv.second);
     }
     cfg.optimizer_options = opts;
+    // An unknown key is listed with the host keys too ('lr_schedul' -> lr_schedule).
+    const auto& specs = optimizer_option_specs(cfg.optimizer_name);
+    std::vector<std::string> valid;
+    for (const auto& o : specs) valid.push_back(o.name);
+    valid.insert(valid.end(), {"lr_schedule", "grad_clip"});
+    for (const auto& kv : opts)
+      if (kv.first.IsScalar() &&
+          std::find(valid.begin(), valid.end(), kv.first.Scalar()) == valid.end())
+        fail(file_, mark_of(kv.first, cfg.optimizer_mark),
+             unknown_key_message(kv.first.Scalar(), "optimizer", valid));
     // Keys and types of the inner optimizer do not depend on plugins: check now.
     Options::validate(opts, optimizer_option_specs(cfg.optimizer_name), file_, "optimizer");
   }
@@ -735,6 +755,7 @@ ValidatedJob validate_components(const JobConfig& cfg, const PluginRegistry& reg
   const ComponentInfo& comm = component(DOPT_KIND_COMMUNICATOR, "communicator", cfg.communicator);
   const ComponentInfo& red = component(DOPT_KIND_REDUCER, "reducer", cfg.reducer);
   const ComponentInfo& alg = component(DOPT_KIND_ALGORITHM, "algorithm", cfg.algorithm);
+  config::check_grad_clip_support(cfg, alg);
 
   // A communicator's own timeout_s defaults to world.timeout_s (the one
   // timeout a user sets for the job) unless its options set it.

@@ -132,6 +132,7 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   a.optimizer_options = b.optimizer_options->c_handle();
   m.avt = static_cast<const dopt_algorithm_v1*>(b.algorithm.vtable);
   check_status(m.avt->create(&a, &m.algorithm), m.algorithm_who, "create");
+  m.apply_grad_clip();
   return impl;
 }
 
@@ -225,6 +226,33 @@ void DistributedOptimizer::Impl::mixed_precision_step() {
   ++steps;
 }
 
+double DistributedOptimizer::Impl::base_lr(size_t g) const {
+  if (g < lr_set.size() && lr_set[g] >= 0) return lr_set[g];
+  if (g < groups.size() && groups[g].lr >= 0) return groups[g].lr;
+  return build.optimizer_options->get_double("lr");
+}
+
+void DistributedOptimizer::Impl::apply_lr_schedule() {
+  if (!build.lr_schedule) return;
+  const double f = build.lr_schedule->factor(steps);
+  for (size_t g = 0; g < groups.size(); ++g)
+    check_status(avt->set_lr(algorithm, static_cast<int32_t>(g), base_lr(g) * f), algorithm_who,
+                 "set_lr(group " + std::to_string(g) + ") for the lr_schedule");
+  metric_add("optimizer.lr", base_lr(0) * f);
+  metric_add("optimizer.lr_steps", 1);
+}
+
+void DistributedOptimizer::Impl::apply_grad_clip() {
+  if (build.grad_clip <= 0) return;
+  if (!DOPT_HAS_FIELD(avt, dopt_algorithm_v1, set_grad_clip) || !avt->set_grad_clip)
+    throw ConfigError("optimizer.grad_clip: algorithm '" + build.algorithm.name + "' (plugin " +
+                      build.algorithm.file +
+                      ") cannot clip gradients: it was built for ABI < 1.5, without "
+                      "set_grad_clip (algorithm.h)");
+  check_status(avt->set_grad_clip(algorithm, build.grad_clip), algorithm_who,
+               "set_grad_clip(" + std::to_string(build.grad_clip) + ")");
+}
+
 namespace {
 
 void one_step(DistributedOptimizer::Impl& m) {
@@ -239,6 +267,7 @@ void one_step(DistributedOptimizer::Impl& m) {
     }
   } done{m};
   auto t0 = std::chrono::steady_clock::now();
+  m.apply_lr_schedule();  // steps() is this step's index (a skipped step reapplies it)
   if (m.masters) {
     const int64_t before = m.steps;
     m.mixed_precision_step();
@@ -349,6 +378,24 @@ void DistributedOptimizer::set_lr(double lr, int group) {
     if (set.size() < impl_->groups.size()) set.resize(impl_->groups.size(), -1.0);
     set[static_cast<size_t>(group)] = lr;
   }
+}
+
+void DistributedOptimizer::set_lr_schedule(const LrSchedule& schedule) {
+  schedule.validate();
+  impl_->build.lr_schedule = schedule;
+}
+
+const std::optional<LrSchedule>& DistributedOptimizer::lr_schedule() const {
+  return impl_->build.lr_schedule;
+}
+
+double DistributedOptimizer::lr(int group) const {
+  const auto& m = *impl_;
+  if (group < 0 || static_cast<size_t>(group) >= m.groups.size())
+    throw ConfigError("lr(group " + std::to_string(group) + "): the optimizer has " +
+                      std::to_string(m.groups.size()) + " parameter group(s)");
+  const double base = m.base_lr(static_cast<size_t>(group));
+  return m.build.lr_schedule ? base * m.build.lr_schedule->factor(m.steps) : base;
 }
 
 uint64_t DistributedOptimizer::state_bytes() const {

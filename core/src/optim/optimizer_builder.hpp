@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "distopt/component_options.hpp"
 #include "distopt/config.hpp"
 #include "distopt/distributed_optimizer.hpp"
+#include "distopt/lr_schedule.hpp"
 #include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/runtime.hpp"
@@ -70,6 +72,12 @@ struct OptimizerBuild {
   int phase = -1;               ///< index into schedule; -1 without one
   Resolver resolve;             ///< for switch_to
   int rebuilds = 0;             ///< add_param_group / switch_to so far (unique scopes)
+  /// optimizer.lr_schedule (empty: none); rebuilds keep it. Validated
+  /// (total_steps known) before it is stored here.
+  std::optional<LrSchedule> lr_schedule;
+  /// optimizer.grad_clip (0 = off), handed to every algorithm build_impl
+  /// creates through its ABI 1.5 set_grad_clip.
+  double grad_clip = 0;
   /// `autotune:` (null when off); shared so that rebuilds keep it.
   std::shared_ptr<Autotuner> tuner;
 };

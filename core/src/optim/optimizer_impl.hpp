@@ -38,6 +38,16 @@ struct DistributedOptimizer::Impl {
   int64_t steps = 0;
   int64_t epoch = 0;           // the last set_epoch (schedule bounds)
   std::vector<double> lr_set;  // per group: the last set_lr (-1 = the config's), checkpointed
+  /// Group g's base learning rate: the last set_lr, else the group's lr,
+  /// else the optimizer's `lr`. The schedule scales it.
+  double base_lr(size_t g) const;
+  /// With a schedule: set every group's lr to base x factor(steps) in the
+  /// algorithm (the start of each step()).
+  void apply_lr_schedule();
+  /// ABI 1.5: hand build.grad_clip to the algorithm (after create). Throws
+  /// ConfigError naming the algorithm and its plugin file when it has no
+  /// set_grad_clip; ComponentError when it refuses.
+  void apply_grad_clip();
   uint64_t plain_bytes_per_step = 0;
   // Totals of the optimizers this one replaced (add_param_group rebuilds the
   // reducer, whose own counter starts again at 0).

@@ -54,9 +54,14 @@ extern "C" {
  *                                                           refuses a tensor on a
  *                                                           device a component does
  *                                                           not declare
+ *   1.5      dopt_algorithm_v1::set_grad_clip               optimizer.grad_clip for
+ *            (algorithm.h)                                  every algorithm: the global
+ *                                                           norm is known only inside
+ *                                                           the algorithm, between
+ *                                                           reduction and update
  */
 #define DOPT_ABI_VERSION_MAJOR 1
-#define DOPT_ABI_VERSION_MINOR 4 /* 1.4: device memory (dopt_component::devices, streams) */
+#define DOPT_ABI_VERSION_MINOR 5 /* 1.5: dopt_algorithm_v1::set_grad_clip */
 
 /** Offset of the end of MEMBER in TYPE: the struct size a reader needs for it. */
 #define DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER) (offsetof(TYPE, MEMBER) + sizeof(((TYPE*)0)->MEMBER))

@@ -104,9 +104,32 @@ typedef struct dopt_algorithm_v1 {
    * creation, besides what went through the reducer (ZeRO's reduce-scatter
    * and parameter allgather / broadcasts). May be NULL: 0. */
   uint64_t (*bytes_sent)(const dopt_algorithm* a);
+
+  /* ---- ABI 1.5 (host-level gradient clipping, the job's
+   * optimizer.grad_clip). An older vtable ends above; the host checks
+   * struct_size >= DOPT_ALGORITHM_V1_5_STRUCT_SIZE and a non-NULL pointer,
+   * else a job with grad_clip > 0 is refused naming the algorithm and its
+   * plugin file. ---- */
+
+  /** From the next step() on, clip the gradient the inner optimizer applies
+   * to a total L2 norm of at most `max_norm` (0 = off; finite, >= 0), as
+   * torch.nn.utils.clip_grad_norm_ over the whole model: after the
+   * reduction (and the host's loss unscaling), before the update, total =
+   * sqrt(sum_i ||g_i||^2) and every g_i *= min(1, max_norm / (total + 1e-6)).
+   * Algorithms with one global gradient clip its global norm: replicated
+   * gradients (allreduce, fused, hybrid unsharded) compute it locally;
+   * sharded ones (zero, hybrid shard: true) sum the squares of the shards
+   * each rank owns over the ranks (one scalar allreduce per step).
+   * Algorithms without a global gradient (decentralized, local_sgd after
+   * its warm-up) clip each rank's own gradient. Report the pre-clip total
+   * as metric "optimizer.grad_norm" (sdk/grad_clip.hpp does all of this).
+   * Called on the training thread between steps, on every rank with the
+   * same value. UNSUPPORTED when the algorithm cannot clip. */
+  dopt_status (*set_grad_clip)(dopt_algorithm* a, double max_norm);
 } dopt_algorithm_v1;
 #define DOPT_ALGORITHM_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, state_bytes)
 #define DOPT_ALGORITHM_V1_1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, bytes_sent)
+#define DOPT_ALGORITHM_V1_5_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, set_grad_clip)
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,15 @@
 // plain SGD, p -= lr * grad, with the learning rate of the job's `optimizer:`
 // section (and of each parameter group), so the job file says it once.
 //
+// ABI 1.5: template_sgd supports the job's optimizer.grad_clip by overriding
+// set_grad_clip and clipping in step(), between the reduction and the
+// update, with sdk::clip_grad_norm (distopt/sdk/grad_clip.hpp): every rank
+// holds the whole reduced gradient here (GradParts::replicated); an
+// algorithm that shards the gradient passes the parts it owns with
+// GradParts::sharded and its communicator (one scalar allreduce). Without
+// the override the SDK refuses a job with grad_clip > 0, naming the plugin.
+// Learning-rate schedules need nothing: the host calls set_lr every step.
+//
 // Two ABI 1.2 entry points, both optional static members found by
 // DOPT_COMPONENT: template_mean declares `traits` (it computes the exact
 // mean, which algorithms that average gradients themselves may rely on), and
@@ -23,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "distopt/sdk/grad_clip.hpp"
 #include "distopt/sdk/sdk.hpp"
 #include "distopt/sdk/tensor.hpp"
 
@@ -115,7 +125,17 @@ class TemplateSgd : public sdk::Algorithm {
       r.reset();
     }
     at::NoGradGuard no_grad;
+    if (max_norm_ > 0) {
+      std::vector<at::Tensor> grads;
+      for (const Param& p : params_) grads.push_back(p.grad);
+      sdk::clip_grad_norm(grads, max_norm_, sdk::GradParts::replicated);
+    }
     for (Param& p : params_) p.data.add_(p.grad, -group_lr_.at(static_cast<size_t>(p.group)));
+  }
+
+  // optimizer.grad_clip (ABI 1.5): the max global L2 norm, 0 = off.
+  void set_grad_clip(double max_norm) override {
+    max_norm_ = sdk::checked_max_norm(max_norm, "template_sgd");
   }
 
   void set_lr(int32_t group, double lr) override { group_lr_.at(static_cast<size_t>(group)) = lr; }
@@ -136,6 +156,7 @@ class TemplateSgd : public sdk::Algorithm {
   };
   sdk::ReducerView reducer_;
   std::vector<double> group_lr_;
+  double max_norm_ = 0;
   std::vector<const dopt_bucket*> buckets_;
   std::vector<sdk::ReduceHandle> pending_;
   std::vector<Param> params_;

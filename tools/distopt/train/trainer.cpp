@@ -265,7 +265,7 @@ class Trainer {
 
   // Rendezvous, model (in the compute dtype), distributed optimizer.
   void connect() {
-    rt_.emplace(Runtime::from_config(cfg_));
+    rt_.emplace(Runtime::from_config(with_schedule_length(cfg_)));
     // resnet's width by default: small on the CPU, ResNet-18's on a GPU.
     const int64_t width = tc_.model_width > 0 ? tc_.model_width : tc_.device == "cpu" ? 8 : 64;
     model_ = make_model(tc_.model, data_.channels, data_.rows, data_.cols, data_.classes, tc_.seed,
@@ -278,6 +278,28 @@ class Trainer {
     if (!device_.is_cpu()) model_->to(device_);
     if (dtype_ != at::kFloat) model_->to(dtype_);
     opt_.emplace(rt_->make_optimizer(*model_));
+  }
+
+  // optimizer.lr_schedule without total_steps: this run's optimizer steps,
+  // train.epochs x the steps per epoch plan_epochs() will find (max_steps
+  // caps an epoch), counted from step 0 so a resume keeps the same length.
+  JobConfig with_schedule_length(const JobConfig& cfg) const {
+    JobConfig out = cfg;
+    if (!out.lr_schedule || !out.lr_schedule->needs_total_steps() ||
+        out.lr_schedule->total_steps >= 0)
+      return out;
+    const int64_t global = tc_.batch_size * proc_.world_size;
+    int64_t per_epoch =
+        data_.train_count / global + (!tc_.drop_last && data_.train_count % global > 0 ? 1 : 0);
+    if (tc_.max_steps > 0) per_epoch = std::min(per_epoch, tc_.max_steps);
+    out.lr_schedule->total_steps = std::max<int64_t>(1, per_epoch) * tc_.epochs;
+    if (out.lr_schedule->total_steps <= out.lr_schedule->warmup_steps)
+      throw ConfigError(cfg.path + ": optimizer.lr_schedule.warmup_steps (" +
+                        std::to_string(out.lr_schedule->warmup_steps) +
+                        ") must be below the run's " +
+                        std::to_string(out.lr_schedule->total_steps) +
+                        " optimizer steps (train.epochs x steps per epoch)");
+    return out;
   }
 
   // Steps per epoch: whole global batches, plus (drop_last: false) the
@@ -441,7 +463,8 @@ class Trainer {
           ((step + 1) % log_every == 0 || step + 1 == steps_per_epoch_)) {
         const double dt = seconds_since(t_log);
         std::cout << "epoch " << epoch << "/" << tc_.epochs << " step " << (step + 1) << "/"
-                  << steps_per_epoch_ << " loss " << fmt("%.4f", loss) << " samples/s "
+                  << steps_per_epoch_ << " loss " << fmt("%.4f", loss) << " lr "
+                  << fmt("%.4g", opt_->lr()) << grad_norm_since_log() << " samples/s "
                   << fmt("%.0f", dt > 0 ? steps_since_log * global_batch_ / dt : 0.0) << std::endl;
         t_log = Clock::now();
         steps_since_log = 0;
@@ -455,6 +478,17 @@ class Trainer {
     save(epoch, steps_per_epoch_);
     end_epoch(epoch, start, loss_sum / static_cast<double>(std::max<int64_t>(1, steps_done)),
               epoch_time);
+  }
+
+  // " grad_norm X": the mean pre-clip global gradient norm (this rank's
+  // algorithm's "optimizer.grad_norm" metric, reported with
+  // optimizer.grad_clip) since the last call; "" when not reported.
+  std::string grad_norm_since_log() {
+    auto m = metrics_snapshot();
+    const double sum = m["optimizer.grad_norm"], n = m["optimizer.grad_norm_steps"];
+    const double d_sum = sum - norm_logged_.first, d_n = n - norm_logged_.second;
+    norm_logged_ = {sum, n};
+    return d_n > 0 ? " grad_norm " + fmt("%.4g", d_sum / d_n) : std::string();
   }
 
   // Mean train loss over ranks, test evaluation, the epoch's report.
@@ -485,6 +519,13 @@ class Trainer {
                             {"epoch_time_s", epoch_time},
                             {"samples_per_s", samples / epoch_time}};
     if (consensus_distance_ >= 0) event["consensus_distance"] = consensus_distance_;
+    event["lr"] = opt_->lr();  // group 0's, for the next step
+    {
+      auto m = metrics_snapshot();
+      const double d_n = m["optimizer.grad_norm_steps"] - norm_epoch_.second;
+      if (d_n > 0) event["grad_norm"] = (m["optimizer.grad_norm"] - norm_epoch_.first) / d_n;
+      norm_epoch_ = {m["optimizer.grad_norm"], m["optimizer.grad_norm_steps"]};
+    }
     event["algorithm"] = opt_->algorithm_name();
     event["reducer"] = opt_->reducer_name();
     if (opt_->schedule_phase() >= 0) event["schedule_phase"] = opt_->schedule_phase();
@@ -591,6 +632,8 @@ class Trainer {
   EvalResult last_eval_;
   double consensus_distance_ = -1;  // local replicas only: at the last evaluation
   double last_train_loss_ = 0;
+  // (sum, count) of the optimizer.grad_norm metric at the last log line / epoch end.
+  std::pair<double, double> norm_logged_{0, 0}, norm_epoch_{0, 0};
 };
 
 }  // namespace

@@ -138,6 +138,14 @@ class Algorithm {
   /// Bytes the algorithm itself sent from this rank (not through the
   /// reducer) since creation; may be called from any thread.
   virtual uint64_t bytes_sent() const { return 0; }
+  /// ABI 1.5 (algorithm.h set_grad_clip): clip the global L2 norm of the
+  /// gradient the inner optimizer applies to `max_norm` (0 = off) from the
+  /// next step on; implement with sdk::clip_grad_norm (sdk/grad_clip.hpp).
+  /// The default refuses with UNSUPPORTED, so the host refuses a job with
+  /// optimizer.grad_clip > 0 naming this algorithm.
+  virtual void set_grad_clip(double /*max_norm*/) {
+    throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm does not clip gradients (no set_grad_clip)");
+  }
 };
 
 /// A component's option schema: a dopt_option_spec array, or nullptr for none.
@@ -452,7 +460,12 @@ struct AlgorithmGlue {
     }
   }
 
-  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_1_STRUCT_SIZE,
+  static dopt_status set_grad_clip(dopt_algorithm* h, double max_norm) noexcept {
+    if (!h) return null_arg("algorithm");
+    return guard([&] { a(h)->set_grad_clip(max_norm); });
+  }
+
+  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_5_STRUCT_SIZE,
                                                nullptr,
                                                &create,
                                                &destroy,
@@ -462,7 +475,8 @@ struct AlgorithmGlue {
                                                &state_bytes,
                                                &save_state,
                                                &load_state,
-                                               &bytes_sent};
+                                               &bytes_sent,
+                                               &set_grad_clip};
 };
 
 // ABI 1.2: the component class's optional static check_job and traits.
