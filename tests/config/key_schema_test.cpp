@@ -36,9 +36,9 @@ std::string job_with(const std::string& path, const std::string& key, const std:
   if (path == "optimizer.lr_schedule") {
     // Each key belongs to some kinds: put it under one that takes it.
     const std::map<std::string, std::string> kind_of = {
-        {"warmup_steps", "step"},   {"warmup_start_factor", "step"}, {"step_size", "step"},
-        {"gamma", "step"},          {"milestones", "multi_step"},    {"min_lr_factor", "cosine"},
-        {"end_factor", "linear"},   {"total_steps", "one_cycle"},    {"pct_start", "one_cycle"},
+        {"warmup_steps", "step"},    {"warmup_start_factor", "step"},   {"step_size", "step"},
+        {"gamma", "step"},           {"milestones", "multi_step"},      {"min_lr_factor", "cosine"},
+        {"end_factor", "linear"},    {"total_steps", "one_cycle"},      {"pct_start", "one_cycle"},
         {"div_factor", "one_cycle"}, {"final_div_factor", "one_cycle"}, {"anneal", "one_cycle"}};
     std::string body;
     if (key == "kind")

@@ -92,7 +92,7 @@ struct JobConfig {
     YAML::Mark mark;
   };
   std::vector<PluginDir> plugin_dirs;
-  int64_t world_size = 1;                 ///< world.size
+  int64_t world_size = 1;                            ///< world.size
   std::string rendezvous = "tcp://127.0.0.1:29500";  ///< world.rendezvous
   double timeout_s = 60;  ///< world.timeout_s: rendezvous and default op timeout
   /// world.collective_check_s: a collective wait this long (seconds) makes

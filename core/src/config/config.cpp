@@ -2,6 +2,7 @@
 // validating the selected components' options against the plugins' schemas.
 #include "distopt/config.hpp"
 
+#include <sys/stat.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -14,8 +15,6 @@
 #include <map>
 #include <set>
 #include <sstream>
-
-#include <sys/stat.h>
 
 #include "config/inner_component.hpp"
 #include "config/job_check.hpp"
@@ -707,8 +706,8 @@ void check_plugin_dirs(const JobConfig& cfg) {
     else if (!S_ISDIR(st.st_mode))
       why = "not a directory";
     if (why.empty()) continue;
-    const std::string shown =
-        d.written == d.resolved ? "'" + d.written + "'" : "'" + d.written + "' (" + d.resolved + ")";
+    const std::string shown = d.written == d.resolved ? "'" + d.written + "'"
+                                                      : "'" + d.written + "' (" + d.resolved + ")";
     fail(cfg.path, d.mark, "plugins.paths: " + shown + " is not a plugin directory: " + why);
   }
 }
