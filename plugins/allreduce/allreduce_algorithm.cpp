@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 
 namespace distopt::plugins::allreduce {
 namespace {

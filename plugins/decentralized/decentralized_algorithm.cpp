@@ -4,8 +4,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "distopt/sdk/tensor.hpp"
-#include "distopt/sdk/traffic.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/base/traffic.hpp"
 
 namespace distopt::plugins::decentralized {
 namespace {

@@ -2,6 +2,7 @@
 // validating the selected components' options against the plugins' schemas.
 #include "distopt/config.hpp"
 
+#include <sys/stat.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -15,8 +16,6 @@
 #include <set>
 #include <sstream>
 
-#include <sys/stat.h>
-
 #include "config/inner_component.hpp"
 #include "config/job_check.hpp"
 #include "config/yaml_util.hpp"
@@ -24,7 +23,7 @@
 #include "distopt/error.hpp"
 #include "distopt/key_schema.hpp"
 #include "distopt/registry.hpp"
-#include "distopt/sdk/optimizer_schema.hpp"
+#include "distopt/sdk/optim/optimizer_schema.hpp"
 #include "util/posix_fs.hpp"
 
 namespace distopt {
@@ -687,8 +686,8 @@ void check_plugin_dirs(const JobConfig& cfg) {
     else if (!S_ISDIR(st.st_mode))
       why = "not a directory";
     if (why.empty()) continue;
-    const std::string shown =
-        d.written == d.resolved ? "'" + d.written + "'" : "'" + d.written + "' (" + d.resolved + ")";
+    const std::string shown = d.written == d.resolved ? "'" + d.written + "'"
+                                                      : "'" + d.written + "' (" + d.resolved + ")";
     fail(cfg.path, d.mark, "plugins.paths: " + shown + " is not a plugin directory: " + why);
   }
 }

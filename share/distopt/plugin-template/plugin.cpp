@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "distopt/sdk/base/tensor.hpp"
 #include "distopt/sdk/sdk.hpp"
-#include "distopt/sdk/tensor.hpp"
 
 namespace {
 
@@ -125,7 +125,7 @@ class TemplateSgd : public sdk::Algorithm {
   // the learning rates set with set_lr; plain SGD keeps no other state. A
   // stateful algorithm puts each rank's state here, e.g. a momentum buffer
   // under "optimizer/<param name>/momentum_buffer" with sdk::put_whole
-  // (distopt/sdk/tensor_state.hpp), and reads it back with sdk::read_into.
+  // (distopt/sdk/base/tensor_state.hpp), and reads it back with sdk::read_into.
   void save_state(sdk::StateWriter&) override {}
   void load_state(const sdk::StateReader&) override {}
 
