@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Usage: run.sh BUILD_DIR SOURCE_DIR [TEMPLATE_DIR [--v1.0-includes]]
+# Usage: run.sh BUILD_DIR SOURCE_DIR [TEMPLATE_DIR [--flat-sdk-includes]]
 # Installs distopt into a temporary prefix, builds the plugin template
 # (TEMPLATE_DIR, share/distopt/plugin-template by default) against it with
 # find_package(distopt), drops the .so into a plugin directory, and checks
 # that `distopt plugins` lists it and `distopt train` trains with it.
-# With the frozen template of SDK 1.0 (tests/plugin_template/v1_0_template)
-# this is the promise that a plugin written against an older 1.x SDK builds,
-# loads and trains unchanged; --v1.0-includes also compiles one file that
-# includes every SDK header by its 1.0 path (distopt/sdk/NAME.hpp).
+# With the template as the flat SDK shipped it (ABI 1.4, before the SDK's
+# layers; tests/plugin_template/flat_sdk_template) this is the promise that a
+# plugin written against an older 1.x SDK builds, loads and trains unchanged;
+# --flat-sdk-includes also compiles one file that includes every SDK header by
+# its flat path (distopt/sdk/NAME.hpp).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
 template=$(cd "${3:-$src/share/distopt/plugin-template}" && pwd)
-v1_0_includes=${4:-}
+flat_sdk_includes=${4:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -24,8 +25,8 @@ test -x "$work/prefix/bin/distopt"
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 
-if [[ "$v1_0_includes" == --v1.0-includes ]]; then
-  echo "== every SDK header of 1.0 compiles by its 1.0 path against the install"
+if [[ "$flat_sdk_includes" == --flat-sdk-includes ]]; then
+  echo "== every header of the flat SDK compiles by its flat path against the install"
   names="bucket_params comm fault_point flat_range flat_shards fnv1a host host_buffer
     inner_reducer job_view local_state optimizer_factory optimizer_schema optimizer_state
     options p2p_collectives p2p_communicator p2p_transport plugin reduce_kernels request
@@ -34,20 +35,20 @@ if [[ "$v1_0_includes" == --v1.0-includes ]]; then
   mkdir -p "$work/includes"
   for n in $names; do
     test -f "$work/prefix/include/distopt/sdk/$n.hpp" ||
-      { echo "FAIL: the install lacks include/distopt/sdk/$n.hpp (a 1.0 path)" >&2; exit 1; }
+      { echo "FAIL: the install lacks include/distopt/sdk/$n.hpp (a path of the flat SDK)" >&2; exit 1; }
     echo "#include \"distopt/sdk/$n.hpp\""
   done >"$work/includes/all.cpp"
   cat >"$work/includes/CMakeLists.txt" <<'CMAKE'
 cmake_minimum_required(VERSION 3.18)
-project(v1_0_includes LANGUAGES CXX)
+project(flat_sdk_includes LANGUAGES CXX)
 set(CMAKE_CXX_STANDARD 17)
 find_package(distopt REQUIRED)
-distopt_add_plugin(v1_0_includes TORCH SOURCES all.cpp)
+distopt_add_plugin(flat_sdk_includes TORCH SOURCES all.cpp)
 CMAKE
   cmake -S "$work/includes" -B "$work/includes/build" "${gen[@]}" \
     -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/includes.log" 2>&1 &&
     cmake --build "$work/includes/build" >>"$work/includes.log" 2>&1 ||
-    { cat "$work/includes.log"; echo "FAIL: the SDK's 1.0 include paths do not compile"; exit 1; }
+    { cat "$work/includes.log"; echo "FAIL: the flat SDK's include paths do not compile"; exit 1; }
 fi
 
 echo "== build the template ($template) against the installed SDK"

@@ -7,10 +7,10 @@
 #  2. a header includes SDK headers of its own layer or of the layers below
 #     it only: transport and optim over base, collective over transport and
 #     base (optim and collective do not see each other);
-#  3. distopt/sdk/ itself holds sdk.hpp and the 1.0 forwarding headers only,
-#     one for each header of 1.0, each naming a header that exists;
+#  3. distopt/sdk/ itself holds sdk.hpp and forwarding headers only, one for
+#     each header of the flat SDK (ABI 1.4), each naming a header that exists;
 #  4. no file of the tree includes a forwarding header (they are for plugins
-#     built outside it), except the frozen 1.0 plugin template.
+#     built outside it), except the frozen template of the flat SDK.
 set -euo pipefail
 src=$(cd "$1" && pwd)
 sdk="$src/sdk/include/distopt/sdk"
@@ -25,8 +25,8 @@ declare -A may=(
   [optim]="base optim"
   [collective]="base transport collective"
 )
-# The SDK's headers of 1.0 (flat in distopt/sdk/): their paths stay for 1.x.
-v1_0="bucket_params comm fault_point flat_range flat_shards fnv1a host host_buffer
+# The headers of the flat SDK (ABI 1.4): their paths stay for 1.x.
+flat_sdk="bucket_params comm fault_point flat_range flat_shards fnv1a host host_buffer
 inner_reducer job_view local_state optimizer_factory optimizer_schema optimizer_state
 options p2p_collectives p2p_communicator p2p_transport plugin reduce_kernels request
 serial_worker shm_collectives shm_segment socket_io state_io store_split tensor
@@ -80,8 +80,8 @@ for h in "$sdk"/*.hpp; do
   [[ -f "$sdk/$target" ]] || err "$rel forwards to distopt/sdk/$target, which does not exist"
   fwd+=("$name")
 done
-for name in $v1_0; do
-  [[ -f "$sdk/$name.hpp" ]] || err "sdk/include/distopt/sdk/$name.hpp (an SDK header of 1.0) is gone: it stays, forwarding, for 1.x"
+for name in $flat_sdk; do
+  [[ -f "$sdk/$name.hpp" ]] || err "sdk/include/distopt/sdk/$name.hpp (a header of the flat SDK) is gone: it stays, forwarding, for 1.x"
 done
 [[ -f "$sdk/sdk.hpp" ]] || err "sdk/include/distopt/sdk/sdk.hpp (the plugin author's one include) is missing"
 
@@ -91,7 +91,7 @@ if ((${#fwd[@]})); then
   while IFS= read -r hit; do
     err "${hit#"$src"/} includes a forwarding header: include distopt/sdk/LAYER/NAME.hpp"
   done < <(grep -rnE "$pattern" "$src/core" "$src/plugins" "$src/sdk" "$src/tools" "$src/tests" \
-    "$src/share" "$src/README.md" --exclude-dir=v1_0_template || true)
+    "$src/share" "$src/README.md" --exclude-dir=flat_sdk_template || true)
 fi
 
 echo "SDK include edges between layers (file includes, counted):"
