@@ -1,7 +1,9 @@
-// Everything torch-free a plugin author needs: errors and the exception
-// barrier, host services, options, requests, communicator/reducer views, base
-// classes and DOPT_PLUGIN, the p2p communicator shell (a transport plus a few
-// lines is a communicator). Torch users add distopt/sdk/base/tensor.hpp and
+// The plugin author's one include: everything torch-free a plugin needs, from
+// the SDK's layers (DESIGN.md, "The SDK's layers"): base/ (errors and the
+// exception barrier, host services, options, requests, communicator/reducer
+// views, base classes and DOPT_PLUGIN), the p2p communicator shell of
+// collective/ (a transport plus a few lines is a communicator) and
+// optim/local_state.hpp. Torch users add distopt/sdk/base/tensor.hpp and
 // distopt/sdk/optim/optimizer_factory.hpp.
 #pragma once
 
