@@ -23,7 +23,7 @@
 #include "distopt/host_communicator.hpp"
 #include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
 #include "optim/autotune.hpp"

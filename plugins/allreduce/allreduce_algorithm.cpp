@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "distopt/sdk/grad_clip.hpp"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/optim/grad_clip.hpp"
 
 namespace distopt::plugins::allreduce {
 AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)

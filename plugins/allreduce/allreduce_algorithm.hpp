@@ -24,8 +24,8 @@
 #include <memory>
 #include <vector>
 
+#include "distopt/sdk/optim/whole_params.hpp"
 #include "distopt/sdk/sdk.hpp"
-#include "distopt/sdk/whole_params.hpp"
 
 namespace distopt::plugins::allreduce {
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "distopt/sdk/tensor.hpp"
-#include "distopt/sdk/tensor_state.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/base/tensor_state.hpp"
 
 namespace distopt::plugins::compress {
 namespace {

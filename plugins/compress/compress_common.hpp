@@ -34,9 +34,9 @@
 #include <string>
 #include <vector>
 
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/base/traffic.hpp"
 #include "distopt/sdk/sdk.hpp"
-#include "distopt/sdk/tensor.hpp"
-#include "distopt/sdk/traffic.hpp"
 
 namespace distopt::plugins::compress {
 
@@ -110,7 +110,7 @@ inline constexpr DLDataType kF32{kDLFloat, 32, 1};
 inline constexpr DLDataType kF16{kDLFloat, 16, 1};
 inline constexpr DLDataType kBF16{kDLBfloat, 16, 1};
 
-using sdk::allgather_bytes;  // distopt/sdk/traffic.hpp
+using sdk::allgather_bytes;  // distopt/sdk/base/traffic.hpp
 using sdk::ring_allreduce_bytes;
 /// A bucket reduction: one collective in flight, then `finish` (decompress
 /// into the bucket) runs exactly once, on the first thread whose test() or

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 
 namespace distopt::plugins::compress {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "bitpack.hpp"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 
 namespace distopt::plugins::compress {
 

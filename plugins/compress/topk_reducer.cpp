@@ -4,7 +4,7 @@
 #include <cmath>
 #include <functional>
 
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 
 namespace distopt::plugins::compress {
 namespace {

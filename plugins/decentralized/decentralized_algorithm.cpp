@@ -4,9 +4,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "distopt/sdk/grad_clip.hpp"
-#include "distopt/sdk/tensor.hpp"
-#include "distopt/sdk/traffic.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/base/traffic.hpp"
+#include "distopt/sdk/optim/grad_clip.hpp"
 
 namespace distopt::plugins::decentralized {
 namespace {

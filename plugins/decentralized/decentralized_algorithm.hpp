@@ -47,8 +47,8 @@
 #include <memory>
 #include <vector>
 
+#include "distopt/sdk/optim/whole_params.hpp"
 #include "distopt/sdk/sdk.hpp"
-#include "distopt/sdk/whole_params.hpp"
 #include "gossip.hpp"
 #include "low_precision_gossip.hpp"
 #include "topology.hpp"

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "distopt/sdk/tensor_state.hpp"
+#include "distopt/sdk/base/tensor_state.hpp"
 #include "minmax_uint8.hpp"
 #include "minmax_uint8_torch.hpp"
 

@@ -35,9 +35,9 @@
 #include <string>
 #include <vector>
 
-#include "distopt/sdk/bucket_params.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/optim/bucket_params.hpp"
 #include "distopt/sdk/sdk.hpp"
-#include "distopt/sdk/tensor.hpp"
 #include "topology.hpp"
 
 namespace distopt::plugins::decentralized {

@@ -3,9 +3,9 @@
 #include <string>
 #include <utility>
 
-#include "distopt/sdk/grad_clip.hpp"
-#include "distopt/sdk/optimizer_state.hpp"
-#include "distopt/sdk/tensor_state.hpp"
+#include "distopt/sdk/base/tensor_state.hpp"
+#include "distopt/sdk/optim/grad_clip.hpp"
+#include "distopt/sdk/optim/optimizer_state.hpp"
 
 namespace distopt::plugins::fused {
 namespace {

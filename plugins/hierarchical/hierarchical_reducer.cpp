@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <utility>
 
-#include "distopt/sdk/tensor_state.hpp"
-#include "distopt/sdk/traffic.hpp"
+#include "distopt/sdk/base/tensor_state.hpp"
+#include "distopt/sdk/base/traffic.hpp"
 
 namespace distopt::plugins::hierarchical {
 

@@ -64,8 +64,8 @@
 #include <string>
 #include <vector>
 
+#include "distopt/sdk/base/tensor.hpp"
 #include "distopt/sdk/sdk.hpp"
-#include "distopt/sdk/tensor.hpp"
 #include "node_layout.hpp"
 
 namespace distopt::plugins::hierarchical {

@@ -6,7 +6,7 @@
 #include <map>
 #include <stdexcept>
 
-#include "distopt/sdk/fnv1a.hpp"
+#include "distopt/sdk/base/fnv1a.hpp"
 
 namespace distopt::plugins::hierarchical {
 

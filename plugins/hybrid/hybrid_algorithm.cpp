@@ -7,10 +7,10 @@
 #include <string>
 #include <utility>
 
-#include "distopt/sdk/grad_clip.hpp"
-#include "distopt/sdk/optimizer_factory.hpp"
-#include "distopt/sdk/tensor.hpp"
-#include "distopt/sdk/tensor_state.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/base/tensor_state.hpp"
+#include "distopt/sdk/optim/grad_clip.hpp"
+#include "distopt/sdk/optim/optimizer_factory.hpp"
 #include "offload_split.hpp"
 #include "stream_transfer.hpp"
 

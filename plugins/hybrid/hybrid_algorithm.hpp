@@ -42,7 +42,7 @@
 // an fp32 master on its device (checked and refreshed as above).
 //
 // shard: true (ZeRO stage 1 over both parts): the trainable parameters laid
-// back to back are cut into W equal chunks (sdk/flat_shards.hpp); each rank
+// back to back are cut into W equal chunks (sdk/optim/flat_shards.hpp); each rank
 // keeps host copies, gradient buffers and optimizer state only for the
 // pieces in its chunk (an offloaded piece on the host, a device piece in
 // place), steps them, and one allgather then gives every rank the updated
@@ -69,8 +69,8 @@
 #include <string>
 #include <vector>
 
-#include "distopt/sdk/flat_shards.hpp"
-#include "distopt/sdk/optimizer_state.hpp"
+#include "distopt/sdk/optim/flat_shards.hpp"
+#include "distopt/sdk/optim/optimizer_state.hpp"
 #include "distopt/sdk/sdk.hpp"
 #include "transfer.hpp"
 

@@ -18,8 +18,8 @@
 #include <memory>
 #include <string>
 
-#include "distopt/sdk/request.hpp"
-#include "distopt/sdk/serial_worker.hpp"
+#include "distopt/sdk/base/request.hpp"
+#include "distopt/sdk/base/serial_worker.hpp"
 
 namespace distopt::plugins::hybrid {
 

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <string>
 
-#include "distopt/sdk/grad_clip.hpp"
+#include "distopt/sdk/optim/grad_clip.hpp"
 
 namespace distopt::plugins::local_sgd {
 namespace {

@@ -40,8 +40,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "distopt/sdk/optim/whole_params.hpp"
 #include "distopt/sdk/sdk.hpp"
-#include "distopt/sdk/whole_params.hpp"
 #include "parameter_average.hpp"
 
 namespace distopt::plugins::local_sgd {

@@ -1,6 +1,6 @@
 #include "parameter_average.hpp"
 
-#include "distopt/sdk/traffic.hpp"
+#include "distopt/sdk/base/traffic.hpp"
 
 namespace distopt::plugins::local_sgd {
 

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "distopt/sdk/bucket_params.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/optim/bucket_params.hpp"
 #include "distopt/sdk/sdk.hpp"
-#include "distopt/sdk/tensor.hpp"
 
 namespace distopt::plugins::local_sgd {
 

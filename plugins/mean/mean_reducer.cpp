@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "distopt/sdk/traffic.hpp"
+#include "distopt/sdk/base/traffic.hpp"
 
 namespace distopt::plugins::mean {
 namespace {

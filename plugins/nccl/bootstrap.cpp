@@ -4,7 +4,7 @@
 #include <cstring>
 #include <thread>
 
-#include "distopt/sdk/host.hpp"
+#include "distopt/sdk/base/host.hpp"
 
 namespace distopt::plugins::nccl {
 namespace {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "api.hpp"
-#include "distopt/sdk/host.hpp"
+#include "distopt/sdk/base/host.hpp"
 
 namespace distopt::plugins::nccl {
 namespace {

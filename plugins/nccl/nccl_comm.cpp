@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "bootstrap.hpp"
-#include "distopt/sdk/traffic.hpp"
+#include "distopt/sdk/base/traffic.hpp"
 
 namespace distopt::plugins::nccl {
 namespace {

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "api.hpp"
-#include "distopt/sdk/plugin.hpp"
+#include "distopt/sdk/base/plugin.hpp"
 #include "op.hpp"
 #include "settings.hpp"
 #include "watchdog.hpp"

@@ -10,7 +10,7 @@
 
 #include "api.hpp"
 #include "bootstrap.hpp"
-#include "distopt/sdk/request.hpp"
+#include "distopt/sdk/base/request.hpp"
 
 namespace distopt::plugins::nccl {
 

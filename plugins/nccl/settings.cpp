@@ -1,6 +1,6 @@
 #include "settings.hpp"
 
-#include "distopt/sdk/options.hpp"
+#include "distopt/sdk/base/options.hpp"
 
 namespace distopt::plugins::nccl {
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <utility>
 
-#include "distopt/sdk/tensor.hpp"
-#include "distopt/sdk/tensor_state.hpp"
-#include "distopt/sdk/traffic.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/base/tensor_state.hpp"
+#include "distopt/sdk/base/traffic.hpp"
 #include "orthogonalize.hpp"
 
 namespace distopt::plugins::powersgd {

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "distopt/sdk/options.hpp"
+#include "distopt/sdk/base/options.hpp"
 #include "p2p.hpp"
 
 namespace distopt::plugins::tcp {

@@ -1,5 +1,5 @@
 // One rank's endpoint of a `tcp` communicator: what the SDK's p2p shell
-// (sdk/p2p_communicator.hpp: checks, op queue, progress thread, shm and p2p
+// (sdk/collective/p2p_communicator.hpp: checks, op queue, progress thread, shm and p2p
 // collectives, failure state, split) does not own: the mesh of
 // connections, the SocketTransport over its data connections, and the
 // control channel (user send/recv, failure notices, goodbyes) that lets a
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "distopt/communicator.h"
-#include "distopt/sdk/p2p_communicator.hpp"
+#include "distopt/sdk/collective/p2p_communicator.hpp"
 #include "mesh.hpp"
 #include "socket_transport.hpp"
 
@@ -41,7 +41,7 @@ class TcpComm final : public sdk::p2p::P2PCommunicator {
  private:
   TcpComm(const dopt_create_args& args, const Config& cfg);
 
-  // The shell's hooks (sdk/p2p_communicator.hpp).
+  // The shell's hooks (sdk/collective/p2p_communicator.hpp).
   std::unique_ptr<sdk::Communicator> split_child(const dopt_create_args& a) override;
   void wake_transport() override;
   std::string describe_failure(dopt_status status, const std::string& cause,

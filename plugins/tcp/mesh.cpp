@@ -6,7 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "distopt/sdk/host.hpp"
+#include "distopt/sdk/base/host.hpp"
 
 namespace distopt::plugins::tcp {
 namespace {

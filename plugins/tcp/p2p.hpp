@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "distopt/sdk/request.hpp"
+#include "distopt/sdk/base/request.hpp"
 #include "socket.hpp"
 
 namespace distopt::plugins::tcp {

@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "distopt/sdk/socket_io.hpp"
+#include "distopt/sdk/transport/socket_io.hpp"
 
 namespace distopt::plugins::tcp {
 namespace {

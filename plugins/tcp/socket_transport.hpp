@@ -1,5 +1,5 @@
 // sdk::p2p::Transport over the tcp mesh's one-way data connections, so the
-// TCP path runs the SDK's collective algorithms (sdk/p2p_collectives.hpp).
+// TCP path runs the SDK's collective algorithms (sdk/collective/p2p_collectives.hpp).
 //
 // Wire format on out[p] -> in[p]: frames of a 16-byte header {tag, length}
 // then `length` payload bytes, in isend order. The receiver matches each
@@ -38,8 +38,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "distopt/sdk/fault_point.hpp"
-#include "distopt/sdk/p2p_transport.hpp"
+#include "distopt/sdk/base/fault_point.hpp"
+#include "distopt/sdk/transport/p2p_transport.hpp"
 
 namespace distopt::plugins::tcp {
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "distopt/sdk/fnv1a.hpp"
-#include "distopt/sdk/options.hpp"
+#include "distopt/sdk/base/fnv1a.hpp"
+#include "distopt/sdk/base/options.hpp"
 
 namespace distopt::plugins::ucx {
 

@@ -1,5 +1,5 @@
 // One rank's endpoint of a `ucx` communicator: what the SDK's p2p shell
-// (sdk/p2p_communicator.hpp: checks, op queue, progress thread, shm and p2p
+// (sdk/collective/p2p_communicator.hpp: checks, op queue, progress thread, shm and p2p
 // collectives, user send/recv, failure state, split) does not own: the
 // UcpTransport and its set-up (address exchange through the store), UCX's
 // view of failed peers during shared-memory waits, and driving UCX while
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "distopt/communicator.h"
-#include "distopt/sdk/p2p_communicator.hpp"
+#include "distopt/sdk/collective/p2p_communicator.hpp"
 #include "ucp_transport.hpp"
 
 namespace distopt::plugins::ucx {
@@ -41,7 +41,7 @@ class UcxComm final : public sdk::p2p::P2PCommunicator {
  private:
   UcxComm(const dopt_create_args& args, const Config& cfg);
 
-  // The shell's hooks (sdk/p2p_communicator.hpp): UCX's failure view, byte
+  // The shell's hooks (sdk/collective/p2p_communicator.hpp): UCX's failure view, byte
   // count and idle progress; the shell's own user send/recv over UCP tags.
   int failed_peer(std::string* why) override;
   void add_wait_signals(sdk::shm::WaitCtx& c) override;

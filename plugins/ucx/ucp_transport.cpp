@@ -9,7 +9,7 @@
 #include <cstring>
 #include <thread>
 
-#include "distopt/sdk/host.hpp"
+#include "distopt/sdk/base/host.hpp"
 #include "listener_filter.hpp"
 
 namespace distopt::plugins::ucx {

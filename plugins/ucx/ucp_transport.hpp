@@ -53,8 +53,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "distopt/sdk/fault_point.hpp"
-#include "distopt/sdk/p2p_transport.hpp"
+#include "distopt/sdk/base/fault_point.hpp"
+#include "distopt/sdk/transport/p2p_transport.hpp"
 #include "tag_cipher.hpp"
 
 namespace distopt::plugins::ucx {

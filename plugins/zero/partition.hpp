@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "distopt/sdk/flat_range.hpp"
+#include "distopt/sdk/optim/flat_range.hpp"
 
 namespace distopt::plugins::zero {
 
@@ -41,7 +41,7 @@ std::vector<int32_t> greedy_partition(const std::vector<ParamSize>& sizes, int32
 std::vector<size_t> rank_totals(const std::vector<ParamSize>& sizes,
                                 const std::vector<int32_t>& owners, int32_t world);
 
-// split_range, back_to_back and their types are the SDK's (sdk/flat_range.hpp).
+// split_range, back_to_back and their types are the SDK's (sdk/optim/flat_range.hpp).
 using sdk::back_to_back;
 using sdk::Piece;
 using sdk::RangeSplit;

@@ -4,10 +4,10 @@
 #include <numeric>
 #include <string>
 
-#include "distopt/sdk/grad_clip.hpp"
-#include "distopt/sdk/optimizer_factory.hpp"
-#include "distopt/sdk/p2p_collectives.hpp"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/collective/p2p_collectives.hpp"
+#include "distopt/sdk/optim/grad_clip.hpp"
+#include "distopt/sdk/optim/optimizer_factory.hpp"
 
 namespace distopt::plugins::zero {
 namespace {
@@ -27,7 +27,7 @@ at::Tensor flat_slice(const at::Tensor& flat, size_t offset, size_t numel) {
 // (the shared-memory path copies differently; the reducers count the same
 // ring model): a ring reduce-scatter or allgather of W blocks of `block`
 // bytes sends W - 1 blocks; a broadcast is the SDK's p2p one
-// (sdk/p2p_collectives.hpp, what tcp and ucx run): up to small_bytes the
+// (sdk/collective/p2p_collectives.hpp, what tcp and ucx run): up to small_bytes the
 // root sends to every rank, above a chain root -> root+1 -> ... sends the
 // whole buffer from every rank but the last, root - 1.
 uint64_t ring_bytes(uint64_t block, int32_t world) {

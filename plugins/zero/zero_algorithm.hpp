@@ -78,9 +78,9 @@
 #include <string>
 #include <vector>
 
-#include "distopt/sdk/optimizer_state.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/optim/optimizer_state.hpp"
 #include "distopt/sdk/sdk.hpp"
-#include "distopt/sdk/tensor.hpp"
 #include "partition.hpp"
 
 namespace distopt::plugins::zero {

@@ -1,10 +1,10 @@
-// sdk::save_optimizer_state / load_optimizer_state (distopt/sdk/optimizer_state.hpp)
+// sdk::save_optimizer_state / load_optimizer_state (distopt/sdk/optim/optimizer_state.hpp)
 // in one process, against an in-memory state store that follows state.h's
 // rules (sharded pieces with element offsets, lowest rank wins on overlap,
 // reads of uncovered ranges fail naming the key). What the multi-process
 // checkpoint tests cannot isolate: a state saved under one slicing reads
 // back under any other, and another optimizer's state is refused by key.
-#include "distopt/sdk/optimizer_state.hpp"
+#include "distopt/sdk/optim/optimizer_state.hpp"
 
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>

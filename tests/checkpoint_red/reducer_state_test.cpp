@@ -34,7 +34,7 @@
 #include "distopt/reducer.h"
 #include "distopt/registry.hpp"
 #include "distopt/runtime.hpp"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"

@@ -20,7 +20,7 @@
 #include "distopt/component_options.hpp"
 #include "distopt/error.hpp"
 #include "distopt/registry.hpp"
-#include "distopt/sdk/options.hpp"
+#include "distopt/sdk/base/options.hpp"
 #include "multiproc.hpp"
 #include "result_files.hpp"
 
@@ -439,8 +439,8 @@ TEST_CASE("a plugins.paths entry that is not a directory is refused by check and
   std::ofstream(tmp + "/file.txt") << "not a directory\n";
   const std::string mock = relative_to(kMockDir, tmp);
   // Line 3 names a missing directory, relative to the job file.
-  std::ofstream(tmp + "/job.yaml") << "plugins:\n  paths:\n    - " << mock
-                                   << "\n    - plugins-typo\n";
+  std::ofstream(tmp + "/job.yaml")
+      << "plugins:\n  paths:\n    - " << mock << "\n    - plugins-typo\n";
   auto r = cli({"check", tmp + "/job.yaml"});
   CAPTURE(r.output);
   CHECK(r.exit_code == 1);
@@ -459,7 +459,8 @@ TEST_CASE("a plugins.paths entry that is not a directory is refused by check and
   r = cli({"check", tmp + "/job.yaml"});
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("plugins.paths: 'file.txt' (" + tmp +
-                      "/file.txt) is not a plugin directory: not a directory") != std::string::npos);
+                      "/file.txt) is not a plugin directory: not a directory") !=
+        std::string::npos);
   std::ofstream(tmp + "/job.yaml") << "plugins: {paths: [" << mock << "]}\n";
   r = cli({"check", tmp + "/job.yaml"});
   CAPTURE(r.output);

@@ -23,7 +23,7 @@
 #include "distopt/error.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/runtime.hpp"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"

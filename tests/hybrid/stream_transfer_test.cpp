@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "distopt/sdk/host.hpp"
+#include "distopt/sdk/base/host.hpp"
 #include "torch_doctest.hpp"
 
 namespace {

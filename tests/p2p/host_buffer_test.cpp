@@ -1,7 +1,7 @@
 // The SDK's argument checks for host-memory communicators
-// (sdk/host_buffer.hpp, used by tcp and ucx): every bad tensor is refused
+// (sdk/collective/host_buffer.hpp, used by tcp and ucx): every bad tensor is refused
 // with the status and words a user sees, and a good one is read exactly.
-#include "distopt/sdk/host_buffer.hpp"
+#include "distopt/sdk/collective/host_buffer.hpp"
 
 #include <doctest/doctest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "distopt/sdk/plugin.hpp"
+#include "distopt/sdk/base/plugin.hpp"
 
 using namespace distopt::sdk;
 

@@ -2,7 +2,7 @@
 // world 1-4): every operation, dtype, reduce op and awkward count against a
 // plain single-process reference. The data are small integers (times the
 // world size, so averages are exact too): every dtype must match exactly.
-#include "distopt/sdk/p2p_collectives.hpp"
+#include "distopt/sdk/collective/p2p_collectives.hpp"
 
 #include <doctest/doctest.h>
 

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "distopt/sdk/p2p_collectives.hpp"
+#include "distopt/sdk/collective/p2p_collectives.hpp"
 #include "socket.hpp"
 
 using distopt::plugins::tcp::SocketTransport;

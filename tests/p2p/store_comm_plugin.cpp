@@ -1,5 +1,5 @@
 // A test-only communicator, `store_p2p`: the SDK's p2p shell
-// (sdk/p2p_communicator.hpp) over a transport that carries each tagged
+// (sdk/collective/p2p_communicator.hpp) over a transport that carries each tagged
 // message as one key of the job's rendezvous store. It proves that a
 // communicator over a new transport is the transport plus a few lines: it
 // runs the communicator conformance suite (tests/p2p/CMakeLists.txt), with
@@ -11,7 +11,7 @@
 #include <string>
 #include <utility>
 
-#include "distopt/sdk/p2p_communicator.hpp"
+#include "distopt/sdk/collective/p2p_communicator.hpp"
 
 namespace {
 

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Usage: run.sh BUILD_DIR SOURCE_DIR
-# Installs distopt into a temporary prefix, builds share/distopt/plugin-template
-# against it with find_package(distopt), drops the .so into a plugin
-# directory, and checks that `distopt plugins` lists it and `distopt train`
-# trains with it.
+# Usage: run.sh BUILD_DIR SOURCE_DIR [TEMPLATE_DIR [--flat-sdk-includes]]
+# Installs distopt into a temporary prefix, builds the plugin template
+# (TEMPLATE_DIR, share/distopt/plugin-template by default) against it with
+# find_package(distopt), drops the .so into a plugin directory, and checks
+# that `distopt plugins` lists it and `distopt train` trains with it.
+# With the template as the flat SDK shipped it (ABI 1.4, before the SDK's
+# layers; tests/plugin_template/flat_sdk_template) this is the promise that a
+# plugin written against an older 1.x SDK builds, loads and trains unchanged;
+# --flat-sdk-includes also compiles one file that includes every SDK header by
+# its flat path (distopt/sdk/NAME.hpp).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
+template=$(cd "${3:-$src/share/distopt/plugin-template}" && pwd)
+flat_sdk_includes=${4:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -15,10 +22,37 @@ cmake --install "$build" --prefix "$work/prefix" >"$work/install.log"
 test -f "$work/prefix/lib/cmake/distopt/distoptConfig.cmake"
 test -x "$work/prefix/bin/distopt"
 
-echo "== build the template against the installed SDK"
-cp -r "$src/share/distopt/plugin-template" "$work/template"
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
+
+if [[ "$flat_sdk_includes" == --flat-sdk-includes ]]; then
+  echo "== every header of the flat SDK compiles by its flat path against the install"
+  names="bucket_params comm fault_point flat_range flat_shards fnv1a host host_buffer
+    inner_reducer job_view local_state optimizer_factory optimizer_schema optimizer_state
+    options p2p_collectives p2p_communicator p2p_transport plugin reduce_kernels request
+    sdk serial_worker shm_collectives shm_segment socket_io state_io store_split tensor
+    tensor_state traffic whole_params"
+  mkdir -p "$work/includes"
+  for n in $names; do
+    test -f "$work/prefix/include/distopt/sdk/$n.hpp" ||
+      { echo "FAIL: the install lacks include/distopt/sdk/$n.hpp (a path of the flat SDK)" >&2; exit 1; }
+    echo "#include \"distopt/sdk/$n.hpp\""
+  done >"$work/includes/all.cpp"
+  cat >"$work/includes/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.18)
+project(flat_sdk_includes LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 17)
+find_package(distopt REQUIRED)
+distopt_add_plugin(flat_sdk_includes TORCH SOURCES all.cpp)
+CMAKE
+  cmake -S "$work/includes" -B "$work/includes/build" "${gen[@]}" \
+    -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/includes.log" 2>&1 &&
+    cmake --build "$work/includes/build" >>"$work/includes.log" 2>&1 ||
+    { cat "$work/includes.log"; echo "FAIL: the flat SDK's include paths do not compile"; exit 1; }
+fi
+
+echo "== build the template ($template) against the installed SDK"
+cp -r "$template" "$work/template"
 cmake -S "$work/template" -B "$work/template/build" "${gen[@]}" \
   -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >"$work/configure.log" ||
   { cat "$work/configure.log"; exit 1; }

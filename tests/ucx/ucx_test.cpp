@@ -2,7 +2,7 @@
 // while a collective runs), split, failure handling (a killed peer is named
 // with DOPT_ERR_COMM, a stopped one with DOPT_ERR_TIMEOUT) and no fd or
 // /dev/shm left behind by destroy. Each runs on distopt's shared-memory
-// collectives (sdk/shm_collectives.hpp, the default on one host), on UCX's
+// collectives (sdk/collective/shm_collectives.hpp, the default on one host), on UCX's
 // default transports (shm: false) and on UCX_TLS=tcp (shm: false).
 #include <dirent.h>
 #include <doctest/doctest.h>
@@ -144,7 +144,7 @@ TEST_CASE("ucx: a receive nobody sends to fails with TIMEOUT after timeout_s, na
 }
 
 TEST_CASE("ucx: a rank that dies mid-allreduce fails every other rank's wait, naming it") {
-  // Rank 2 exits (DISTOPT_FAULT_INJECT, sdk/fault_point.hpp) once it has
+  // Rank 2 exits (DISTOPT_FAULT_INJECT, sdk/base/fault_point.hpp) once it has
   // handed UCX 1 MiB of its third operation, a 32 MiB allreduce (the barrier
   // before it: every rank's first allreduce has completed, its rendezvous
   // sends included). timeout_s 600: only failure detection, not the

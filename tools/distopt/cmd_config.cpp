@@ -18,7 +18,7 @@
 #include "distopt/host_api.hpp"
 #include "distopt/key_schema.hpp"
 #include "distopt/registry.hpp"
-#include "distopt/sdk/optimizer_schema.hpp"
+#include "distopt/sdk/optim/optimizer_schema.hpp"
 #include "train/dataset.hpp"
 #include "train/models.hpp"
 

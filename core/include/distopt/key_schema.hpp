@@ -33,7 +33,7 @@ struct SectionSchema {
 
 /// Every section the host validates, in the order of the reference. The
 /// optimizer's keys other than `name` are per optimizer
-/// (sdk/include/distopt/sdk/optimizer_schema.hpp) and components' options
+/// (sdk/include/distopt/sdk/optim/optimizer_schema.hpp) and components' options
 /// are the plugins' own: neither is in here. Thread-safe (built once).
 const std::vector<SectionSchema>& config_sections();
 

@@ -13,7 +13,7 @@
 #include "distopt/error.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/runtime.hpp"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 
 namespace distopt {
 

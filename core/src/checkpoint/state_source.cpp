@@ -4,7 +4,7 @@
 
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 
 namespace distopt::checkpoint {
 

@@ -9,7 +9,7 @@
 #include "comm_check/mismatch_detector.hpp"
 #include "comm_wrap/forwarding_comm.hpp"
 #include "distopt/host_api.hpp"
-#include "distopt/sdk/traffic.hpp"
+#include "distopt/sdk/base/traffic.hpp"
 
 namespace distopt::comm_check {
 namespace {

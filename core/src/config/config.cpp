@@ -24,7 +24,7 @@
 #include "distopt/error.hpp"
 #include "distopt/key_schema.hpp"
 #include "distopt/registry.hpp"
-#include "distopt/sdk/optimizer_schema.hpp"
+#include "distopt/sdk/optim/optimizer_schema.hpp"
 #include "util/posix_fs.hpp"
 
 namespace distopt {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "distopt/reducer.h"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 #include "optim/bucket_plan.hpp"
 
 namespace torch::autograd {

@@ -13,7 +13,7 @@
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 #include "distopt/reducer.h"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 #include "optim/bucket_manager.hpp"
 #include "optim/optimizer_builder.hpp"
 #include "optim/precision.hpp"

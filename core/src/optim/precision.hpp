@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "distopt/reducer.h"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 #include "optim/bucket_manager.hpp"
 
 namespace distopt::optim {

@@ -3,7 +3,7 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/host_api.hpp"
 #include "distopt/host_communicator.hpp"
-#include "distopt/sdk/tensor.hpp"
+#include "distopt/sdk/base/tensor.hpp"
 #include "optim/optimizer_impl.hpp"
 
 namespace distopt {

@@ -10,7 +10,7 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
-#include "distopt/sdk/fnv1a.hpp"
+#include "distopt/sdk/base/fnv1a.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
 

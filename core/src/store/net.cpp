@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "distopt/error.hpp"
-#include "distopt/sdk/socket_io.hpp"
+#include "distopt/sdk/transport/socket_io.hpp"
 
 namespace distopt::store_net {
 

@@ -148,7 +148,7 @@ typedef enum {
 /*
  * One option of a component's schema. Plugins declare arrays of these
  * (dopt_component::options); C++ plugins write them with the builder of
- * distopt/sdk/options.hpp (sdk::option_double("ratio", "0.01", "...")
+ * distopt/sdk/base/options.hpp (sdk::option_double("ratio", "0.01", "...")
  * .range_open_min(0, 1)).
  *
  * Range (INT and DOUBLE): checked when min_value <= max_value (write 0, -1

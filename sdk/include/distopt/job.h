@@ -58,7 +58,7 @@
  * A negative status without reject() is reported with the message of the
  * host's error sink (dopt_host_api::set_error) at the component's section;
  * a non-negative status after reject() accepts the job (reject only gives
- * the detail). The C++ SDK (distopt/sdk/job_view.hpp) maps a static
+ * the detail). The C++ SDK (distopt/sdk/base/job_view.hpp) maps a static
  * `check_job(const sdk::JobView&)` of the component class onto this.
  */
 #ifndef DISTOPT_JOB_H

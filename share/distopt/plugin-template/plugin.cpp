@@ -10,7 +10,7 @@
 //
 // ABI 1.5: template_sgd supports the job's optimizer.grad_clip by overriding
 // set_grad_clip and clipping in step(), between the reduction and the
-// update, with sdk::clip_grad_norm (distopt/sdk/grad_clip.hpp): every rank
+// update, with sdk::clip_grad_norm (distopt/sdk/optim/grad_clip.hpp): every rank
 // holds the whole reduced gradient here (GradParts::replicated); an
 // algorithm that shards the gradient passes the parts it owns with
 // GradParts::sharded and its communicator (one scalar allreduce). Without
@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
-#include "distopt/sdk/grad_clip.hpp"
+#include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/optim/grad_clip.hpp"
 #include "distopt/sdk/sdk.hpp"
-#include "distopt/sdk/tensor.hpp"
 
 namespace {
 
@@ -145,7 +145,7 @@ class TemplateSgd : public sdk::Algorithm {
   // the learning rates set with set_lr; plain SGD keeps no other state. A
   // stateful algorithm puts each rank's state here, e.g. a momentum buffer
   // under "optimizer/<param name>/momentum_buffer" with sdk::put_whole
-  // (distopt/sdk/tensor_state.hpp), and reads it back with sdk::read_into.
+  // (distopt/sdk/base/tensor_state.hpp), and reads it back with sdk::read_into.
   void save_state(sdk::StateWriter&) override {}
   void load_state(const sdk::StateReader&) override {}
 

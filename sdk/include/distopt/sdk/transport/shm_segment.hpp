@@ -1,0 +1,291 @@
+// Shared-memory segments for the ranks of a communicator that are on one
+// host (the transport under shm_collectives.hpp): a POSIX shm object per
+// rank, mapped by every rank, with the process-shared round counters that
+// order the collectives, and the waiting policy around them (spin, yield,
+// then sleep on a futex in short slices so deadlines, aborts and peer
+// failures are seen). The design follows NCCL's SHM transport and UCX's
+// uct/sm (mm over posix shm): one mapped FIFO per peer, flags polled in
+// shared memory, no kernel copy.
+//
+// Header-only, torch-free; Linux only (shm_open, futex). Older glibc needs
+// -lrt for shm_open.
+#pragma once
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <new>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "distopt/abi.h"
+#include "distopt/sdk/base/fault_point.hpp"
+
+namespace distopt::sdk::shm {
+
+using Clock = std::chrono::steady_clock;
+
+/// The header at the start of every rank's segment. Counters hold round
+/// numbers (1, 2, ...; 0 = none yet) and only grow; each on its own cache
+/// line so a rank publishing one does not slow down peers polling another.
+struct Header {
+  alignas(64) std::atomic<uint64_t> ready;    ///< this rank's input of round k is in its slot
+  alignas(64) std::atomic<uint64_t> reduced;  ///< this rank's slice of round k is reduced
+  alignas(64) std::atomic<uint64_t> done;   ///< this rank finished reading peers' slots of round k
+  alignas(64) std::atomic<uint32_t> futex;  ///< bumped on every publish; waiters sleep on it
+  std::atomic<uint32_t> waiters;  ///< ranks sleeping on `futex` (publisher skips the wake if 0)
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
+              "process-shared counters must be lock-free (address-free)");
+
+/// Data starts one page in; the rest of the segment is two equal slots.
+constexpr size_t kDataOffset = 4096;
+
+namespace detail {
+
+inline std::string sys_error(const std::string& what, const std::string& name) {
+  return what + " '" + name + "': " + std::strerror(errno);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// The futex word is a std::atomic<uint32_t> in shared memory: lock-free, so
+// its object representation is the plain 32-bit word the kernel compares.
+// Non-private futexes: the waiters are in other processes.
+inline int futex_wait(std::atomic<uint32_t>* w, uint32_t expect, long ns) {
+  timespec ts{0, ns};
+  return static_cast<int>(
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT, expect, &ts, nullptr, 0));
+}
+inline void futex_wake_all(std::atomic<uint32_t>* w) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+/// "mnt:[4026531841]", or "" where /proc does not say.
+inline std::string namespace_id(const char* link) {
+  char ns[128] = {};
+  ssize_t k = readlink(link, ns, sizeof ns - 1);
+  return k > 0 ? std::string(ns, static_cast<size_t>(k)) : std::string();
+}
+
+}  // namespace detail
+
+/// One mapped segment. Owns the mapping; the creator also owns the name
+/// until unlink() (called once every peer has mapped it, so a crash leaks
+/// nothing in /dev/shm). Movable, not copyable; not thread-safe.
+class Segment {
+ public:
+  Segment() = default;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  Segment(Segment&& o) noexcept { *this = std::move(o); }
+  Segment& operator=(Segment&& o) noexcept {
+    if (this != &o) {
+      release();  // not ~Segment(): name_ must stay a live string to be assigned
+      base_ = std::exchange(o.base_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+      name_ = std::move(o.name_);
+      owner_linked_ = std::exchange(o.owner_linked_, false);
+    }
+    return *this;
+  }
+  /// Unlinks (creator) and unmaps.
+  ~Segment() { release(); }
+
+  /// Create a fresh, uniquely named segment of `bytes` bytes (O_EXCL, mode
+  /// 0600), its header zeroed. Throws std::runtime_error (shm_open,
+  /// ftruncate or mmap failed; the message names the segment and errno).
+  static Segment create(size_t bytes) {
+    static std::atomic<uint64_t> seq{0};  // unique per process and call
+    std::random_device rd;
+    Segment s;
+    int fd = -1;
+    for (int attempt = 0; fd < 0; ++attempt) {
+      s.name_ = "/distopt-" + std::to_string(getpid()) + "-" + std::to_string(seq.fetch_add(1)) +
+                "-" + std::to_string(rd() & 0xffffff);
+      fd = shm_open(s.name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd < 0 && (errno != EEXIST || attempt > 8))
+        throw std::runtime_error(detail::sys_error("shm_open", s.name_));
+    }
+    s.owner_linked_ = true;  // from here on the destructor unlinks on failure
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      std::string why = detail::sys_error("ftruncate", s.name_);
+      close(fd);
+      throw std::runtime_error(why);
+    }
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) throw std::runtime_error(detail::sys_error("mmap", s.name_));
+    s.base_ = p;
+    s.bytes_ = bytes;
+    new (p) Header{};  // the counters start at 0 (the pages are zero too)
+    return s;
+  }
+
+  /// Map a peer's segment by name; its size must be `bytes`. Throws
+  /// std::runtime_error (missing, wrong size, or mmap failed).
+  static Segment open(const std::string& name, size_t bytes) {
+    int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) throw std::runtime_error(detail::sys_error("shm_open", name));
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+      close(fd);
+      throw std::runtime_error("shared-memory segment '" + name + "' has an unexpected size");
+    }
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) throw std::runtime_error(detail::sys_error("mmap", name));
+    Segment s;
+    s.base_ = p;
+    s.bytes_ = bytes;
+    s.name_ = name;
+    return s;
+  }
+
+  /// Remove the name from /dev/shm (the mapping stays valid). Idempotent;
+  /// only the creator unlinks.
+  void unlink() {
+    if (!owner_linked_) return;
+    shm_unlink(name_.c_str());
+    owner_linked_ = false;
+  }
+
+  const std::string& name() const { return name_; }
+  Header* header() const { return static_cast<Header*>(base_); }
+  /// Slot i (0 or 1) when each slot is `slot_bytes` bytes.
+  char* slot(int i, size_t slot_bytes) const {
+    return static_cast<char*>(base_) + kDataOffset + static_cast<size_t>(i) * slot_bytes;
+  }
+
+ private:
+  void release() noexcept {
+    unlink();
+    if (base_) munmap(base_, bytes_);
+    base_ = nullptr;
+    bytes_ = 0;
+  }
+
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  std::string name_;
+  bool owner_linked_ = false;  ///< created here and not yet unlinked
+};
+
+/// Identifies "the same host and the same /dev/shm": boot id, hostname,
+/// mount namespace and network namespace. Ranks with equal ids can map each
+/// other's segments; ranks in different network namespaces are treated as
+/// different hosts even where they could (containers, pods, the netns test:
+/// they share /dev/shm unless their mount namespaces differ too), so they
+/// talk over their network. Never throws (missing parts read as "").
+inline std::string host_id() {
+  std::string id;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, id);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return id + "|" + host + "|" + detail::namespace_id("/proc/self/ns/mnt") + "|" +
+         detail::namespace_id("/proc/self/ns/net");
+}
+
+/// Publish `value` in `counter` (a field of header `h`) and wake the ranks
+/// sleeping on `h`. Any thread; release ordering (what was written before
+/// is visible to a rank that sees the value).
+inline void publish(Header* h, std::atomic<uint64_t>& counter, uint64_t value) {
+  counter.store(value, std::memory_order_release);
+  // seq_cst bump + waiters check pair with the waiter's register-then-recheck:
+  // either it sees the new value or we see it registered and wake it.
+  h->futex.fetch_add(1, std::memory_order_seq_cst);
+  if (h->waiters.load(std::memory_order_seq_cst) > 0) detail::futex_wake_all(&h->futex);
+}
+
+/// How long a wait may go on, and what ends it early.
+struct WaitCtx {
+  Clock::time_point deadline;                ///< the operation's timeout
+  const std::atomic<bool>* abort = nullptr;  ///< set when the communicator fails or is destroyed
+  FaultPoint* fault =
+      nullptr;  ///< test-only fault injection (sdk/base/fault_point.hpp); may be null
+  /// Per rank (indexed by rank), may be null: set once that rank closed the
+  /// communicator (e.g. tcp's goodbye on its control channel); a wait on it
+  /// can then never complete.
+  const std::atomic<bool>* peer_left = nullptr;
+  /// May be empty. Called by the waiting thread between sleeps (about every
+  /// 2 ms once a wait has spun and yielded): returns a rank that failed,
+  /// its cause in *why, or -1. How a communicator whose failure detection needs
+  /// driving (ucx: ucp_worker_progress runs the UCP error callbacks) feeds
+  /// peer failures into a wait.
+  std::function<int(std::string* why)> peer_failed;
+};
+
+/// Why a wait ended with DOPT_ERR_COMM.
+struct WaitError {
+  int peer = -1;    ///< the rank that left or failed
+  std::string why;  ///< from WaitCtx::peer_failed; "" when the rank left (peer_left)
+};
+
+/// Wait until `counter` (in peer header `h`) reaches `value`: spin briefly,
+/// then yield, then sleep on the header's futex in 2 ms slices so the
+/// deadline, the abort flag, `peer_left` (the waited-for rank's flag, may be
+/// null) and ctx.peer_failed are checked. Returns DOPT_OK, DOPT_ERR_ABORTED,
+/// DOPT_ERR_COMM (that rank left or a rank failed; *err says which, if
+/// non-null) or DOPT_ERR_TIMEOUT. One waiting thread per counter and rank.
+inline dopt_status wait(Header* h, const std::atomic<uint64_t>& counter, uint64_t value,
+                        const WaitCtx& ctx, const std::atomic<bool>* peer_left = nullptr,
+                        WaitError* err = nullptr) {
+  // Brief spin: on an idle core the peer is usually microseconds away.
+  for (int i = 0; i < 256; ++i) {
+    if (counter.load(std::memory_order_acquire) >= value) return DOPT_OK;
+    detail::cpu_relax();
+  }
+  // Then give the core away: with more ranks than cores the peer we wait for
+  // may need this very core. A few yields, then sleep on the futex.
+  for (int i = 0;; ++i) {
+    if (counter.load(std::memory_order_acquire) >= value) return DOPT_OK;
+    if (ctx.abort && ctx.abort->load(std::memory_order_acquire)) return DOPT_ERR_ABORTED;
+    if (peer_left && peer_left->load(std::memory_order_acquire) &&
+        counter.load(std::memory_order_acquire) < value)
+      return DOPT_ERR_COMM;
+    if (i >= 16 && ctx.peer_failed) {  // between sleeps only: it may cost microseconds
+      std::string why;
+      const int p = ctx.peer_failed(&why);
+      if (p >= 0 && counter.load(std::memory_order_acquire) < value) {
+        if (err) *err = WaitError{p, why};
+        return DOPT_ERR_COMM;
+      }
+    }
+    if (Clock::now() >= ctx.deadline) return DOPT_ERR_TIMEOUT;
+    if (i < 16) {
+      sched_yield();
+      continue;
+    }
+    uint32_t seen = h->futex.load(std::memory_order_seq_cst);
+    h->waiters.fetch_add(1, std::memory_order_seq_cst);
+    if (counter.load(std::memory_order_seq_cst) < value)
+      detail::futex_wait(&h->futex, seen, 2'000'000);  // 2 ms: abort, deadline stay prompt
+    h->waiters.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+}  // namespace distopt::sdk::shm
