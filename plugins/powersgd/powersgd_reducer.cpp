@@ -382,6 +382,89 @@ void PowerSgdReducer::save_state(sdk::StateWriter& w) {
   }
 }
 
+namespace {
+
+// The steps of PowerSgdReducer::load_state for one bucket; each appends what
+// it warns of to `warnings` (rank 0 logs them once all buckets are read).
+
+// The bucket's reduction count: the same for all its parameters unless the
+// bucket layout changed; then the largest (compression stays on). Counts the
+// parameters without a saved count in `missing_steps`.
+int64_t load_bucket_steps(const sdk::StateReader& r, const BucketPlan& plan,
+                          const std::string& bucket, size_t& missing_steps,
+                          std::vector<std::string>& warnings) {
+  int64_t steps = 0;
+  bool any = false, differ = false;
+  for (const EntryPlan& ep : plan.entries) {
+    const std::string key = "powersgd/step/" + ep.name;
+    if (!r.find(key)) {
+      ++missing_steps;
+      continue;
+    }
+    const int64_t v = sdk::read_range(r, key, 0, 1, at::kLong).item<int64_t>();
+    if (v < 0) throw bad("checkpoint state '" + key + "' is negative");
+    differ = differ || (any && v != steps);
+    steps = any ? std::max(steps, v) : v;
+    any = true;
+  }
+  if (differ)
+    warnings.push_back(bucket +
+                       ": its parameters were saved with different step counts (the bucket "
+                       "layout changed); continuing from the largest, " +
+                       std::to_string(steps));
+  return steps;
+}
+
+// Whether the checkpoint holds a residual or Q of any of the bucket's
+// compressed matrices (those of matrices no longer compressed are dropped).
+bool has_compression_state(const sdk::StateReader& r, const BucketPlan& plan,
+                           std::vector<std::string>& warnings) {
+  bool have_state = false;
+  for (const EntryPlan& ep : plan.entries) {
+    if (r.find("error_feedback/" + ep.name) || r.find("powersgd/q/" + ep.name)) {
+      if (ep.compressed)
+        have_state = true;
+      else
+        warnings.push_back("'" + ep.name +
+                           "' is no longer compressed (rank or min_compression_rate changed): "
+                           "its saved residual / Q are dropped");
+    }
+  }
+  return have_state;
+}
+
+// One compressed matrix's residual (into `e`, its slice of the bucket's
+// residual; counted in `residuals`) and Q (into `q`, or a fresh random one
+// drawn from `gen` if missing or of another shape).
+void load_entry(const sdk::StateReader& r, const EntryPlan& ep, at::Tensor e, at::Tensor q,
+                at::Generator& gen, bool generic, size_t& residuals,
+                std::vector<std::string>& warnings) {
+  const auto nn = static_cast<int64_t>(ep.numel);
+  const std::string ekey = "error_feedback/" + ep.name, qkey = "powersgd/q/" + ep.name;
+  sdk::StateInfo info;
+  if (r.find(ekey, &info)) {
+    if (info.numel() != nn)
+      throw bad("checkpoint state '" + ekey + "' has " + std::to_string(info.numel()) +
+                " elements, parameter '" + ep.name + "' has " + std::to_string(nn));
+    sdk::read_into(r, ekey, 0, e);
+    ++residuals;
+  } else {
+    warnings.push_back("checkpoint has no '" + ekey + "': its residual starts from zero");
+  }
+  const bool q_fits = r.find(qkey, &info) && info.shape == std::vector<int64_t>{ep.m, ep.r};
+  if (q_fits) {
+    sdk::read_into(r, qkey, 0, q);
+  } else {
+    if (r.find(qkey))
+      warnings.push_back("'" + qkey + "' was saved with another shape than " +
+                         std::to_string(ep.m) + " x " + std::to_string(ep.r) +
+                         " (the rank option changed): a fresh random Q replaces it");
+    fresh_q(gen, q, generic);
+  }
+}
+
+}  // namespace
+
 void PowerSgdReducer::load_state(const sdk::StateReader& r) {
   std::lock_guard<std::mutex> lk(states_mu_);
   std::vector<std::string> warnings;
@@ -403,45 +486,11 @@ void PowerSgdReducer::load_state(const sdk::StateReader& r) {
     if (!sp) continue;
     BucketState& s = *sp;
     const BucketPlan& plan = s.plan;
-    const std::string bucket = "bucket " + std::to_string(s.index);
-
-    // The bucket's reduction count: the same for all its parameters unless
-    // the bucket layout changed; then the largest (compression stays on).
-    int64_t steps = 0;
-    bool any = false, differ = false;
-    for (const EntryPlan& ep : plan.entries) {
-      const std::string key = "powersgd/step/" + ep.name;
-      if (!r.find(key)) {
-        ++missing_steps;
-        continue;
-      }
-      const int64_t v = sdk::read_range(r, key, 0, 1, at::kLong).item<int64_t>();
-      if (v < 0) throw bad("checkpoint state '" + key + "' is negative");
-      differ = differ || (any && v != steps);
-      steps = any ? std::max(steps, v) : v;
-      any = true;
-    }
-    if (differ)
-      warnings.push_back(bucket +
-                         ": its parameters were saved with different step counts (the bucket "
-                         "layout changed); continuing from the largest, " +
-                         std::to_string(steps));
-    s.steps = steps;
-
-    // Residuals and Q's. The buffers exist once a bucket has compressed; a
-    // checkpoint with any of its matrices' state brings them back.
-    bool have_state = false;
-    for (const EntryPlan& ep : plan.entries) {
-      if (r.find("error_feedback/" + ep.name) || r.find("powersgd/q/" + ep.name)) {
-        if (ep.compressed)
-          have_state = true;
-        else
-          warnings.push_back("'" + ep.name +
-                             "' is no longer compressed (rank or min_compression_rate changed): "
-                             "its saved residual / Q are dropped");
-      }
-    }
-    if (!have_state) {
+    s.steps =
+        load_bucket_steps(r, plan, "bucket " + std::to_string(s.index), missing_steps, warnings);
+    // The buffers exist once a bucket has compressed; a checkpoint with any
+    // of its matrices' state brings them back.
+    if (!has_compression_state(r, plan, warnings)) {
       s.p = s.q = s.e = at::Tensor();
       s.have_q = false;
       continue;
@@ -450,32 +499,12 @@ void PowerSgdReducer::load_state(const sdk::StateReader& r) {
     s.p = at::empty({static_cast<int64_t>(plan.p_numel)}, opt);
     s.q = at::empty({static_cast<int64_t>(plan.q_numel)}, opt);
     s.e = at::zeros({static_cast<int64_t>(plan.e_numel)}, opt);
-    for (const EntryPlan& ep : plan.entries) {
-      if (!ep.compressed) continue;
-      const auto nn = static_cast<int64_t>(ep.numel);
-      const std::string ekey = "error_feedback/" + ep.name, qkey = "powersgd/q/" + ep.name;
-      sdk::StateInfo info;
-      if (r.find(ekey, &info)) {
-        if (info.numel() != nn)
-          throw bad("checkpoint state '" + ekey + "' has " + std::to_string(info.numel()) +
-                    " elements, parameter '" + ep.name + "' has " + std::to_string(nn));
-        sdk::read_into(r, ekey, 0, s.e.narrow(0, static_cast<int64_t>(ep.e_off), nn));
-        ++residuals;
-      } else {
-        warnings.push_back("checkpoint has no '" + ekey + "': its residual starts from zero");
-      }
-      at::Tensor q = s.q.narrow(0, static_cast<int64_t>(ep.q_off), ep.m * ep.r);
-      const bool q_fits = r.find(qkey, &info) && info.shape == std::vector<int64_t>{ep.m, ep.r};
-      if (q_fits) {
-        sdk::read_into(r, qkey, 0, q);
-      } else {
-        if (r.find(qkey))
-          warnings.push_back("'" + qkey + "' was saved with another shape than " +
-                             std::to_string(ep.m) + " x " + std::to_string(ep.r) +
-                             " (the rank option changed): a fresh random Q replaces it");
-        fresh_q(rng_->gen, q, s.generic);
-      }
-    }
+    for (const EntryPlan& ep : plan.entries)
+      if (ep.compressed)
+        load_entry(r, ep,
+                   s.e.narrow(0, static_cast<int64_t>(ep.e_off), static_cast<int64_t>(ep.numel)),
+                   s.q.narrow(0, static_cast<int64_t>(ep.q_off), ep.m * ep.r), rng_->gen, s.generic,
+                   residuals, warnings);
     s.have_q = true;
   }
   if (missing_steps > 0)

@@ -12,9 +12,9 @@
 #include "torch_doctest.hpp"
 // after doctest:
 #include "cli_util.hpp"
+#include "job_yaml.hpp"
 #include "train_metrics.hpp"
 
-using distopt::test::env_path;
 using distopt::test::ProcResult;
 using distopt::test::run_command;
 using namespace distopt::test::cli;
@@ -30,14 +30,17 @@ struct Job {
 };
 
 std::string write_job(const TempDir& t, const Job& j, const std::string& name = "job.yaml") {
-  std::ofstream f(t.file(name));
-  f << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
-    << "world: {size: 2, timeout_s: 30}\n"
-    << "communicator: {name: tcp}\nreducer: {name: mean}\n"
-    << "algorithm: " << j.algorithm << "\noptimizer: " << j.optimizer << "\n"
-    << "train: {model: mlp, epochs: " << j.epochs
-    << ", batch_size: 32, seed: 3, max_steps: " << j.max_steps << ", log_every: 0, threads: 1}\n";
-  return t.file(name);
+  distopt::test::JobYaml y = distopt::test::allreduce_job(2);
+  y.timeout_s = 30;
+  y.algorithm = j.algorithm;
+  y.optimizer = j.optimizer;
+  distopt::test::TrainYaml& train = *y.train;
+  train.epochs = j.epochs;
+  train.batch_size = 32;
+  train.seed = 3;
+  train.max_steps = j.max_steps;
+  train.log_every = 0;
+  return distopt::test::write_job(t.file(name), y);
 }
 
 ProcResult train(const std::string& cfg, std::vector<std::string> args,

@@ -203,6 +203,22 @@ struct Dir : TempDir {
   Dir() : TempDir("distopt_red_resume") {}
 };
 
+// Phase `phase` of `job` in `d`: loads from d/<ckpt_in>, saves to
+// d/<ckpt_out>, results in d/<name>.<rank>, and with `logs` each rank's
+// stderr in d/<name>.log.<rank>.
+PhaseSpec phase_in(const Dir& d, const Job& job, Phase phase, const std::string& name,
+                   bool logs = false, const std::string& ckpt_in = "ckpt",
+                   const std::string& ckpt_out = "ckpt") {
+  PhaseSpec ps;
+  ps.job = job;
+  ps.phase = phase;
+  ps.ckpt_in = d / ckpt_in;
+  ps.ckpt_out = d / ckpt_out;
+  ps.out_prefix = d / (name + ".");
+  if (logs) ps.log_prefix = d / (name + ".log.");
+  return ps;
+}
+
 // full / save / resume (+ strip / control when `control`); checks resume ==
 // full bit for bit and the restored reducer state == the saved one.
 struct Outcome {
@@ -210,19 +226,9 @@ struct Outcome {
 };
 Outcome resume_case(const Job& job, const Dir& d, bool control) {
   Outcome o;
-  PhaseSpec ps;
-  ps.job = job;
-  ps.phase = Phase::kFull;
-  ps.out_prefix = d / "full.";
-  o.full = run_phase(ps);
-  ps.phase = Phase::kSave;
-  ps.ckpt_out = d / "ckpt";
-  ps.out_prefix = d / "save.";
-  o.save = run_phase(ps);
-  ps.phase = Phase::kResume;
-  ps.ckpt_in = d / "ckpt";
-  ps.out_prefix = d / "resume.";
-  o.resume = run_phase(ps);
+  o.full = run_phase(phase_in(d, job, Phase::kFull, "full"));
+  o.save = run_phase(phase_in(d, job, Phase::kSave, "save"));
+  o.resume = run_phase(phase_in(d, job, Phase::kResume, "resume"));
 
   for (int r = 0; r < job.world; ++r) {
     CAPTURE(r);
@@ -253,21 +259,11 @@ Outcome resume_case(const Job& job, const Dir& d, bool control) {
                       << " reducer state tensors restored exactly");
 
   if (control) {
-    ps.job = job;
-    ps.job.reducer = "mean";
-    ps.job.reducer_options = "{}";
-    ps.phase = Phase::kStrip;
-    ps.ckpt_in = d / "ckpt";
-    ps.ckpt_out = d / "stripped";
-    ps.out_prefix = d / "strip.";
-    ps.log_prefix = "";
-    run_phase(ps);
-    ps.job = job;
-    ps.phase = Phase::kResume;
-    ps.ckpt_in = d / "stripped";
-    ps.out_prefix = d / "control.";
-    ps.log_prefix = d / "control.log.";
-    o.control = run_phase(ps);
+    Job mean = job;
+    mean.reducer = "mean";
+    mean.reducer_options = "{}";
+    run_phase(phase_in(d, mean, Phase::kStrip, "strip", false, "ckpt", "stripped"));
+    o.control = run_phase(phase_in(d, job, Phase::kResume, "control", true, "stripped"));
     const double diff = max_abs_diff(o.control[0].at("params"), o.full[0].at("params"));
     MESSAGE(job.reducer << ": same checkpoint without the reducer state: parameters differ by "
                         << diff << " (max abs) after " << kSteps - kSaveAt << " steps");
@@ -339,18 +335,9 @@ TEST_CASE(
   Job j;
   j.reducer = "topk";
   j.reducer_options = "{ratio: 0.05}";
-  PhaseSpec ps;
-  ps.job = j;
-  ps.phase = Phase::kSave;
-  ps.ckpt_out = d / "ckpt";
-  ps.out_prefix = d / "save.";
-  auto saved = run_phase(ps);
-  ps.job.world = 3;
-  ps.phase = Phase::kResume;
-  ps.ckpt_in = d / "ckpt";
-  ps.out_prefix = d / "resume3.";
-  ps.log_prefix = d / "resume3.log.";
-  auto res = run_phase(ps);
+  auto saved = run_phase(phase_in(d, j, Phase::kSave, "save"));
+  j.world = 3;
+  auto res = run_phase(phase_in(d, j, Phase::kResume, "resume3", true));
   CHECK(res[0].at("loaded_step") == std::vector<double>{kSaveAt});
   size_t checked = 0;
   for (const auto& [k, v] : saved[0]) {
@@ -397,19 +384,9 @@ TEST_CASE(
   j.precision = "{dtype: bf16, loss_scale: dynamic, init_scale: 1024, growth_interval: 4}";
   j.inf_rank = 1;
   j.inf_step = 3;  // skipped on both ranks; saved after global step 10
-  PhaseSpec ps;
-  ps.job = j;
-  ps.phase = Phase::kFull;
-  ps.out_prefix = d / "full.";
-  auto full = run_phase(ps);
-  ps.phase = Phase::kSave;
-  ps.ckpt_out = d / "ckpt";
-  ps.out_prefix = d / "save.";
-  auto saved = run_phase(ps);
-  ps.phase = Phase::kResume;
-  ps.ckpt_in = d / "ckpt";
-  ps.out_prefix = d / "resume.";
-  auto res = run_phase(ps);
+  auto full = run_phase(phase_in(d, j, Phase::kFull, "full"));
+  auto saved = run_phase(phase_in(d, j, Phase::kSave, "save"));
+  auto res = run_phase(phase_in(d, j, Phase::kResume, "resume"));
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r);
     const auto& at_save = saved[r].at("scaler_at_save");  // scale, skipped, tracker, steps
@@ -436,19 +413,10 @@ TEST_CASE(
   Job j;
   j.reducer = "powersgd";
   j.reducer_options = "{rank: 2, start_iter: 3}";
-  PhaseSpec ps;
-  ps.job = j;
-  ps.phase = Phase::kSave;
-  ps.ckpt_out = d / "ckpt";
-  ps.out_prefix = d / "save.";
-  auto saved = run_phase(ps);
-  ps.job.world = 3;
-  ps.job.reducer_options = "{rank: 3, start_iter: 3}";
-  ps.phase = Phase::kResume;
-  ps.ckpt_in = d / "ckpt";
-  ps.out_prefix = d / "resume.";
-  ps.log_prefix = d / "resume.log.";
-  auto res = run_phase(ps);
+  auto saved = run_phase(phase_in(d, j, Phase::kSave, "save"));
+  j.world = 3;
+  j.reducer_options = "{rank: 3, start_iter: 3}";
+  auto res = run_phase(phase_in(d, j, Phase::kResume, "resume", true));
   // Residuals (n x m, independent of the rank option) are the saved mean.
   const auto& a = saved[0].at("saved:reducer/error_feedback/fc2.weight@rank0");
   const auto& b = saved[0].at("saved:reducer/error_feedback/fc2.weight@rank1");
@@ -477,16 +445,8 @@ TEST_CASE("fp32 + dynamic loss scale: the scaler state is restored too") {
   j.precision = "{dtype: fp32, loss_scale: dynamic, init_scale: 1024, growth_interval: 4}";
   j.inf_rank = 0;
   j.inf_step = 2;
-  PhaseSpec ps;
-  ps.job = j;
-  ps.phase = Phase::kSave;
-  ps.ckpt_out = d / "ckpt";
-  ps.out_prefix = d / "save.";
-  auto saved = run_phase(ps);
-  ps.phase = Phase::kResume;
-  ps.ckpt_in = d / "ckpt";
-  ps.out_prefix = d / "resume.";
-  auto res = run_phase(ps);
+  auto saved = run_phase(phase_in(d, j, Phase::kSave, "save"));
+  auto res = run_phase(phase_in(d, j, Phase::kResume, "resume"));
   CHECK(saved[0].at("scaler_at_save")[1] == 1);
   CHECK(res[0].at("scaler_after_load") == saved[0].at("scaler_at_save"));
 }

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "cli_util.hpp"
+#include "job_yaml.hpp"
 #include "train_metrics.hpp"
 
-using distopt::test::env_path;
 using distopt::test::ProcResult;
 using distopt::test::run_command;
 using namespace distopt::test::cli;
@@ -29,16 +29,15 @@ bool contains(const std::string& s, const std::string& what) {
 }
 
 std::string write_job(const TempDir& t) {
-  std::ostringstream y;
-  y << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
-    << "world: {size: 1}\ncommunicator: {name: tcp}\nreducer: {name: mean}\n"
-    << "algorithm: {name: allreduce}\noptimizer: {name: adam, lr: 0.001}\n"
-    << "train: {model: mlp, epochs: 1, batch_size: 64, seed: 0, max_steps: 12, log_every: 4, "
-       "threads: 1, data_dir: "
-    << kData << "}\n";
-  const std::string path = t.file("job.yaml");
-  std::ofstream(path) << y.str();
-  return path;
+  distopt::test::JobYaml j = distopt::test::allreduce_job(1);
+  j.timeout_s = 0;  // the default
+  j.optimizer = "{name: adam, lr: 0.001}";
+  j.train->epochs = 1;
+  j.train->batch_size = 64;
+  j.train->max_steps = 12;
+  j.train->log_every = 4;
+  j.train->more = std::string(", data_dir: ") + kData;
+  return distopt::test::write_job(t.file("job.yaml"), j);
 }
 
 double final_accuracy(const std::string& metrics) {

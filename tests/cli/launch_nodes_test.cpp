@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "cli_util.hpp"
+#include "job_yaml.hpp"
 #include "train_metrics.hpp"
 
-using distopt::test::env_path;
 using distopt::test::ProcResult;
 using distopt::test::random_port;
 using distopt::test::run_command;
@@ -29,17 +29,13 @@ const char* const kData = distopt::test::kFashionMnistDir;
 
 // A 4-rank job: tcp / mean / allreduce, the MLP, a few steps, one thread per rank.
 std::string write_job(const TempDir& t) {
-  std::ostringstream y;
-  y << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
-    << "world: {size: 4, timeout_s: 60}\n"
-    << "communicator: {name: tcp}\nreducer: {name: mean}\nalgorithm: {name: allreduce}\n"
-    << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
-    << "train: {model: mlp, epochs: 1, batch_size: 32, seed: 0, max_steps: 12, log_every: 4, "
-       "threads: 1, data_dir: "
-    << kData << "}\n";
-  const std::string path = t.file("job.yaml");
-  std::ofstream(path) << y.str();
-  return path;
+  distopt::test::JobYaml j = distopt::test::allreduce_job(4);
+  j.train->epochs = 1;
+  j.train->batch_size = 32;
+  j.train->max_steps = 12;
+  j.train->log_every = 4;
+  j.train->more = std::string(", data_dir: ") + kData;
+  return distopt::test::write_job(t.file("job.yaml"), j);
 }
 
 json summary_of(const std::string& metrics) {
@@ -178,9 +174,9 @@ TEST_CASE("inside an sbatch script (no srun step): launch runs this node, train 
   CHECK(r.output.find("sbatch script on the first of 2 nodes") != std::string::npos);
   CHECK(r.output.find("srun --ntasks-per-node=1 distopt launch") != std::string::npos);
   // One node: a plain local launch of -n ranks.
-  r = run_command({cli(), "launch", "-n", "2", "--", "sh", "-c",
-                   "echo rank=$DISTOPT_RANK/$DISTOPT_WORLD_SIZE"},
-                  with({"SLURM_JOB_NUM_NODES=1"}));
+  r = run_command(
+      {cli(), "launch", "-n", "2", "--", "sh", "-c", "echo rank=$DISTOPT_RANK/$DISTOPT_WORLD_SIZE"},
+      with({"SLURM_JOB_NUM_NODES=1"}));
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("rank=0/2") != std::string::npos);
@@ -250,8 +246,7 @@ TEST_CASE("2 nodes x 2 ranks train as 4 ranks at once: launch --nnodes, srun, la
                       "SLURM_LOCALID=" + std::to_string(r % 2),
                       "SLURM_NODEID=" + std::to_string(r / 2), "SLURM_TASKS_PER_NODE=2(x2)",
                       "SLURM_JOB_NODELIST=127.0.0.[1-2]", "SLURM_JOB_ID=4242", "SLURM_STEP_ID=0",
-                      "SLURM_STEP_NUM_TASKS=4",
-                      "MASTER_PORT=" + std::to_string(port)});
+                      "SLURM_STEP_NUM_TASKS=4", "MASTER_PORT=" + std::to_string(port)});
     }
     run_all(cmds, envs);
     check_same_training(ref, m);

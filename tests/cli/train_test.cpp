@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli_util.hpp"
+#include "job_yaml.hpp"
 #include "train_metrics.hpp"
 
 using distopt::test::env_path;
@@ -42,21 +43,18 @@ struct Job {
 // With `with_plugins` false the file names no plugin directory.
 std::string write_job(const TempDir& t, const Job& j, const std::string& name = "job.yaml",
                       bool with_plugins = true) {
-  std::string plugins = env_path("DISTOPT_PLUGIN_DIR");
-  REQUIRE_MESSAGE(!plugins.empty(), "DISTOPT_PLUGIN_DIR is not set (run through ctest)");
-  std::ostringstream y;
-  if (with_plugins) y << "plugins: {paths: [" << plugins << "]}\n";
-  y << "world: {size: " << j.world << ", timeout_s: " << j.timeout_s << "}\n"
-    << "communicator: {name: tcp}\n"
-    << "reducer: {name: mean}\n"
-    << "algorithm: {name: allreduce}\n"
-    << "optimizer: " << j.optimizer << "\n"
-    << "train: {model: " << j.model << ", epochs: " << j.epochs << ", batch_size: " << j.batch
-    << ", seed: 0, max_steps: " << j.max_steps << ", log_every: 5, threads: 1"
-    << (j.drop_last ? "" : ", drop_last: false") << "}\n";
-  std::string path = t.file(name);
-  std::ofstream(path) << y.str();
-  return path;
+  distopt::test::JobYaml y = distopt::test::allreduce_job(j.world);
+  y.plugins = with_plugins;
+  y.timeout_s = j.timeout_s;
+  y.optimizer = j.optimizer;
+  distopt::test::TrainYaml& train = *y.train;
+  train.model = j.model;
+  train.epochs = j.epochs;
+  train.batch_size = j.batch;
+  train.max_steps = j.max_steps;
+  train.log_every = 5;
+  if (!j.drop_last) train.more = ", drop_last: false";
+  return distopt::test::write_job(t.file(name), y);
 }
 
 std::vector<json> read_metrics(const std::string& path) {
@@ -65,6 +63,42 @@ std::vector<json> read_metrics(const std::string& path) {
   for (std::string line; std::getline(f, line);)
     if (!line.empty()) out.push_back(json::parse(line));
   return out;
+}
+
+// The single process that sees what `j`'s ranks see together: the global
+// batch (world x batch) in one.
+Job one_process_of(const Job& j) {
+  Job one = j;
+  one.world = 1;
+  one.batch = j.world * j.batch;
+  return one;
+}
+
+struct TrainRun {
+  ProcResult proc;
+  std::vector<json> metrics;  // the --metrics lines
+};
+
+// `distopt train` of `j` from t/<name>.yaml, metrics in t/<name>.jsonl
+// (300 s limit); REQUIREs exit code 0.
+TrainRun train_ok(const TempDir& t, const Job& j, const std::string& name) {
+  const std::string metrics = t.file(name + ".jsonl");
+  TrainRun run;
+  run.proc = run_command({cli(), "train", write_job(t, j, name + ".yaml"), "--metrics", metrics},
+                         {}, std::chrono::seconds(300));
+  INFO(run.proc.output);
+  REQUIRE(run.proc.exit_code == 0);
+  run.metrics = read_metrics(metrics);
+  return run;
+}
+
+// Two runs on the same samples averaged the same way: an epoch's test loss
+// equal up to float rounding, its accuracy within 5 of 10000 test images.
+// (By value: operator[] of a const json must not meet a missing key.)
+void check_same_epoch(json a, json b) {
+  CHECK(a["test_loss"].get<double>() ==
+        doctest::Approx(b["test_loss"].get<double>()).epsilon(1e-4));
+  CHECK(std::abs(a["test_accuracy"].get<double>() - b["test_accuracy"].get<double>()) <= 0.0005);
 }
 
 }  // namespace
@@ -119,30 +153,17 @@ TEST_CASE("2 ranks with batch B follow a single process with batch 2B") {
   two.world = 2;
   two.batch = 32;
   two.max_steps = 25;
-  Job one = two;
-  one.world = 1;
-  one.batch = 64;
-  std::string m2 = t.file("two.jsonl"), m1 = t.file("one.jsonl");
-  ProcResult r2 = run_command({cli(), "train", write_job(t, two, "two.yaml"), "--metrics", m2}, {},
-                              std::chrono::seconds(300));
-  INFO(r2.output);
-  REQUIRE(r2.exit_code == 0);
-  ProcResult r1 = run_command({cli(), "train", write_job(t, one, "one.yaml"), "--metrics", m1}, {},
-                              std::chrono::seconds(300));
-  INFO(r1.output);
-  REQUIRE(r1.exit_code == 0);
-  CHECK(r1.output.find("[rank") == std::string::npos);  // one rank: no launcher, no prefixes
-  auto a = read_metrics(m2), b = read_metrics(m1);
+  TrainRun r2 = train_ok(t, two, "two");
+  TrainRun r1 = train_ok(t, one_process_of(two), "one");
+  CHECK(r1.proc.output.find("[rank") == std::string::npos);  // one rank: no launcher, no prefixes
+  auto &a = r2.metrics, &b = r1.metrics;
   REQUIRE(a.size() == 2);
   REQUIRE(b.size() == 2);
   CHECK(a[1]["samples"] == b[1]["samples"]);
   // Same samples in the same order, averaged the same way: equal up to float rounding.
   CHECK(a[0]["train_loss"].get<double>() ==
         doctest::Approx(b[0]["train_loss"].get<double>()).epsilon(1e-4));
-  CHECK(a[0]["test_loss"].get<double>() ==
-        doctest::Approx(b[0]["test_loss"].get<double>()).epsilon(1e-4));
-  CHECK(std::abs(a[0]["test_accuracy"].get<double>() - b[0]["test_accuracy"].get<double>()) <=
-        0.0005);
+  check_same_epoch(a[0], b[0]);
 }
 
 TEST_CASE("drop_last: false: a rank without samples in the last step joins; equals 1 process") {
@@ -156,20 +177,11 @@ TEST_CASE("drop_last: false: a rank without samples in the last step joins; equa
   two.max_steps = 0;
   two.epochs = 2;
   two.drop_last = false;
-  Job one = two;
-  one.world = 1;
-  one.batch = 50000;
-  std::string m2 = t.file("two.jsonl"), m1 = t.file("one.jsonl");
-  ProcResult r2 = run_command({cli(), "train", write_job(t, two, "two.yaml"), "--metrics", m2}, {},
-                              std::chrono::seconds(300));
-  INFO(r2.output);
-  REQUIRE(r2.exit_code == 0);
-  CHECK(r2.output.find("the last step of each epoch has 10000 sample(s)") != std::string::npos);
-  ProcResult r1 = run_command({cli(), "train", write_job(t, one, "one.yaml"), "--metrics", m1}, {},
-                              std::chrono::seconds(300));
-  INFO(r1.output);
-  REQUIRE(r1.exit_code == 0);
-  auto a = read_metrics(m2), b = read_metrics(m1);
+  TrainRun r2 = train_ok(t, two, "two");
+  CHECK(r2.proc.output.find("the last step of each epoch has 10000 sample(s)") !=
+        std::string::npos);
+  TrainRun r1 = train_ok(t, one_process_of(two), "one");
+  auto &a = r2.metrics, &b = r1.metrics;
   REQUIRE(a.size() == 3);
   REQUIRE(b.size() == 3);
   CHECK(a[0]["steps"] == 2);
@@ -177,10 +189,7 @@ TEST_CASE("drop_last: false: a rank without samples in the last step joins; equa
   CHECK(a[2]["samples"] == 120000);
   for (int e = 0; e < 2; ++e) {
     CAPTURE(e);
-    CHECK(a[e]["test_loss"].get<double>() ==
-          doctest::Approx(b[e]["test_loss"].get<double>()).epsilon(1e-4));
-    CHECK(std::abs(a[e]["test_accuracy"].get<double>() - b[e]["test_accuracy"].get<double>()) <=
-          0.0005);
+    check_same_epoch(a[e], b[e]);
   }
   CHECK(a[1]["test_accuracy"].get<double>() > 0.3);  // it learnt: 4 steps, far above chance
 }
@@ -344,20 +353,10 @@ TEST_CASE("the cnn model trains with Adam on 2 ranks as one process with the bat
   j.model = "cnn";
   j.optimizer = "{name: adam, lr: 1.0e-3}";
   j.max_steps = 15;
-  Job one = j;
-  one.world = 1;
-  one.batch = 2 * j.batch;
-  std::string metrics = t.file("m.jsonl"), m1 = t.file("one.jsonl");
-  ProcResult r = run_command({cli(), "train", write_job(t, j), "--metrics", metrics}, {},
-                             std::chrono::seconds(300));
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("model cnn (215370 parameters)") != std::string::npos);
-  ProcResult r1 = run_command({cli(), "train", write_job(t, one, "one.yaml"), "--metrics", m1}, {},
-                              std::chrono::seconds(300));
-  INFO(r1.output);
-  REQUIRE(r1.exit_code == 0);
-  auto m = read_metrics(metrics), b = read_metrics(m1);
+  TrainRun r = train_ok(t, j, "job");
+  CHECK(r.proc.output.find("model cnn (215370 parameters)") != std::string::npos);
+  TrainRun r1 = train_ok(t, one_process_of(j), "one");
+  auto &m = r.metrics, &b = r1.metrics;
   REQUIRE(m.size() == 2);
   REQUIRE(b.size() == 2);
   CHECK(m[1]["model"] == "cnn");
@@ -368,10 +367,7 @@ TEST_CASE("the cnn model trains with Adam on 2 ranks as one process with the bat
                                     << b[0]["test_loss"].get<double>() << "; accuracy "
                                     << m[0]["test_accuracy"].get<double>() << ", "
                                     << b[0]["test_accuracy"].get<double>());
-  CHECK(m[0]["test_loss"].get<double>() ==
-        doctest::Approx(b[0]["test_loss"].get<double>()).epsilon(1e-4));
-  CHECK(std::abs(m[0]["test_accuracy"].get<double>() - b[0]["test_accuracy"].get<double>()) <=
-        0.0005);
+  check_same_epoch(m[0], b[0]);
   CHECK(m[0]["test_accuracy"].get<double>() > 0.5);  // it learnt (measured 0.61; chance 0.1)
   // Adam keeps two moments per parameter.
   CHECK(m[1]["state_bytes_per_rank"][0].get<double>() >= 2 * 215370.0 * 4);

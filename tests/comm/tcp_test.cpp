@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm_faults.hpp"
 #include "comm_helpers.hpp"
 #include "distopt/error.hpp"
 
@@ -702,13 +703,7 @@ TEST_CASE(
           DLTensor t = make_dltensor(&x, 1, dl_f32(), &s);
           ep.comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();  // everyone is connected
           if (me == 2) {
-            const pid_t self = getpid();
-            if (fork() == 0) {  // only async-signal-safe calls in the child
-              sleep(6);
-              kill(self, SIGCONT);
-              _exit(0);
-            }
-            raise(SIGSTOP);
+            stop_self_for(6);
             try {
               ep.comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();  // the others gave up
             } catch (const CommError&) {
@@ -754,30 +749,7 @@ TEST_CASE(
           int64_t s;
           DLTensor t = make_dltensor(buf.data(), static_cast<int64_t>(buf.size()), dl_f32(), &s);
           ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();  // everyone is connected and working
-          auto req = ep->comm->allreduce(t, t, DOPT_REDUCE_SUM);
-          try {
-            req.wait();
-            if (me == dead) return 5;  // the fault point was not reached
-            fprintf(stderr, "rank %d: allreduce completed without rank %d\n", me, dead);
-            return 1;
-          } catch (const CommError& e) {
-            if (e.status() != DOPT_ERR_COMM || !std::strstr(e.what(), "rank 2") ||
-                !std::strstr(e.what(), "allreduce")) {
-              fprintf(stderr, "rank %d: unexpected error: %s\n", me, e.what());
-              return 2;
-            }
-          }
-          // Every later operation fails too, at once.
-          try {
-            ep->comm->barrier().wait();
-            return 3;
-          } catch (const CommError& e) {
-            if (!std::strstr(e.what(), "rank 2")) {
-              fprintf(stderr, "rank %d: later op: %s\n", me, e.what());
-              return 4;
-            }
-          }
-          return 0;
+          return check_dead_peer_named(*ep->comm, t, me, dead);
         },
         std::chrono::seconds(60));
     unsetenv("DISTOPT_FAULT_INJECT");

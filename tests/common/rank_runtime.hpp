@@ -1,13 +1,14 @@
 // Test helpers for a forked rank that builds its own distopt::Runtime from
-// YAML text: the job's plugins / world lines for a loopback rendezvous, and
+// YAML text: the job's plugins / world lines for a loopback rendezvous
+// (written by job_yaml.hpp, as every test job is), and
 // the Runtime of rank `rank` of `world` (single host: local rank = rank).
 #pragma once
 
-#include <sstream>
 #include <string>
 
 #include "distopt/config.hpp"
 #include "distopt/runtime.hpp"
+#include "job_yaml.hpp"
 #include "multiproc.hpp"
 
 namespace distopt::test {
@@ -15,11 +16,11 @@ namespace distopt::test {
 /// The `plugins:` (the build's plugin directory) and `world:` (size `world`,
 /// rendezvous on 127.0.0.1:`port`, 60 s timeout) lines of a job's YAML.
 inline std::string plugins_and_world_yaml(int world, int port) {
-  std::ostringstream y;
-  y << "plugins: {paths: ['" << env_path("DISTOPT_PLUGIN_DIR") << "']}\n"
-    << "world: {size: " << world << ", rendezvous: 'tcp://127.0.0.1:" << port
-    << "', timeout_s: 60}\n";
-  return y.str();
+  JobYaml j;
+  j.world = world;
+  j.rendezvous = "tcp://127.0.0.1:" + std::to_string(port);
+  j.timeout_s = 60;
+  return j.text();
 }
 
 /// The Runtime of rank `rank` of `world` processes on one host, from the job

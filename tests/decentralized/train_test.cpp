@@ -6,38 +6,30 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 
+#include "cli_checks.hpp"
+#include "job_yaml.hpp"
 #include "multiproc.hpp"
 #include "result_files.hpp"
 #include "train_metrics.hpp"
-
-using distopt::test::env_path;
-using distopt::test::run_command;
 
 namespace {
 
 std::string write_job(const std::string& dir, const std::string& name, int world,
                       const std::string& algorithm, const std::string& reducer = "{name: mean}",
                       int epochs = 2) {
-  const std::string job = dir + "/" + name;
-  std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
-                     << "world: {size: " << world << ", timeout_s: 60}\n"
-                     << "algorithm: " << algorithm << "\n"
-                     << "reducer: " << reducer << "\n"
-                     << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
-                     << "train: {model: mlp, epochs: " << epochs
-                     << ", batch_size: 128, seed: 0, threads: 1}\n";
-  return job;
+  distopt::test::JobYaml j = distopt::test::quickstart_job(world);
+  j.algorithm = algorithm;
+  j.reducer = reducer;
+  j.train->epochs = epochs;
+  return distopt::test::write_job(dir + "/" + name, j);
 }
 
 }  // namespace
 
 TEST_CASE("distopt check refuses bad decentralized jobs, naming file:line") {
-  const std::string cli = env_path("DISTOPT_CLI");
   const std::string dir = distopt::test::make_temp_dir("distopt_dcheck");
   struct Case {
     std::string algorithm, reducer, where, why;
@@ -62,27 +54,18 @@ TEST_CASE("distopt check refuses bad decentralized jobs, naming file:line") {
   };
   int i = 0;
   for (const Case& c : cases) {
-    const std::string job =
-        write_job(dir, "bad" + std::to_string(i++) + ".yaml", c.world, c.algorithm, c.reducer);
-    auto r = run_command({cli, "check", job}, {}, std::chrono::seconds(60));
-    INFO(r.output);
-    CHECK(r.exit_code == 1);
-    CHECK(r.output.find(job + c.where) != std::string::npos);
-    CHECK(r.output.find(c.why) != std::string::npos);
+    distopt::test::check_refuses(
+        write_job(dir, "bad" + std::to_string(i++) + ".yaml", c.world, c.algorithm, c.reducer),
+        c.where, {c.why});
   }
   for (const char* good : {"{name: decentralized, options: {topology: shift_one}}",
-                           "{name: decentralized, options: {low_precision: true}}"}) {
-    auto ok = run_command({cli, "check", write_job(dir, "ok.yaml", 4, good)}, {},
-                          std::chrono::seconds(60));
-    INFO(ok.output);
-    CHECK(ok.exit_code == 0);
-  }
+                           "{name: decentralized, options: {low_precision: true}}"})
+    distopt::test::check_accepts(write_job(dir, "ok.yaml", 4, good));
   distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("distopt train: 4 ranks x 2 epochs, ring, shift_one and low_precision learn the MLP") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
-  const std::string cli = env_path("DISTOPT_CLI");
   const std::string dir = distopt::test::make_temp_dir("distopt_dtrain_cli");
   for (const char* options : {"topology: ring", "topology: shift_one", "low_precision: true"}) {
     CAPTURE(options);
@@ -90,13 +73,7 @@ TEST_CASE("distopt train: 4 ranks x 2 epochs, ring, shift_one and low_precision 
         dir, "job.yaml", 4, std::string("{name: decentralized, options: {") + options + "}}");
     const std::string metrics = dir + "/metrics.jsonl";
     std::remove(metrics.c_str());
-    auto r = run_command({cli, "train", job, "--metrics", metrics}, {}, std::chrono::seconds(300));
-    INFO(r.output);
-    REQUIRE_FALSE(r.timed_out);
-    REQUIRE(r.exit_code == 0);
-    CHECK(r.output.find("consensus distance") != std::string::npos);
-    const auto summary = distopt::test::metrics_summary(metrics);
-    REQUIRE(summary.is_object());
+    auto summary = distopt::test::train_consensus_summary(job, metrics);
     MESSAGE(std::string(options) << ": test accuracy "
                                  << summary["final_test_accuracy"].get<double>());
     CHECK(summary["final_test_accuracy"].get<double>() >= 0.84);
@@ -106,19 +83,11 @@ TEST_CASE("distopt train: 4 ranks x 2 epochs, ring, shift_one and low_precision 
 
 TEST_CASE("a rank killed during the neighbour exchange is named, and the job fails") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
-  const std::string cli = env_path("DISTOPT_CLI");
   const std::string dir = distopt::test::make_temp_dir("distopt_dkill");
   for (const char* algorithm :
        {"{name: decentralized}", "{name: decentralized, options: {low_precision: true}}"}) {
     CAPTURE(algorithm);
-    const std::string job = write_job(dir, "job.yaml", 2, algorithm);
-    auto r = run_command({cli, "train", job}, {"DISTOPT_FAULT_INJECT=exit:1:5"},
-                         std::chrono::seconds(120));
-    INFO(r.output);
-    REQUIRE_FALSE(r.timed_out);
-    CHECK(r.exit_code == 1);
-    CHECK(r.output.find("rank 1 failed (exit code 137)") != std::string::npos);
-    CHECK(std::regex_search(r.output, std::regex(R"(\[rank 0\] .*error.*rank 1)")));
+    distopt::test::check_killed_rank_named(write_job(dir, "job.yaml", 2, algorithm));
   }
   distopt::test::remove_tree(dir);
 }

@@ -16,6 +16,7 @@
 #include "distopt/runtime.hpp"
 #include "distopt/sdk/base/inner_reducer.hpp"
 #include "distopt/sdk/base/tensor.hpp"
+#include "job_yaml.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
@@ -29,12 +30,11 @@ namespace {
 // A job file: line 1 plugins, 2 world, 3 algorithm, 4 reducer.
 std::string write_job(const std::string& dir, const std::string& name, const std::string& reducer,
                       const std::string& algorithm = "{name: allreduce}") {
-  const std::string job = dir + "/" + name;
-  std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
-                     << "world: {size: 4}\n"
-                     << "algorithm: " << algorithm << "\n"
-                     << "reducer: " << reducer << "\n";
-  return job;
+  distopt::test::JobYaml j;
+  j.world = 4;
+  j.algorithm = algorithm;
+  j.reducer = reducer;
+  return distopt::test::write_job(dir + "/" + name, j);
 }
 
 const char* kPowerSgd = "{name: powersgd, options: {rank: 2}}";

@@ -13,6 +13,7 @@
 #include <regex>
 #include <string>
 
+#include "job_yaml.hpp"
 #include "multiproc.hpp"
 #include "result_files.hpp"
 #include "train_metrics.hpp"
@@ -26,14 +27,10 @@ const char* kTwoByTwo = "DISTOPT_NODE_ID=a,a,b,b";
 
 std::string write_job(const std::string& dir, const std::string& reducer, int world = 4,
                       int epochs = 2) {
-  const std::string job = dir + "/job.yaml";
-  std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
-                     << "world: {size: " << world << ", timeout_s: 60}\n"
-                     << "reducer: " << reducer << "\n"
-                     << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
-                     << "train: {model: mlp, epochs: " << epochs
-                     << ", batch_size: 128, seed: 0, threads: 1}\n";
-  return job;
+  distopt::test::JobYaml j = distopt::test::quickstart_job(world);
+  j.reducer = reducer;
+  j.train->epochs = epochs;
+  return distopt::test::write_job(dir + "/job.yaml", j);
 }
 
 struct Trained {

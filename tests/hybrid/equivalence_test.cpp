@@ -38,27 +38,7 @@ void check_world(const std::string& optimizer, int world) {
   for (double f : kFractions)
     for (bool overlap : {true, false})
       jobs.push_back(hybrid_job(world, random_port(), config(f, overlap), optimizer));
-  // Every rank runs every configuration in turn, each with its own runtime.
-  auto codes = fork_ranks(
-      world,
-      [&](int rank) {
-        torch::set_num_threads(1);
-        for (size_t j = 0; j < jobs.size(); ++j) {
-          torch::manual_seed(42);
-          Mlp3 net;
-          auto rt = rank_runtime(jobs[j], rank, world, "hybrid.yaml");
-          auto opt = make_hybrid_optimizer(rt, net);
-          train_steps(net, opt, rank, 0, kSteps);
-          write_doubles(rank_file(dir, "job" + std::to_string(j), rank), flat_params(net));
-          rt.barrier();
-        }
-        return 0;
-      },
-      std::chrono::seconds(240));
-  for (int r = 0; r < world; ++r) {
-    CAPTURE(r);
-    REQUIRE(codes[r] == 0);
-  }
+  const auto outcomes = run_jobs(jobs, world, kSteps, dir);
   const auto reference = read_doubles(dir + "/ref.bin");
   CHECK(max_abs_diff(reference, read_doubles(dir + "/init.bin")) > 1e-3);  // training moved it
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -66,12 +46,9 @@ void check_world(const std::string& optimizer, int world) {
     const bool overlap = j % 2 == 0;
     CAPTURE(fraction);
     CAPTURE(overlap);
-    const auto p0 = read_doubles(rank_file(dir, "job" + std::to_string(j), 0));
-    CHECK(max_abs_diff(p0, reference) <= 1e-6);
-    for (int r = 1; r < world; ++r)
-      CHECK(max_abs_diff(read_doubles(rank_file(dir, "job" + std::to_string(j), r)), p0) == 0);
+    check_ranks_equal_reference(outcomes[j].params, reference);
     if (!overlap)  // the same work in the same order: bitwise the overlapped result
-      CHECK(max_abs_diff(read_doubles(rank_file(dir, "job" + std::to_string(j - 1), 0)), p0) == 0);
+      CHECK(max_abs_diff(outcomes[j - 1].params[0], outcomes[j].params[0]) == 0);
   }
   std::system(("rm -rf '" + dir + "'").c_str());
 }

@@ -4,8 +4,8 @@
 // 1370 trainable elements: fc1.weight 640, fc1.bias 32, fc2.weight 512,
 // fc2.bias 16, fc3.weight 160, fc3.bias 10; fc2 is parameter group 1 (lr
 // 0.02, weight decay 0.05), so at offload_fraction 0.5 (fc1.*, fc2.weight on
-// the host) one group is split between host and device. Include before
-// torch_doctest.hpp.
+// the host) one group is split between host and device. Brings doctest in
+// (after libtorch, as torch_doctest.hpp requires).
 #pragma once
 
 #include <ATen/core/grad_mode.h>
@@ -13,6 +13,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include "rank_steps.hpp"
 #include "result_files.hpp"
 #include "test_net.hpp"
+#include "torch_doctest.hpp"  // after libtorch
 
 namespace distopt::test {
 
@@ -114,6 +116,60 @@ inline std::vector<double> reference_run(
     opt->step();
   }
   return flat_params(net);
+}
+
+/// Per job of run_jobs: every rank's parameters and optimizer state bytes.
+struct Outcome {
+  std::vector<std::vector<double>> params;  // per rank
+  std::vector<double> state_bytes;          // per rank
+};
+
+/// Runs each job YAML of `jobs` on `world` forked ranks (every rank runs
+/// them in turn, each with its own runtime): Mlp3 from seed 42,
+/// make_hybrid_optimizer, train_steps 0 .. `steps`. Exchanges results via
+/// files in `dir`; REQUIREs every rank to exit 0 within 240 s.
+inline std::vector<Outcome> run_jobs(const std::vector<std::string>& jobs, int world, int steps,
+                                     const std::string& dir) {
+  auto codes = fork_ranks(
+      world,
+      [&](int rank) {
+        torch::set_num_threads(1);
+        for (size_t j = 0; j < jobs.size(); ++j) {
+          torch::manual_seed(42);
+          Mlp3 net;
+          auto rt = rank_runtime(jobs[j], rank, world, "hybrid.yaml");
+          auto opt = make_hybrid_optimizer(rt, net);
+          train_steps(net, opt, rank, 0, steps);
+          const std::string tag = "job" + std::to_string(j);
+          write_doubles(rank_file(dir, tag, rank), flat_params(net));
+          write_doubles(rank_file(dir, tag + "_state", rank),
+                        {static_cast<double>(opt.state_bytes())});
+          rt.barrier();
+        }
+        return 0;
+      },
+      std::chrono::seconds(240));
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    REQUIRE(codes[r] == 0);
+  }
+  std::vector<Outcome> out(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j)
+    for (int r = 0; r < world; ++r) {
+      const std::string tag = "job" + std::to_string(j);
+      out[j].params.push_back(read_doubles(rank_file(dir, tag, r)));
+      out[j].state_bytes.push_back(read_doubles(rank_file(dir, tag + "_state", r)).at(0));
+    }
+  return out;
+}
+
+/// Rank 0's parameters equal the libtorch `reference` to 1e-6 (float
+/// rounding of another summation order), and every rank's equal rank 0's
+/// bitwise.
+inline void check_ranks_equal_reference(const std::vector<std::vector<double>>& params,
+                                        const std::vector<double>& reference) {
+  CHECK(max_abs_diff(params[0], reference) <= 1e-6);
+  for (size_t r = 1; r < params.size(); ++r) CHECK(max_abs_diff(params[r], params[0]) == 0);
 }
 
 }  // namespace distopt::test

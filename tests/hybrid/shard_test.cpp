@@ -29,47 +29,6 @@ std::string sharded(double fraction) {
          "}}";
 }
 
-// Runs each job on `world` ranks (every rank runs them in turn); returns
-// per job the parameters of every rank and, per rank, its state bytes.
-struct Outcome {
-  std::vector<std::vector<double>> params;  // per rank
-  std::vector<double> state_bytes;          // per rank
-};
-std::vector<Outcome> run_jobs(const std::vector<std::string>& jobs, int world,
-                              const std::string& dir) {
-  auto codes = fork_ranks(
-      world,
-      [&](int rank) {
-        torch::set_num_threads(1);
-        for (size_t j = 0; j < jobs.size(); ++j) {
-          torch::manual_seed(42);
-          Mlp3 net;
-          auto rt = rank_runtime(jobs[j], rank, world, "hybrid.yaml");
-          auto opt = make_hybrid_optimizer(rt, net);
-          train_steps(net, opt, rank, 0, kSteps);
-          const std::string tag = "job" + std::to_string(j);
-          write_doubles(rank_file(dir, tag, rank), flat_params(net));
-          write_doubles(rank_file(dir, tag + "_state", rank),
-                        {static_cast<double>(opt.state_bytes())});
-          rt.barrier();
-        }
-        return 0;
-      },
-      std::chrono::seconds(240));
-  for (int r = 0; r < world; ++r) {
-    CAPTURE(r);
-    REQUIRE(codes[r] == 0);
-  }
-  std::vector<Outcome> out(jobs.size());
-  for (size_t j = 0; j < jobs.size(); ++j)
-    for (int r = 0; r < world; ++r) {
-      const std::string tag = "job" + std::to_string(j);
-      out[j].params.push_back(read_doubles(rank_file(dir, tag, r)));
-      out[j].state_bytes.push_back(read_doubles(rank_file(dir, tag + "_state", r)).at(0));
-    }
-  return out;
-}
-
 void check_world(const std::string& optimizer, int world) {
   CAPTURE(optimizer);
   CAPTURE(world);
@@ -84,14 +43,13 @@ void check_world(const std::string& optimizer, int world) {
   std::vector<std::string> jobs;
   for (double f : kFractions)
     jobs.push_back(hybrid_job(world, random_port(), sharded(f), optimizer));
-  const auto outcomes = run_jobs(jobs, world, dir);
+  const auto outcomes = run_jobs(jobs, world, kSteps, dir);
   // fp32 state per element: SGD's momentum, Adam's two moments.
   const double per_elem = optimizer == "sgd" ? 4 : 8;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const Outcome& o = outcomes[j];
     CAPTURE(kFractions[j]);
-    CHECK(max_abs_diff(o.params[0], reference) <= 1e-6);
-    for (int r = 1; r < world; ++r) CHECK(max_abs_diff(o.params[r], o.params[0]) == 0);
+    check_ranks_equal_reference(o.params, reference);
     INFO("state bytes per rank: " << o.state_bytes[0] << " ... " << o.state_bytes[world - 1]);
     CHECK(std::accumulate(o.state_bytes.begin(), o.state_bytes.end(), 0.0) == per_elem * kNumel);
     const double chunk = static_cast<double>((kNumel + world - 1) / world);
@@ -121,7 +79,7 @@ TEST_CASE("hybrid shard takes another reducer's gradients: equal to allreduce wi
       << "algorithm: " << algorithm << "\noptimizer: " << optimizer_yaml("adam") << "\n";
     return y.str();
   };
-  const auto o = run_jobs({job("{name: allreduce}"), job(sharded(0.5))}, world, dir);
+  const auto o = run_jobs({job("{name: allreduce}"), job(sharded(0.5))}, world, kSteps, dir);
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     CHECK(max_abs_diff(o[1].params[r], o[0].params[r]) <= 1e-6);

@@ -7,38 +7,30 @@
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 
+#include "cli_checks.hpp"
+#include "job_yaml.hpp"
 #include "multiproc.hpp"
 #include "result_files.hpp"
 #include "train_metrics.hpp"
-
-using distopt::test::env_path;
-using distopt::test::run_command;
 
 namespace {
 
 std::string write_job(const std::string& dir, const std::string& name, int world,
                       const std::string& algorithm, const std::string& reducer = "{name: mean}",
                       const std::string& extra = "") {
-  const std::string job = dir + "/" + name;
-  std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
-                     << "world: {size: " << world << ", timeout_s: 60}\n"
-                     << "algorithm: " << algorithm << "\n"
-                     << "reducer: " << reducer << "\n"
-                     << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
-                     << "train: {model: mlp, epochs: 2, batch_size: 128, seed: 0, threads: 1}\n"
-                     << extra;
-  return job;
+  distopt::test::JobYaml j = distopt::test::quickstart_job(world);
+  j.algorithm = algorithm;
+  j.reducer = reducer;
+  j.extra = extra;
+  return distopt::test::write_job(dir + "/" + name, j);
 }
 
 }  // namespace
 
 TEST_CASE("distopt check refuses bad local_sgd jobs, naming file:line:column") {
-  const std::string cli = env_path("DISTOPT_CLI");
   const std::string dir = distopt::test::make_temp_dir("distopt_lsgd_check");
   struct Case {
     std::string algorithm, reducer, extra, where, why;
@@ -56,38 +48,23 @@ TEST_CASE("distopt check refuses bad local_sgd jobs, naming file:line:column") {
   };
   int i = 0;
   for (const Case& c : cases) {
-    const std::string job =
-        write_job(dir, "bad" + std::to_string(i++) + ".yaml", 4, c.algorithm, c.reducer, c.extra);
-    auto r = run_command({cli, "check", job}, {}, std::chrono::seconds(60));
-    INFO(r.output);
-    CHECK(r.exit_code == 1);
-    CHECK(r.output.find(job + c.where) != std::string::npos);
-    CHECK(r.output.find(c.why) != std::string::npos);
+    distopt::test::check_refuses(
+        write_job(dir, "bad" + std::to_string(i++) + ".yaml", 4, c.algorithm, c.reducer, c.extra),
+        c.where, {c.why});
   }
   // A compressing reducer is fine when the warm-up uses it.
-  auto ok =
-      run_command({cli, "check",
-                   write_job(dir, "ok.yaml", 4, "{name: local_sgd, options: {warmup_steps: 10}}",
-                             "{name: topk, options: {ratio: 0.1}}")},
-                  {}, std::chrono::seconds(60));
-  INFO(ok.output);
-  CHECK(ok.exit_code == 0);
+  distopt::test::check_accepts(write_job(dir, "ok.yaml", 4,
+                                         "{name: local_sgd, options: {warmup_steps: 10}}",
+                                         "{name: topk, options: {ratio: 0.1}}"));
   distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("distopt train: 4 ranks x 2 epochs, local SGD with period 4 learns the MLP") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
-  const std::string cli = env_path("DISTOPT_CLI");
   const std::string dir = distopt::test::make_temp_dir("distopt_lsgd_train");
   const std::string job = write_job(dir, "job.yaml", 4, "{name: local_sgd, options: {period: 4}}");
   const std::string metrics = dir + "/metrics.jsonl";
-  auto r = run_command({cli, "train", job, "--metrics", metrics}, {}, std::chrono::seconds(300));
-  INFO(r.output);
-  REQUIRE_FALSE(r.timed_out);
-  REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("consensus distance") != std::string::npos);
-  const auto summary = distopt::test::metrics_summary(metrics);
-  REQUIRE(summary.is_object());
+  auto summary = distopt::test::train_consensus_summary(job, metrics);
   const double accuracy = summary["final_test_accuracy"].get<double>();
   MESSAGE("local_sgd period 4: test accuracy " << accuracy);
   // Measured 85.89% (seeds 1, 2: 86.19%, 86.10%; Haswell kernels 85.93%;
@@ -107,17 +84,10 @@ TEST_CASE("distopt train: 4 ranks x 2 epochs, local SGD with period 4 learns the
 
 TEST_CASE("a rank killed during the local steps is named at the next average, and the job fails") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
-  const std::string cli = env_path("DISTOPT_CLI");
   const std::string dir = distopt::test::make_temp_dir("distopt_lsgd_kill");
   // Rank 1 dies before step 5; rank 0 takes local steps 5 and 6 alone and
   // fails in the average after step 7.
-  const std::string job = write_job(dir, "job.yaml", 2, "{name: local_sgd, options: {period: 4}}");
-  auto r = run_command({cli, "train", job}, {"DISTOPT_FAULT_INJECT=exit:1:5"},
-                       std::chrono::seconds(120));
-  INFO(r.output);
-  REQUIRE_FALSE(r.timed_out);
-  CHECK(r.exit_code == 1);
-  CHECK(r.output.find("rank 1 failed (exit code 137)") != std::string::npos);
-  CHECK(std::regex_search(r.output, std::regex(R"(\[rank 0\] .*error.*rank 1)")));
+  distopt::test::check_killed_rank_named(
+      write_job(dir, "job.yaml", 2, "{name: local_sgd, options: {period: 4}}"));
   distopt::test::remove_tree(dir);
 }

@@ -20,6 +20,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "distopt/config.hpp"
@@ -137,6 +138,22 @@ std::pair<at::Tensor, at::Tensor> data() {
           at::randint(0, kClasses, {kGlobalBatch * kSteps})};
 }
 
+// How every process (ranks and reference) starts: one intra-op thread, the
+// global data (kDataSeed) into `x` / `y`, then the model drawn from kInitSeed.
+Net seeded_model(at::Tensor& x, at::Tensor& y) {
+  torch::set_num_threads(1);
+  std::tie(x, y) = data();
+  torch::manual_seed(kInitSeed);
+  return Net();
+}
+
+// Rank `rank` of `world`'s slice of step `step`'s global batch in `t`
+// (samples or labels): kGlobalBatch / world rows.
+at::Tensor rank_slice(const at::Tensor& t, int step, int rank, int world) {
+  const int batch = kGlobalBatch / world;
+  return t.narrow(0, static_cast<int64_t>(step) * kGlobalBatch + rank * batch, batch);
+}
+
 std::string job_yaml(const Case& c, const std::string& precision = "") {
   std::ostringstream y;
   y << plugins_and_world_yaml(c.world, random_port()) << "communicator: {name: tcp}\n"
@@ -151,10 +168,8 @@ std::string job_yaml(const Case& c, const std::string& precision = "") {
 // kSteps (and the initial ones in *init).
 std::vector<double> reference(const Case& c, const TempDir& dir, std::vector<double>* init) {
   auto codes = fork_ranks(1, [&](int) {
-    torch::set_num_threads(1);
-    auto [x, y] = data();
-    torch::manual_seed(kInitSeed);
-    Net net;
+    at::Tensor x, y;
+    Net net = seeded_model(x, y);
     write_doubles(dir.file("init.bin"), flat_params(net));
     const Named last = named(net, true);
     set_trainable(last, false);
@@ -168,9 +183,7 @@ std::vector<double> reference(const Case& c, const TempDir& dir, std::vector<dou
       }
       opt->zero_grad();
       if (extra) extra->zero_grad();
-      loss_of(net, x.narrow(0, step * kGlobalBatch, kGlobalBatch),
-              y.narrow(0, step * kGlobalBatch, kGlobalBatch))
-          .backward();
+      loss_of(net, rank_slice(x, step, 0, 1), rank_slice(y, step, 0, 1)).backward();
       opt->step();
       if (extra) extra->step();
     }
@@ -195,14 +208,11 @@ struct RankResult {
 // their broadcasts must restore rank 0's values.
 std::vector<RankResult> run(const Case& c, const TempDir& dir) {
   const std::string yaml = job_yaml(c);
-  const int batch = kGlobalBatch / c.world;
   auto codes = fork_ranks(
       c.world,
       [&](int rank) {
-        torch::set_num_threads(1);
-        auto [x, y] = data();
-        torch::manual_seed(kInitSeed);
-        Net net;
+        at::Tensor x, y;
+        Net net = seeded_model(x, y);
         const Named last = named(net, true);
         set_trainable(last, false);
         auto rt = rank_runtime(yaml, rank, c.world);
@@ -219,8 +229,8 @@ std::vector<RankResult> run(const Case& c, const TempDir& dir) {
             opt.add_param_group(last, c.new_lr, c.new_wd);
           }
           opt.zero_grad();
-          const int64_t off = step * kGlobalBatch + rank * batch;
-          loss_of(net, x.narrow(0, off, batch), y.narrow(0, off, batch)).backward();
+          loss_of(net, rank_slice(x, step, rank, c.world), rank_slice(y, step, rank, c.world))
+              .backward();
           opt.step();
         }
         extra[2] = static_cast<double>(opt.state_bytes());
@@ -420,19 +430,15 @@ TEST_CASE("errors: duplicate names, ranks that disagree, a backward in flight") 
   auto codes = fork_ranks(
       c.world,
       [&](int rank) {
-        torch::set_num_threads(1);
-        auto [x, y] = data();
-        torch::manual_seed(kInitSeed);
-        Net net;
+        at::Tensor x, y;
+        Net net = seeded_model(x, y);
         const Named last = named(net, true);
         set_trainable(last, false);
         auto rt = rank_runtime(yaml, rank, c.world);
         auto opt = rt.make_optimizer(named(net, false));
         auto one_step = [&](int step) {
           opt.zero_grad();
-          const int64_t off = step * kGlobalBatch + rank * (kGlobalBatch / c.world);
-          loss_of(net, x.narrow(0, off, kGlobalBatch / c.world),
-                  y.narrow(0, off, kGlobalBatch / c.world))
+          loss_of(net, rank_slice(x, step, rank, c.world), rank_slice(y, step, rank, c.world))
               .backward();
         };
         one_step(0);
@@ -499,10 +505,8 @@ TEST_CASE("bf16 mixed precision: fp32 masters and the loss scaler survive add_pa
     auto codes = fork_ranks(
         c.world,
         [&](int rank) {
-          torch::set_num_threads(1);
-          auto [x, y] = data();
-          torch::manual_seed(kInitSeed);
-          Net net;
+          at::Tensor x, y;
+          Net net = seeded_model(x, y);
           net->to(at::kBFloat16);
           const Named last = named(net, true);
           auto rt = rank_runtime(yaml, rank, c.world);
@@ -513,7 +517,6 @@ TEST_CASE("bf16 mixed precision: fp32 masters and the loss scaler survive add_pa
           auto opt = add ? rt.make_optimizer(named(net, false))
                          : rt.make_optimizer(*net, {distopt::ParamGroupSpec{}, g1});
           std::vector<double> scales;
-          const int batch = kGlobalBatch / c.world;
           for (int step = 0; step < kSteps; ++step) {
             if (step == kAddAt) {
               if (add) {
@@ -525,9 +528,8 @@ TEST_CASE("bf16 mixed precision: fp32 masters and the loss scaler survive add_pa
               }
             }
             opt.zero_grad();
-            const int64_t off = step * kGlobalBatch + rank * batch;
-            opt.scale_loss(
-                   loss_of(net, x.narrow(0, off, batch).to(at::kBFloat16), y.narrow(0, off, batch)))
+            opt.scale_loss(loss_of(net, rank_slice(x, step, rank, c.world).to(at::kBFloat16),
+                                   rank_slice(y, step, rank, c.world)))
                 .backward();
             opt.step();
             scales.push_back(opt.loss_scale());

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "cli_util.hpp"
+#include "job_yaml.hpp"
 #include "train_metrics.hpp"
 
-using distopt::test::env_path;
 using distopt::test::ProcResult;
 using distopt::test::run_command;
 using namespace distopt::test::cli;
@@ -22,17 +22,13 @@ namespace {
 
 std::string write_job(const TempDir& t, const std::string& name, const std::string& precision,
                       int epochs, int max_steps) {
-  std::ostringstream y;
-  y << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
-    << "world: {size: 2, timeout_s: 60}\n"
-    << "communicator: {name: tcp}\nreducer: {name: mean}\nalgorithm: {name: allreduce}\n"
-    << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
-    << "train: {model: mlp, epochs: " << epochs
-    << ", batch_size: 256, seed: 0, max_steps: " << max_steps << ", log_every: 0, threads: 1}\n";
-  if (!precision.empty()) y << "precision:\n" << precision;
-  std::string path = t.file(name);
-  std::ofstream(path) << y.str();
-  return path;
+  distopt::test::JobYaml j = distopt::test::allreduce_job(2);
+  j.train->epochs = epochs;
+  j.train->batch_size = 256;
+  j.train->max_steps = max_steps;
+  j.train->log_every = 0;
+  if (!precision.empty()) j.extra = "precision:\n" + precision;
+  return distopt::test::write_job(t.file(name), j);
 }
 
 json summary_of(const std::string& metrics_path) {

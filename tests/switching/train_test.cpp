@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "job_yaml.hpp"
 #include "multiproc.hpp"
 #include "result_files.hpp"
 #include "train_metrics.hpp"
@@ -22,14 +23,9 @@ namespace {
 
 std::string write_job(const std::string& dir, const std::string& name, int world,
                       const std::string& schedule) {
-  const std::string job = dir + "/" + name;
-  std::ofstream(job) << "plugins: {paths: [" << env_path("DISTOPT_PLUGIN_DIR") << "]}\n"
-                     << "world: {size: " << world << ", timeout_s: 60}\n"
-                     << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
-                     << "train: {model: mlp, epochs: 2, batch_size: 128, seed: 0, threads: 1}\n"
-                     << "schedule:\n"
-                     << schedule;
-  return job;
+  distopt::test::JobYaml j = distopt::test::quickstart_job(world);
+  j.extra = "schedule:\n" + schedule;
+  return distopt::test::write_job(dir + "/" + name, j);
 }
 
 std::vector<nlohmann::json> epoch_events(const std::string& metrics) {

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 
+#include "comm_faults.hpp"
 #include "comm_helpers.hpp"
 #include "distopt/error.hpp"
 
@@ -165,25 +166,7 @@ TEST_CASE("ucx: a rank that dies mid-allreduce fails every other rank's wait, na
           DLTensor t = make_dltensor(buf.data(), static_cast<int64_t>(buf.size()), dl_f32(), &s);
           ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();
           ep->comm->barrier().wait();
-          try {
-            ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();
-            if (me == dead) return 5;  // the fault point was not reached
-            fprintf(stderr, "rank %d: allreduce completed without rank %d\n", me, dead);
-            return 1;
-          } catch (const CommError& e) {
-            if (e.status() != DOPT_ERR_COMM || !std::strstr(e.what(), "rank 2") ||
-                !std::strstr(e.what(), "allreduce")) {
-              fprintf(stderr, "rank %d: unexpected error: %s\n", me, e.what());
-              return 2;
-            }
-          }
-          try {  // later operations fail at once, naming it too
-            ep->comm->barrier().wait();
-            return 3;
-          } catch (const CommError& e) {
-            if (!std::strstr(e.what(), "rank 2")) return 4;
-          }
-          return 0;
+          return check_dead_peer_named(*ep->comm, t, me, dead);
         },
         std::chrono::seconds(90));
     unsetenv("DISTOPT_FAULT_INJECT");
@@ -210,13 +193,7 @@ TEST_CASE("ucx: a stopped peer makes the others time out (DOPT_ERR_TIMEOUT), nam
           DLTensor t = make_dltensor(&x, 1, dl_f32(), &s);
           ep->comm->allreduce(t, t, DOPT_REDUCE_SUM).wait();  // everyone is connected
           if (me == 2) {
-            const pid_t self = getpid();
-            if (fork() == 0) {  // only async-signal-safe calls in the child
-              sleep(6);
-              kill(self, SIGCONT);
-              _exit(0);
-            }
-            raise(SIGSTOP);
+            stop_self_for(6);
             return 0;
           }
           try {

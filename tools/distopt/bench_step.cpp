@@ -76,53 +76,60 @@ Timing time_it(int iters, bool cuda, F&& f) {
   return t;
 }
 
-}  // namespace
-
-int distopt_bench_step(int argc, char** argv) {
+// The command line, with the device-dependent defaults filled in.
+struct BenchArgs {
   int tensors = 256, iters = 10;
-  double total_m = 0;
+  double total_m = 0;  // millions of elements
   std::string optimizer = "adam", plugin_dir, device_name = "cpu", communicator;
   bool hybrid = false;
+  bool cuda = false;
+};
+
+// Parses and checks the options; nullopt after --help.
+std::optional<BenchArgs> parse_bench_args(int argc, char** argv) {
+  BenchArgs a;
   po::options_description desc(
       "distopt bench step: unfused vs fused inner-optimizer step against the memory floor");
   desc.add_options()("help,h", "this help")(
-      "device", po::value(&device_name)->default_value("cpu"),
+      "device", po::value(&a.device_name)->default_value("cpu"),
       "cpu or cuda (the GPU of index 0; needs a libtorch with CUDA and a visible GPU)")(
-      "tensors", po::value(&tensors)->default_value(256), "parameter tensors")(
-      "total", po::value(&total_m),
+      "tensors", po::value(&a.tensors)->default_value(256), "parameter tensors")(
+      "total", po::value(&a.total_m),
       "total elements, millions (default: 25 on cpu, 1000 = ~1B parameters on cuda)")(
-      "optimizer", po::value(&optimizer)->default_value("adam"),
-      "adam, adamw or sgd (momentum 0.9)")("iters", po::value(&iters)->default_value(10),
+      "optimizer", po::value(&a.optimizer)->default_value("adam"),
+      "adam, adamw or sgd (momentum 0.9)")("iters", po::value(&a.iters)->default_value(10),
                                            "timed steps (median, min and max reported)")(
-      "plugin-path,P", po::value(&plugin_dir), "also search DIR for the plugins")(
-      "communicator", po::value(&communicator),
+      "plugin-path,P", po::value(&a.plugin_dir), "also search DIR for the plugins")(
+      "communicator", po::value(&a.communicator),
       "communicator of the runtime rows (default: tcp on cpu, nccl on cuda)")(
-      "hybrid", po::bool_switch(&hybrid),
+      "hybrid", po::bool_switch(&a.hybrid),
       "also time the hybrid algorithm at offload_fraction 0, 0.5, 1, overlap on and off");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   po::notify(vm);
   if (vm.count("help")) {
     std::cout << desc << "\n";
-    return 0;
+    return std::nullopt;
   }
-  if (device_name != "cpu" && device_name != "cuda")
-    throw distopt::Error("bench step: --device must be cpu or cuda, got '" + device_name + "'");
-  const bool cuda = device_name == "cuda";
-  if (cuda && !torch::cuda::is_available())
+  if (a.device_name != "cpu" && a.device_name != "cuda")
+    throw distopt::Error("bench step: --device must be cpu or cuda, got '" + a.device_name + "'");
+  a.cuda = a.device_name == "cuda";
+  if (a.cuda && !torch::cuda::is_available())
     throw distopt::Error(
         "bench step: --device cuda needs a libtorch built with CUDA and a visible GPU; "
         "torch::cuda::is_available() is false here (a CPU-only libtorch such as Debian's, or "
         "no GPU visible)");
-  if (!vm.count("total")) total_m = cuda ? 1000 : 25;
-  if (communicator.empty()) communicator = cuda ? "nccl" : "tcp";
-  if (tensors < 1 || total_m <= 0 || iters < 1) throw distopt::Error("bench step: bad sizes");
-  if (optimizer != "adam" && optimizer != "adamw" && optimizer != "sgd")
+  if (!vm.count("total")) a.total_m = a.cuda ? 1000 : 25;
+  if (a.communicator.empty()) a.communicator = a.cuda ? "nccl" : "tcp";
+  if (a.tensors < 1 || a.total_m <= 0 || a.iters < 1) throw distopt::Error("bench step: bad sizes");
+  if (a.optimizer != "adam" && a.optimizer != "adamw" && a.optimizer != "sgd")
     throw distopt::Error("bench step: --optimizer must be adam, adamw or sgd");
-  const at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  const auto fopt = at::TensorOptions().dtype(at::kFloat).device(dev);
+  return a;
+}
 
-  // Sizes: log-uniform in [1e3, 1e6], scaled so they sum to --total.
+// `tensors` sizes log-uniform in [1e3, 1e6] (seed 0), scaled so they sum to
+// `total_m` millions (each at least 1).
+std::vector<int64_t> tensor_sizes(int tensors, double total_m) {
   std::mt19937 rng(0);
   std::uniform_real_distribution<double> u(3, 6);
   std::vector<double> raw(tensors);
@@ -130,16 +137,28 @@ int distopt_bench_step(int argc, char** argv) {
   for (auto& r : raw) sum += (r = std::pow(10.0, u(rng)));
   const double scale = total_m * 1e6 / sum;
   std::vector<int64_t> sizes;
-  int64_t n = 0;
-  for (int i = 0; i < tensors; ++i) {
+  for (int i = 0; i < tensors; ++i)
     sizes.push_back(std::max<int64_t>(1, std::llround(raw[i] * scale)));
-    n += sizes.back();
-  }
-  torch::manual_seed(0);
+  return sizes;
+}
+
+// One row of the table: a variant's timing, or why it has none.
+struct Row {
+  std::string name;
+  std::optional<Timing> t;
+  std::string note;  // why there is no time
+};
+
+// What every variant shares: the options, the tensor sizes and the device.
+struct Bench {
+  BenchArgs a;
+  std::vector<int64_t> sizes;
+  at::TensorOptions fopt;
+
   // Fresh parameters for one variant (each variant gets its own and frees
   // them, so a 1B-element run holds one set at a time); with gradients for
   // the libtorch rows (the runtime rows get theirs from make_optimizer).
-  auto make_params = [&](bool with_grad) {
+  std::vector<at::Tensor> make_params(bool with_grad) const {
     std::vector<at::Tensor> ps;
     for (int64_t k : sizes) {
       at::Tensor p = at::randn({k}, fopt).set_requires_grad(true);
@@ -147,119 +166,111 @@ int distopt_bench_step(int argc, char** argv) {
       ps.push_back(p);
     }
     return ps;
-  };
-
-  // Copy bandwidth, timed as the steps are: one n-element fp32 copy moves 8n bytes.
-  std::vector<double> copy_s;
-  auto time_copy = [&] {
-    at::Tensor src = at::randn({n}, fopt), dst = at::empty({n}, fopt);
-    Timing t = time_it(iters, cuda, [&] { dst.copy_(src); });
-    copy_s.insert(copy_s.end(), t.s.begin(), t.s.end());
-  };
-  time_copy();
-
-  struct Row {
-    std::string name;
-    std::optional<Timing> t;
-    std::string note;  // why there is no time
-  };
-  std::vector<Row> rows;
-
-  {  // unfused: libtorch's optimizer over the tensors
-    auto ps = make_params(true);
-    std::unique_ptr<torch::optim::Optimizer> opt;
-    if (optimizer == "adam")
-      opt = std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(1e-3));
-    else if (optimizer == "adamw")
-      opt = std::make_unique<torch::optim::AdamW>(ps, torch::optim::AdamWOptions(1e-3));
-    else
-      opt = std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(1e-3).momentum(0.9));
-    rows.push_back({"unfused", time_it(iters, cuda, [&] { opt->step(); }), ""});
   }
+};
 
-  {  // torch's fused multi-tensor Adam, as torch.optim.Adam(fused=True) calls it
-    Row r{"torch fused", std::nullopt, ""};
-    if (optimizer == "sgd") {
-      r.note = "no fused SGD baseline here";
-    } else if (optimizer == "adamw" && TORCH_VERSION_MAJOR < 2) {
-      r.note = "at::_fused_adamw_ needs libtorch >= 2 (this is " TORCH_VERSION ")";
-    } else {
-      try {
-        auto ps = make_params(true);
-        std::vector<at::Tensor> gs, ms, vs, steps;
-        for (auto& p : ps) {
-          gs.push_back(p.grad());
-          ms.push_back(at::zeros_like(p));
-          vs.push_back(at::zeros_like(p));
-          steps.push_back(at::zeros({1}, fopt));  // float step counts on the device, as torch's
-        }
-        auto step = [&] {
-          at::NoGradGuard ng;
-          at::_foreach_add_(steps, 1);
-          if (optimizer == "adam")
-            at::_fused_adam_(ps, gs, ms, vs, {}, steps, 1e-3, 0.9, 0.999, 0, 1e-8, false, false);
-#if TORCH_VERSION_MAJOR >= 2
-          else
-            at::_fused_adamw_(ps, gs, ms, vs, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false,
-                              false);
-#endif
-        };
-        r.t = time_it(iters, cuda, step);
-      } catch (const c10::Error& e) {
-        // e.g. libtorch < 2.4 has no CPU kernel for it.
-        std::string what = e.what_without_backtrace();
-        r.note = "unsupported by this libtorch (" TORCH_VERSION ") on " + device_name + ": " +
-                 what.substr(0, std::min(what.find('\n'), what.find(". ")));
-      }
-    }
-    rows.push_back(r);
-  }
+// Copy bandwidth, timed as the steps are: one n-element fp32 copy moves 8n
+// bytes; appends the seconds of each copy to `copy_s`.
+void time_copy(const Bench& b, int64_t n, std::vector<double>& copy_s) {
+  at::Tensor src = at::randn({n}, b.fopt), dst = at::empty({n}, b.fopt);
+  Timing t = time_it(b.a.iters, b.a.cuda, [&] { dst.copy_(src); });
+  copy_s.insert(copy_s.end(), t.s.begin(), t.s.end());
+}
 
-  // An algorithm through the real runtime and plugin on fresh parameters
-  // (world size 1: the mean reducer's bucket reduction is a no-op; step()
-  // includes it).
-  auto time_algorithm = [&](const std::string& name, const std::string& algorithm) {
-    std::ostringstream y;
-    y << "plugins: {paths: [" << (plugin_dir.empty() ? "" : "'" + plugin_dir + "'") << "]}\n"
-      << "world: {size: 1}\ncommunicator: {name: " << communicator << "}\nreducer: {name: mean}\n"
-      << "algorithm: " << algorithm << "\noptimizer: {name: " << optimizer << ", lr: 1.0e-3"
-      << (optimizer == "sgd" ? ", momentum: 0.9" : "") << "}\n";
-    Row r{name, std::nullopt, ""};
+// unfused: libtorch's optimizer over the tensors.
+Row time_unfused(const Bench& b) {
+  auto ps = b.make_params(true);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (b.a.optimizer == "adam")
+    opt = std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(1e-3));
+  else if (b.a.optimizer == "adamw")
+    opt = std::make_unique<torch::optim::AdamW>(ps, torch::optim::AdamWOptions(1e-3));
+  else
+    opt = std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(1e-3).momentum(0.9));
+  return {"unfused", time_it(b.a.iters, b.a.cuda, [&] { opt->step(); }), ""};
+}
+
+// torch's fused multi-tensor Adam, as torch.optim.Adam(fused=True) calls it.
+Row time_torch_fused(const Bench& b) {
+  const std::string& optimizer = b.a.optimizer;
+  Row r{"torch fused", std::nullopt, ""};
+  if (optimizer == "sgd") {
+    r.note = "no fused SGD baseline here";
+  } else if (optimizer == "adamw" && TORCH_VERSION_MAJOR < 2) {
+    r.note = "at::_fused_adamw_ needs libtorch >= 2 (this is " TORCH_VERSION ")";
+  } else {
     try {
-      auto ps = make_params(false);
-      std::vector<std::pair<std::string, at::Tensor>> c;
-      for (size_t i = 0; i < ps.size(); ++i) c.emplace_back("p" + std::to_string(i), ps[i]);
-      distopt::ProcessInfo proc;
-      proc.source = "bench";
-      auto rt = distopt::Runtime::from_config(distopt::parse_job_config(y.str(), "bench-step.yaml"),
-                                              proc);
-      auto dopt = rt.make_optimizer(c);
-      for (auto& p : ps) p.grad().normal_();
-      r.t = time_it(iters, cuda, [&] { dopt.step(); });
-    } catch (const std::exception& e) {
-      std::string what = e.what();
-      r.note = "failed: " + what.substr(0, what.find('\n'));
+      auto ps = b.make_params(true);
+      std::vector<at::Tensor> gs, ms, vs, steps;
+      for (auto& p : ps) {
+        gs.push_back(p.grad());
+        ms.push_back(at::zeros_like(p));
+        vs.push_back(at::zeros_like(p));
+        steps.push_back(at::zeros({1}, b.fopt));  // float step counts on the device, as torch's
+      }
+      auto step = [&] {
+        at::NoGradGuard ng;
+        at::_foreach_add_(steps, 1);
+        if (optimizer == "adam")
+          at::_fused_adam_(ps, gs, ms, vs, {}, steps, 1e-3, 0.9, 0.999, 0, 1e-8, false, false);
+#if TORCH_VERSION_MAJOR >= 2
+        else
+          at::_fused_adamw_(ps, gs, ms, vs, {}, steps, 1e-3, 0.9, 0.999, 1e-2, 1e-8, false, false);
+#endif
+      };
+      r.t = time_it(b.a.iters, b.a.cuda, step);
+    } catch (const c10::Error& e) {
+      // e.g. libtorch < 2.4 has no CPU kernel for it.
+      std::string what = e.what_without_backtrace();
+      r.note = "unsupported by this libtorch (" TORCH_VERSION ") on " + b.a.device_name + ": " +
+               what.substr(0, std::min(what.find('\n'), what.find(". ")));
     }
-    rows.push_back(r);
-  };
-  time_algorithm("fused", "{name: fused}");
-  if (hybrid)
-    for (const char* f : {"0", "0.5", "1"})
-      for (const char* overlap : {"false", "true"})
-        time_algorithm(std::string("hybrid f=") + f + (overlap[0] == 't' ? " ovl" : " seq"),
-                       std::string("{name: hybrid, options: {offload_fraction: ") + f +
-                           ", overlap_cpu_optimizer_d2h_h2d: " + overlap + "}}");
-  time_copy();  // again: the machine may have changed pace meanwhile
+  }
+  return r;
+}
 
+// An algorithm through the real runtime and plugin on fresh parameters
+// (world size 1: the mean reducer's bucket reduction is a no-op; step()
+// includes it).
+Row time_algorithm(const Bench& b, const std::string& name, const std::string& algorithm) {
+  const BenchArgs& a = b.a;
+  std::ostringstream y;
+  y << "plugins: {paths: [" << (a.plugin_dir.empty() ? "" : "'" + a.plugin_dir + "'") << "]}\n"
+    << "world: {size: 1}\ncommunicator: {name: " << a.communicator << "}\nreducer: {name: mean}\n"
+    << "algorithm: " << algorithm << "\noptimizer: {name: " << a.optimizer << ", lr: 1.0e-3"
+    << (a.optimizer == "sgd" ? ", momentum: 0.9" : "") << "}\n";
+  Row r{name, std::nullopt, ""};
+  try {
+    auto ps = b.make_params(false);
+    std::vector<std::pair<std::string, at::Tensor>> c;
+    for (size_t i = 0; i < ps.size(); ++i) c.emplace_back("p" + std::to_string(i), ps[i]);
+    distopt::ProcessInfo proc;
+    proc.source = "bench";
+    auto rt =
+        distopt::Runtime::from_config(distopt::parse_job_config(y.str(), "bench-step.yaml"), proc);
+    auto dopt = rt.make_optimizer(c);
+    for (auto& p : ps) p.grad().normal_();
+    r.t = time_it(a.iters, a.cuda, [&] { dopt.step(); });
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    r.note = "failed: " + what.substr(0, what.find('\n'));
+  }
+  return r;
+}
+
+// The table: each row against the floor (bytes a step moves over the
+// fastest copy) and against the unfused row (rows[0]).
+void print_report(const BenchArgs& a, int64_t n, std::vector<double> copy_s,
+                  const std::vector<Row>& rows) {
   std::sort(copy_s.begin(), copy_s.end());
   const double copy_med = copy_s[copy_s.size() / 2];
-  const double bytes_per = optimizer == "sgd" ? 20.0 : 28.0;
+  const double bytes_per = a.optimizer == "sgd" ? 20.0 : 28.0;
   const double floor_s = bytes_per / 8.0 * copy_s.front();  // fastest copy: a true lower bound
   std::printf(
       "bench step: %s on %s, %d tensors, %lld elements (%.1f MB fp32), %d threads, median of %d "
       "(min..max)\n",
-      optimizer.c_str(), device_name.c_str(), tensors, static_cast<long long>(n), 4.0 * n / 1e6,
-      at::get_num_threads(), iters);
+      a.optimizer.c_str(), a.device_name.c_str(), a.tensors, static_cast<long long>(n),
+      4.0 * n / 1e6, at::get_num_threads(), a.iters);
   std::printf(
       "copy bandwidth: %.2f GB/s median (%.2f..%.2f) over %zu copies of %.1f MB, timed as the "
       "steps; floor = %.0f B/elem / fastest copy = %.2f ms\n",
@@ -284,9 +295,40 @@ int distopt_bench_step(int argc, char** argv) {
     std::printf(
         "note: a row below the floor moved fewer bytes than counted (caches hold part of the "
         "state at this size) or the copy was slowed by the machine; use a larger --total.\n");
-  if (hybrid && !cuda)
+  if (a.hybrid && !a.cuda)
     std::printf(
         "hybrid: CPU-only rows (the \"device\" is the CPU; ovl = overlap on, seq = off); run "
         "with --device cuda on a GPU for the device rows.\n");
+}
+
+}  // namespace
+
+int distopt_bench_step(int argc, char** argv) {
+  std::optional<BenchArgs> args = parse_bench_args(argc, argv);
+  if (!args) return 0;
+  Bench b;
+  b.a = *args;
+  const at::Device dev = b.a.cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  b.fopt = at::TensorOptions().dtype(at::kFloat).device(dev);
+  b.sizes = tensor_sizes(b.a.tensors, b.a.total_m);
+  int64_t n = 0;
+  for (int64_t k : b.sizes) n += k;
+  torch::manual_seed(0);
+
+  std::vector<double> copy_s;
+  time_copy(b, n, copy_s);
+  std::vector<Row> rows;
+  rows.push_back(time_unfused(b));
+  rows.push_back(time_torch_fused(b));
+  rows.push_back(time_algorithm(b, "fused", "{name: fused}"));
+  if (b.a.hybrid)
+    for (const char* f : {"0", "0.5", "1"})
+      for (const char* overlap : {"false", "true"})
+        rows.push_back(
+            time_algorithm(b, std::string("hybrid f=") + f + (overlap[0] == 't' ? " ovl" : " seq"),
+                           std::string("{name: hybrid, options: {offload_fraction: ") + f +
+                               ", overlap_cpu_optimizer_d2h_h2d: " + overlap + "}}"));
+  time_copy(b, n, copy_s);  // again: the machine may have changed pace meanwhile
+  print_report(b.a, n, copy_s, rows);
   return 0;
 }

@@ -103,6 +103,81 @@ void print_options(std::ostream& os, const std::vector<distopt::OptionSpec>& spe
   print_table(os, rows, "    ");
 }
 
+/// `distopt plugins --json`: the search path, the components with their
+/// options, the core bucketing options and the skipped files.
+json discovery_json(const std::vector<std::string>& dirs, const distopt::PluginRegistry& reg) {
+  json out;
+  out["search_path"] = json::array();
+  for (const auto& d : dirs)
+    out["search_path"].push_back({{"dir", d}, {"exists", is_directory(d)}});
+  out["components"] = json::array();
+  for (const auto& c : reg.components())
+    out["components"].push_back(
+        {{"kind", distopt::kind_name(c.kind)},
+         {"name", c.name},
+         {"version", c.version},
+         {"description", c.description},
+         {"plugin", c.plugin_name},
+         {"plugin_version", c.plugin_version},
+         {"abi", std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor)},
+         {"file", c.file},
+         {"traits",
+          {{"exact_mean", (c.traits & DOPT_TRAIT_EXACT_MEAN) != 0},
+           {"wraps_reducer", (c.traits & DOPT_TRAIT_WRAPS_REDUCER) != 0}}},
+         {"checks_job", c.check_job != nullptr},
+         {"devices", devices_json(c.devices)},
+         {"options", options_json(c.options)}});
+  out["reducer_bucket_options"] = options_json(distopt::bucket_option_specs());
+  out["skipped"] = json::array();
+  for (const auto& s : reg.skipped())
+    out["skipped"].push_back({{"file", s.file}, {"reason", s.reason}});
+  return out;
+}
+
+/// The "Components" table, then each component's description, declarations
+/// and options, then the bucketing options if any reducer was found.
+void print_components(std::ostream& os, const distopt::PluginRegistry& reg) {
+  os << "\nComponents (" << reg.components().size() << "):\n";
+  if (reg.components().empty()) {
+    os << "  (none found)\n";
+  } else {
+    std::vector<std::vector<std::string>> rows = {{"KIND", "NAME", "VERSION", "ABI", "FILE"}};
+    for (const auto& c : reg.components())
+      rows.push_back({distopt::kind_name(c.kind), c.name, c.version,
+                      std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor), c.file});
+    print_table(os, rows, "  ");
+  }
+
+  for (const auto& c : reg.components()) {
+    os << "\n" << distopt::kind_name(c.kind) << " " << c.name;
+    if (!c.description.empty()) os << ": " << c.description;
+    os << "\n";
+    if (std::string d = declarations(c); !d.empty()) os << "    (" << d << ")\n";
+    if (c.options.empty())
+      os << "    (no options of its own)\n";
+    else
+      print_options(os, c.options);
+  }
+  bool any_reducer = false;
+  for (const auto& c : reg.components()) any_reducer = any_reducer || c.kind == DOPT_KIND_REDUCER;
+  if (any_reducer) {
+    os << "\nEvery reducer also takes the core bucketing options:\n";
+    print_options(os, distopt::bucket_option_specs());
+  }
+}
+
+/// `distopt plugins` as tables: search path, components, skipped files.
+void print_discovery(std::ostream& os, const std::vector<std::string>& dirs,
+                     const distopt::PluginRegistry& reg) {
+  os << "Search path:\n";
+  for (const auto& d : dirs)
+    os << "  " << d << (is_directory(d) ? "" : "  (does not exist)") << "\n";
+  print_components(os, reg);
+  os << "\nSkipped (" << reg.skipped().size() << "):\n";
+  if (reg.skipped().empty()) os << "  (none)\n";
+  for (const auto& s : reg.skipped()) os << "  " << s.file << ": " << s.reason << "\n";
+}
+
 int run_plugins(int argc, char** argv) {
   po::options_description desc(
       "usage: distopt plugins [--plugin-path DIR]... [--config JOB.yaml] [--json]\n\n"
@@ -140,72 +215,10 @@ int run_plugins(int argc, char** argv) {
   distopt::PluginRegistry reg;
   reg.discover(dirs);
 
-  if (vm.count("json")) {
-    json out;
-    out["search_path"] = json::array();
-    for (const auto& d : dirs)
-      out["search_path"].push_back({{"dir", d}, {"exists", is_directory(d)}});
-    out["components"] = json::array();
-    for (const auto& c : reg.components())
-      out["components"].push_back(
-          {{"kind", distopt::kind_name(c.kind)},
-           {"name", c.name},
-           {"version", c.version},
-           {"description", c.description},
-           {"plugin", c.plugin_name},
-           {"plugin_version", c.plugin_version},
-           {"abi", std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor)},
-           {"file", c.file},
-           {"traits",
-            {{"exact_mean", (c.traits & DOPT_TRAIT_EXACT_MEAN) != 0},
-             {"wraps_reducer", (c.traits & DOPT_TRAIT_WRAPS_REDUCER) != 0}}},
-           {"checks_job", c.check_job != nullptr},
-           {"devices", devices_json(c.devices)},
-           {"options", options_json(c.options)}});
-    out["reducer_bucket_options"] = options_json(distopt::bucket_option_specs());
-    out["skipped"] = json::array();
-    for (const auto& s : reg.skipped())
-      out["skipped"].push_back({{"file", s.file}, {"reason", s.reason}});
-    std::cout << out.dump(2) << "\n";
-    return 0;
-  }
-
-  std::ostream& os = std::cout;
-  os << "Search path:\n";
-  for (const auto& d : dirs)
-    os << "  " << d << (is_directory(d) ? "" : "  (does not exist)") << "\n";
-
-  os << "\nComponents (" << reg.components().size() << "):\n";
-  if (reg.components().empty()) {
-    os << "  (none found)\n";
-  } else {
-    std::vector<std::vector<std::string>> rows = {{"KIND", "NAME", "VERSION", "ABI", "FILE"}};
-    for (const auto& c : reg.components())
-      rows.push_back({distopt::kind_name(c.kind), c.name, c.version,
-                      std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor), c.file});
-    print_table(os, rows, "  ");
-  }
-
-  for (const auto& c : reg.components()) {
-    os << "\n" << distopt::kind_name(c.kind) << " " << c.name;
-    if (!c.description.empty()) os << ": " << c.description;
-    os << "\n";
-    if (std::string d = declarations(c); !d.empty()) os << "    (" << d << ")\n";
-    if (c.options.empty())
-      os << "    (no options of its own)\n";
-    else
-      print_options(os, c.options);
-  }
-  bool any_reducer = false;
-  for (const auto& c : reg.components()) any_reducer = any_reducer || c.kind == DOPT_KIND_REDUCER;
-  if (any_reducer) {
-    os << "\nEvery reducer also takes the core bucketing options:\n";
-    print_options(os, distopt::bucket_option_specs());
-  }
-
-  os << "\nSkipped (" << reg.skipped().size() << "):\n";
-  if (reg.skipped().empty()) os << "  (none)\n";
-  for (const auto& s : reg.skipped()) os << "  " << s.file << ": " << s.reason << "\n";
+  if (vm.count("json"))
+    std::cout << discovery_json(dirs, reg).dump(2) << "\n";
+  else
+    print_discovery(std::cout, dirs, reg);
   return 0;
 }
 

@@ -44,11 +44,17 @@ std::string self_exe() {
   return buf;
 }
 
-int cmd_train(int argc, char** argv) {
+// The command line of `distopt train`: what the options name, and whether
+// each was given (an override applies only then).
+struct TrainArgs {
   std::string config, data, metrics, resume_from;
   std::vector<std::string> plugin_paths;
   int64_t epochs = 0, max_steps = -1, threads = 0, world_size = 0;
   train::TrainOptions topts;
+  po::variables_map vm;
+};
+
+po::options_description train_options(TrainArgs& a) {
   po::options_description desc(
       "usage: distopt train JOB.yaml [--data DIR] [--metrics FILE] [--plugin-path DIR]... "
       "[--epochs N] "
@@ -63,126 +69,153 @@ int cmd_train(int argc, char** argv) {
       "rank RANK exit with code 137 at global step STEP; DISTOPT_FAULT_INJECT=save:RANK:N\n"
       "kills rank RANK halfway through writing its N-th checkpoint shard.\n\noptions");
   desc.add_options()("help,h", "show this help")(
-      "data", po::value<std::string>(&data), "Fashion-MNIST directory (default: train.data_dir)")(
-      "metrics", po::value<std::string>(&metrics),
+      "data", po::value<std::string>(&a.data), "Fashion-MNIST directory (default: train.data_dir)")(
+      "metrics", po::value<std::string>(&a.metrics),
       "write per-epoch and summary metrics as JSON lines")(
-      "plugin-path,P", po::value<std::vector<std::string>>(&plugin_paths)->composing(),
+      "plugin-path,P", po::value<std::vector<std::string>>(&a.plugin_paths)->composing(),
       "extra plugin directory, searched before plugins.paths (repeatable)")(
-      "epochs", po::value<int64_t>(&epochs), "override train.epochs")(
-      "max-steps", po::value<int64_t>(&max_steps),
+      "epochs", po::value<int64_t>(&a.epochs), "override train.epochs")(
+      "max-steps", po::value<int64_t>(&a.max_steps),
       "override train.max_steps (steps per epoch, 0 = all)")(
-      "threads", po::value<int64_t>(&threads),
+      "threads", po::value<int64_t>(&a.threads),
       "override train.threads (intra-op threads per rank, 0 = auto)")(
-      "world-size", po::value<int64_t>(&world_size),
+      "world-size", po::value<int64_t>(&a.world_size),
       "override world.size (e.g. resume a checkpoint with another number of ranks)")(
-      "checkpoint", po::value<std::string>(&topts.checkpoint_dir),
+      "checkpoint", po::value<std::string>(&a.topts.checkpoint_dir),
       "save sharded checkpoints in DIR at the end of each epoch")(
-      "checkpoint-every", po::value<int64_t>(&topts.checkpoint_every),
-      "also save every N global steps")("keep", po::value<int>(&topts.keep),
+      "checkpoint-every", po::value<int64_t>(&a.topts.checkpoint_every),
+      "also save every N global steps")("keep", po::value<int>(&a.topts.keep),
                                         "complete checkpoints to keep (default 2)")(
-      "resume", po::bool_switch(&topts.resume),
+      "resume", po::bool_switch(&a.topts.resume),
       "continue from the newest checkpoint in --checkpoint DIR (start afresh if none)")(
-      "resume-from", po::value<std::string>(&resume_from),
+      "resume-from", po::value<std::string>(&a.resume_from),
       "continue from the checkpoint of global step STEP in --checkpoint DIR, or from a step "
       "directory (DIR/step-000000117); saves still go to --checkpoint DIR, where the next one "
       "replaces the newer checkpoints");
-  po::options_description hidden;
-  hidden.add_options()("config", po::value<std::string>(&config), "");
-  po::options_description all;
-  all.add(desc).add(hidden);
-  po::positional_options_description pos;
-  pos.add("config", 1);
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "distopt train: " << e.what() << "\n" << desc << "\n";
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
-  if (config.empty()) {
+  return desc;
+}
+
+// Checks the options' values; on a usage error prints it and returns false.
+// Resolves --resume-from (a step number or a step directory) into
+// topts.resume_from and topts.resume; throws CheckpointError if it names no
+// checkpoint.
+bool check_train_args(TrainArgs& a, const po::options_description& desc) {
+  const po::variables_map& vm = a.vm;
+  train::TrainOptions& topts = a.topts;
+  if (a.config.empty()) {
     std::cerr << "distopt train: no job file given\n" << desc << "\n";
-    return 2;
+    return false;
   }
-  if (vm.count("epochs") && epochs < 1) {
+  if (vm.count("epochs") && a.epochs < 1) {
     std::cerr << "distopt train: --epochs must be at least 1\n";
-    return 2;
+    return false;
   }
-  if (vm.count("threads") && (threads < 0 || threads > 4096)) {
+  if (vm.count("threads") && (a.threads < 0 || a.threads > 4096)) {
     std::cerr << "distopt train: --threads must be in 0..4096\n";
-    return 2;
+    return false;
   }
-  if (vm.count("world-size") && (world_size < 1 || world_size > 4096)) {
+  if (vm.count("world-size") && (a.world_size < 1 || a.world_size > 4096)) {
     std::cerr << "distopt train: --world-size must be in 1..4096\n";
-    return 2;
+    return false;
   }
   if ((topts.resume || vm.count("checkpoint-every") || vm.count("keep")) &&
       topts.checkpoint_dir.empty()) {
     std::cerr << "distopt train: --resume, --checkpoint-every and --keep need --checkpoint DIR\n";
-    return 2;
+    return false;
   }
   if (vm.count("resume-from")) {
     if (topts.resume) {
       std::cerr << "distopt train: give --resume or --resume-from, not both\n";
-      return 2;
+      return false;
     }
-    const bool number = !resume_from.empty() && resume_from.size() < 19 &&
-                        resume_from.find_first_not_of("0123456789") == std::string::npos;
+    const std::string& from = a.resume_from;
+    const bool number = !from.empty() && from.size() < 19 &&
+                        from.find_first_not_of("0123456789") == std::string::npos;
     if (number && topts.checkpoint_dir.empty()) {
-      std::cerr << "distopt train: --resume-from " << resume_from
+      std::cerr << "distopt train: --resume-from " << from
                 << " (a step) needs --checkpoint DIR; or give a step directory\n";
-      return 2;
+      return false;
     }
     topts.resume_from =
-        number ? checkpoint_step_path(topts.checkpoint_dir, std::stoll(resume_from)) : resume_from;
+        number ? checkpoint_step_path(topts.checkpoint_dir, std::stoll(from)) : from;
     if (!find_checkpoint(topts.resume_from))
-      throw CheckpointError("--resume-from " + resume_from + ": no checkpoint there");
+      throw CheckpointError("--resume-from " + from + ": no checkpoint there");
     topts.resume = true;
   }
   if (topts.checkpoint_every < 0 || topts.keep < 1) {
     std::cerr << "distopt train: --checkpoint-every must be >= 0 and --keep >= 1\n";
-    return 2;
+    return false;
   }
-  if (vm.count("max-steps") && max_steps < 0) {
+  if (vm.count("max-steps") && a.max_steps < 0) {
     std::cerr << "distopt train: --max-steps must not be negative\n";
-    return 2;
+    return false;
   }
+  return true;
+}
 
-  JobConfig cfg = load_job_config(config);
+// The job file with the command line's overrides: --plugin-path directories
+// (made absolute, as the re-executed ranks may run elsewhere) before the
+// job's plugins.paths, then the train and world values given.
+JobConfig job_with_overrides(const TrainArgs& a) {
+  JobConfig cfg = load_job_config(a.config);
   check_plugin_dirs(cfg);
   std::vector<std::string> paths;
-  for (const auto& p : plugin_paths) paths.push_back(absolute(p));
+  for (const auto& p : a.plugin_paths) paths.push_back(absolute(p));
   paths.insert(paths.end(), cfg.plugin_paths.begin(), cfg.plugin_paths.end());
   cfg.plugin_paths = paths;
-  if (!data.empty()) cfg.train.data_dir = data;
-  if (vm.count("epochs")) cfg.train.epochs = epochs;
-  if (vm.count("max-steps")) cfg.train.max_steps = max_steps;
-  if (vm.count("threads")) cfg.train.threads = threads;
-  if (vm.count("world-size")) cfg.world_size = world_size;
-  topts.metrics_path = metrics;
+  if (!a.data.empty()) cfg.train.data_dir = a.data;
+  if (a.vm.count("epochs")) cfg.train.epochs = a.epochs;
+  if (a.vm.count("max-steps")) cfg.train.max_steps = a.max_steps;
+  if (a.vm.count("threads")) cfg.train.threads = a.threads;
+  if (a.vm.count("world-size")) cfg.world_size = a.world_size;
+  return cfg;
+}
 
-  const ProcessInfo proc = detect_process_info();
-  if (proc.source == "default" && cfg.world_size > 1) {
-    // No launcher around us: be the launcher, one re-executed `distopt train` per rank.
-    launch::LaunchOptions lo;
-    lo.name = "distopt train";
-    lo.nprocs = static_cast<int>(cfg.world_size);
-    lo.argv = {self_exe(), "train"};
-    // Survivors of a failed rank get time to explain it: the collective
-    // check waits up to min(collective_check_s, 3 s) for a dead peer.
-    lo.failure_wait_s = 1.0 + std::min(cfg.collective_check_s, 3.0);
-    launch::note_job_rendezvous(cfg, lo);  // replaced by the launcher's: say so
-    for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
-    std::cout.flush();
-    return launch::run(lo);
+// No launcher around us: be the launcher, one re-executed `distopt train`
+// (with this command line) per rank; returns the launcher's exit code.
+int launch_local_ranks(const JobConfig& cfg, int argc, char** argv) {
+  launch::LaunchOptions lo;
+  lo.name = "distopt train";
+  lo.nprocs = static_cast<int>(cfg.world_size);
+  lo.argv = {self_exe(), "train"};
+  // Survivors of a failed rank get time to explain it: the collective
+  // check waits up to min(collective_check_s, 3 s) for a dead peer.
+  lo.failure_wait_s = 1.0 + std::min(cfg.collective_check_s, 3.0);
+  launch::note_job_rendezvous(cfg, lo);  // replaced by the launcher's: say so
+  for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
+  std::cout.flush();
+  return launch::run(lo);
+}
+
+int cmd_train(int argc, char** argv) {
+  TrainArgs a;
+  const po::options_description desc = train_options(a);
+  po::options_description hidden;
+  hidden.add_options()("config", po::value<std::string>(&a.config), "");
+  po::options_description all;
+  all.add(desc).add(hidden);
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), a.vm);
+    po::notify(a.vm);
+  } catch (const po::error& e) {
+    std::cerr << "distopt train: " << e.what() << "\n" << desc << "\n";
+    return 2;
   }
+  if (a.vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  if (!check_train_args(a, desc)) return 2;
+
+  const JobConfig cfg = job_with_overrides(a);
+  a.topts.metrics_path = a.metrics;
+  const ProcessInfo proc = detect_process_info();
+  if (proc.source == "default" && cfg.world_size > 1) return launch_local_ranks(cfg, argc, argv);
   // Lines, not blocks, so a launcher's prefixes interleave sensibly.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  return train::train_rank(cfg, topts);
+  return train::train_rank(cfg, a.topts);
 }
 
 }  // namespace

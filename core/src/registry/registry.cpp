@@ -305,6 +305,118 @@ void PluginRegistry::discover(const std::vector<std::string>& dirs) {
   }
 }
 
+namespace {
+
+// The steps of PluginRegistry::load_file. Each returns why the plugin is
+// skipped, "" to go on.
+
+// dlopen(3)s `file` (RTLD_NOW | RTLD_LOCAL) into `lib`.
+std::string open_library(const std::string& file, boost::dll::shared_library& lib) {
+  try {
+    lib.load(boost::dll::fs::path(file),
+             boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    std::string msg = loader_message(e);
+    if (msg.rfind(file + ": ", 0) == 0) msg.erase(0, file.size() + 2);  // the file is named already
+    return "cannot be loaded: " + msg;
+  }
+  return "";
+}
+
+// Whether `lib` exports the v1 entry point; if not, names the other major it
+// was built for, when it exports one.
+std::string check_entry_symbol(const boost::dll::shared_library& lib) {
+  if (lib.has(DOPT_PLUGIN_ENTRY_V1)) return "";
+  for (int major = 2; major <= 9; ++major) {
+    const std::string other = "dopt_plugin_init_v" + std::to_string(major);
+    if (lib.has(other))
+      return "exports " + other + " (plugin ABI major " + std::to_string(major) +
+             ") but this host speaks ABI " +
+             version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
+             " and needs " DOPT_PLUGIN_ENTRY_V1;
+  }
+  return "missing the entry symbol " DOPT_PLUGIN_ENTRY_V1
+         " (not a distopt plugin, or the symbol is not exported)";
+}
+
+// Calls the entry point into `info` and checks the ABI version it reports
+// (same major; a newer minor is loaded, with a debug line).
+std::string call_entry(const boost::dll::shared_library& lib, const std::string& file,
+                       dopt_plugin_info& info) {
+  auto init = lib.get<dopt_status(const dopt_host_api*, dopt_plugin_info*)>(DOPT_PLUGIN_ENTRY_V1);
+  std::memset(&info, 0, sizeof info);
+  info.struct_size = DOPT_PLUGIN_INFO_STRUCT_SIZE;
+  take_last_error();
+  dopt_status st = DOPT_ERR_INTERNAL;
+  try {
+    st = init(host_api(), &info);
+  } catch (...) {  // the ABI says noexcept; a plugin that throws anyway is refused, not fatal
+    return DOPT_PLUGIN_ENTRY_V1 " threw a C++ exception across the C ABI";
+  }
+  if (st < 0) {
+    std::string detail = take_last_error();
+    return DOPT_PLUGIN_ENTRY_V1 " failed (" + std::string(dopt_status_string(st)) + ")" +
+           (detail.empty() ? "" : ": " + detail);
+  }
+  if (info.abi_major != DOPT_ABI_VERSION_MAJOR)
+    return "built for plugin ABI " + version_string(info.abi_major, info.abi_minor) +
+           ", but this host speaks ABI " +
+           version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
+           " (the major version must match)";
+  if (info.abi_minor > DOPT_ABI_VERSION_MINOR)
+    log(DOPT_LOG_DEBUG, "registry",
+        file + " was built for plugin ABI " + version_string(info.abi_major, info.abi_minor) +
+            ", newer than the host's " +
+            version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
+            "; loading it (same major)");
+  return "";
+}
+
+// The component array's count, pointer and first struct_size.
+std::string check_component_array(const dopt_plugin_info& info) {
+  if (info.num_components == 0) return "declares no components";
+  if (info.num_components > kMaxComponents)
+    return "declares an implausible number of components (" + std::to_string(info.num_components) +
+           ")";
+  if (!info.components)
+    return "declares " + std::to_string(info.num_components) + " components but components is NULL";
+  if (info.components->struct_size < DOPT_COMPONENT_STRUCT_SIZE)
+    return "component struct_size " + std::to_string(info.components->struct_size) +
+           " is smaller than the ABI v1.0 size " + std::to_string(DOPT_COMPONENT_STRUCT_SIZE);
+  return "";
+}
+
+// Reads and checks every component of `info` into `found`, refusing a kind
+// and name declared twice or already in `loaded`.
+std::string read_components(const dopt_plugin_info& info, const std::string& file,
+                            const std::shared_ptr<boost::dll::shared_library>& lib,
+                            const std::vector<ComponentInfo>& loaded,
+                            std::vector<ComponentInfo>& found) {
+  const size_t stride = array_stride(info.components, component_size_at(info.abi_minor));
+  for (size_t i = 0; i < info.num_components; ++i) {
+    ComponentInfo ci;
+    std::string err =
+        check_component(element(info.components, stride, i), i, file, info.abi_minor, ci);
+    if (!err.empty()) return err;
+    for (const auto& f : found)
+      if (f.kind == ci.kind && f.name == ci.name)
+        return std::string("declares ") + kind_name(ci.kind) + " '" + ci.name + "' twice";
+    for (const auto& c : loaded)
+      if (c.kind == ci.kind && c.name == ci.name)
+        return std::string("duplicate ") + kind_name(ci.kind) + " '" + ci.name +
+               "': already provided by " + c.file;
+    ci.plugin_name = info.plugin_name ? info.plugin_name : "";
+    ci.plugin_version = info.plugin_version ? info.plugin_version : "";
+    ci.abi_major = info.abi_major;
+    ci.abi_minor = info.abi_minor;
+    ci.library = lib;  // shared ownership keeps the .so mapped while any copy lives
+    found.push_back(std::move(ci));
+  }
+  return "";
+}
+
+}  // namespace
+
 bool PluginRegistry::load_file(const std::string& path) {
   std::string abs;
   const std::string file = pfs::lexically_normal(pfs::absolute(path, abs) ? abs : path);
@@ -316,94 +428,18 @@ bool PluginRegistry::load_file(const std::string& path) {
   for (const auto& s : skipped_)
     if (same_file(s.file, file)) return false;
 
-  auto skip = [&](const std::string& reason) {
+  auto lib = std::make_shared<boost::dll::shared_library>();
+  dopt_plugin_info info;
+  std::vector<ComponentInfo> found;
+  std::string reason = open_library(file, *lib);
+  if (reason.empty()) reason = check_entry_symbol(*lib);
+  if (reason.empty()) reason = call_entry(*lib, file, info);
+  if (reason.empty()) reason = check_component_array(info);
+  if (reason.empty()) reason = read_components(info, file, lib, components_, found);
+  if (!reason.empty()) {
     skipped_.push_back({file, reason});
     log(DOPT_LOG_WARN, "registry", "skipping plugin " + file + ": " + reason);
     return false;
-  };
-
-  auto lib = std::make_shared<boost::dll::shared_library>();
-  try {
-    lib->load(boost::dll::fs::path(file),
-              boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
-  } catch (const std::exception& e) {
-    std::string msg = loader_message(e);
-    if (msg.rfind(file + ": ", 0) == 0) msg.erase(0, file.size() + 2);  // the file is named already
-    return skip("cannot be loaded: " + msg);
-  }
-
-  if (!lib->has(DOPT_PLUGIN_ENTRY_V1)) {
-    for (int major = 2; major <= 9; ++major) {
-      const std::string other = "dopt_plugin_init_v" + std::to_string(major);
-      if (lib->has(other))
-        return skip("exports " + other + " (plugin ABI major " + std::to_string(major) +
-                    ") but this host speaks ABI " +
-                    version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
-                    " and needs " DOPT_PLUGIN_ENTRY_V1);
-    }
-    return skip("missing the entry symbol " DOPT_PLUGIN_ENTRY_V1
-                " (not a distopt plugin, or the symbol is not exported)");
-  }
-  auto init = lib->get<dopt_status(const dopt_host_api*, dopt_plugin_info*)>(DOPT_PLUGIN_ENTRY_V1);
-
-  dopt_plugin_info info;
-  std::memset(&info, 0, sizeof info);
-  info.struct_size = DOPT_PLUGIN_INFO_STRUCT_SIZE;
-  take_last_error();
-  dopt_status st = DOPT_ERR_INTERNAL;
-  try {
-    st = init(host_api(), &info);
-  } catch (...) {  // the ABI says noexcept; a plugin that throws anyway is refused, not fatal
-    return skip(DOPT_PLUGIN_ENTRY_V1 " threw a C++ exception across the C ABI");
-  }
-  if (st < 0) {
-    std::string detail = take_last_error();
-    return skip(DOPT_PLUGIN_ENTRY_V1 " failed (" + std::string(dopt_status_string(st)) + ")" +
-                (detail.empty() ? "" : ": " + detail));
-  }
-  if (info.abi_major != DOPT_ABI_VERSION_MAJOR)
-    return skip("built for plugin ABI " + version_string(info.abi_major, info.abi_minor) +
-                ", but this host speaks ABI " +
-                version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
-                " (the major version must match)");
-  if (info.abi_minor > DOPT_ABI_VERSION_MINOR)
-    log(DOPT_LOG_DEBUG, "registry",
-        file + " was built for plugin ABI " + version_string(info.abi_major, info.abi_minor) +
-            ", newer than the host's " +
-            version_string(DOPT_ABI_VERSION_MAJOR, DOPT_ABI_VERSION_MINOR) +
-            "; loading it (same major)");
-
-  if (info.num_components == 0) return skip("declares no components");
-  if (info.num_components > kMaxComponents)
-    return skip("declares an implausible number of components (" +
-                std::to_string(info.num_components) + ")");
-  if (!info.components)
-    return skip("declares " + std::to_string(info.num_components) +
-                " components but components is NULL");
-  if (info.components->struct_size < DOPT_COMPONENT_STRUCT_SIZE)
-    return skip("component struct_size " + std::to_string(info.components->struct_size) +
-                " is smaller than the ABI v1.0 size " + std::to_string(DOPT_COMPONENT_STRUCT_SIZE));
-
-  std::vector<ComponentInfo> found;
-  const size_t stride = array_stride(info.components, component_size_at(info.abi_minor));
-  for (size_t i = 0; i < info.num_components; ++i) {
-    ComponentInfo ci;
-    std::string err =
-        check_component(element(info.components, stride, i), i, file, info.abi_minor, ci);
-    if (!err.empty()) return skip(err);
-    for (const auto& f : found)
-      if (f.kind == ci.kind && f.name == ci.name)
-        return skip(std::string("declares ") + kind_name(ci.kind) + " '" + ci.name + "' twice");
-    for (const auto& c : components_)
-      if (c.kind == ci.kind && c.name == ci.name)
-        return skip(std::string("duplicate ") + kind_name(ci.kind) + " '" + ci.name +
-                    "': already provided by " + c.file);
-    ci.plugin_name = info.plugin_name ? info.plugin_name : "";
-    ci.plugin_version = info.plugin_version ? info.plugin_version : "";
-    ci.abi_major = info.abi_major;
-    ci.abi_minor = info.abi_minor;
-    ci.library = lib;  // shared ownership keeps the .so mapped while any copy lives
-    found.push_back(std::move(ci));
   }
   for (auto& c : found) {
     log(DOPT_LOG_DEBUG, "registry",
