@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/shard_state.hpp"
 #include "distopt/state.h"
+#include "state/shard_state.hpp"
 
-namespace distopt::checkpoint {
+namespace distopt::state {
 
 class StateSource {
  public:
@@ -55,4 +55,4 @@ class StateSource {
   mutable std::deque<ReaderCtx> readers_;
 };
 
-}  // namespace distopt::checkpoint
+}  // namespace distopt::state

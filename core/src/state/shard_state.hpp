@@ -11,7 +11,7 @@
 
 #include "distopt/state.h"
 
-namespace distopt::checkpoint {
+namespace distopt::state {
 
 /// One piece of a logical tensor, as saved.
 struct StateEntry {
@@ -54,4 +54,4 @@ class ShardState {
   std::deque<WriterCtx> writers_;  // stable addresses for the C writers' ctx
 };
 
-}  // namespace distopt::checkpoint
+}  // namespace distopt::state
