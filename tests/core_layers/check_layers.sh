@@ -9,7 +9,10 @@
 #     A public header (distopt/NAME.hpp) belongs to the layer that defines
 #     what it declares (the table below); the C ABI (distopt/*.h) and the
 #     SDK (distopt/sdk/) sit below every layer;
-#  3. the public headers include each other downward only, by the same table.
+#  3. the public headers include each other downward only, by the same table;
+#  4. a class's (or struct's) member functions are defined in the files of
+#     the layer its header belongs to (DistributedOptimizer in optim/,
+#     Runtime in runtime/), not wherever a caller needed them.
 set -euo pipefail
 src=$(cd "$1" && pwd)
 core="$src/core"
@@ -106,6 +109,33 @@ for f in "$core"/include/distopt/*.hpp; do
 done
 for name in "${!public[@]}"; do
   [[ -f "$core/include/distopt/$name.hpp" ]] || err "the table names distopt/$name.hpp, which does not exist"
+done
+
+# 4. Classes are defined in their own layer's files.
+defined_in() {  # CLASS: the .cpp files of core/src defining a member of CLASS
+  grep -rlE "^([A-Za-z_].*[ *&:])?$1::~?[A-Za-z_][A-Za-z0-9_]*\(" "$core/src" --include='*.cpp' || true
+}
+class_home() {  # HEADER LAYER
+  local h=$1 layer=$2 cls f at
+  while read -r cls; do
+    [[ -z "$cls" ]] && continue
+    while read -r f; do
+      [[ -z "$f" ]] && continue
+      at=${f#"$core/src/"}
+      at=${at%%/*}
+      [[ "$at" == "$layer" ]] ||
+        err "${f#"$src"/} defines members of $cls (${h#"$src"/}, layer $layer): they belong in core/src/$layer/"
+    done < <(defined_in "$cls")
+  done < <(sed -nE 's/^(class|struct) ([A-Z][A-Za-z0-9_]*)( final)? *[:{].*/\2/p' "$h")
+}
+for f in "$core"/include/distopt/*.hpp; do
+  name=$(basename "$f" .hpp)
+  [[ -n "${public[$name]+x}" && "${public[$name]}" != api ]] && class_home "$f" "${public[$name]}"
+done
+for f in "$core"/src/*/*.hpp; do
+  layer=${f#"$core/src/"}
+  layer=${layer%%/*}
+  [[ -n "${rank[$layer]+x}" ]] && class_home "$f" "$layer"
 done
 
 echo "core include edges between layers (file includes, counted):"

@@ -1,5 +1,6 @@
-// One rank's part of a checkpoint: the state entries its components put
-// through the ABI 1.1 writer (distopt/state.h), and its file encoding.
+// One rank's state: the entries its components put through the ABI 1.1
+// writer (distopt/state.h), and its encoding (a checkpoint shard file, or
+// the bytes add_param_group / switch_to exchange between ranks).
 #pragma once
 
 #include <ATen/ATen.h>

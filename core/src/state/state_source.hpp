@@ -1,6 +1,7 @@
-// The saved state of every rank of a checkpoint, indexed by logical tensor:
-// answers "elements [a, b) of key K" for any range, which is what resharding
-// needs (state.h describes the rules for SHARDED and RANK_LOCAL entries).
+// The saved state of every rank (a checkpoint's shards, or the bytes of an
+// in-memory exchange), indexed by logical tensor: answers "elements [a, b)
+// of key K" for any range, which is what resharding needs (state.h
+// describes the rules for SHARDED and RANK_LOCAL entries).
 #pragma once
 
 #include <ATen/ATen.h>
