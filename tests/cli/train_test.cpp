@@ -375,7 +375,7 @@ TEST_CASE("the cnn model trains with Adam on 2 ranks as one process with the bat
 
 namespace {
 // The best kernel set the CPU supports, read from /proc/cpuinfo independently
-// of core/src/blas.cpp ("" = neither AVX-512 nor AVX2+FMA).
+// of core/src/machine/blas.cpp ("" = neither AVX-512 nor AVX2+FMA).
 std::string best_coretype_from_cpuinfo() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;

@@ -18,7 +18,7 @@
 #include "checkpoint/atomic_file.hpp"
 #include "result_files.hpp"
 
-namespace pfs = distopt::posix_fs;
+namespace pfs = distopt::util;
 
 TEST_CASE("lexically_normal as std::filesystem::path::lexically_normal") {
   const std::vector<std::pair<std::string, std::string>> cases = {

@@ -70,7 +70,7 @@ void write_atomic(const std::string& path, const std::vector<char>& bytes, bool 
     errno = e;
     fail("rename of " + tmp + " failed", path);
   }
-  sync_dir(posix_fs::dir_of(path));  // a bare name ("model.pt") lives in "."
+  sync_dir(util::dir_of(path));  // a bare name ("model.pt") lives in "."
 }
 
 std::vector<char> read_file(const std::string& path) {

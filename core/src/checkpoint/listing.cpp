@@ -12,7 +12,7 @@
 #include "distopt/error.hpp"
 #include "util/posix_fs.hpp"
 
-namespace pfs = distopt::posix_fs;
+namespace pfs = distopt::util;
 
 namespace distopt {
 namespace checkpoint {

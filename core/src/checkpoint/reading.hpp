@@ -7,14 +7,14 @@
 #include <vector>
 
 #include "checkpoint/manifest.hpp"
-#include "checkpoint/shard_state.hpp"
+#include "state/shard_state.hpp"
 
 namespace distopt::checkpoint {
 
 struct Loaded {
   Manifest manifest;
-  std::string where;               ///< the step directory
-  std::vector<ShardState> shards;  ///< shards[r] = saved rank r's
+  std::string where;                      ///< the step directory
+  std::vector<state::ShardState> shards;  ///< shards[r] = saved rank r's
 };
 
 /// The step directory name DIR/latest holds ("" when there is no `latest`).

@@ -8,8 +8,8 @@
 #include "comm_check/fingerprint.hpp"
 #include "comm_check/mismatch_detector.hpp"
 #include "comm_wrap/forwarding_comm.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/sdk/base/traffic.hpp"
+#include "host/services.hpp"
 
 namespace distopt::comm_check {
 namespace {
@@ -25,7 +25,7 @@ void explain(MismatchDetector& detector, const Fingerprint& fp,
   const std::string why = detector.explain_failure(fp, patience);
   if (why.empty()) return;
   const std::string detail = take_last_error();
-  host_api()->set_error((why + " [" + detail + "]").c_str());
+  set_last_error(why + " [" + detail + "]");
 }
 
 /// How long a failed collective waits for the other ranks' posts: a peer in
@@ -66,15 +66,14 @@ class CheckedRequest final : public comm_wrap::ForwardedRequest {
         return st;
       }
       if (timeout_ms >= 0 && spent + slice >= timeout_ms) {
-        host_api()->set_error(
-            (fp_.describe() + ": not complete after waiting " + std::to_string(timeout_ms) + " ms")
-                .c_str());
+        set_last_error(fp_.describe() + ": not complete after waiting " +
+                       std::to_string(timeout_ms) + " ms");
         return DOPT_ERR_TIMEOUT;
       }
       stalled = true;
       const std::string mismatch = detector_->on_stall(fp_);
       if (!mismatch.empty()) {
-        host_api()->set_error(mismatch.c_str());
+        set_last_error(mismatch);
         return DOPT_ERR_COMM;
       }
     }

@@ -1,7 +1,7 @@
 // The forwarding vtable of ForwardingComm (see forwarding_comm.hpp).
 #include "comm_wrap/forwarding_comm.hpp"
 
-#include "distopt/host_api.hpp"
+#include "host/services.hpp"
 
 namespace distopt::comm_wrap {
 
@@ -69,7 +69,7 @@ void f_request_free(dopt_request* rq) {
 dopt_status f_set_stream(dopt_comm* comm, void* stream) {
   const dopt_comm_ref& in = self(comm)->inner();
   if (!DOPT_HAS_FIELD(in.vt, dopt_communicator_v1, set_stream) || !in.vt->set_stream) {
-    host_api()->set_error(self(comm)->no_streams_why().c_str());
+    set_last_error(self(comm)->no_streams_why());
     return DOPT_ERR_UNSUPPORTED;
   }
   return in.vt->set_stream(in.comm, stream);

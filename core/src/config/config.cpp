@@ -19,13 +19,13 @@
 #include "config/inner_component.hpp"
 #include "config/job_check.hpp"
 #include "config/lr_schedule_config.hpp"
-#include "config/yaml_util.hpp"
 #include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
 #include "distopt/key_schema.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/sdk/optim/optimizer_schema.hpp"
 #include "util/posix_fs.hpp"
+#include "yaml/yaml_util.hpp"
 
 namespace distopt {
 
@@ -49,8 +49,8 @@ BufferSync parse_buffer_sync(const std::string& name) {
 }
 namespace {
 
-namespace pfs = posix_fs;
-using namespace yamlutil;
+namespace pfs = util;
+using namespace yaml;
 
 /// node[key] when node is a map; an undefined node otherwise (never throws).
 YAML::Node child(const YAML::Node& node, const char* key) {
@@ -665,7 +665,7 @@ void check_momentum_owner(const JobConfig& cfg, const ValidatedJob& v) {
   fail(cfg.path, mark_of(child(cfg.reducer.options, "momentum"), cfg.reducer.mark),
        "reducer.options.momentum: reducer '" + cfg.reducer.name +
            "' applies momentum itself (momentum correction), and optimizer.momentum is " +
-           yamlutil::format_number(v.optimizer.get_double("momentum")) +
+           yaml::format_number(v.optimizer.get_double("momentum")) +
            ": set optimizer.momentum: 0 (or drop reducer.options.momentum)");
 }
 }  // namespace

@@ -5,12 +5,12 @@
 #include <vector>
 
 #include "config/job_check.hpp"
-#include "config/yaml_util.hpp"
 #include "distopt/error.hpp"
+#include "yaml/yaml_util.hpp"
 
 namespace distopt::config {
 
-using namespace yamlutil;
+using namespace yaml;
 
 namespace {
 

@@ -7,16 +7,16 @@
 #include <type_traits>
 
 #include "config/inner_component.hpp"
-#include "config/yaml_util.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/job.h"
 #include "distopt/precision.hpp"
+#include "host/services.hpp"
+#include "yaml/yaml_util.hpp"
 
 namespace distopt::config {
 namespace {
 
-using namespace yamlutil;
+using namespace yaml;
 
 struct Verdict {
   bool rejected = false;

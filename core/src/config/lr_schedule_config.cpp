@@ -5,14 +5,14 @@
 #include <cmath>
 #include <vector>
 
-#include "config/yaml_util.hpp"
 #include "distopt/algorithm.h"
 #include "distopt/error.hpp"
+#include "yaml/yaml_util.hpp"
 
 namespace distopt::config {
 namespace {
 
-using namespace yamlutil;
+using namespace yaml;
 
 const std::string kPath = "optimizer.lr_schedule";
 

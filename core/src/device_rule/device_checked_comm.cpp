@@ -7,8 +7,8 @@
 
 #include "comm_wrap/forwarding_comm.hpp"
 #include "distopt/device_rule.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/registry.hpp"
+#include "host/services.hpp"
 
 namespace distopt {
 namespace {
@@ -25,7 +25,7 @@ class DevComm final : public comm_wrap::ForwardingComm {
       if (!t) continue;
       const std::string why = comm_device_refusal(name_, devices_, *t);
       if (why.empty()) continue;
-      host_api()->set_error(why.c_str());
+      set_last_error(why);
       return DOPT_ERR_UNSUPPORTED;
     }
     return DOPT_OK;

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "distopt/host_api.hpp"
+#include "host/services.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
 

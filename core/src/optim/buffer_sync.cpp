@@ -4,9 +4,9 @@
 #include <ATen/core/grad_mode.h>
 
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/sdk/base/tensor.hpp"
+#include "host/services.hpp"
 
 namespace distopt::optim {
 

@@ -11,11 +11,11 @@
 
 #include "distopt/algorithm.h"
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/reducer.h"
 #include "distopt/sdk/base/tensor.hpp"
 #include "distopt/sdk/base/traffic.hpp"
+#include "host/services.hpp"
 #include "optim/autotune.hpp"
 #include "optim/buffer_sync.hpp"
 #include "optim/device_check.hpp"

@@ -18,7 +18,6 @@
 #include "distopt/lr_schedule.hpp"
 #include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
-#include "distopt/runtime.hpp"
 
 namespace distopt::optim {
 
@@ -43,10 +42,18 @@ struct Phase {
 using Resolver = std::function<ComponentChoice(const ComponentConfig& algorithm,
                                                const ComponentConfig& reducer)>;
 
+/// One parameter group as the optimizer builds it (Runtime::make_optimizer
+/// copies its ParamGroupSpecs into these; add_param_group appends one).
+struct GroupSpec {
+  std::vector<std::string> names;  ///< parameters in this group (others go to group 0)
+  double lr = -1;                  ///< -1: the optimizer's `lr`
+  double weight_decay = -1;        ///< -1: the optimizer's `weight_decay`
+};
+
 struct OptimizerBuild {
   std::shared_ptr<const void> keepalive;  ///< the runtime state (communicator, store, options)
   std::vector<std::pair<std::string, at::Tensor>> params;  ///< already broadcast from rank 0
-  std::vector<ParamGroupSpec> groups;
+  std::vector<GroupSpec> groups;
   ComponentInfo reducer, algorithm;
   const Options* reducer_options = nullptr;  ///< includes core's bucket options
   const Options* algorithm_options = nullptr;

@@ -21,17 +21,18 @@
 #include <optional>
 #include <set>
 
-#include "checkpoint/exchange.hpp"
-#include "checkpoint/state_source.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/sdk/base/fnv1a.hpp"
 #include "distopt/sdk/base/tensor.hpp"
+#include "host/services.hpp"
+#include "optim/component_state.hpp"
 #include "optim/optimizer_builder.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
+#include "state/exchange.hpp"
+#include "state/state_source.hpp"
 
 namespace distopt {
 
@@ -98,18 +99,18 @@ void broadcast_from_rank0(const optim::OptimizerBuild& b, int world, const Named
 // where that is not "nothing": libtorch's Adagrad creates step 0 and
 // sum = initial_accumulator_value in its constructor, and its load refuses a
 // parameter without them. Put under the shared keys (state.h), whole.
-void add_fresh_state(checkpoint::ShardState& s, const DistributedOptimizer::Impl& m,
+void add_fresh_state(state::ShardState& s, const DistributedOptimizer::Impl& m,
                      const NamedParams& named) {
   if (m.build.optimizer_name != "adagrad") return;
   const double init = m.build.optimizer_options->get_double("initial_accumulator_value");
   for (const auto& [name, t] : named) {
     if (!t.requires_grad()) continue;
-    const std::string base = checkpoint::kAlgorithmPrefix + "optimizer/" + name + "/";
-    checkpoint::StateEntry step;
+    const std::string base = optim::kAlgorithmPrefix + "optimizer/" + name + "/";
+    state::StateEntry step;
     step.key = base + "step";
     step.data = at::zeros({1}, at::kLong);
     s.add(std::move(step));
-    checkpoint::StateEntry sum;
+    state::StateEntry sum;
     sum.key = base + "sum";
     sum.shape.assign(t.sizes().begin(), t.sizes().end());
     // The dtype the algorithm steps in: the fp32 master under mixed precision.
@@ -148,7 +149,7 @@ void DistributedOptimizer::add_param_group(const NamedParams& named_params, doub
   // An implicit group 0 (no specs) becomes an explicit spec that names
   // nobody: unnamed parameters still go to group 0.
   if (b.groups.size() < old.groups.size()) b.groups.resize(old.groups.size());
-  ParamGroupSpec spec;
+  optim::GroupSpec spec;
   for (const auto& np : named_params) spec.names.push_back(np.first);
   spec.lr = lr;
   spec.weight_decay = weight_decay;
@@ -156,7 +157,7 @@ void DistributedOptimizer::add_param_group(const NamedParams& named_params, doub
   b.params.insert(b.params.end(), named_params.begin(), named_params.end());
   optim::rebuild(
       *this, std::move(b),
-      [&](std::vector<checkpoint::ShardState>& shards) {
+      [&](std::vector<state::ShardState>& shards) {
         add_fresh_state(shards.at(0), old, named_params);
       },
       "add_param_group");

@@ -8,12 +8,13 @@
 #include <map>
 #include <optional>
 
-#include "checkpoint/exchange.hpp"
-#include "checkpoint/state_source.hpp"
 #include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
+#include "host/services.hpp"
+#include "optim/component_state.hpp"
 #include "optim/optimizer_impl.hpp"
+#include "state/exchange.hpp"
+#include "state/state_source.hpp"
 
 namespace distopt::optim {
 namespace {
@@ -54,40 +55,40 @@ void carry_host_state(Impl& fresh, const Impl& old) {
 }
 
 // Load the exchanged state into `fresh` and carry over what the host keeps.
-void restore_into(Impl& fresh, Impl& old, std::vector<checkpoint::ShardState> shards, int rank,
+void restore_into(Impl& fresh, Impl& old, std::vector<state::ShardState> shards, int rank,
                   int world) {
   at::NoGradGuard no_grad;
   copy_masters(fresh, old);
-  checkpoint::StateSource src(std::move(shards), rank, world);
-  dopt_state_reader rr = src.reader(&checkpoint::kReducerPrefix);
+  state::StateSource src(std::move(shards), rank, world);
+  dopt_state_reader rr = src.reader(&kReducerPrefix);
   check_status(fresh.rvt->load_state(fresh.reducer, &rr), fresh.reducer_who, "load_state");
-  dopt_state_reader ar = src.reader(&checkpoint::kAlgorithmPrefix);
+  dopt_state_reader ar = src.reader(&kAlgorithmPrefix);
   check_status(fresh.avt->load_state(fresh.algorithm, &ar), fresh.algorithm_who, "load_state");
   carry_host_state(fresh, old);
 }
 
 // Everyone's state to everyone (ownership may change arbitrarily). A rank
 // that cannot save still takes part; then every rank throws.
-std::vector<checkpoint::ShardState> exchange_state(Impl& old, int rank, int world) {
+std::vector<state::ShardState> exchange_state(Impl& old, int rank, int world) {
   std::optional<std::vector<char>> mine;
   std::exception_ptr failure;
   try {
-    checkpoint::ShardState s;
-    checkpoint::snapshot_components(old, s);
+    state::ShardState s;
+    snapshot_components(old, s);
     mine = s.encode(rank, world);
   } catch (const std::exception&) {
     failure = std::current_exception();
   }
   std::vector<std::vector<char>> bytes;
   try {
-    bytes = checkpoint::allgather_bytes(std::move(mine), old.build.control, rank, world);
+    bytes = state::allgather_bytes(std::move(mine), old.build.control, rank, world);
   } catch (const CheckpointError&) {
     if (failure) std::rethrow_exception(failure);  // this rank's own reason
     throw;
   }
-  std::vector<checkpoint::ShardState> shards;
+  std::vector<state::ShardState> shards;
   for (int r = 0; r < world; ++r)
-    shards.push_back(checkpoint::ShardState::decode(
+    shards.push_back(state::ShardState::decode(
         bytes[static_cast<size_t>(r)], "optimizer state of rank " + std::to_string(r), r, world));
   return shards;
 }
@@ -96,7 +97,7 @@ std::vector<checkpoint::ShardState> exchange_state(Impl& old, int rank, int worl
 
 void agree_on_call(const dopt_comm_ref& comm, int rank, int world, const std::string& bad,
                    int64_t hash, const std::string& what, const std::string& differ) {
-  auto agreed = checkpoint::gather_i64(comm, rank, world, {bad.empty() ? 0 : 1, hash});
+  auto agreed = state::gather_i64(comm, rank, world, {bad.empty() ? 0 : 1, hash});
   if (!bad.empty()) throw ConfigError(bad);
   for (int r = 0; r < world; ++r) {
     if (agreed[2 * static_cast<size_t>(r)] != 0)
@@ -123,7 +124,7 @@ void use_components(OptimizerBuild& b, const ComponentChoice& choice) {
 }
 
 void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
-             const std::function<void(std::vector<checkpoint::ShardState>&)>& amend,
+             const std::function<void(std::vector<state::ShardState>&)>& amend,
              const std::string& what) {
   std::unique_ptr<Impl>& slot = Access::ptr(opt);
   Impl& old = *slot;
@@ -136,7 +137,7 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
   std::exception_ptr failure;
   std::unique_ptr<Impl> fresh;
   try {
-    std::vector<checkpoint::ShardState> shards = exchange_state(old, rank, world);
+    std::vector<state::ShardState> shards = exchange_state(old, rank, world);
     if (amend) amend(shards);
     fresh = build_impl(std::move(b));
     restore_into(*fresh, old, std::move(shards), rank, world);
@@ -151,7 +152,7 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
   }
 
   // All swap or none.
-  auto ok = checkpoint::gather_i64(old.build.control, rank, world, {fresh ? 1 : 0});
+  auto ok = state::gather_i64(old.build.control, rank, world, {fresh ? 1 : 0});
   if (!fresh) std::rethrow_exception(failure);
   for (int r = 0; r < world; ++r)
     if (ok[static_cast<size_t>(r)] != 1) {

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/shard_state.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "optim/optimizer_builder.hpp"
+#include "state/shard_state.hpp"
 
 namespace distopt::optim {
 
@@ -40,7 +40,7 @@ void agree_on_call(const dopt_comm_ref& comm, int rank, int world, const std::st
 /// Throws on every rank (the optimizer unchanged) when any rank fails:
 /// ComponentError, CheckpointError, CommError, Error.
 void rebuild(DistributedOptimizer& opt, OptimizerBuild build,
-             const std::function<void(std::vector<checkpoint::ShardState>&)>& amend,
+             const std::function<void(std::vector<state::ShardState>&)>& amend,
              const std::string& what);
 
 }  // namespace distopt::optim

@@ -5,14 +5,14 @@
 
 #include <cstring>
 
-#include "checkpoint/exchange.hpp"
 #include "distopt/config.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/sdk/base/fnv1a.hpp"
+#include "host/services.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
+#include "state/exchange.hpp"
 
 namespace distopt {
 namespace {

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <system_error>
 
-#include "config/yaml_util.hpp"
 #include "distopt/algorithm.h"
 #include "distopt/communicator.h"
 #include "distopt/error.hpp"
@@ -18,11 +17,12 @@
 #include "distopt/job.h"
 #include "distopt/reducer.h"
 #include "util/posix_fs.hpp"
+#include "yaml/yaml_util.hpp"
 
 namespace distopt {
 namespace {
 
-namespace pfs = posix_fs;
+namespace pfs = util;
 
 constexpr size_t kMaxComponents = 4096;
 constexpr size_t kMaxOptions = 4096;
@@ -165,7 +165,7 @@ std::string check_component(const dopt_component* c, size_t index, const std::st
   auto missing = null_fields(kind, c->vtable);
   if (missing.size() == 1) return who + ": " + kn + " vtable field '" + missing[0] + "' is NULL";
   if (!missing.empty())
-    return who + ": " + kn + " vtable fields '" + yamlutil::join(missing, "', '") + "' are NULL";
+    return who + ": " + kn + " vtable fields '" + yaml::join(missing, "', '") + "' are NULL";
 
   if (c->num_options > kMaxOptions)
     return who + ": implausible num_options " + std::to_string(c->num_options);
@@ -278,7 +278,7 @@ std::string devices_text(uint32_t devices) {
   std::vector<std::string> names;
   for (int32_t t = 0; t < 32; ++t)
     if (devices & DOPT_DEVICE_BIT(t)) names.push_back(dl_device_name(t));
-  return names.empty() ? std::string("(none)") : yamlutil::join(names, ", ");
+  return names.empty() ? std::string("(none)") : yaml::join(names, ", ");
 }
 
 PluginRegistry::PluginRegistry() = default;
@@ -462,8 +462,8 @@ const ComponentInfo& PluginRegistry::get(dopt_component_kind kind, const std::st
   for (const auto& c : components_)
     if (c.kind == kind) names.push_back(c.name);
   std::string msg = "no " + kn + " named '" + name + "' is available; available " + kn +
-                    "s: " + (names.empty() ? std::string("(none)") : yamlutil::join(names));
-  if (const std::string best = yamlutil::closest_match(name, names); !best.empty())
+                    "s: " + (names.empty() ? std::string("(none)") : yaml::join(names));
+  if (const std::string best = yaml::closest_match(name, names); !best.empty())
     msg += " (did you mean '" + best + "'?)";
   // A skipped library that names the component (in its reason or its file
   // name, libdistopt_<name>.so) is the likely reason: put it first.

@@ -14,7 +14,7 @@
 
 #include "distopt/error.hpp"
 
-namespace distopt {
+namespace distopt::store {
 namespace {
 
 void mkdirs(const std::string& dir) {
@@ -134,4 +134,4 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
 
 bool FileStore::check(const std::string& key) { return access(path_of(key).c_str(), F_OK) == 0; }
 
-}  // namespace distopt
+}  // namespace distopt::store

@@ -5,7 +5,7 @@
 
 #include "distopt/store.hpp"
 
-namespace distopt {
+namespace distopt::store {
 
 /// Values are written to a temporary file and renamed into place, so a reader
 /// sees either no key or the whole value; add() serialises through flock on a
@@ -27,4 +27,4 @@ class FileStore : public Store {
   std::chrono::milliseconds timeout_;
 };
 
-}  // namespace distopt
+}  // namespace distopt::store

@@ -15,7 +15,7 @@
 #include "distopt/error.hpp"
 #include "distopt/sdk/transport/socket_io.hpp"
 
-namespace distopt::store_net {
+namespace distopt::store {
 
 void split_host_port(const std::string& hp, std::string& host, int& port) {
   auto colon = hp.rfind(':');
@@ -183,4 +183,4 @@ std::string Reader::str() {
   return std::string(v.begin(), v.end());
 }
 
-}  // namespace distopt::store_net
+}  // namespace distopt::store

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace distopt::store_net {
+namespace distopt::store {
 
 using Clock = std::chrono::steady_clock;
 
@@ -50,4 +50,4 @@ struct Reader {
   std::string str();
 };
 
-}  // namespace distopt::store_net
+}  // namespace distopt::store

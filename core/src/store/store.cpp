@@ -38,10 +38,10 @@ std::shared_ptr<Store> make_store(const StoreOptions& opts) {
   if (starts("tcp://")) {
     std::string host;
     int port = 0;
-    store_net::split_host_port(url.substr(6), host, port);
+    store::split_host_port(url.substr(6), host, port);
     if (port == 0 && opts.world_size > 1)
       throw ConfigError("rendezvous '" + url + "': port 0 only works for a single process");
-    return std::make_shared<TcpStore>(host, port, opts);
+    return std::make_shared<store::TcpStore>(host, port, opts);
   }
   if (starts("env://")) {
     const char* addr = std::getenv("MASTER_ADDR");
@@ -52,7 +52,7 @@ std::shared_ptr<Store> make_store(const StoreOptions& opts) {
     o.url = std::string("tcp://") + addr + ":" + port;
     return make_store(o);
   }
-  if (starts("file://")) return std::make_shared<FileStore>(url.substr(7), opts.timeout);
+  if (starts("file://")) return std::make_shared<store::FileStore>(url.substr(7), opts.timeout);
   throw ConfigError("rendezvous URL '" + url + "' is not tcp://HOST:PORT, env:// or file://PATH");
 }
 

@@ -12,13 +12,11 @@
 #include <thread>
 
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
+#include "host/services.hpp"
 #include "store/net.hpp"
 
-namespace distopt {
+namespace distopt::store {
 namespace {
-
-using namespace store_net;
 
 enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kCheck = 5 };
 enum Reply : uint8_t { kOk = 0, kMissing = 1, kRefused = 2, kBad = 3 };
@@ -275,4 +273,4 @@ bool TcpStore::check(const std::string& key) {
   return call(req, std::chrono::milliseconds(0), "check '" + key + "'")[0] == kOk;
 }
 
-}  // namespace distopt
+}  // namespace distopt::store

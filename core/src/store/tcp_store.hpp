@@ -12,7 +12,7 @@
 
 #include "distopt/store.hpp"
 
-namespace distopt {
+namespace distopt::store {
 
 /// The server: one thread accepting, one thread per client connection (a
 /// job has few ranks). A client's first frame must carry the job token, or
@@ -67,4 +67,4 @@ class TcpStore : public Store {
   int fd_ = -1;
 };
 
-}  // namespace distopt
+}  // namespace distopt::store

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <system_error>
 
-namespace distopt::posix_fs {
+namespace distopt::util {
 
 namespace {
 
@@ -208,4 +208,4 @@ std::vector<std::string> list_dir(const std::string& dir) {
   return names;
 }
 
-}  // namespace distopt::posix_fs
+}  // namespace distopt::util

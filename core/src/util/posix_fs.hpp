@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace distopt::posix_fs {
+namespace distopt::util {
 
 /// True when `p` starts with '/'.
 bool is_absolute(const std::string& p);
@@ -75,4 +75,4 @@ std::string remove_all(const std::string& p);
 /// std::system_error naming `dir` when it cannot be opened or read.
 std::vector<std::string> list_dir(const std::string& dir);
 
-}  // namespace distopt::posix_fs
+}  // namespace distopt::util

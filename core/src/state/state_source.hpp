@@ -1,6 +1,7 @@
-// The saved state of every rank of a checkpoint, indexed by logical tensor:
-// answers "elements [a, b) of key K" for any range, which is what resharding
-// needs (state.h describes the rules for SHARDED and RANK_LOCAL entries).
+// The saved state of every rank (a checkpoint's shards, or the bytes of an
+// in-memory exchange), indexed by logical tensor: answers "elements [a, b)
+// of key K" for any range, which is what resharding needs (state.h
+// describes the rules for SHARDED and RANK_LOCAL entries).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -10,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/shard_state.hpp"
 #include "distopt/state.h"
+#include "state/shard_state.hpp"
 
-namespace distopt::checkpoint {
+namespace distopt::state {
 
 class StateSource {
  public:
@@ -55,4 +56,4 @@ class StateSource {
   mutable std::deque<ReaderCtx> readers_;
 };
 
-}  // namespace distopt::checkpoint
+}  // namespace distopt::state

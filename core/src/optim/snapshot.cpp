@@ -1,4 +1,4 @@
-#include "checkpoint/snapshot.hpp"
+#include "optim/snapshot.hpp"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
@@ -8,12 +8,19 @@
 #include <map>
 #include <variant>
 
-#include "checkpoint/exchange.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
+#include "host/services.hpp"
+#include "optim/autotune.hpp"
+#include "optim/component_state.hpp"
 #include "optim/optimizer_impl.hpp"
 
-namespace distopt::checkpoint {
+namespace distopt::optim {
+
+using checkpoint::ComponentRecord;
+using checkpoint::Manifest;
+using state::ShardState;
+using state::StateEntry;
+using state::StateSource;
 
 namespace {
 
@@ -78,7 +85,7 @@ ComponentRecord record(const ComponentInfo& c, const Options* o) {
 }  // namespace
 
 ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int rank) {
-  auto& m = optim::Access::of(opt);
+  auto& m = Access::of(opt);
   require_state_api(m);
   at::NoGradGuard no_grad;
   ShardState s;
@@ -101,7 +108,7 @@ ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int ran
 }
 
 Manifest describe(DistributedOptimizer& opt, int world_size) {
-  auto& m = optim::Access::of(opt);
+  auto& m = Access::of(opt);
   Manifest out;
   out.step = m.steps;
   out.world_size = world_size;
@@ -129,7 +136,7 @@ Manifest describe(DistributedOptimizer& opt, int world_size) {
 
 void check_compatible(torch::nn::Module& model, DistributedOptimizer& opt, const StateSource& src,
                       const Manifest& man, const std::string& where) {
-  auto& m = optim::Access::of(opt);
+  auto& m = Access::of(opt);
   const ComponentInfo& red = m.build.reducer;
   if (man.reducer.plugin != red.plugin_name || man.reducer.component != red.name)
     log(DOPT_LOG_WARN, "checkpoint",
@@ -159,7 +166,7 @@ void check_compatible(torch::nn::Module& model, DistributedOptimizer& opt, const
 
 void restore(torch::nn::Module& model, DistributedOptimizer& opt, const StateSource& src,
              const Manifest& man) {
-  auto& m = optim::Access::of(opt);
+  auto& m = Access::of(opt);
   {
     at::NoGradGuard no_grad;
     for (auto& [name, t] : model_tensors(model)) {
@@ -199,4 +206,65 @@ void restore(torch::nn::Module& model, DistributedOptimizer& opt, const StateSou
   }
 }
 
-}  // namespace distopt::checkpoint
+namespace {
+
+// A checkpoint saved in schedule phase k resumes in phase k: switch first,
+// so that its state lands in the components that saved it. Collective (every
+// rank reads the same manifest).
+void resume_schedule_phase(DistributedOptimizer& opt, const Manifest& man,
+                           const std::string& where) {
+  const int saved = man.schedule_phase;
+  if (saved < 0 || saved == opt.schedule_phase()) return;
+  if (opt.schedule_phase() < 0) {
+    log(DOPT_LOG_WARN, "checkpoint",
+        where + ": saved in schedule phase " + std::to_string(saved) +
+            "; this job has no schedule: loading into its " + opt.algorithm_name());
+    return;
+  }
+  try {
+    opt.switch_to_phase(saved);
+  } catch (const ConfigError& e) {
+    throw CheckpointError(where + ": saved in schedule phase " + std::to_string(saved) +
+                          ", which this job's schedule does not have (" + e.what() + ")");
+  }
+}
+
+// Autotuning chose its setting before this checkpoint: apply it, tune no
+// more. Collective when it rebuilds (every rank reads the same manifest).
+void resume_autotune(DistributedOptimizer& opt, const Manifest& man) {
+  auto& m = Access::of(opt);
+  if (!m.build.tuner || man.autotune_bucket_cap_mb <= 0) return;
+  AutotuneSetting s;
+  s.bucket_cap_mb = man.autotune_bucket_cap_mb;
+  s.overlap = man.autotune_overlap < 0 ? m.build.reducer_options->get_bool("overlap")
+                                       : man.autotune_overlap != 0;
+  s.hierarchical = man.autotune_hierarchical < 0 ? m.build.reducer.name == "hierarchical"
+                                                 : man.autotune_hierarchical != 0;
+  std::shared_ptr<Autotuner> tuner = m.build.tuner;  // the rebuild copies the build
+  tuner->restore(opt, s);
+}
+
+}  // namespace
+
+OptimizerCheckpoint::OptimizerCheckpoint(torch::nn::Module& model, DistributedOptimizer& opt)
+    : model_(model), opt_(opt) {}
+
+Manifest OptimizerCheckpoint::describe(int world_size) { return optim::describe(opt_, world_size); }
+
+ShardState OptimizerCheckpoint::snapshot(int rank) { return optim::snapshot(model_, opt_, rank); }
+
+void OptimizerCheckpoint::resume(const Manifest& m, const std::string& where) {
+  resume_schedule_phase(opt_, m, where);
+  resume_autotune(opt_, m);
+}
+
+void OptimizerCheckpoint::check_compatible(const StateSource& src, const Manifest& m,
+                                           const std::string& where) {
+  optim::check_compatible(model_, opt_, src, m, where);
+}
+
+void OptimizerCheckpoint::restore(const StateSource& src, const Manifest& m) {
+  optim::restore(model_, opt_, src, m);
+}
+
+}  // namespace distopt::optim

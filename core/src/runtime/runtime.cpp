@@ -19,13 +19,13 @@
 #include "distopt/device_rule.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/sdk/base/tensor.hpp"
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
+#include "host/services.hpp"
 #include "optim/autotune.hpp"
 #include "optim/optimizer_builder.hpp"
 
@@ -354,7 +354,7 @@ DistributedOptimizer Runtime::make_optimizer(
   optim::OptimizerBuild b;
   b.keepalive = impl_;
   b.params.assign(named_params.begin(), named_params.end());
-  b.groups = groups;
+  for (const ParamGroupSpec& g : groups) b.groups.push_back({g.names, g.lr, g.weight_decay});
   b.reducer = m.registry.get(DOPT_KIND_REDUCER, m.cfg.reducer.name);
   b.reducer.traits = config::effective_traits(b.reducer, m.validated.reducer);  // ABI 1.3 inner
   b.algorithm = m.registry.get(DOPT_KIND_ALGORITHM, m.cfg.algorithm.name);

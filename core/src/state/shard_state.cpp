@@ -1,14 +1,14 @@
-#include "checkpoint/shard_state.hpp"
+#include "state/shard_state.hpp"
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
 #include <torch/serialize.h>
 
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/sdk/base/tensor.hpp"
+#include "host/services.hpp"
 
-namespace distopt::checkpoint {
+namespace distopt::state {
 
 namespace {
 
@@ -46,7 +46,7 @@ dopt_status put(void* ctx, const dopt_state_entry* e) noexcept {
     w->shard->add(std::move(s));
     return DOPT_OK;
   } catch (const std::exception& ex) {
-    host_api()->set_error(ex.what());
+    set_last_error(ex.what());
     return DOPT_ERR_INVALID_ARGUMENT;
   }
 }
@@ -129,4 +129,4 @@ ShardState ShardState::decode(const std::vector<char>& bytes, const std::string&
   return s;
 }
 
-}  // namespace distopt::checkpoint
+}  // namespace distopt::state

@@ -1,5 +1,6 @@
-// One rank's part of a checkpoint: the state entries its components put
-// through the ABI 1.1 writer (distopt/state.h), and its file encoding.
+// One rank's state: the entries its components put through the ABI 1.1
+// writer (distopt/state.h), and its encoding (a checkpoint shard file, or
+// the bytes add_param_group / switch_to exchange between ranks).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,7 +12,7 @@
 
 #include "distopt/state.h"
 
-namespace distopt::checkpoint {
+namespace distopt::state {
 
 /// One piece of a logical tensor, as saved.
 struct StateEntry {
@@ -54,4 +55,4 @@ class ShardState {
   std::deque<WriterCtx> writers_;  // stable addresses for the C writers' ctx
 };
 
-}  // namespace distopt::checkpoint
+}  // namespace distopt::state

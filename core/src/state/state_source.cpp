@@ -1,12 +1,12 @@
-#include "checkpoint/state_source.hpp"
+#include "state/state_source.hpp"
 
 #include <algorithm>
 
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/sdk/base/tensor.hpp"
+#include "host/services.hpp"
 
-namespace distopt::checkpoint {
+namespace distopt::state {
 
 namespace {
 
@@ -26,7 +26,7 @@ dopt_status find_cb(void* ctx, const char* key, int32_t* found, int32_t* kind, D
       for (size_t i = 0; i < e.shape.size() && i < 8; ++i) shape[i] = e.shape[i];
     return DOPT_OK;
   } catch (const std::exception& ex) {
-    host_api()->set_error(ex.what());
+    set_last_error(ex.what());
     return DOPT_ERR_INVALID_ARGUMENT;
   }
 }
@@ -44,7 +44,7 @@ dopt_status read_cb(void* ctx, const char* key, int64_t offset, DLTensor* out) n
     c->source->read(full, offset, t.view({-1}));
     return DOPT_OK;
   } catch (const std::exception& ex) {
-    host_api()->set_error(ex.what());
+    set_last_error(ex.what());
     return DOPT_ERR_INVALID_ARGUMENT;
   }
 }
@@ -159,4 +159,4 @@ dopt_state_reader StateSource::reader(const std::string* prefix) const {
   return r;
 }
 
-}  // namespace distopt::checkpoint
+}  // namespace distopt::state

@@ -1,4 +1,4 @@
-#include "checkpoint/exchange.hpp"
+#include "state/exchange.hpp"
 
 #include <ATen/ATen.h>
 
@@ -6,30 +6,13 @@
 #include <deque>
 
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/sdk/base/tensor.hpp"
-#include "optim/optimizer_impl.hpp"
+#include "host/services.hpp"
 
-namespace distopt::checkpoint {
-
-const std::string kAlgorithmPrefix = "algorithm/";
-const std::string kReducerPrefix = "reducer/";
+namespace distopt::state {
 
 namespace {
-
-template <class VT>
-bool has_state_api(const VT* vt, size_t size_1_1) {
-  return vt && vt->struct_size >= size_1_1 && vt->save_state && vt->load_state;
-}
-
-[[noreturn]] void no_state_api(const ComponentInfo& c, const char* kind) {
-  throw ComponentError(DOPT_ERR_UNSUPPORTED, c.plugin_name + "/" + c.name, "save_state",
-                       std::string("the ") + kind + " plugin " + c.file + " was built for ABI " +
-                           std::to_string(c.abi_major) + "." + std::to_string(c.abi_minor) +
-                           ", which has no save_state/load_state; rebuild it against ABI 1.1+ "
-                           "for checkpoints and add_param_group");
-}
 
 // Start `op` on the communicator; the returned request throws CommError on wait.
 template <class F>
@@ -41,22 +24,6 @@ CommRequest start(const dopt_comm_ref& c, const std::string& what, F&& op) {
 }
 
 }  // namespace
-
-void require_state_api(DistributedOptimizer::Impl& m) {
-  if (!has_state_api(m.avt, DOPT_ALGORITHM_V1_1_STRUCT_SIZE))
-    no_state_api(m.build.algorithm, "algorithm");
-  if (!has_state_api(m.rvt, DOPT_REDUCER_V1_1_STRUCT_SIZE))
-    no_state_api(m.build.reducer, "reducer");
-}
-
-void snapshot_components(DistributedOptimizer::Impl& m, ShardState& s) {
-  require_state_api(m);
-  at::NoGradGuard no_grad;
-  dopt_state_writer rw = s.writer(&kReducerPrefix);
-  check_status(m.rvt->save_state(m.reducer, &rw), m.reducer_who, "save_state");
-  dopt_state_writer aw = s.writer(&kAlgorithmPrefix);
-  check_status(m.avt->save_state(m.algorithm, &aw), m.algorithm_who, "save_state");
-}
 
 std::vector<int64_t> gather_i64(const dopt_comm_ref& comm, int rank, int world,
                                 const std::vector<int64_t>& mine) {
@@ -107,4 +74,4 @@ std::vector<std::vector<char>> allgather_bytes(std::optional<std::vector<char>> 
   return out;
 }
 
-}  // namespace distopt::checkpoint
+}  // namespace distopt::state

@@ -16,7 +16,7 @@
 
 #include "distopt/error.hpp"
 
-namespace distopt::yamlutil {
+namespace distopt::yaml {
 
 /// node's mark, or `fallback` when node is undefined (a missing key) or has no mark.
 inline YAML::Mark mark_of(const YAML::Node& node,
@@ -140,4 +140,4 @@ inline std::string unknown_key_message(const std::string& key, const std::string
   return msg;
 }
 
-}  // namespace distopt::yamlutil
+}  // namespace distopt::yaml

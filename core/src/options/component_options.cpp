@@ -8,8 +8,8 @@
 #include <cstring>
 #include <set>
 
-#include "config/yaml_util.hpp"
 #include "distopt/error.hpp"
+#include "yaml/yaml_util.hpp"
 
 namespace distopt {
 
@@ -29,7 +29,7 @@ const char* option_type_name(dopt_option_type t) {
 
 namespace {
 
-using namespace yamlutil;
+using namespace yaml;
 
 const char* value_type_name(const Options::Value& v) {
   switch (v.index()) {

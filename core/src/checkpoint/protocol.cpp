@@ -1,28 +1,23 @@
-// Runtime::save_checkpoint / load_checkpoint and find_checkpoint: the
-// directory protocol (checkpoint.hpp). Commit order: every rank's shard
-// (atomic rename each) -> agreement over the communicator -> rank 0's
-// manifest -> rank 0's `latest` -> agreement again. Loading never writes.
-#include <torch/nn/module.h>
+// The directory protocol (protocol.hpp, distopt/checkpoint.hpp) and
+// find_checkpoint. Commit order: every rank's shard (atomic rename each) ->
+// agreement over the communicator -> rank 0's manifest -> rank 0's `latest`
+// -> agreement again. Loading never writes.
+#include "checkpoint/protocol.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
 #include "checkpoint/atomic_file.hpp"
-#include "checkpoint/exchange.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/reading.hpp"
-#include "checkpoint/snapshot.hpp"
-#include "checkpoint/state_source.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
-#include "distopt/host_communicator.hpp"
-#include "distopt/runtime.hpp"
-#include "optim/autotune.hpp"
-#include "optim/optimizer_impl.hpp"
+#include "host/services.hpp"
+#include "state/exchange.hpp"
+#include "state/state_source.hpp"
 #include "util/posix_fs.hpp"
 
-namespace pfs = distopt::posix_fs;
+namespace pfs = distopt::util;
 
 namespace distopt {
 
@@ -50,8 +45,8 @@ bool die_in_this_save(int rank) {
   return r == rank && k == n;
 }
 
-std::vector<int64_t> gather_i64(Runtime& rt, const std::vector<int64_t>& mine) {
-  return checkpoint::gather_i64(rt.control_communicator().ref(), rt.rank(), rt.world_size(), mine);
+std::vector<int64_t> gather_i64(const Group& g, const std::vector<int64_t>& mine) {
+  return state::gather_i64(g.comm, g.rank, g.world_size, mine);
 }
 
 void remove_old(const std::string& dir, const std::string& latest, int keep) {
@@ -92,14 +87,15 @@ Loaded read_newest(const std::string& dir) {
                             " (truncated or replaced)");
     if (crc32_of(bytes) != s.crc32)
       throw CheckpointError(path + ": CRC-32 mismatch (the file is corrupt)");
-    l.shards.push_back(ShardState::decode(bytes, path, s.rank, l.manifest.world_size));
+    l.shards.push_back(state::ShardState::decode(bytes, path, s.rank, l.manifest.world_size));
   }
   return l;
 }
 
 namespace {
 
-ShardRecord write_shard(const std::string& step_dir, const ShardState& s, int rank, int world) {
+ShardRecord write_shard(const std::string& step_dir, const state::ShardState& s, int rank,
+                        int world) {
   ShardRecord r;
   r.rank = rank;
   r.file = shard_file_name(rank, world);
@@ -108,42 +104,6 @@ ShardRecord write_shard(const std::string& step_dir, const ShardState& s, int ra
   r.crc32 = crc32_of(bytes);
   write_atomic(pfs::join(step_dir, r.file), bytes, die_in_this_save(rank));
   return r;
-}
-
-// A checkpoint saved in schedule phase k resumes in phase k: switch first,
-// so that its state lands in the components that saved it. Collective (every
-// rank reads the same manifest).
-void resume_schedule_phase(DistributedOptimizer& opt, const Manifest& man,
-                           const std::string& where) {
-  const int saved = man.schedule_phase;
-  if (saved < 0 || saved == opt.schedule_phase()) return;
-  if (opt.schedule_phase() < 0) {
-    log(DOPT_LOG_WARN, "checkpoint",
-        where + ": saved in schedule phase " + std::to_string(saved) +
-            "; this job has no schedule: loading into its " + opt.algorithm_name());
-    return;
-  }
-  try {
-    opt.switch_to_phase(saved);
-  } catch (const ConfigError& e) {
-    throw CheckpointError(where + ": saved in schedule phase " + std::to_string(saved) +
-                          ", which this job's schedule does not have (" + e.what() + ")");
-  }
-}
-
-// Autotuning chose its setting before this checkpoint: apply it, tune no
-// more. Collective when it rebuilds (every rank reads the same manifest).
-void resume_autotune(DistributedOptimizer& opt, const Manifest& man) {
-  auto& m = optim::Access::of(opt);
-  if (!m.build.tuner || man.autotune_bucket_cap_mb <= 0) return;
-  AutotuneSetting s;
-  s.bucket_cap_mb = man.autotune_bucket_cap_mb;
-  s.overlap = man.autotune_overlap < 0 ? m.build.reducer_options->get_bool("overlap")
-                                       : man.autotune_overlap != 0;
-  s.hierarchical = man.autotune_hierarchical < 0 ? m.build.reducer.name == "hierarchical"
-                                                 : man.autotune_hierarchical != 0;
-  std::shared_ptr<optim::Autotuner> tuner = m.build.tuner;  // the rebuild copies the build
-  tuner->restore(opt, s);
 }
 
 }  // namespace
@@ -158,13 +118,13 @@ std::optional<CheckpointInfo> find_checkpoint(const std::string& dir) {
   return Manifest::from_json(std::string(text.begin(), text.end()), mpath).info(where);
 }
 
-CheckpointInfo Runtime::save_checkpoint(const std::string& dir, torch::nn::Module& model,
-                                        DistributedOptimizer& opt, const CheckpointExtra& extra,
-                                        int keep) {
-  using namespace checkpoint;
+namespace checkpoint {
+
+CheckpointInfo save(const std::string& dir, Participant& p, const CheckpointExtra& extra, int keep,
+                    const Group& g) {
   if (keep < 1) throw ConfigError("save_checkpoint: keep must be at least 1");
-  const int rank = this->rank(), world = world_size();
-  Manifest man = describe(opt, world);
+  const int rank = g.rank, world = g.world_size;
+  Manifest man = p.describe(world);
   man.extra = extra;
 
   // Rank 0 picks a fresh step directory (never the one `latest` names) and
@@ -187,7 +147,7 @@ CheckpointInfo Runtime::save_checkpoint(const std::string& dir, torch::nn::Modul
       suffix = -1;
     }
   }
-  suffix = gather_i64(*this, {rank == 0 ? suffix : 0})[0];
+  suffix = gather_i64(g, {rank == 0 ? suffix : 0})[0];
   if (suffix < 0)
     throw CheckpointError(rank == 0 ? err
                                     : dir + ": rank 0 could not prepare the checkpoint directory");
@@ -199,14 +159,14 @@ CheckpointInfo Runtime::save_checkpoint(const std::string& dir, torch::nn::Modul
   bool ok = true;
   std::exception_ptr failure;
   try {
-    ShardState s = snapshot(model, opt, rank);
+    state::ShardState s = p.snapshot(rank);
     mine = write_shard(step_dir, s, rank, world);
   } catch (const std::exception&) {
     ok = false;
     failure = std::current_exception();
   }
   auto all = gather_i64(
-      *this, {ok ? 1 : 0, static_cast<int64_t>(mine.bytes), static_cast<int64_t>(mine.crc32)});
+      g, {ok ? 1 : 0, static_cast<int64_t>(mine.bytes), static_cast<int64_t>(mine.crc32)});
   if (!ok) std::rethrow_exception(failure);
   for (int r = 0; r < world; ++r)
     if (all[3 * r] != 1)
@@ -230,7 +190,7 @@ CheckpointInfo Runtime::save_checkpoint(const std::string& dir, torch::nn::Modul
       err = e.what();
     }
   }
-  committed = gather_i64(*this, {rank == 0 ? committed : 0})[0];
+  committed = gather_i64(g, {rank == 0 ? committed : 0})[0];
   if (!committed)
     throw CheckpointError(rank == 0 ? err
                                     : dir +
@@ -240,9 +200,7 @@ CheckpointInfo Runtime::save_checkpoint(const std::string& dir, torch::nn::Modul
   return man.info(step_dir);
 }
 
-CheckpointInfo Runtime::load_checkpoint(const std::string& dir, torch::nn::Module& model,
-                                        DistributedOptimizer& opt) {
-  using namespace checkpoint;
+CheckpointInfo load(const std::string& dir, Participant& p, const Group& g) {
   std::exception_ptr failure;
   std::optional<Loaded> l;
   try {
@@ -252,33 +210,33 @@ CheckpointInfo Runtime::load_checkpoint(const std::string& dir, torch::nn::Modul
   }
   // Every rank fails together: a rank that went on alone would hang in its
   // first collective.
-  auto read = gather_i64(*this, {l ? 0 : 1, l ? l->manifest.schedule_phase : -1});
+  auto read = gather_i64(g, {l ? 0 : 1, l ? l->manifest.schedule_phase : -1});
   if (!l) std::rethrow_exception(failure);
-  for (int r = 0; r < world_size(); ++r)
+  for (int r = 0; r < g.world_size; ++r)
     if (read[2 * r])
       throw CheckpointError(dir + ": rank " + std::to_string(r) + " could not load the checkpoint");
-  resume_schedule_phase(opt, l->manifest, l->where);
-  resume_autotune(opt, l->manifest);
+  p.resume(l->manifest, l->where);
 
   std::optional<CheckpointInfo> info;
   try {
-    if (l->manifest.world_size != world_size())
-      log(rank() == 0 ? DOPT_LOG_INFO : DOPT_LOG_DEBUG, "checkpoint",
+    if (l->manifest.world_size != g.world_size)
+      log(g.rank == 0 ? DOPT_LOG_INFO : DOPT_LOG_DEBUG, "checkpoint",
           l->where + ": saved by " + std::to_string(l->manifest.world_size) +
-              " ranks, loading into " + std::to_string(world_size()) + " (resharding)");
-    StateSource src(std::move(l->shards), rank(), world_size());
-    check_compatible(model, opt, src, l->manifest, l->where);
-    restore(model, opt, src, l->manifest);
+              " ranks, loading into " + std::to_string(g.world_size) + " (resharding)");
+    state::StateSource src(std::move(l->shards), g.rank, g.world_size);
+    p.check_compatible(src, l->manifest, l->where);
+    p.restore(src, l->manifest);
     info = l->manifest.info(l->where);
   } catch (const std::exception&) {
     failure = std::current_exception();
   }
-  auto flags = gather_i64(*this, {info ? 0 : 1});
+  auto flags = gather_i64(g, {info ? 0 : 1});
   if (!info) std::rethrow_exception(failure);
-  for (int r = 0; r < world_size(); ++r)
+  for (int r = 0; r < g.world_size; ++r)
     if (flags[r])
       throw CheckpointError(dir + ": rank " + std::to_string(r) + " could not load the checkpoint");
   return *info;
 }
 
+}  // namespace checkpoint
 }  // namespace distopt

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "distopt/host_api.hpp"
+#include "host/services.hpp"
 
 namespace distopt {
 

@@ -6,7 +6,7 @@
 #include "comm_check/checked_comm.hpp"
 #include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
-#include "distopt/host_api.hpp"
+#include "host/services.hpp"
 
 namespace distopt {
 namespace {
