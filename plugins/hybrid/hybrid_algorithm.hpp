@@ -146,7 +146,7 @@ class HybridAlgorithm : public sdk::Algorithm {
   std::vector<const dopt_bucket*> buckets_;
   std::vector<sdk::ReduceHandle> pending_;
   std::vector<Param> params_;          // trainable, in dopt_param order
-  sdk::FlatPartition partition_;      // every rank's item shards (items = params_)
+  sdk::FlatPartition partition_;       // every rank's item shards (items = params_)
   std::vector<OwnedShard> owned_;      // what this rank steps, in parameter order
   std::vector<size_t> host_, device_;  // indices into owned_
   std::unique_ptr<torch::optim::Optimizer> device_opt_;

@@ -35,7 +35,8 @@ void LocalSgdAlgorithm::check_job(const sdk::JobView& job) {
 LocalSgdAlgorithm::LocalSgdAlgorithm(const dopt_algorithm_args& args)
     : reducer_(args.reducer),
       comm_(args.comm),
-      rank_(sdk::check_algorithm_args(args, "local_sgd", sdk::kNeedsComm | sdk::kNeedsReducer).rank),
+      rank_(
+          sdk::check_algorithm_args(args, "local_sgd", sdk::kNeedsComm | sdk::kNeedsReducer).rank),
       world_size_(args.common->world_size),
       params_(args, "local_sgd"),
       average_(args.buckets, args.num_buckets, params_.by_index()) {

@@ -149,8 +149,7 @@ void ZeroAlgorithm::partition_buckets() {
       if (pi >= params_.size() || !params_[pi].defined()) continue;
       items.push_back({pi, bk.entries[e].offset, bk.entries[e].numel});
     }
-    FlatPartition partition =
-        partition_range(items, static_cast<size_t>(s.flat.numel()), world_);
+    FlatPartition partition = partition_range(items, static_cast<size_t>(s.flat.numel()), world_);
     s.shard = at::zeros({static_cast<int64_t>(partition.shard_numel)}, s.flat.options());
     s.shard_view = sdk::DLView(s.shard);
     partitions_.push_back(std::move(partition));
@@ -316,10 +315,9 @@ at::Tensor ZeroAlgorithm::param_range(size_t param, size_t offset, size_t numel)
 void ZeroAlgorithm::sync_by_allgather(const FlatPartition& partition) {
   if (partition.item_shards.empty()) return;
   const at::ScalarType dtype = params_[partition.item_shards.front().id].scalar_type();
-  count_sent(sdk::allgather_shards(comm_, partition, rank_, world_, dtype,
-                                   [this](const ItemShard& s) {
-                                     return param_range(s.id, s.item_offset, s.numel);
-                                   }));
+  count_sent(sdk::allgather_shards(
+      comm_, partition, rank_, world_, dtype,
+      [this](const ItemShard& s) { return param_range(s.id, s.item_offset, s.numel); }));
 }
 
 void ZeroAlgorithm::sync_by_broadcast(const FlatPartition& partition) {

@@ -160,7 +160,7 @@ class ZeroAlgorithm : public sdk::Algorithm {
   std::vector<at::Tensor> params_;                 // per parameter: flat alias of the host's data
   std::vector<at::Tensor> grads_;                  // per parameter: flat alias of its bucket slot
   std::vector<FlatPartition> partitions_;  // synchronised as units; stage 1: one, 2: per bucket
-  std::vector<int32_t> group_slot_;                // dopt group -> optimizer param group
+  std::vector<int32_t> group_slot_;        // dopt group -> optimizer param group
   std::vector<std::vector<sdk::ParamSlice>> slices_;  // per optimizer tensor: its item shard
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::atomic<uint64_t> bytes_sent_{0};  // on_bucket_ready may run on the autograd thread

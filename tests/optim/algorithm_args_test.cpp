@@ -1,10 +1,10 @@
 // sdk::check_algorithm_args (sdk/optim/algorithm_args.hpp): the argument
 // checks every in-tree algorithm's constructor starts with.
+#include "distopt/sdk/optim/algorithm_args.hpp"
+
 #include <doctest/doctest.h>
 
 #include <string>
-
-#include "distopt/sdk/optim/algorithm_args.hpp"
 
 namespace {
 

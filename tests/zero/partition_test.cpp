@@ -56,14 +56,16 @@ TEST_CASE("partition_range: equal shards, items split at shard boundaries, every
   CHECK(r.shard_numel == 4);
   REQUIRE(r.item_shards.size() == 5);
   // item 0: [0,4) r0, [4,5) r1; item 1: [0,3) r1, [3,4) r2; item 2: [0,2) r2
-  CHECK((r.item_shards[0].id == 0 && r.item_shards[0].item_offset == 0 && r.item_shards[0].numel == 4 &&
-         r.item_shards[0].owner == 0));
-  CHECK((r.item_shards[1].id == 0 && r.item_shards[1].item_offset == 4 && r.item_shards[1].numel == 1 &&
-         r.item_shards[1].owner == 1 && r.item_shards[1].shard_offset == 0));
-  CHECK((r.item_shards[2].id == 1 && r.item_shards[2].item_offset == 0 && r.item_shards[2].numel == 3 &&
-         r.item_shards[2].owner == 1 && r.item_shards[2].shard_offset == 1));
-  CHECK((r.item_shards[3].id == 1 && r.item_shards[3].item_offset == 3 && r.item_shards[3].numel == 1 &&
-         r.item_shards[3].owner == 2));
+  CHECK((r.item_shards[0].id == 0 && r.item_shards[0].item_offset == 0 &&
+         r.item_shards[0].numel == 4 && r.item_shards[0].owner == 0));
+  CHECK((r.item_shards[1].id == 0 && r.item_shards[1].item_offset == 4 &&
+         r.item_shards[1].numel == 1 && r.item_shards[1].owner == 1 &&
+         r.item_shards[1].shard_offset == 0));
+  CHECK((r.item_shards[2].id == 1 && r.item_shards[2].item_offset == 0 &&
+         r.item_shards[2].numel == 3 && r.item_shards[2].owner == 1 &&
+         r.item_shards[2].shard_offset == 1));
+  CHECK((r.item_shards[3].id == 1 && r.item_shards[3].item_offset == 3 &&
+         r.item_shards[3].numel == 1 && r.item_shards[3].owner == 2));
   CHECK((r.item_shards[4].id == 2 && r.item_shards[4].numel == 2 && r.item_shards[4].owner == 2 &&
          r.item_shards[4].shard_offset == 1));
 }
@@ -82,7 +84,8 @@ TEST_CASE("partition_range: gaps (bucket padding), coverage and balance over man
     // the item shard's place in the range is its owner's shard start + shard_offset
     const auto& s =
         *std::find_if(items.begin(), items.end(), [&](const FlatItem& x) { return x.id == p.id; });
-    CHECK(s.offset + p.item_offset == static_cast<size_t>(p.owner) * r.shard_numel + p.shard_offset);
+    CHECK(s.offset + p.item_offset ==
+          static_cast<size_t>(p.owner) * r.shard_numel + p.shard_offset);
   }
   CHECK(covered == std::map<size_t, size_t>{{7, 3}, {2, 6}, {9, 5}});
   for (size_t n : {1, 2, 3, 10, 97, 1000})
@@ -93,13 +96,15 @@ TEST_CASE("partition_range: gaps (bucket padding), coverage and balance over man
       std::vector<size_t> t(static_cast<size_t>(w), 0);
       for (const auto& p : rr.item_shards) t[static_cast<size_t>(p.owner)] += p.numel;
       CHECK(std::accumulate(t.begin(), t.end(), size_t{0}) == 3 * n + 1);
-      CHECK(*std::max_element(t.begin(), t.end()) == rr.shard_numel);  // nobody holds more than a shard
+      CHECK(*std::max_element(t.begin(), t.end()) ==
+            rr.shard_numel);  // nobody holds more than a shard
       CHECK(rr.shard_numel * static_cast<size_t>(w) - (3 * n + 1) <
             static_cast<size_t>(w));  // padding < W
     }
   CHECK(partition_range({}, 0, 2).item_shards.empty());
   CHECK_THROWS_AS(partition_range({{0, 5, 10}}, 12, 2), std::invalid_argument);  // leaves the range
-  CHECK_THROWS_AS(partition_range({{0, 0, 4}, {1, 2, 4}}, 12, 2), std::invalid_argument);  // overlap
+  CHECK_THROWS_AS(partition_range({{0, 0, 4}, {1, 2, 4}}, 12, 2),
+                  std::invalid_argument);  // overlap
 }
 
 TEST_CASE("the 1.x names of the flat partition still compile and mean the same") {

@@ -177,8 +177,7 @@ void apply_slurm_step(const po::variables_map& vm, NodeArgs& n) {
 
 void check_nodes(const NodeArgs& n) {
   if (n.nnodes < 1 || n.nnodes > 4096)
-    throw UsageError("--nnodes must be between 1 and 4096 (got " + std::to_string(n.nnodes) +
-                     ")");
+    throw UsageError("--nnodes must be between 1 and 4096 (got " + std::to_string(n.nnodes) + ")");
   if (n.node_rank < 0 || n.node_rank >= n.nnodes)
     throw UsageError("--node-rank must be in 0.." + std::to_string(n.nnodes - 1) + " (got " +
                      std::to_string(n.node_rank) + ")");
@@ -190,8 +189,7 @@ void check_nodes(const NodeArgs& n) {
 
 // Ranks on this node: -n, else the job file's world.size / nnodes; refuses
 // two different numbers. Notes the job file's rendezvous it replaces.
-void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n,
-                            launch::LaunchOptions& lo) {
+void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n, launch::LaunchOptions& lo) {
   JobConfig job;
   const bool have_job = !lo.config.empty() && std::ifstream(lo.config).good();
   if (have_job) job = load_job_config(lo.config);
@@ -205,8 +203,7 @@ void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n,
     if (!have_job) job = load_job_config(lo.config);  // names the file it cannot read
     if (job.world_size % n.nnodes != 0)
       throw UsageError(lo.config + ": world.size " + std::to_string(job.world_size) +
-                       " is not a multiple of --nnodes " + std::to_string(n.nnodes) +
-                       "; give -n");
+                       " is not a multiple of --nnodes " + std::to_string(n.nnodes) + "; give -n");
     n.nprocs = static_cast<int>(job.world_size / n.nnodes);
   } else if (job_sets_size && job.world_size != static_cast<int64_t>(n.nprocs) * n.nnodes) {
     // Two numbers of ranks: refuse rather than guess which one was meant.

@@ -258,8 +258,8 @@ std::vector<SectionSchema> step_sections() {
 
 std::vector<SectionSchema> build() {
   std::vector<SectionSchema> all;
-  for (auto group : {job_sections, component_sections, optimizer_sections, train_sections,
-                     step_sections}) {
+  for (auto group :
+       {job_sections, component_sections, optimizer_sections, train_sections, step_sections}) {
     std::vector<SectionSchema> part = group();
     all.insert(all.end(), part.begin(), part.end());
   }

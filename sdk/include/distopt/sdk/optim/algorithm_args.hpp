@@ -47,8 +47,8 @@ inline const dopt_create_args& check_algorithm_args(const dopt_algorithm_args& a
   const dopt_create_args& c = *args.common;
   if (c.world_size < 1) throw bad("world_size " + std::to_string(c.world_size) + " < 1");
   if (c.rank < 0 || c.rank >= c.world_size)
-    throw bad("rank " + std::to_string(c.rank) + " is outside [0, " +
-              std::to_string(c.world_size) + ")");
+    throw bad("rank " + std::to_string(c.rank) + " is outside [0, " + std::to_string(c.world_size) +
+              ")");
   if (args.num_params > 0 && !args.params)
     throw bad("params is null, num_params " + std::to_string(args.num_params));
   if (args.num_groups > 0 && !args.groups)

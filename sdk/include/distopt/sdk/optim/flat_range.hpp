@@ -38,7 +38,7 @@ struct ItemShard {
 
 /// A flat range partitioned into equal shards.
 struct FlatPartition {
-  size_t shard_numel = 0;            ///< elements per rank: ceil(length / world)
+  size_t shard_numel = 0;              ///< elements per rank: ceil(length / world)
   std::vector<ItemShard> item_shards;  ///< ordered by offset in the range
 };
 
@@ -91,12 +91,11 @@ inline std::vector<FlatItem> back_to_back(const std::vector<size_t>& numels) {
 // 1.x aliases: the names before the terms were made one (shard, partition).
 // Their fields are the new ones (chunk -> shard_numel, pieces ->
 // item_shards, chunk_offset -> shard_offset).
-using Segment = FlatItem;         // 1.x alias
-using Piece = ItemShard;          // 1.x alias
+using Segment = FlatItem;          // 1.x alias
+using Piece = ItemShard;           // 1.x alias
 using RangeSplit = FlatPartition;  // 1.x alias
 /// 1.x alias of partition_range.
-inline FlatPartition split_range(const std::vector<FlatItem>& items, size_t length,
-                                 int32_t world) {
+inline FlatPartition split_range(const std::vector<FlatItem>& items, size_t length, int32_t world) {
   return partition_range(items, length, world);
 }
 

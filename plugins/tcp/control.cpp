@@ -1,5 +1,5 @@
-// The control channel thread (see p2p.hpp).
-#include "p2p.hpp"
+// The control channel thread (see control.hpp).
+#include "control.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -15,7 +15,7 @@
 #include <cstring>
 #include <deque>
 
-#include "comm.hpp"
+#include "tcp_comm.hpp"
 
 namespace distopt::plugins::tcp {
 namespace {
