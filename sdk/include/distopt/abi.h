@@ -225,8 +225,8 @@ typedef struct dopt_host_api {
   uint32_t abi_major; /* the host's DOPT_ABI_VERSION_MAJOR */
   uint32_t abi_minor;
 
-  /** Log a line. `component` is the component label ("tcp"); both strings are copied. */
-  void (*log)(int32_t level, const char* component, const char* msg);
+  /** Log a line. `who` names the component ("tcp"); both strings are copied. */
+  void (*log)(int32_t level, const char* who, const char* msg);
 
   /** Error sink: records msg (copied) as the calling thread's last error. A
    * component calls it right before returning a negative status. */

@@ -59,23 +59,19 @@ inline void set_error(const std::string& msg) noexcept {
   if (auto* h = host(); h && h->set_error) h->set_error(msg.c_str());
 }
 
-/// Log through the host (stderr fallback without one). `component` names the component.
-inline void log(int32_t level, const char* component, const std::string& msg) noexcept {
+/// Log through the host (stderr fallback without one). `who` names the component.
+inline void log(int32_t level, const char* who, const std::string& msg) noexcept {
   if (auto* h = host(); h && h->log) {
-    h->log(level, component, msg.c_str());
+    h->log(level, who, msg.c_str());
   } else if (level >= DOPT_LOG_WARN) {
-    std::fprintf(stderr, "[%s] %s\n", component, msg.c_str());
+    std::fprintf(stderr, "[%s] %s\n", who, msg.c_str());
   }
 }
-inline void log_debug(const char* component, const std::string& m) noexcept {
-  log(DOPT_LOG_DEBUG, component, m);
+inline void log_debug(const char* who, const std::string& m) noexcept {
+  log(DOPT_LOG_DEBUG, who, m);
 }
-inline void log_info(const char* component, const std::string& m) noexcept {
-  log(DOPT_LOG_INFO, component, m);
-}
-inline void log_warn(const char* component, const std::string& m) noexcept {
-  log(DOPT_LOG_WARN, component, m);
-}
+inline void log_info(const char* who, const std::string& m) noexcept { log(DOPT_LOG_INFO, who, m); }
+inline void log_warn(const char* who, const std::string& m) noexcept { log(DOPT_LOG_WARN, who, m); }
 
 /// Add to a job-wide metric counter (e.g. "comm.bytes_sent"); no-op without host.
 inline void metric_add(const char* name, double value) noexcept {

@@ -24,15 +24,14 @@ namespace distopt::sdk {
 /// worker stops before the state its tasks use goes away.
 class SerialWorker {
  public:
-  /// `component` prefixes error messages ("powersgd").
-  explicit SerialWorker(std::string component)
-      : component_(std::move(component)), thread_([this] { loop(); }) {}
+  /// `who` prefixes error messages ("powersgd").
+  explicit SerialWorker(std::string who) : who_(std::move(who)), thread_([this] { loop(); }) {}
   SerialWorker(const SerialWorker&) = delete;
   SerialWorker& operator=(const SerialWorker&) = delete;
   ~SerialWorker() { stop(); }
 
   /// Lets the running task finish, completes every queued one with
-  /// DOPT_ERR_ABORTED ("<component>: destroyed before <label> ran") and joins; later
+  /// DOPT_ERR_ABORTED ("<who>: destroyed before <label> ran") and joins; later
   /// submits throw. Idempotent. Call it from the owner's destructor when the
   /// owner must act after the last task (final counts); not from a task.
   void stop() {
@@ -47,12 +46,12 @@ class SerialWorker {
   /// Queue `task`; the worker runs it after the tasks submitted before, then
   /// completes `done`: DOPT_OK when it returns, the status of an sdk::Error
   /// it throws (DOPT_ERR_INTERNAL for another exception) with the message
-  /// "<component>: <label>: <what>". Thread-safe. Throws sdk::Error(DOPT_ERR_STATE)
+  /// "<who>: <label>: <what>". Thread-safe. Throws sdk::Error(DOPT_ERR_STATE)
   /// once destruction has begun.
   void submit(std::function<void()> task, std::shared_ptr<Completion> done, std::string label) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (stop_) throw Error(DOPT_ERR_STATE, component_ + ": shutting down");
+      if (stop_) throw Error(DOPT_ERR_STATE, who_ + ": shutting down");
       queue_.push_back({std::move(task), std::move(done), std::move(label)});
     }
     cv_.notify_one();
@@ -73,8 +72,7 @@ class SerialWorker {
         cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
         if (stop_) {
           for (auto& q : queue_)
-            q.done->complete(DOPT_ERR_ABORTED,
-                             component_ + ": destroyed before " + q.label + " ran");
+            q.done->complete(DOPT_ERR_ABORTED, who_ + ": destroyed before " + q.label + " ran");
           queue_.clear();
           return;
         }
@@ -85,14 +83,14 @@ class SerialWorker {
         t.run();
         t.done->complete(DOPT_OK);
       } catch (const Error& e) {
-        t.done->complete(e.status(), component_ + ": " + t.label + ": " + e.what());
+        t.done->complete(e.status(), who_ + ": " + t.label + ": " + e.what());
       } catch (const std::exception& e) {
-        t.done->complete(DOPT_ERR_INTERNAL, component_ + ": " + t.label + ": " + e.what());
+        t.done->complete(DOPT_ERR_INTERNAL, who_ + ": " + t.label + ": " + e.what());
       }
     }
   }
 
-  std::string component_;
+  std::string who_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
