@@ -3,17 +3,15 @@
 #include <string>
 
 #include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/optim/algorithm_args.hpp"
 #include "distopt/sdk/optim/grad_clip.hpp"
 
 namespace distopt::plugins::allreduce {
 AllreduceAlgorithm::AllreduceAlgorithm(const dopt_algorithm_args& args)
     : reducer_(args.reducer),
-      rank_(args.common ? args.common->rank : 0),
-      world_size_(args.common ? args.common->world_size : 0),
+      rank_(sdk::check_algorithm_args(args, "allreduce", sdk::kNeedsReducer).rank),
+      world_size_(args.common->world_size),
       params_(args, "allreduce") {
-  if (!args.common || !args.reducer.vt || !args.reducer.reducer)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: needs common args and a reducer");
-  if (world_size_ < 1) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: world_size < 1");
   sdk::OptionsView opts(args.common->options);
   // Deprecated alias of the host's optimizer.grad_clip (ABI 1.5), kept so
   // that old YAML runs; the host's value, when set, wins.

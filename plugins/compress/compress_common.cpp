@@ -36,23 +36,23 @@ void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_of
 
 }  // namespace
 
-Kernels read_kernels(const char* who, const dopt_options* options) {
+Kernels read_kernels(const char* component, const dopt_options* options) {
   const std::string k = sdk::OptionsView(options).get_string("kernels");
   if (k == "auto") return Kernels::kAuto;
   if (k == "cpu") return Kernels::kCpu;
   if (k == "generic") return Kernels::kGeneric;
-  throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) +
+  throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(component) +
                                                   ": option kernels must be auto, cpu or "
                                                   "generic, got '" +
                                                   k + "'");
 }
 
-std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* buckets, size_t n,
+std::vector<BucketLayout> read_layouts(const char* component, const dopt_bucket* buckets, size_t n,
                                        Kernels kernels) {
   std::vector<BucketLayout> out(n);
   for (size_t b = 0; b < n; ++b) {
     const dopt_bucket& bk = buckets[b];
-    const std::string where = std::string(who) + ": bucket " + std::to_string(b);
+    const std::string where = std::string(component) + ": bucket " + std::to_string(b);
     if (bk.index < 0 || static_cast<size_t>(bk.index) != b)
       throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, where + " has index " + std::to_string(bk.index));
     if (!bk.flat || bk.flat->ndim != 1 || !bk.flat->data)
@@ -112,19 +112,19 @@ std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* bucke
   return out;
 }
 
-const BucketLayout& layout_of(const char* who, const std::vector<BucketLayout>& layouts,
+const BucketLayout& layout_of(const char* component, const std::vector<BucketLayout>& layouts,
                               const dopt_bucket& bucket) {
   if (bucket.index < 0 || static_cast<size_t>(bucket.index) >= layouts.size())
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     std::string(who) + ": bucket " + std::to_string(bucket.index) +
+                     std::string(component) + ": bucket " + std::to_string(bucket.index) +
                          " was not among the " + std::to_string(layouts.size()) +
                          " buckets given to create");
   const BucketLayout& l = layouts[static_cast<size_t>(bucket.index)];
   if (!bucket.flat || sdk::dl_numel(*bucket.flat) != l.length ||
       !is_dtype(bucket.flat->dtype, l.dtype))
-    throw sdk::Error(
-        DOPT_ERR_INVALID_ARGUMENT,
-        std::string(who) + ": bucket " + std::to_string(bucket.index) + " changed length or dtype");
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(component) + ": bucket " +
+                                                    std::to_string(bucket.index) +
+                                                    " changed length or dtype");
   return l;
 }
 
@@ -199,20 +199,21 @@ bool StagedRequest::wait(int64_t timeout_ms) {
   return true;
 }
 
-CompressReducer::CompressReducer(const char* who, const dopt_create_args& args, dopt_comm_ref comm,
-                                 const dopt_bucket* buckets, size_t num_buckets)
-    : who_(who),
-      kernels_(read_kernels(who, args.options)),
+CompressReducer::CompressReducer(const char* component, const dopt_create_args& args,
+                                 dopt_comm_ref comm, const dopt_bucket* buckets, size_t num_buckets)
+    : component_(component),
+      kernels_(read_kernels(component, args.options)),
       comm_(comm),
       rank_(args.rank),
       world_size_(args.world_size) {
   if (!comm.vt || !comm.comm)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(who) + ": no communicator");
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(component) + ": no communicator");
   if (comm_.world_size() != args.world_size)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                     std::string(who) + ": communicator has " + std::to_string(comm_.world_size()) +
-                         " ranks, job has " + std::to_string(args.world_size));
-  layouts_ = read_layouts(who, buckets, num_buckets, kernels_);
+    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string(component) + ": communicator has " +
+                                                    std::to_string(comm_.world_size()) +
+                                                    " ranks, job has " +
+                                                    std::to_string(args.world_size));
+  layouts_ = read_layouts(component, buckets, num_buckets, kernels_);
 }
 
 std::vector<at::Tensor> CompressReducer::zero_buffers() const {
@@ -275,7 +276,7 @@ void CompressReducer::load_rank_local(const sdk::StateReader& r, const std::stri
       }
       if (info.numel() != static_cast<int64_t>(e.numel))
         throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
-                         std::string(who_) + ": checkpoint state '" + key + "' has " +
+                         std::string(component_) + ": checkpoint state '" + key + "' has " +
                              std::to_string(info.numel()) + " elements, the parameter has " +
                              std::to_string(e.numel));
       sdk::read_into(r, key, 0, dst);  // via a host tensor, whatever dst's device
@@ -283,12 +284,14 @@ void CompressReducer::load_rank_local(const sdk::StateReader& r, const std::stri
     }
   }
   if (missing > 0 && rank_ == 0)
-    sdk::log_warn(who_, "checkpoint has no " + what + " for " + std::to_string(missing) +
-                            " parameter(s) (first: '" + first_missing + "'); they start from zero");
+    sdk::log_warn(component_, "checkpoint has no " + what + " for " + std::to_string(missing) +
+                                  " parameter(s) (first: '" + first_missing +
+                                  "'); they start from zero");
   if (loaded > 0 && rank_ == 0 && r.saved_world_size() != world_size_)
-    sdk::log_warn(who_, "checkpoint was saved by " + std::to_string(r.saved_world_size()) +
-                            " ranks, loading into " + std::to_string(world_size_) +
-                            ": every rank's " + what + " is the mean of the saved ranks' values");
+    sdk::log_warn(component_, "checkpoint was saved by " + std::to_string(r.saved_world_size()) +
+                                  " ranks, loading into " + std::to_string(world_size_) +
+                                  ": every rank's " + what +
+                                  " is the mean of the saved ranks' values");
 }
 
 }  // namespace distopt::plugins::compress
@@ -338,15 +341,15 @@ size_t keep_count(double ratio, size_t n, size_t min_k) {
   return std::min(n, std::max<size_t>(std::max<size_t>(1, min_k), static_cast<size_t>(k)));
 }
 
-SparseOptions SparseOptions::read(const char* who, const dopt_options* options) {
+SparseOptions SparseOptions::read(const char* component, const dopt_options* options) {
   sdk::OptionsView o(options);
   SparseOptions s;
-  s.ratio = read_ratio(who, options);
+  s.ratio = read_ratio(component, options);
   const int64_t min_k = o.get_int("min_k");
   if (min_k < 1)
     throw sdk::Error(
         DOPT_ERR_INVALID_ARGUMENT,
-        std::string(who) + ": option min_k must be at least 1, got " + std::to_string(min_k));
+        std::string(component) + ": option min_k must be at least 1, got " + std::to_string(min_k));
   s.min_k = static_cast<size_t>(min_k);
   s.error_feedback = o.get_bool("error_feedback");
   s.momentum = o.get_double("momentum");
@@ -354,12 +357,12 @@ SparseOptions SparseOptions::read(const char* who, const dopt_options* options) 
   return s;
 }
 
-double read_ratio(const char* who, const dopt_options* options) {
+double read_ratio(const char* component, const dopt_options* options) {
   const double r = sdk::OptionsView(options).get_double("ratio");
   if (!(r > 0.0 && r <= 1.0))
     throw sdk::Error(
         DOPT_ERR_INVALID_ARGUMENT,
-        std::string(who) + ": option ratio must be in (0, 1], got " + std::to_string(r));
+        std::string(component) + ": option ratio must be in (0, 1], got " + std::to_string(r));
   return r;
 }
 

@@ -55,8 +55,8 @@ enum class Kernels {
   kGeneric,  ///< libtorch ops on the bucket's device, whatever it is
 };
 /// Read the `kernels` option ("auto" | "cpu" | "generic"); throws
-/// INVALID_ARGUMENT naming `who` for another value.
-Kernels read_kernels(const char* who, const dopt_options* options);
+/// INVALID_ARGUMENT naming `component` for another value.
+Kernels read_kernels(const char* component, const dopt_options* options);
 
 /// What a reducer remembers of one bucket from create(): its flat length,
 /// dtype, device and entries. reduce() checks the bucket it gets against it.
@@ -73,17 +73,17 @@ struct BucketLayout {
 };
 
 /// Layouts of the buckets handed to create(); throws sdk::Error
-/// (INVALID_ARGUMENT / UNSUPPORTED) naming `who` for a bucket that is not
+/// (INVALID_ARGUMENT / UNSUPPORTED) naming `component` for a bucket that is not
 /// 1-D, contiguous memory of float32/64, float16 or bfloat16 on kDLCPU or
 /// kDLCUDA, or whose entries do not fit its flat buffer, and (UNSUPPORTED)
 /// for a non-CPU bucket with kernels == kCpu. Sets `generic` per bucket
 /// from `kernels` and builds the generic path's index tensors on the
 /// bucket's device.
-std::vector<BucketLayout> read_layouts(const char* who, const dopt_bucket* buckets, size_t n,
+std::vector<BucketLayout> read_layouts(const char* component, const dopt_bucket* buckets, size_t n,
                                        Kernels kernels = Kernels::kAuto);
 
 /// The layout of `bucket` (by index), checked against what reduce() got.
-const BucketLayout& layout_of(const char* who, const std::vector<BucketLayout>& layouts,
+const BucketLayout& layout_of(const char* component, const std::vector<BucketLayout>& layouts,
                               const dopt_bucket& bucket);
 
 /// Copy the bucket's flat buffer into `out` as float32 (resized to length).
@@ -140,7 +140,7 @@ class CompressReducer : public sdk::Reducer {
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   /// Reads the `kernels` option (every compress reducer has it) and the
   /// buckets' layouts (read_layouts); throws sdk::Error.
-  CompressReducer(const char* who, const dopt_create_args& args, dopt_comm_ref comm,
+  CompressReducer(const char* component, const dopt_create_args& args, dopt_comm_ref comm,
                   const dopt_bucket* buckets, size_t num_buckets);
   uint64_t bytes_sent() const override { return bytes_sent_.load(); }
 
@@ -186,7 +186,7 @@ class CompressReducer : public sdk::Reducer {
   void load_rank_local(const sdk::StateReader& r, const std::string& prefix,
                        const std::string& what, const std::vector<at::Tensor>& buffers) const;
 
-  const char* who_;
+  const char* component_;
   Kernels kernels_;
   sdk::CommView comm_;
   int32_t rank_;
@@ -252,11 +252,11 @@ struct SparseOptions {
   bool error_feedback = true;
   double momentum = 0;
   bool momentum_masking = true;
-  static SparseOptions read(const char* who, const dopt_options* options);
+  static SparseOptions read(const char* component, const dopt_options* options);
   size_t keep(size_t n) const { return keep_count(ratio, n, min_k); }
 };
 
 /// Read and check the `ratio` option (0 < ratio <= 1); throws INVALID_ARGUMENT.
-double read_ratio(const char* who, const dopt_options* options);
+double read_ratio(const char* component, const dopt_options* options);
 
 }  // namespace distopt::plugins::compress

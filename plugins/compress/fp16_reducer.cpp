@@ -80,7 +80,7 @@ HalfCastReducer<Bf16>::HalfCastReducer(const dopt_create_args& args, dopt_comm_r
 
 template <bool Bf16>
 std::unique_ptr<sdk::Request> HalfCastReducer<Bf16>::reduce(const dopt_bucket& bucket) {
-  const BucketLayout& l = layout_of(who_, layouts_, bucket);
+  const BucketLayout& l = layout_of(component_, layouts_, bucket);
   State& s = state_[static_cast<size_t>(bucket.index)];
   if (l.generic) return reduce_generic(bucket, l, s);
   load_float(*bucket.flat, s.work);

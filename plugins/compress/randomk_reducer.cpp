@@ -111,20 +111,21 @@ void RandomkReducer::load_state(const sdk::StateReader& r) {
       any = true;
     }
     if (differ && rank_ == 0)
-      sdk::log_warn(who_, "bucket " + std::to_string(b) +
-                              ": its parameters were saved with different reduction counts (the "
-                              "bucket layout changed); continuing from the largest, " +
-                              std::to_string(step));
+      sdk::log_warn(component_,
+                    "bucket " + std::to_string(b) +
+                        ": its parameters were saved with different reduction counts (the "
+                        "bucket layout changed); continuing from the largest, " +
+                        std::to_string(step));
     state_[b].step = static_cast<uint64_t>(step);
   }
   if (missing > 0 && rank_ == 0)
-    sdk::log_warn(who_, "checkpoint has no randomk/step for " + std::to_string(missing) +
-                            " parameter(s); their buckets' index draws restart from step 0");
+    sdk::log_warn(component_, "checkpoint has no randomk/step for " + std::to_string(missing) +
+                                  " parameter(s); their buckets' index draws restart from step 0");
   load_feedback_state(r, residuals(), momentum_);
 }
 
 std::unique_ptr<sdk::Request> RandomkReducer::reduce(const dopt_bucket& bucket) {
-  const BucketLayout& l = layout_of(who_, layouts_, bucket);
+  const BucketLayout& l = layout_of(component_, layouts_, bucket);
   const size_t b = static_cast<size_t>(bucket.index);
   State& s = state_[b];
   if (l.generic) return reduce_generic(b, bucket);

@@ -59,7 +59,7 @@ size_t SignSgdReducer::message_bytes(const BucketLayout& l) {
 }
 
 std::unique_ptr<sdk::Request> SignSgdReducer::reduce(const dopt_bucket& bucket) {
-  const BucketLayout& l = layout_of(who_, layouts_, bucket);
+  const BucketLayout& l = layout_of(component_, layouts_, bucket);
   const size_t b = static_cast<size_t>(bucket.index);
   State& s = state_[b];
   if (l.generic) return reduce_generic(b, bucket);

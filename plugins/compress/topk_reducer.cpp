@@ -63,7 +63,7 @@ TopkReducer::TopkReducer(const dopt_create_args& args, dopt_comm_ref comm,
 }
 
 std::unique_ptr<sdk::Request> TopkReducer::reduce(const dopt_bucket& bucket) {
-  const BucketLayout& l = layout_of(who_, layouts_, bucket);
+  const BucketLayout& l = layout_of(component_, layouts_, bucket);
   const size_t b = static_cast<size_t>(bucket.index);
   State& s = state_[b];
   if (l.generic) return reduce_generic(b, bucket);

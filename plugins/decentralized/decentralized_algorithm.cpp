@@ -6,6 +6,7 @@
 
 #include "distopt/sdk/base/tensor.hpp"
 #include "distopt/sdk/base/traffic.hpp"
+#include "distopt/sdk/optim/algorithm_args.hpp"
 #include "distopt/sdk/optim/grad_clip.hpp"
 
 namespace distopt::plugins::decentralized {
@@ -67,13 +68,10 @@ void DecentralizedAlgorithm::check_job(const sdk::JobView& job) {
 
 DecentralizedAlgorithm::DecentralizedAlgorithm(const dopt_algorithm_args& args)
     : comm_(args.comm),
-      rank_(args.common ? args.common->rank : 0),
-      world_size_(args.common ? args.common->world_size : 0),
-      topology_(make_topology(sdk::OptionsView(args.common ? args.common->options : nullptr),
-                              world_size_)),
+      rank_(sdk::check_algorithm_args(args, "decentralized", sdk::kNeedsComm).rank),
+      world_size_(args.common->world_size),
+      topology_(make_topology(sdk::OptionsView(args.common->options), world_size_)),
       params_(args, "decentralized") {
-  if (!args.common || !args.comm.vt)
-    fail(DOPT_ERR_INVALID_ARGUMENT, "needs common args and a comm");
   const sdk::OptionsView opts(args.common->options);
   interval_ = opts.get_int("communication_interval");
   overlap_ = opts.get_bool("overlap");

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "distopt/sdk/base/tensor_state.hpp"
+#include "distopt/sdk/optim/algorithm_args.hpp"
 #include "distopt/sdk/optim/grad_clip.hpp"
 #include "distopt/sdk/optim/optimizer_state.hpp"
 
@@ -32,11 +33,8 @@ at::Tensor float_view(const float* p, int64_t n, const at::Device& d) {
 
 FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
     : reducer_(args.reducer),
-      rank_(args.common ? args.common->rank : 0),
-      world_size_(args.common ? args.common->world_size : 0) {
-  if (!args.common || !args.reducer.vt || !args.reducer.reducer)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: needs common args and a reducer");
-  if (world_size_ < 1) throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: world_size < 1");
+      rank_(sdk::check_algorithm_args(args, "fused", sdk::kNeedsReducer).rank),
+      world_size_(args.common->world_size) {
   grads_ = sdk::trainable_grads(args);
   sdk::OptionsView opts(args.common->options);
   do_flatten_ = opts.get_bool("do_flatten");
@@ -101,9 +99,6 @@ FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
         throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: bucket entry with a bad param_index");
       const dopt_param& p = args.params[en.param_index];
       if (!p.requires_grad || !p.grad) continue;
-      if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
-        throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "fused: parameter " + name_of(p) +
-                                                        " has group " + std::to_string(p.group));
       if (!is_f32(*p.data))
         throw sdk::Error(DOPT_ERR_UNSUPPORTED,
                          "fused: parameter " + name_of(p) + " is not an fp32 tensor");

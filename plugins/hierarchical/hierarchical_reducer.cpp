@@ -217,8 +217,8 @@ void HierarchicalReducer::make_communicators(const dopt_create_args& args,
   a.world_size = leaders_.world_size();
   a.local_rank = 0;  // one leader per node
   a.local_world_size = 1;
-  const std::string scope = std::string(args.scope ? args.scope : "hierarchical") + "/inner";
-  a.scope = scope.c_str();
+  const std::string prefix = std::string(args.scope ? args.scope : "hierarchical") + "/inner";
+  a.scope = prefix.c_str();
   inner_ = sdk::InnerReducer(args.options, a, leaders_.view(), buckets, num_buckets);
 }
 

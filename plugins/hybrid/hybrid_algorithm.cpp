@@ -9,6 +9,7 @@
 
 #include "distopt/sdk/base/tensor.hpp"
 #include "distopt/sdk/base/tensor_state.hpp"
+#include "distopt/sdk/optim/algorithm_args.hpp"
 #include "distopt/sdk/optim/grad_clip.hpp"
 #include "distopt/sdk/optim/optimizer_factory.hpp"
 #include "offload_split.hpp"
@@ -61,12 +62,8 @@ void drain(const std::vector<std::shared_ptr<sdk::Completion>>& done) noexcept {
 HybridAlgorithm::HybridAlgorithm(const dopt_algorithm_args& args)
     : reducer_(args.reducer),
       comm_(args.comm),
-      rank_(args.common ? args.common->rank : 0),
-      world_size_(args.common ? args.common->world_size : 0) {
-  if (!args.common || !args.reducer.vt || !args.reducer.reducer)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "hybrid: needs common args and a reducer");
-  if (world_size_ < 1 || rank_ < 0 || rank_ >= world_size_)
-    throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "hybrid: bad rank / world size");
+      rank_(sdk::check_algorithm_args(args, "hybrid", sdk::kNeedsReducer).rank),
+      world_size_(args.common->world_size) {
   const sdk::OptionsView opts(args.common->options);
   fp32_update_ = opts.get_bool("param_update_in_fp32");
   refresh_ = opts.get_bool("refresh_masters");
@@ -79,11 +76,11 @@ HybridAlgorithm::HybridAlgorithm(const dopt_algorithm_args& args)
   pending_.resize(args.num_buckets);
   at::NoGradGuard ng;
   collect_params(args, opts.get_double("offload_fraction"));
-  make_pieces(args);
+  make_owned_shards(args);
   build_device_optimizer(args);
   make_transfers(overlap);
   int64_t host_numel = 0;
-  for (size_t k : host_) host_numel += pieces_[k].numel;
+  for (size_t k : host_) host_numel += owned_[k].numel;
   sdk::metric_add("hybrid.offloaded_numel", static_cast<double>(host_numel));
 }
 
@@ -149,35 +146,35 @@ void HybridAlgorithm::collect_params(const dopt_algorithm_args& args, double fra
   std::vector<bool> offloaded;
   try {
     offloaded = offload_split(numels, fraction);
-    shards_ = sdk::shard_back_to_back(numels, shard_ ? world_size_ : 1);
+    partition_ = sdk::partition_back_to_back(numels, shard_ ? world_size_ : 1);
   } catch (const std::invalid_argument& e) {
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, std::string("hybrid: ") + e.what());
   }
   for (size_t k = 0; k < params_.size(); ++k) params_[k].offloaded = offloaded[k];
 }
 
-void HybridAlgorithm::alias_piece(Piece& c) {
+void HybridAlgorithm::alias_owned_shard(OwnedShard& c) {
   const at::Tensor& flat = params_[c.param].model;
   c.model = flat_alias(flat, c.offset, c.numel);
   c.grad = flat_alias(params_[c.param].grad, c.offset, c.numel);
 }
 
-void HybridAlgorithm::make_pieces(const dopt_algorithm_args& args) {
+void HybridAlgorithm::make_owned_shards(const dopt_algorithm_args& args) {
   const sdk::OptionsView o(args.optimizer_options);
   const std::string opt_name = args.optimizer_name ? args.optimizer_name : "";
-  for (const sdk::Piece& fp : shards_.pieces) {
+  for (const sdk::ItemShard& fp : partition_.item_shards) {
     if (shard_ && fp.owner != rank_) continue;
     const Param& p = params_[fp.id];
-    Piece c;
+    OwnedShard c;
     c.param = fp.id;
     c.offset = static_cast<int64_t>(fp.item_offset);
     c.numel = static_cast<int64_t>(fp.numel);
-    alias_piece(c);
+    alias_owned_shard(c);
     const DLTensor& d = *p.desc->data;
     c.slice = {p.name, c.offset, std::vector<int64_t>(d.shape, d.shape + d.ndim)};
     if (!p.offloaded) {
-      device_.push_back(pieces_.size());
-      pieces_.push_back(std::move(c));
+      device_.push_back(owned_.size());
+      owned_.push_back(std::move(c));
       continue;
     }
     const bool to_fp32 =
@@ -194,8 +191,8 @@ void HybridAlgorithm::make_pieces(const dopt_algorithm_args& args) {
     g.lr = args.groups[p.group].lr;
     g.weight_decay = args.groups[p.group].weight_decay;
     c.host_opt = sdk::make_optimizer(opt_name, o, {g});
-    host_.push_back(pieces_.size());
-    pieces_.push_back(std::move(c));
+    host_.push_back(owned_.size());
+    owned_.push_back(std::move(c));
   }
 }
 
@@ -207,7 +204,7 @@ void HybridAlgorithm::build_device_optimizer(const dopt_algorithm_args& args) {
   }
   device_slices_.assign(args.num_groups, {});
   for (size_t k : device_) {
-    Piece& c = pieces_[k];
+    OwnedShard& c = owned_[k];
     if (fp32_update_ && c.model.is_floating_point() && c.model.scalar_type() != at::kFloat) {
       c.master = c.model.to(at::kFloat).clone();  // fp32 master on the parameter's device
       c.stepped = c.master;
@@ -245,9 +242,9 @@ void HybridAlgorithm::follow_moved_params() {
     if (now == p.model_ptr) continue;
     p.model = sdk::as_tensor(*p.desc->data).view(-1);
     p.model_ptr = now;
-    for (Piece& c : pieces_) {
+    for (OwnedShard& c : owned_) {
       if (c.param != i) continue;
-      alias_piece(c);
+      alias_owned_shard(c);
       if (c.stepped.defined() && !c.master.defined()) {
         c.stepped.set_data(flat_alias(p.model, c.offset, c.numel));
         c.stepped.mutable_grad() = c.grad;
@@ -256,7 +253,7 @@ void HybridAlgorithm::follow_moved_params() {
   }
 }
 
-bool HybridAlgorithm::refresh_if_changed(Piece& c) {
+bool HybridAlgorithm::refresh_if_changed(OwnedShard& c) {
   if (!refresh_ || !c.master.defined() || same_bits(c.model, c.master)) return false;
   c.master.copy_(c.model);
   return true;
@@ -287,10 +284,10 @@ void HybridAlgorithm::step() {
   }
   follow_moved_params();
   if (grad_clip_ > 0 && !params_.empty()) {
-    // Host and device pieces alike, while every gradient is still in the
+    // Host and device shards alike, while every gradient is still in the
     // reduced buckets: the D2H copies then carry clipped values.
     std::vector<at::Tensor> grads;
-    for (const Piece& c : pieces_) grads.push_back(c.grad);
+    for (const OwnedShard& c : owned_) grads.push_back(c.grad);
     sdk::clip_grad_norm(grads, grad_clip_,
                         shard_ ? sdk::GradParts::sharded : sdk::GradParts::replicated, &comm_,
                         params_.front().model.device());
@@ -302,9 +299,9 @@ void HybridAlgorithm::step() {
 
 void HybridAlgorithm::sync_shards() {
   if (!shard_ || world_size_ == 1 || params_.empty()) return;
-  const uint64_t sent = sdk::allgather_pieces(
-      comm_, shards_, rank_, world_size_, params_.front().model.scalar_type(),
-      [this](const sdk::Piece& fp) {
+  const uint64_t sent = sdk::allgather_shards(
+      comm_, partition_, rank_, world_size_, params_.front().model.scalar_type(),
+      [this](const sdk::ItemShard& fp) {
         return params_[fp.id].model.narrow(0, static_cast<int64_t>(fp.item_offset),
                                            static_cast<int64_t>(fp.numel));
       });
@@ -315,7 +312,7 @@ void HybridAlgorithm::sync_shards() {
 void HybridAlgorithm::step_device() {
   int64_t refreshed = 0;
   for (size_t k : device_) {
-    Piece& c = pieces_[k];
+    OwnedShard& c = owned_[k];
     if (!c.master.defined()) continue;
     refreshed += refresh_if_changed(c) ? 1 : 0;
     c.master.mutable_grad() = c.grad.to(at::kFloat);
@@ -323,7 +320,7 @@ void HybridAlgorithm::step_device() {
   note_refreshed(refreshed);
   device_opt_->step();
   for (size_t k : device_)
-    if (pieces_[k].master.defined()) pieces_[k].model.copy_(pieces_[k].master);
+    if (owned_[k].master.defined()) owned_[k].model.copy_(owned_[k].master);
 }
 
 void HybridAlgorithm::step_host() {
@@ -332,7 +329,7 @@ void HybridAlgorithm::step_host() {
   try {
     // (1) D2H of every chunk, in order: refresh check, then the gradient.
     for (size_t c = 0; c < host_.size(); ++c) {
-      Piece* p = &pieces_[host_[c]];
+      OwnedShard* p = &owned_[host_[c]];
       d2h[c] = d2h_->submit(
           [this, p, &refreshed] {
             at::NoGradGuard ng;
@@ -345,7 +342,7 @@ void HybridAlgorithm::step_host() {
     step_device();
     // (3) Per chunk: its copy landed, step it on the host, copy it back.
     for (size_t c = 0; c < host_.size(); ++c) {
-      Piece* p = &pieces_[host_[c]];
+      OwnedShard* p = &owned_[host_[c]];
       d2h[c]->wait(-1);
       p->host_opt->step();
       h2d[c] = h2d_->submit(
@@ -374,12 +371,12 @@ void HybridAlgorithm::set_lr(int32_t group, double lr) {
                      "hybrid: no parameter group " + std::to_string(group));
   sdk::set_group_lr(*device_opt_, static_cast<size_t>(group), lr);
   for (size_t k : host_)
-    if (params_[pieces_[k].param].group == group) sdk::set_group_lr(*pieces_[k].host_opt, 0, lr);
+    if (params_[owned_[k].param].group == group) sdk::set_group_lr(*owned_[k].host_opt, 0, lr);
 }
 
 uint64_t HybridAlgorithm::state_bytes() const {
   uint64_t n = sdk::optimizer_state_bytes(*device_opt_);
-  for (size_t k : host_) n += sdk::optimizer_state_bytes(*pieces_[k].host_opt);
+  for (size_t k : host_) n += sdk::optimizer_state_bytes(*owned_[k].host_opt);
   return n;
 }
 
@@ -388,17 +385,17 @@ void HybridAlgorithm::save_state(sdk::StateWriter& w) {
   // tensor (state.h). Sharded, each rank puts the ranges it owns.
   if (!shard_ && rank_ != 0) return;
   sdk::save_optimizer_state(*device_opt_, device_slices_, w);
-  for (size_t k : host_) sdk::save_optimizer_state(*pieces_[k].host_opt, {{pieces_[k].slice}}, w);
+  for (size_t k : host_) sdk::save_optimizer_state(*owned_[k].host_opt, {{owned_[k].slice}}, w);
 }
 
 void HybridAlgorithm::load_state(const sdk::StateReader& r) {
   at::NoGradGuard ng;
   sdk::load_optimizer_state(*device_opt_, device_slices_, r);
-  for (size_t k : host_) sdk::load_optimizer_state(*pieces_[k].host_opt, {{pieces_[k].slice}}, r);
+  for (size_t k : host_) sdk::load_optimizer_state(*owned_[k].host_opt, {{owned_[k].slice}}, r);
   // The host loaded the model before this call: the copies follow it.
   follow_moved_params();
   int64_t refreshed = 0;
-  for (Piece& c : pieces_) refreshed += refresh_if_changed(c) ? 1 : 0;
+  for (OwnedShard& c : owned_) refreshed += refresh_if_changed(c) ? 1 : 0;
   if (refreshed > 0) sdk::metric_add("hybrid.refreshed_params", static_cast<double>(refreshed));
 }
 

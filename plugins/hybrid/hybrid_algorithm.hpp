@@ -42,9 +42,9 @@
 // an fp32 master on its device (checked and refreshed as above).
 //
 // shard: true (ZeRO stage 1 over both parts): the trainable parameters laid
-// back to back are cut into W equal chunks (sdk/optim/flat_shards.hpp); each rank
-// keeps host copies, gradient buffers and optimizer state only for the
-// pieces in its chunk (an offloaded piece on the host, a device piece in
+// back to back are partitioned into W equal shards (sdk/optim/flat_shards.hpp);
+// each rank keeps host copies, gradient buffers and optimizer state only for
+// the item shards in its shard (an offloaded one on the host, a device one in
 // place), steps them, and one allgather then gives every rank the updated
 // parameters. The offload split is the unsharded one (whole parameters,
 // Megatron's rule), so each rank offloads ~fraction / W of the elements.
@@ -53,7 +53,7 @@
 //
 // Checkpoints (ABI 1.1): the inner optimizers' state under
 // optimizer/<param>/<field> (state.h): unsharded, whole tensors put by rank
-// 0 (every rank holds the same); sharded, each rank puts its pieces as
+// 0 (every rank holds the same); sharded, each rank puts its item shards as
 // element ranges. The keys of `allreduce`, `fused` and `zero`, so a
 // checkpoint moves between them, across world sizes, offload fractions and
 // shard on / off. Host copies are not saved: a load refreshes them from the
@@ -90,7 +90,7 @@ class HybridAlgorithm : public sdk::Algorithm {
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;
-  /// ABI 1.5: the pieces' gradients (both sides, on the device, before the
+  /// ABI 1.5: the owned shards' gradients (both sides, on the device, before the
   /// D2H copies) are clipped by the global norm; with shard: true the
   /// squares are summed over the ranks (one scalar allreduce).
   void set_grad_clip(double max_norm) override;
@@ -112,7 +112,7 @@ class HybridAlgorithm : public sdk::Algorithm {
     bool offloaded = false;
     int32_t group = 0;
   };
-  struct Piece {  // a range of one parameter that this rank steps (whole when unsharded)
+  struct OwnedShard {  // an item shard of one parameter this rank steps (whole when unsharded)
     size_t param;
     int64_t offset, numel;
     at::Tensor model;      // alias of the parameter's elements [offset, offset + numel)
@@ -125,12 +125,12 @@ class HybridAlgorithm : public sdk::Algorithm {
   };
 
   void collect_params(const dopt_algorithm_args& args, double fraction);
-  void make_pieces(const dopt_algorithm_args& args);
-  void alias_piece(Piece& c);
+  void make_owned_shards(const dopt_algorithm_args& args);
+  void alias_owned_shard(OwnedShard& c);
   void build_device_optimizer(const dopt_algorithm_args& args);
   void make_transfers(bool overlap);  // StreamTransfer for device parameters with overlap
   void follow_moved_params();
-  bool refresh_if_changed(Piece& c);  // true when the master was refreshed
+  bool refresh_if_changed(OwnedShard& c);  // true when the master was refreshed
   void step_device();
   void step_host();
   void note_refreshed(int64_t count);
@@ -146,9 +146,9 @@ class HybridAlgorithm : public sdk::Algorithm {
   std::vector<const dopt_bucket*> buckets_;
   std::vector<sdk::ReduceHandle> pending_;
   std::vector<Param> params_;          // trainable, in dopt_param order
-  sdk::RangeSplit shards_;             // shard: every rank's pieces (items = params_)
-  std::vector<Piece> pieces_;          // what this rank steps, in parameter order
-  std::vector<size_t> host_, device_;  // indices into pieces_
+  sdk::FlatPartition partition_;       // every rank's item shards (items = params_)
+  std::vector<OwnedShard> owned_;      // what this rank steps, in parameter order
+  std::vector<size_t> host_, device_;  // indices into owned_
   std::unique_ptr<torch::optim::Optimizer> device_opt_;
   std::vector<std::vector<sdk::ParamSlice>> device_slices_;
   std::unique_ptr<Transfer> d2h_, h2d_;  // last: their threads stop first

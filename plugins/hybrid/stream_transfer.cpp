@@ -8,11 +8,11 @@
 
 namespace distopt::plugins::hybrid {
 
-StreamTransfer::StreamTransfer(const std::string& who, c10::Device device)
+StreamTransfer::StreamTransfer(const std::string& component, c10::Device device)
     : device_(device),
       guard_(device.type()),
       side_(guard_.getStreamFromGlobalPool(device)),
-      worker_(std::make_unique<sdk::SerialWorker>(who)) {}
+      worker_(std::make_unique<sdk::SerialWorker>(component)) {}
 
 std::shared_ptr<sdk::Completion> StreamTransfer::submit(std::function<void()> work,
                                                         std::string label) {

@@ -26,11 +26,11 @@ namespace distopt::plugins::hybrid {
 /// (copies with non_blocking = true are queued there) and synchronizes the
 /// side stream before completing: a completion means the bytes have landed
 /// and the host may read them or the device use them. Work that throws
-/// completes with its status and "<who>: <label>: <what>".
+/// completes with its status and "<component>: <label>: <what>".
 class StreamTransfer : public Transfer {
  public:
   /// Throws c10::Error where libtorch has no backend for device.type().
-  StreamTransfer(const std::string& who, c10::Device device);
+  StreamTransfer(const std::string& component, c10::Device device);
   std::shared_ptr<sdk::Completion> submit(std::function<void()> work, std::string label) override;
   bool non_blocking() const override { return true; }
 

@@ -5,8 +5,8 @@
 
 namespace distopt::plugins::hybrid {
 
-HostTransfer::HostTransfer(const std::string& who, bool overlap) : who_(who) {
-  if (overlap) worker_ = std::make_unique<sdk::SerialWorker>(who);
+HostTransfer::HostTransfer(const std::string& component, bool overlap) : component_(component) {
+  if (overlap) worker_ = std::make_unique<sdk::SerialWorker>(component);
 }
 
 std::shared_ptr<sdk::Completion> HostTransfer::submit(std::function<void()> work,
@@ -21,9 +21,9 @@ std::shared_ptr<sdk::Completion> HostTransfer::submit(std::function<void()> work
     work();
     done->complete(DOPT_OK);
   } catch (const sdk::Error& e) {
-    done->complete(e.status(), who_ + ": " + label + ": " + e.what());
+    done->complete(e.status(), component_ + ": " + label + ": " + e.what());
   } catch (const std::exception& e) {
-    done->complete(DOPT_ERR_INTERNAL, who_ + ": " + label + ": " + e.what());
+    done->complete(DOPT_ERR_INTERNAL, component_ + ": " + label + ": " + e.what());
   }
   return done;
 }

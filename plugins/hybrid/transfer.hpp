@@ -45,12 +45,12 @@ class Transfer {
 /// Destruction waits for the running work and aborts queued work.
 class HostTransfer : public Transfer {
  public:
-  /// `who` prefixes the worker's error messages ("hybrid d2h").
-  HostTransfer(const std::string& who, bool overlap);
+  /// `component` prefixes the worker's error messages ("hybrid d2h").
+  HostTransfer(const std::string& component, bool overlap);
   std::shared_ptr<sdk::Completion> submit(std::function<void()> work, std::string label) override;
 
  private:
-  std::string who_;
+  std::string component_;
   std::unique_ptr<sdk::SerialWorker> worker_;  // null without overlap; last member
 };
 

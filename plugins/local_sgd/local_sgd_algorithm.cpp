@@ -5,6 +5,7 @@
 #include <chrono>
 #include <string>
 
+#include "distopt/sdk/optim/algorithm_args.hpp"
 #include "distopt/sdk/optim/grad_clip.hpp"
 
 namespace distopt::plugins::local_sgd {
@@ -34,12 +35,11 @@ void LocalSgdAlgorithm::check_job(const sdk::JobView& job) {
 LocalSgdAlgorithm::LocalSgdAlgorithm(const dopt_algorithm_args& args)
     : reducer_(args.reducer),
       comm_(args.comm),
-      rank_(args.common ? args.common->rank : 0),
-      world_size_(args.common ? args.common->world_size : 0),
+      rank_(
+          sdk::check_algorithm_args(args, "local_sgd", sdk::kNeedsComm | sdk::kNeedsReducer).rank),
+      world_size_(args.common->world_size),
       params_(args, "local_sgd"),
       average_(args.buckets, args.num_buckets, params_.by_index()) {
-  if (!args.common || !args.comm.vt || !args.reducer.vt || !args.reducer.reducer)
-    fail(DOPT_ERR_INVALID_ARGUMENT, "needs common args, a comm and a reducer");
   const sdk::OptionsView opts(args.common->options);
   warmup_ = opts.get_int("warmup_steps");
   period_ = opts.get_int("period");

@@ -1,9 +1,10 @@
 // Core: launching operations on the communicator's stream, the send / recv
-// group queue, split and teardown (nccl_comm.hpp).
+// group queue, split and teardown (core.hpp).
+#include "core.hpp"
+
 #include <cstdio>
 
 #include "bootstrap.hpp"
-#include "nccl_comm.hpp"
 
 namespace distopt::plugins::nccl {
 namespace {

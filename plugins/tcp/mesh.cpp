@@ -12,7 +12,7 @@ namespace distopt::plugins::tcp {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'O', 'P', 'T', 'T', 'C', 'P', '1'};
-constexpr uint32_t kMaxString = 4096;  // token and scope length limit (length-checked hello)
+constexpr uint32_t kMaxString = 4096;  // token and prefix length limit (length-checked hello)
 constexpr char kAccept = 'K';
 
 std::string store_get_string(const MeshArgs& a, const std::string& key) {
@@ -35,8 +35,8 @@ std::string hello(const MeshArgs& a, uint8_t channel) {
   std::string h(kMagic, 8);
   put_u32(h, static_cast<uint32_t>(a.token.size()));
   h += a.token;
-  put_u32(h, static_cast<uint32_t>(a.scope.size()));
-  h += a.scope;
+  put_u32(h, static_cast<uint32_t>(a.prefix.size()));
+  h += a.prefix;
   put_u32(h, static_cast<uint32_t>(a.rank));
   h.push_back(static_cast<char>(channel));
   return h;
@@ -59,11 +59,11 @@ std::string read_hello(int fd, const MeshArgs& a, int* peer, int* channel) {
     out.resize(n);
     return recv_exact(fd, out.data(), n, dl, &why);
   };
-  std::string token, scope;
+  std::string token, prefix;
   if (!read_string(token)) return "truncated hello: " + why;
   if (token != a.token) return "wrong job token";
-  if (!read_string(scope)) return "truncated hello: " + why;
-  if (scope != a.scope) return "hello for another communicator ('" + scope + "')";
+  if (!read_string(prefix)) return "truncated hello: " + why;
+  if (prefix != a.prefix) return "hello for another communicator ('" + prefix + "')";
   uint32_t r = 0;
   uint8_t ch = 0;
   if (!recv_exact(fd, &r, 4, dl, &why) || !recv_exact(fd, &ch, 1, dl, &why))
@@ -103,14 +103,14 @@ Mesh build_mesh(const MeshArgs& a) {
   int lfd = listen_any(a.bind_address, a.sockets, &port);
   try {
     std::string me = a.bind_address + ":" + std::to_string(port);
-    std::string key = a.scope + "/tcp/addr/" + std::to_string(a.rank);
+    std::string key = a.prefix + "/tcp/addr/" + std::to_string(a.rank);
     if (sdk::host()->store_set(a.store, key.c_str(), me.data(), me.size()) != DOPT_OK)
       throw std::runtime_error("rendezvous: cannot publish this rank's address under '" + key +
                                "'");
 
     // Lower ranks: connect (they accept in any order; the backlog holds us).
     for (int p = 0; p < a.rank; ++p) {
-      std::string addr = store_get_string(a, a.scope + "/tcp/addr/" + std::to_string(p));
+      std::string addr = store_get_string(a, a.prefix + "/tcp/addr/" + std::to_string(p));
       auto colon = addr.rfind(':');
       std::string host = addr.substr(0, colon);
       int pport = std::atoi(addr.c_str() + colon + 1);

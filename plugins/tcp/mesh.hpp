@@ -1,5 +1,5 @@
 // Establishing the full mesh: every pair of ranks gets two one-way data connections
-// (raw collective streams) and a control connection (framed p2p messages, goodbye
+// (raw collective streams) and a control connection (framed send / recv messages, goodbye
 // and abort notices). Addresses are exchanged through the rendezvous store.
 #pragma once
 
@@ -15,7 +15,7 @@ struct MeshArgs {
   int rank = 0;
   int world_size = 1;
   dopt_store* store = nullptr;
-  std::string scope;         ///< store key prefix, identical on every rank
+  std::string prefix;        ///< store key prefix, identical on every rank
   std::string token;         ///< job secret every connecting peer must present
   std::string bind_address;  ///< interface to listen on
   SocketOptions sockets;
@@ -32,9 +32,9 @@ struct Mesh {
 };
 
 /// Collective. Rank r listens on bind_address:0 and publishes host:port under
-/// "<scope>/tcp/addr/<r>"; it connects to every lower rank and accepts from
+/// "<prefix>/tcp/addr/<r>"; it connects to every lower rank and accepts from
 /// every higher rank. Each connection starts with a hello (magic, token,
-/// scope, rank, channel); a hello with a wrong token or scope is refused and
+/// prefix, rank, channel); a hello with a wrong token or prefix is refused and
 /// logged, and does not count. Throws std::runtime_error on failure/timeout.
 Mesh build_mesh(const MeshArgs& a);
 

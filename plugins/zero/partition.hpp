@@ -1,21 +1,21 @@
 // Partitioning the trainable parameters of a ZeRO optimizer across W ranks.
 // Torch-free, so it is unit-testable on its own (tests/zero/partition_test.cpp).
 //
-// Two layouts (after PyTorch's ZeroRedundancyOptimizer and ZeRO / FSDP):
+// Two partitions (after PyTorch's ZeroRedundancyOptimizer and ZeRO / FSDP):
 //   greedy_partition     whole parameters; PyTorch's
 //                        ZeroRedundancyOptimizer._partition_parameters: per
 //                        param group, parameters sorted by numel (descending,
 //                        stable), each given to the rank with the smallest
 //                        running total (ties: the lowest rank); the totals
 //                        carry over from group to group.
-//   split_range          a flat range of `length` elements (the parameters laid
+//   partition_range      a flat range of `length` elements (the parameters laid
 //                        back to back, or one gradient bucket with its entries
-//                        at their offsets) cut into W equal chunks of
-//                        ceil(length / W) elements; rank r owns
-//                        [r * chunk, (r + 1) * chunk). A segment that crosses a
-//                        chunk boundary is split into several pieces. The range
-//                        is padded to W * chunk so allgather / reduce_scatter
-//                        see equal counts.
+//                        at their offsets) cut into W equal shards of
+//                        ceil(length / W) elements; rank r's shard is
+//                        [r * shard_numel, (r + 1) * shard_numel). A parameter
+//                        that crosses a shard boundary falls into several item
+//                        shards. The range is padded to W * shard_numel so
+//                        allgather / reduce_scatter see equal counts.
 // All functions are pure; thread-safe.
 #pragma once
 
@@ -41,11 +41,11 @@ std::vector<int32_t> greedy_partition(const std::vector<ParamSize>& sizes, int32
 std::vector<size_t> rank_totals(const std::vector<ParamSize>& sizes,
                                 const std::vector<int32_t>& owners, int32_t world);
 
-// split_range, back_to_back and their types are the SDK's (sdk/optim/flat_range.hpp).
+// partition_range, back_to_back and their types are the SDK's (sdk/optim/flat_range.hpp).
 using sdk::back_to_back;
-using sdk::Piece;
-using sdk::RangeSplit;
-using sdk::Segment;
-using sdk::split_range;
+using sdk::FlatItem;
+using sdk::FlatPartition;
+using sdk::ItemShard;
+using sdk::partition_range;
 
 }  // namespace distopt::plugins::zero

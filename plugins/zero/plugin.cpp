@@ -12,13 +12,13 @@ constexpr dopt_option_spec kOptions[] = {
     sdk::option_string(
         "partition", "greedy",
         "stage 1: greedy = PyTorch ZeroRedundancyOptimizer's sorted-greedy over whole "
-        "parameters; contiguous = the flat parameter space cut into W equal ranges (stage 2 "
-        "always cuts each bucket into W equal ranges)")
+        "parameters; contiguous = the flat parameter space partitioned into W equal shards "
+        "(stage 2 always partitions each bucket into W equal shards)")
         .choices("greedy|contiguous"),
     sdk::option_bool("parameters_as_bucket_view", "false",
                      "sync updated parameters with one allgather of each rank's packed "
                      "parameters (per bucket in stage 2) instead of one broadcast per parameter "
-                     "slice"),
+                     "or item shard"),
 };
 }  // namespace
 

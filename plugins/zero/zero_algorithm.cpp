@@ -6,6 +6,8 @@
 
 #include "distopt/sdk/base/tensor.hpp"
 #include "distopt/sdk/collective/p2p_collectives.hpp"
+#include "distopt/sdk/optim/algorithm_args.hpp"
+#include "distopt/sdk/optim/flat_shards.hpp"
 #include "distopt/sdk/optim/grad_clip.hpp"
 #include "distopt/sdk/optim/optimizer_factory.hpp"
 
@@ -14,7 +16,7 @@ namespace {
 
 // A leaf tensor over elements [offset, offset + numel) of a contiguous 1-D
 // tensor's memory (the optimizer needs leaves whose .grad it can read).
-at::Tensor flat_slice(const at::Tensor& flat, size_t offset, size_t numel) {
+at::Tensor flat_leaf(const at::Tensor& flat, size_t offset, size_t numel) {
   auto* base = static_cast<char*>(flat.data_ptr()) + offset * flat.element_size();
   return at::from_blob(base, {static_cast<int64_t>(numel)}, flat.options());
 }
@@ -55,26 +57,37 @@ void ZeroAlgorithm::check_job(const sdk::JobView& job) {
 }
 
 ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
-    : comm_(args.comm), reducer_(args.reducer) {
-  if (!args.common) fail(DOPT_ERR_INVALID_ARGUMENT, "needs common args");
-  rank_ = args.common->rank;
-  world_ = args.common->world_size;
-  if (world_ < 1 || rank_ < 0 || rank_ >= world_)
-    fail(DOPT_ERR_INVALID_ARGUMENT, "bad rank / world size");
+    : rank_(sdk::check_algorithm_args(args, "zero", sdk::kNeedsCommWhenDistributed).rank),
+      world_(args.common->world_size),
+      comm_(args.comm),
+      reducer_(args.reducer) {
+  read_options(args);
+  at::NoGradGuard ng;
+  const std::vector<size_t> trainable = alias_trainable_params(args);
+  for (size_t b = 0; b < args.num_buckets; ++b) buckets_.push_back(&args.buckets[b]);
+  if (stage_ == 1) {
+    reduce_pending_.resize(buckets_.size());
+    partitions_.push_back(partition_params(args, trainable));
+  } else {
+    partition_buckets();
+  }
+  build_optimizer(args);
+}
+
+void ZeroAlgorithm::read_options(const dopt_algorithm_args& args) {
   sdk::OptionsView opts(args.common->options);
   stage_ = opts.get_int("stage");
-  partition_ = opts.get_string("partition");
+  partition_kind_ = opts.get_string("partition");
   bucket_view_ = opts.get_bool("parameters_as_bucket_view");
   if (stage_ != 1 && stage_ != 2) fail(DOPT_ERR_INVALID_ARGUMENT, "stage must be 1 or 2");
-  if (partition_ != "greedy" && partition_ != "contiguous")
-    fail(DOPT_ERR_INVALID_ARGUMENT, "partition must be greedy or contiguous, not " + partition_);
+  if (partition_kind_ != "greedy" && partition_kind_ != "contiguous")
+    fail(DOPT_ERR_INVALID_ARGUMENT,
+         "partition must be greedy or contiguous, not " + partition_kind_);
   if (stage_ == 1 && (!args.reducer.vt || !args.reducer.reducer))
     fail(DOPT_ERR_INVALID_ARGUMENT, "stage 1 needs a reducer");
-  if (world_ > 1 && (!args.comm.vt || !args.comm.comm))
-    fail(DOPT_ERR_INVALID_ARGUMENT, "needs a communicator");
+}
 
-  at::NoGradGuard ng;
-  // Trainable parameters, as flat aliases of the host's memory.
+std::vector<size_t> ZeroAlgorithm::alias_trainable_params(const dopt_algorithm_args& args) {
   host_params_ = args.params;
   params_.resize(args.num_params);
   grads_.resize(args.num_params);
@@ -83,10 +96,6 @@ ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
   for (size_t i = 0; i < args.num_params; ++i) {
     const dopt_param& p = args.params[i];
     if (!p.requires_grad || !p.grad) continue;  // frozen: never updated, in no partition
-    if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
-      fail(DOPT_ERR_INVALID_ARGUMENT, std::string("parameter ") + (p.name ? p.name : "?") +
-                                          " has group " + std::to_string(p.group) + " of " +
-                                          std::to_string(args.num_groups));
     params_[i] = sdk::as_tensor(*p.data).view(-1);
     grads_[i] = sdk::as_tensor(*p.grad).view(-1);
     if (!params_[i].is_contiguous() || !grads_[i].is_contiguous())
@@ -97,57 +106,58 @@ ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
     dtype = params_[i].scalar_type();
     trainable.push_back(i);
   }
+  return trainable;
+}
 
-  for (size_t b = 0; b < args.num_buckets; ++b) buckets_.push_back(&args.buckets[b]);
-  if (stage_ == 1) {
-    reduce_pending_.resize(buckets_.size());
-    Layout layout;
-    if (partition_ == "greedy") {
-      std::vector<ParamSize> sizes;
-      for (size_t i : trainable)
-        sizes.push_back({static_cast<size_t>(params_[i].numel()), args.params[i].group});
-      auto owners = greedy_partition(sizes, world_);
-      std::vector<size_t> fill(static_cast<size_t>(world_), 0);
-      for (size_t k = 0; k < trainable.size(); ++k) {
-        auto r = static_cast<size_t>(owners[k]);
-        layout.pieces.push_back({trainable[k], 0, sizes[k].numel, owners[k], fill[r]});
-        fill[r] += sizes[k].numel;
-      }
-      layout.chunk = *std::max_element(fill.begin(), fill.end());
-    } else {
-      std::vector<size_t> numels;
-      for (size_t i : trainable) numels.push_back(static_cast<size_t>(params_[i].numel()));
-      RangeSplit split = split_range(
-          back_to_back(numels), std::accumulate(numels.begin(), numels.end(), size_t{0}), world_);
-      for (auto& pc : split.pieces) pc.id = trainable[pc.id];
-      layout.chunk = split.chunk;
-      layout.pieces = std::move(split.pieces);
+FlatPartition ZeroAlgorithm::partition_params(const dopt_algorithm_args& args,
+                                              const std::vector<size_t>& trainable) const {
+  FlatPartition partition;
+  if (partition_kind_ == "greedy") {
+    std::vector<ParamSize> sizes;
+    for (size_t i : trainable)
+      sizes.push_back({static_cast<size_t>(params_[i].numel()), args.params[i].group});
+    const auto owners = greedy_partition(sizes, world_);
+    std::vector<size_t> fill(static_cast<size_t>(world_), 0);  // per rank: its shard's numel
+    for (size_t k = 0; k < trainable.size(); ++k) {
+      const auto r = static_cast<size_t>(owners[k]);
+      partition.item_shards.push_back({trainable[k], 0, sizes[k].numel, owners[k], fill[r]});
+      fill[r] += sizes[k].numel;
     }
-    layouts_.push_back(std::move(layout));
-  } else {
-    shards_.resize(buckets_.size());
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      const dopt_bucket& bk = *buckets_[b];
-      if (bk.index != static_cast<int32_t>(b))
-        fail(DOPT_ERR_INVALID_ARGUMENT,
-             "bucket " + std::to_string(b) + " has index " + std::to_string(bk.index));
-      BucketShard& s = shards_[b];
-      s.flat = sdk::as_tensor(*bk.flat).view(-1);
-      std::vector<Segment> segs;
-      for (size_t e = 0; e < bk.num_entries; ++e) {
-        const auto pi = static_cast<size_t>(bk.entries[e].param_index);
-        if (pi >= params_.size() || !params_[pi].defined()) continue;
-        segs.push_back({pi, bk.entries[e].offset, bk.entries[e].numel});
-      }
-      RangeSplit split = split_range(segs, static_cast<size_t>(s.flat.numel()), world_);
-      s.shard = at::zeros({static_cast<int64_t>(split.chunk)}, s.flat.options());
-      s.shard_view = sdk::DLView(s.shard);
-      layouts_.push_back({split.chunk, std::move(split.pieces)});
-    }
+    partition.shard_numel = *std::max_element(fill.begin(), fill.end());
+    return partition;
   }
+  std::vector<size_t> numels;
+  for (size_t i : trainable) numels.push_back(static_cast<size_t>(params_[i].numel()));
+  partition = partition_range(back_to_back(numels),
+                              std::accumulate(numels.begin(), numels.end(), size_t{0}), world_);
+  for (auto& s : partition.item_shards) s.id = trainable[s.id];  // item index -> parameter
+  return partition;
+}
 
-  // The inner optimizer over this rank's pieces; every group exists (maybe
-  // empty) so set_lr works on every rank.
+void ZeroAlgorithm::partition_buckets() {
+  shards_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const dopt_bucket& bk = *buckets_[b];
+    if (bk.index != static_cast<int32_t>(b))
+      fail(DOPT_ERR_INVALID_ARGUMENT,
+           "bucket " + std::to_string(b) + " has index " + std::to_string(bk.index));
+    BucketShard& s = shards_[b];
+    s.flat = sdk::as_tensor(*bk.flat).view(-1);
+    std::vector<FlatItem> items;
+    for (size_t e = 0; e < bk.num_entries; ++e) {
+      const auto pi = static_cast<size_t>(bk.entries[e].param_index);
+      if (pi >= params_.size() || !params_[pi].defined()) continue;
+      items.push_back({pi, bk.entries[e].offset, bk.entries[e].numel});
+    }
+    FlatPartition partition = partition_range(items, static_cast<size_t>(s.flat.numel()), world_);
+    s.shard = at::zeros({static_cast<int64_t>(partition.shard_numel)}, s.flat.options());
+    s.shard_view = sdk::DLView(s.shard);
+    partitions_.push_back(std::move(partition));
+  }
+}
+
+void ZeroAlgorithm::build_optimizer(const dopt_algorithm_args& args) {
+  // Every group exists (maybe empty) so set_lr works on every rank.
   std::vector<sdk::ParamGroupInput> groups(args.num_groups);
   group_slot_.resize(args.num_groups);
   for (size_t g = 0; g < args.num_groups; ++g) {
@@ -156,20 +166,20 @@ ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
     groups[g].weight_decay = args.groups[g].weight_decay;
   }
   slices_.resize(args.num_groups);
-  for (size_t l = 0; l < layouts_.size(); ++l) {
-    for (const auto& pc : layouts_[l].pieces) {
-      if (pc.owner != rank_) continue;
-      at::Tensor t = flat_slice(params_[pc.id], pc.item_offset, pc.numel);
-      t.mutable_grad() = stage_ == 1 ? flat_slice(grads_[pc.id], pc.item_offset, pc.numel)
-                                     : flat_slice(shards_[l].shard, pc.chunk_offset, pc.numel);
-      const auto g = static_cast<size_t>(args.params[pc.id].group);
-      owned_.push_back({g, groups[g].params.size(), pc.id, pc.item_offset, pc.numel});
+  for (size_t l = 0; l < partitions_.size(); ++l) {
+    for (const auto& is : partitions_[l].item_shards) {
+      if (is.owner != rank_) continue;
+      at::Tensor t = flat_leaf(params_[is.id], is.item_offset, is.numel);
+      t.mutable_grad() = stage_ == 1 ? flat_leaf(grads_[is.id], is.item_offset, is.numel)
+                                     : flat_leaf(shards_[l].shard, is.shard_offset, is.numel);
+      const auto g = static_cast<size_t>(args.params[is.id].group);
+      owned_.push_back({g, groups[g].params.size(), is.id, is.item_offset, is.numel});
       groups[g].params.push_back(t);
-      // The piece as a range of its parameter: what makes the checkpoint
+      // The item shard as a range of its parameter: what makes the checkpoint
       // independent of this partition.
-      const DLTensor& d = *args.params[pc.id].data;
-      slices_[g].push_back({args.params[pc.id].name ? args.params[pc.id].name : "",
-                            static_cast<int64_t>(pc.item_offset),
+      const DLTensor& d = *args.params[is.id].data;
+      slices_[g].push_back({args.params[is.id].name ? args.params[is.id].name : "",
+                            static_cast<int64_t>(is.item_offset),
                             std::vector<int64_t>(d.shape, d.shape + d.ndim)});
     }
   }
@@ -199,7 +209,7 @@ void ZeroAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
     s.shard.copy_(s.flat);
     return;
   }
-  const int64_t padded = static_cast<int64_t>(layouts_[b].chunk) * world_;
+  const int64_t padded = static_cast<int64_t>(partitions_[b].shard_numel) * world_;
   if (padded == s.flat.numel()) {
     s.send_view = sdk::DLView(s.flat);
   } else {  // reduce_scatter wants W equal blocks: a zero-padded copy, freed at step()
@@ -256,8 +266,8 @@ void ZeroAlgorithm::set_grad_clip(double max_norm) {
 }
 
 void ZeroAlgorithm::clip_owned_grads() {
-  // The pieces this rank owns partition every trainable parameter over the
-  // ranks (stage 1: slices of the reduced bucket; stage 2: of the shard), so
+  // The item shards of all ranks cover every trainable parameter once
+  // (stage 1: ranges of the reduced bucket; stage 2: of the shard), so
   // the squares summed over the ranks are the whole gradient's.
   std::vector<at::Tensor> owned;
   for (const auto& group : optimizer_->param_groups())
@@ -282,57 +292,45 @@ void ZeroAlgorithm::follow_host_params() {
     moved[i] = any = true;
   }
   if (!any) return;
-  for (const OwnedPiece& o : owned_)
+  for (const OwnedShard& o : owned_)
     if (moved[o.param])
       sdk::replace_param(*optimizer_, o.group, o.index,
-                         flat_slice(params_[o.param], o.item_offset, o.numel));
+                         flat_leaf(params_[o.param], o.item_offset, o.numel));
 }
 
 void ZeroAlgorithm::sync_parameters() {
   if (world_ == 1) return;
-  for (const auto& layout : layouts_) {
+  for (const auto& partition : partitions_) {
     if (bucket_view_)
-      sync_by_allgather(layout);
+      sync_by_allgather(partition);
     else
-      sync_by_broadcast(layout);
+      sync_by_broadcast(partition);
   }
 }
 
-at::Tensor ZeroAlgorithm::param_slice(size_t param, size_t offset, size_t numel) const {
+at::Tensor ZeroAlgorithm::param_range(size_t param, size_t offset, size_t numel) const {
   return params_[param].narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(numel));
 }
 
-void ZeroAlgorithm::sync_by_allgather(const Layout& layout) {
-  if (layout.chunk == 0) return;
-  const auto chunk = static_cast<int64_t>(layout.chunk);
-  const at::Tensor& any = params_[layout.pieces.front().id];
-  at::Tensor send = at::zeros({chunk}, any.options());
-  at::Tensor recv = at::empty({chunk * world_}, any.options());
-  for (const auto& pc : layout.pieces)
-    if (pc.owner == rank_)
-      send.narrow(0, static_cast<int64_t>(pc.chunk_offset), static_cast<int64_t>(pc.numel))
-          .copy_(param_slice(pc.id, pc.item_offset, pc.numel));
-  sdk::DLView sv(send), rv(recv);
-  comm_.allgather(*sv.get(), *rv.get()).wait();
-  count_sent(ring_bytes(static_cast<uint64_t>(send.nbytes()), world_));
-  for (const auto& pc : layout.pieces)
-    if (pc.owner != rank_)
-      param_slice(pc.id, pc.item_offset, pc.numel)
-          .copy_(recv.narrow(0, pc.owner * chunk + static_cast<int64_t>(pc.chunk_offset),
-                             static_cast<int64_t>(pc.numel)));
+void ZeroAlgorithm::sync_by_allgather(const FlatPartition& partition) {
+  if (partition.item_shards.empty()) return;
+  const at::ScalarType dtype = params_[partition.item_shards.front().id].scalar_type();
+  count_sent(sdk::allgather_shards(
+      comm_, partition, rank_, world_, dtype,
+      [this](const ItemShard& s) { return param_range(s.id, s.item_offset, s.numel); }));
 }
 
-void ZeroAlgorithm::sync_by_broadcast(const Layout& layout) {
+void ZeroAlgorithm::sync_by_broadcast(const FlatPartition& partition) {
   // All broadcasts in flight at once, in the same order on every rank.
   std::vector<sdk::DLView> views;
   std::vector<sdk::CommHandle> pending;
-  views.reserve(layout.pieces.size());
+  views.reserve(partition.item_shards.size());
   uint64_t sent = 0;
-  for (const auto& pc : layout.pieces) {
-    at::Tensor slice = param_slice(pc.id, pc.item_offset, pc.numel);
-    sent += broadcast_bytes(static_cast<uint64_t>(slice.nbytes()), pc.owner, rank_, world_);
-    views.emplace_back(slice);
-    pending.push_back(comm_.broadcast(*views.back().get(), pc.owner));
+  for (const auto& s : partition.item_shards) {
+    at::Tensor range = param_range(s.id, s.item_offset, s.numel);
+    sent += broadcast_bytes(static_cast<uint64_t>(range.nbytes()), s.owner, rank_, world_);
+    views.emplace_back(range);
+    pending.push_back(comm_.broadcast(*views.back().get(), s.owner));
   }
   for (auto& h : pending) h.wait();
   count_sent(sent);

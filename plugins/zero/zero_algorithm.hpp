@@ -8,7 +8,7 @@
 // each rank runs the inner optimizer only over what it owns, so it keeps the
 // optimizer state (momentum, Adam moments, ...) of 1/W of the parameters;
 // then the updated parameters reach every rank: one broadcast per owned
-// parameter (or parameter slice) from its owner, or, with
+// parameter (or item shard of one) from its owner, or, with
 // `parameters_as_bucket_view: true`, one allgather of a buffer into which each
 // rank packs its parameters.
 //
@@ -24,31 +24,32 @@
 // scaling or error feedback would silently not apply, and check_job refuses
 // the job at `distopt check`, naming algorithm.options.stage. Stage 1 hands
 // every bucket to the reducer and takes any. Ownership follows the bucket
-// layout: each bucket's flat range is cut into W equal chunks (padded to a
-// multiple of W), whatever `partition` says; parameters may be split across
-// ranks, the inner optimizer runs over the owned slices. Parameters are
-// synchronised per bucket (allgather, or one broadcast per slice when
+// layout: each bucket's flat range is partitioned into W equal shards (padded
+// to a multiple of W), whatever `partition` says; parameters may be split
+// across ranks, the inner optimizer runs over the owned item shards. Parameters are
+// synchronised per bucket (allgather, or one broadcast per item shard when
 // parameters_as_bucket_view is false).
 //
 // Bytes sent: the reducer counts stage 1's gradient allreduce; this
 // algorithm counts what it puts on the wire itself (stage 2's
 // reduce-scatter, both stages' parameter sync), per rank, as the tcp
-// communicator's network path moves it: (W - 1) x chunk bytes per ring
+// communicator's network path moves it: (W - 1) x shard bytes per ring
 // reduce-scatter or allgather; a broadcast (a chain from the owner) sends the
-// slice from every rank but owner - 1. It goes to the job metric
+// item shard from every rank but owner - 1. It goes to the job metric
 // "algorithm.bytes_sent" and bytes_sent() (ABI 1.1), which
 // DistributedOptimizer::bytes_sent() adds to the reducer's, so `distopt
 // train` reports both.
 //
 // Partition (stage 1): `greedy` = PyTorch's sorted-greedy over whole
 // parameters (state per rank within one largest parameter of 1/W);
-// `contiguous` = the trainable parameters laid back to back, cut into W equal
-// ranges (state per rank = 1/W of the whole, up to W - 1 padding elements).
+// `contiguous` = the trainable parameters laid back to back, partitioned into W
+// equal shards (state per rank = 1/W of the whole, up to W - 1 padding
+// elements).
 // See partition.hpp.
 //
 // Inner optimizers: every one of the SDK factory (sgd, adam, adamw, adagrad,
 // rmsprop) with its param groups (per-group lr and weight decay). All are
-// elementwise, so updating slices gives exactly the unsharded result.
+// elementwise, so updating item shards gives exactly the unsharded result.
 //
 // Parameters without a gradient in a step (unused in forward) have a zero
 // gradient in their bucket (core's BucketManager) and are stepped with it, as
@@ -59,8 +60,8 @@
 // parameters (requires_grad == 0) are in no partition and never touched.
 //
 // Checkpoints (ABI 1.1): each rank puts the inner-optimizer state of the
-// pieces it owns as element ranges of optimizer/<param>/<field> (state.h;
-// step counters by every owner of a piece, equal values). load_state reads
+// item shards it owns as element ranges of optimizer/<param>/<field> (state.h;
+// step counters by every owner of an item shard, equal values). load_state reads
 // the ranges this rank owns under its own partition, so a checkpoint loads
 // into another world size, stage or partition, and `allreduce` / `fused`
 // checkpoints (same keys, whole tensors) load too. Parameters are the
@@ -96,7 +97,7 @@ class ZeroAlgorithm : public sdk::Algorithm {
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;
-  /// ABI 1.5: the norm is summed over the pieces each rank owns, over the ranks.
+  /// ABI 1.5: the norm is summed over the item shards each rank owns, over the ranks.
   void set_grad_clip(double max_norm) override;
   uint64_t state_bytes() const override;
   void save_state(sdk::StateWriter& w) override;
@@ -105,42 +106,48 @@ class ZeroAlgorithm : public sdk::Algorithm {
   uint64_t bytes_sent() const override { return bytes_sent_.load(); }
 
  private:
-  // A flat layout that is synchronised as a unit: `pieces` (ids = parameter
-  // indices) of every rank, rank r's packed into a chunk of `chunk` elements.
-  struct Layout {
-    size_t chunk = 0;
-    std::vector<Piece> pieces;
-  };
   // Stage 2 state of one bucket.
   struct BucketShard {
     at::Tensor flat;   // the host's flat gradient buffer
-    at::Tensor shard;  // this rank's reduced chunk (owned)
+    at::Tensor shard;  // this rank's reduced shard (owned)
     at::Tensor send;   // padded copy of flat while it is reduced (when needed)
     sdk::DLView send_view, shard_view;
     sdk::CommHandle pending;
   };
 
   // A tensor the optimizer steps: param_groups()[group].params()[index] is
-  // elements [item_offset, +numel) of parameter `param`.
-  struct OwnedPiece {
+  // elements [item_offset, +numel) of parameter `param` (an item shard).
+  struct OwnedShard {
     size_t group, index, param, item_offset, numel;
   };
+
+  // The constructor's steps, in order.
+  void read_options(const dopt_algorithm_args& args);
+  /// Aliases every trainable parameter and its gradient (flat); returns their indices.
+  std::vector<size_t> alias_trainable_params(const dopt_algorithm_args& args);
+  /// Stage 1: one partition of the trainable parameters (greedy or contiguous).
+  FlatPartition partition_params(const dopt_algorithm_args& args,
+                                 const std::vector<size_t>& trainable) const;
+  /// Stage 2: one partition per bucket, and the bucket's reduced shard.
+  void partition_buckets();
+  /// The inner optimizer over this rank's item shards, and their checkpoint slices.
+  void build_optimizer(const dopt_algorithm_args& args);
 
   size_t bucket_slot(const dopt_bucket& bucket) const;
   /// The host re-points parameters user code moved (torch::load, set_data;
   /// algorithm.h): alias the new memory, keeping the optimizer state.
   void follow_host_params();
   void sync_parameters();
-  /// Clip the owned pieces' gradients by the global norm (one scalar allreduce).
+  /// Clip the owned item shards' gradients by the global norm (one scalar allreduce).
   void clip_owned_grads();
-  void sync_by_allgather(const Layout& layout);
-  void sync_by_broadcast(const Layout& layout);
-  at::Tensor param_slice(size_t param, size_t offset, size_t numel) const;
+  void sync_by_allgather(const FlatPartition& partition);
+  void sync_by_broadcast(const FlatPartition& partition);
+  at::Tensor param_range(size_t param, size_t offset, size_t numel) const;
   void count_sent(uint64_t bytes);
 
   int32_t rank_ = 0, world_ = 1;
   int64_t stage_ = 1;
-  std::string partition_;
+  std::string partition_kind_;  // option `partition`: greedy or contiguous
   bool bucket_view_ = false;
   double grad_clip_ = 0;  // optimizer.grad_clip (0 = off)
   sdk::CommView comm_;
@@ -149,12 +156,12 @@ class ZeroAlgorithm : public sdk::Algorithm {
   std::vector<sdk::ReduceHandle> reduce_pending_;  // stage 1, per bucket
   std::vector<BucketShard> shards_;                // stage 2, per bucket
   const dopt_param* host_params_ = nullptr;        // the host's descriptors, stable until destroy
-  std::vector<OwnedPiece> owned_;                  // this rank's pieces, in optimizer order
+  std::vector<OwnedShard> owned_;                  // this rank's item shards, in optimizer order
   std::vector<at::Tensor> params_;                 // per parameter: flat alias of the host's data
   std::vector<at::Tensor> grads_;                  // per parameter: flat alias of its bucket slot
-  std::vector<Layout> layouts_;                    // stage 1: one; stage 2: one per bucket
-  std::vector<int32_t> group_slot_;                // dopt group -> optimizer param group
-  std::vector<std::vector<sdk::ParamSlice>> slices_;  // per optimizer tensor: its piece
+  std::vector<FlatPartition> partitions_;  // synchronised as units; stage 1: one, 2: per bucket
+  std::vector<int32_t> group_slot_;        // dopt group -> optimizer param group
+  std::vector<std::vector<sdk::ParamSlice>> slices_;  // per optimizer tensor: its item shard
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::atomic<uint64_t> bytes_sent_{0};  // on_bucket_ready may run on the autograd thread
 };

@@ -19,13 +19,13 @@ using namespace distopt::sdk;
 using namespace distopt::sdk::p2p;
 
 /// Message k (k-th with this tag) from rank s to rank d with tag t is the
-/// store key "<scope>/m/s/d/t/k": posting order on both sides matches
+/// store key "<prefix>/m/s/d/t/k": posting order on both sides matches
 /// them, as Transport requires. isend is a store_set (never blocks on the
 /// peer); a receive polls (test) or waits (wait_all) for its key.
 class StoreTransport final : public Transport {
  public:
-  StoreTransport(dopt_store* store, std::string scope, int rank, int world)
-      : store_(store), scope_(std::move(scope)), rank_(rank), world_(world) {}
+  StoreTransport(dopt_store* store, std::string prefix, int rank, int world)
+      : store_(store), prefix_(std::move(prefix)), rank_(rank), world_(world) {}
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   Handle isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
@@ -63,7 +63,7 @@ class StoreTransport final : public Transport {
     size_t bytes;
   };
   std::string key(int src, int dst, uint64_t tag, uint64_t k) const {
-    return scope_ + "/m/" + std::to_string(src) + "/" + std::to_string(dst) + "/" +
+    return prefix_ + "/m/" + std::to_string(src) + "/" + std::to_string(dst) + "/" +
            std::to_string(tag) + "/" + std::to_string(k);
   }
   /// Fetch a receive's message, waiting up to timeout_ms; false if absent.
@@ -83,7 +83,7 @@ class StoreTransport final : public Transport {
     return true;
   }
   dopt_store* store_;
-  std::string scope_;
+  std::string prefix_;
   int rank_, world_;
   Handle next_ = 0;
   std::map<Handle, Op> ops_;
@@ -110,7 +110,7 @@ class StoreComm final : public P2PCommunicator {
 
  private:
   StoreComm(const dopt_create_args& a, const Config& c)
-      : P2PCommunicator(a, c, store_setup()), cfg_(c), t_(a.store, scope(), rank(), world_size()) {
+      : P2PCommunicator(a, c, store_setup()), cfg_(c), t_(a.store, prefix(), rank(), world_size()) {
     start(t_, CollectiveOptions{});
   }
   std::unique_ptr<Communicator> split_child(const dopt_create_args& a) override {

@@ -50,54 +50,69 @@ TEST_CASE("greedy: every rank within one largest parameter of the mean") {
   }
 }
 
-TEST_CASE("split_range: equal chunks, segments split at boundaries, every element once") {
-  // 3 items of 5, 4, 2 back to back = 11 elements over 3 ranks -> chunk 4 (padded to 12)
-  auto r = split_range(back_to_back({5, 4, 2}), 11, 3);
-  CHECK(r.chunk == 4);
-  REQUIRE(r.pieces.size() == 5);
+TEST_CASE("partition_range: equal shards, items split at shard boundaries, every element once") {
+  // 3 items of 5, 4, 2 back to back = 11 elements over 3 ranks -> shards of 4 (padded to 12)
+  auto r = partition_range(back_to_back({5, 4, 2}), 11, 3);
+  CHECK(r.shard_numel == 4);
+  REQUIRE(r.item_shards.size() == 5);
   // item 0: [0,4) r0, [4,5) r1; item 1: [0,3) r1, [3,4) r2; item 2: [0,2) r2
-  CHECK((r.pieces[0].id == 0 && r.pieces[0].item_offset == 0 && r.pieces[0].numel == 4 &&
-         r.pieces[0].owner == 0));
-  CHECK((r.pieces[1].id == 0 && r.pieces[1].item_offset == 4 && r.pieces[1].numel == 1 &&
-         r.pieces[1].owner == 1 && r.pieces[1].chunk_offset == 0));
-  CHECK((r.pieces[2].id == 1 && r.pieces[2].item_offset == 0 && r.pieces[2].numel == 3 &&
-         r.pieces[2].owner == 1 && r.pieces[2].chunk_offset == 1));
-  CHECK((r.pieces[3].id == 1 && r.pieces[3].item_offset == 3 && r.pieces[3].numel == 1 &&
-         r.pieces[3].owner == 2));
-  CHECK((r.pieces[4].id == 2 && r.pieces[4].numel == 2 && r.pieces[4].owner == 2 &&
-         r.pieces[4].chunk_offset == 1));
+  CHECK((r.item_shards[0].id == 0 && r.item_shards[0].item_offset == 0 &&
+         r.item_shards[0].numel == 4 && r.item_shards[0].owner == 0));
+  CHECK((r.item_shards[1].id == 0 && r.item_shards[1].item_offset == 4 &&
+         r.item_shards[1].numel == 1 && r.item_shards[1].owner == 1 &&
+         r.item_shards[1].shard_offset == 0));
+  CHECK((r.item_shards[2].id == 1 && r.item_shards[2].item_offset == 0 &&
+         r.item_shards[2].numel == 3 && r.item_shards[2].owner == 1 &&
+         r.item_shards[2].shard_offset == 1));
+  CHECK((r.item_shards[3].id == 1 && r.item_shards[3].item_offset == 3 &&
+         r.item_shards[3].numel == 1 && r.item_shards[3].owner == 2));
+  CHECK((r.item_shards[4].id == 2 && r.item_shards[4].numel == 2 && r.item_shards[4].owner == 2 &&
+         r.item_shards[4].shard_offset == 1));
 }
 
-TEST_CASE("split_range: gaps (bucket padding), coverage and balance over many shapes") {
+TEST_CASE("partition_range: gaps (bucket padding), coverage and balance over many shapes") {
   // a bucket: entries at aligned offsets with padding between them
-  std::vector<Segment> segs = {{7, 0, 3}, {2, 4, 6}, {9, 12, 5}};
-  auto r = split_range(segs, 20, 4);
-  CHECK(r.chunk == 5);
+  std::vector<FlatItem> items = {{7, 0, 3}, {2, 4, 6}, {9, 12, 5}};
+  auto r = partition_range(items, 20, 4);
+  CHECK(r.shard_numel == 5);
   std::map<size_t, size_t> covered;
   std::vector<size_t> per_rank(4, 0);
-  for (const auto& p : r.pieces) {
+  for (const auto& p : r.item_shards) {
     covered[p.id] += p.numel;
     per_rank[static_cast<size_t>(p.owner)] += p.numel;
-    CHECK(p.chunk_offset + p.numel <= r.chunk);
-    // the piece's place in the range is its owner's chunk start + chunk_offset
+    CHECK(p.shard_offset + p.numel <= r.shard_numel);
+    // the item shard's place in the range is its owner's shard start + shard_offset
     const auto& s =
-        *std::find_if(segs.begin(), segs.end(), [&](const Segment& x) { return x.id == p.id; });
-    CHECK(s.offset + p.item_offset == static_cast<size_t>(p.owner) * r.chunk + p.chunk_offset);
+        *std::find_if(items.begin(), items.end(), [&](const FlatItem& x) { return x.id == p.id; });
+    CHECK(s.offset + p.item_offset ==
+          static_cast<size_t>(p.owner) * r.shard_numel + p.shard_offset);
   }
   CHECK(covered == std::map<size_t, size_t>{{7, 3}, {2, 6}, {9, 5}});
   for (size_t n : {1, 2, 3, 10, 97, 1000})
     for (int32_t w : {1, 2, 3, 4, 8}) {
       CAPTURE(n);
       CAPTURE(w);
-      auto rr = split_range(back_to_back({n, 2 * n + 1}), 3 * n + 1, w);
+      auto rr = partition_range(back_to_back({n, 2 * n + 1}), 3 * n + 1, w);
       std::vector<size_t> t(static_cast<size_t>(w), 0);
-      for (const auto& p : rr.pieces) t[static_cast<size_t>(p.owner)] += p.numel;
+      for (const auto& p : rr.item_shards) t[static_cast<size_t>(p.owner)] += p.numel;
       CHECK(std::accumulate(t.begin(), t.end(), size_t{0}) == 3 * n + 1);
-      CHECK(*std::max_element(t.begin(), t.end()) == rr.chunk);  // nobody holds more than a chunk
-      CHECK(rr.chunk * static_cast<size_t>(w) - (3 * n + 1) <
+      CHECK(*std::max_element(t.begin(), t.end()) ==
+            rr.shard_numel);  // nobody holds more than a shard
+      CHECK(rr.shard_numel * static_cast<size_t>(w) - (3 * n + 1) <
             static_cast<size_t>(w));  // padding < W
     }
-  CHECK(split_range({}, 0, 2).pieces.empty());
-  CHECK_THROWS_AS(split_range({{0, 5, 10}}, 12, 2), std::invalid_argument);  // leaves the range
-  CHECK_THROWS_AS(split_range({{0, 0, 4}, {1, 2, 4}}, 12, 2), std::invalid_argument);  // overlap
+  CHECK(partition_range({}, 0, 2).item_shards.empty());
+  CHECK_THROWS_AS(partition_range({{0, 5, 10}}, 12, 2), std::invalid_argument);  // leaves the range
+  CHECK_THROWS_AS(partition_range({{0, 0, 4}, {1, 2, 4}}, 12, 2),
+                  std::invalid_argument);  // overlap
+}
+
+TEST_CASE("the 1.x names of the flat partition still compile and mean the same") {
+  const distopt::sdk::RangeSplit old = distopt::sdk::split_range(back_to_back({5, 4, 2}), 11, 3);
+  const FlatPartition now = partition_range(back_to_back({5, 4, 2}), 11, 3);
+  CHECK(old.shard_numel == now.shard_numel);
+  REQUIRE(old.item_shards.size() == now.item_shards.size());
+  const distopt::sdk::Piece& first = old.item_shards.front();
+  const distopt::sdk::Segment item{0, 0, 5};
+  CHECK((first.id == item.id && first.numel == 4));
 }

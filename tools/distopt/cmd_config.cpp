@@ -157,7 +157,10 @@ void write_components(Writer& w, const distopt::PluginRegistry& reg) {
     }
     if (kind == DOPT_KIND_REDUCER) {
       w.heading(4, "Bucketing options (every reducer)");
-      w.para("The core's gradient buckets; written in the reducer's `options:`.");
+      w.para(
+          "Written in the reducer's `options:`, read by the host's bucket manager (core), "
+          "which packs the gradients into buckets and launches each; the reducer never sees "
+          "them.");
       w.table(option_rows(distopt::bucket_option_specs()));
     }
   }

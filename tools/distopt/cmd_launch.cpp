@@ -55,32 +55,41 @@ constexpr const char* kHelp =
     "on this node are stopped and launch exits 1 (the other nodes' ranks fail at their next\n"
     "collective); Ctrl-C stops every local rank and exits 130; --timeout exits 124.\n\noptions";
 
-int cmd_launch(int argc, char** argv) {
-  // Everything after "--" belongs to the program, untouched by option parsing.
-  int split = argc;
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--") == 0) {
-      split = i;
-      break;
-    }
+// A command-line mistake: "distopt launch: WHAT" on stderr, exit status 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
-  launch::LaunchOptions lo;
+// What the command line, and Slurm, say about this node's part of the job.
+struct NodeArgs {
   int nprocs = 0, nnodes = 1, node_rank = 0, port = 0;
-  std::string master_addr, endpoint, rdzv_id;
+  std::string master_addr, endpoint;
+  std::string token;  // --rdzv-id, else Slurm's, else $DISTOPT_JOB_TOKEN
+};
+
+// Index of the first "--" (argc when none): everything after it belongs to
+// the program, untouched by option parsing.
+int program_start(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--") == 0) return i;
+  return argc;
+}
+
+po::options_description launch_options(NodeArgs& n, launch::LaunchOptions& lo) {
   po::options_description desc(kHelp);
   desc.add_options()("help,h", "show this help")(
-      "nproc-per-node,n", po::value<int>(&nprocs),
+      "nproc-per-node,n", po::value<int>(&n.nprocs),
       "ranks on this node (default: world.size of --config / --nnodes)")(
-      "nnodes", po::value<int>(&nnodes), "nodes in the job (default 1)")(
-      "node-rank", po::value<int>(&node_rank), "this node's index, 0..nnodes-1 (default 0)")(
-      "master-addr", po::value<std::string>(&master_addr),
+      "nnodes", po::value<int>(&n.nnodes), "nodes in the job (default 1)")(
+      "node-rank", po::value<int>(&n.node_rank), "this node's index, 0..nnodes-1 (default 0)")(
+      "master-addr", po::value<std::string>(&n.master_addr),
       "address of node 0, where rank 0 serves the rendezvous (default 127.0.0.1)")(
-      "master-port", po::value<int>(&port),
+      "master-port", po::value<int>(&n.port),
       "rendezvous port (required with --nnodes > 1; one node: a free one)")(
       "port", po::value<int>(), "the same as --master-port")(
-      "rdzv-endpoint", po::value<std::string>(&endpoint),
+      "rdzv-endpoint", po::value<std::string>(&n.endpoint),
       "HOST:PORT, the same as --master-addr HOST --master-port PORT")(
-      "rdzv-id", po::value<std::string>(&rdzv_id),
+      "rdzv-id", po::value<std::string>(&n.token),
       "job token every node must give (default: $DISTOPT_JOB_TOKEN; else one node: random; "
       "several: derived from the rendezvous address)")("config", po::value<std::string>(&lo.config),
                                                        "job YAML, exported as DISTOPT_CONFIG")(
@@ -90,6 +99,149 @@ int cmd_launch(int argc, char** argv) {
       "seconds the other ranks get to exit and report after one fails, before SIGTERM")(
       "grace", po::value<double>(&lo.grace_s)->default_value(5),
       "seconds between SIGTERM and SIGKILL");
+  return desc;
+}
+
+// --port, --master-port and --rdzv-endpoint: one rendezvous address.
+void resolve_endpoint(const po::variables_map& vm, NodeArgs& n) {
+  if (vm.count("port")) {
+    if (vm.count("master-port") && vm["port"].as<int>() != n.port)
+      throw UsageError("--port and --master-port differ; give one");
+    n.port = vm["port"].as<int>();
+  }
+  if (!vm.count("rdzv-endpoint")) return;
+  if (vm.count("port")) throw UsageError("give --rdzv-endpoint or --port, not both");
+  if (vm.count("master-addr") || vm.count("master-port"))
+    throw UsageError("give --rdzv-endpoint or --master-addr/--master-port, not both");
+  try {
+    auto hp = launch::split_endpoint(n.endpoint, "--rdzv-endpoint");
+    n.master_addr = hp.first;
+    n.port = hp.second;
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+// An sbatch script itself (Slurm's batch step: no SLURM_STEP_NUM_TASKS,
+// which srun sets) runs once, on the allocation's first node: a launch there
+// starts this node's ranks only, as a plain local launch, and is refused
+// when the allocation has several nodes.
+bool slurm_batch_step(const po::variables_map& vm) {
+  const bool batch = env("SLURM_PROCID") && env("SLURM_NTASKS") && !env("SLURM_STEP_NUM_TASKS");
+  if (!batch || vm.count("nnodes") || vm.count("node-rank")) return batch;
+  const char* nodes_var = env("SLURM_JOB_NUM_NODES") ? "SLURM_JOB_NUM_NODES"
+                          : env("SLURM_NNODES")      ? "SLURM_NNODES"
+                                                     : nullptr;
+  if (nodes_var && env_int(nodes_var) > 1)
+    throw UsageError(std::string("this is an sbatch script on the first of ") + env(nodes_var) +
+                     " nodes, not an srun step: start one launcher per node with `srun "
+                     "--ntasks-per-node=1 distopt launch ...` (or give --nnodes and "
+                     "--node-rank)");
+  return batch;
+}
+
+// Inside a Slurm step of one task per node, Slurm names the node, the
+// rendezvous and the token (what the command line gives wins).
+void apply_slurm_step(const po::variables_map& vm, NodeArgs& n) {
+  const int tasks = env_int("SLURM_NTASKS");
+  if (tasks <= 1) return;
+  const char* nodes_var = env("SLURM_STEP_NUM_NODES") ? "SLURM_STEP_NUM_NODES"
+                          : env("SLURM_NNODES")       ? "SLURM_NNODES"
+                                                      : nullptr;
+  if (nodes_var && env_int(nodes_var) != tasks)
+    throw UsageError("SLURM_NTASKS=" + std::to_string(tasks) + " tasks on " + env(nodes_var) +
+                     " nodes (" + nodes_var +
+                     "): run one launcher per node (srun --ntasks-per-node=1 distopt "
+                     "launch ...), or give --nnodes and --node-rank");
+  n.nnodes = tasks;
+  n.node_rank = env_int("SLURM_PROCID");
+  const bool have_port = vm.count("master-port") || vm.count("port") || vm.count("rdzv-endpoint");
+  const bool have_addr = vm.count("master-addr") || vm.count("rdzv-endpoint");
+  // The Slurm rank environment describes the whole step; the rank's own
+  // environment from this launcher wins (DISTOPT_* first).
+  const ProcessInfo slurm = detect_process_info();
+  if (!have_addr && !slurm.rendezvous.empty()) {
+    const std::string hp = slurm.rendezvous.substr(6);  // tcp://
+    const auto p = launch::split_endpoint(hp, "the Slurm rendezvous");
+    n.master_addr = p.first;
+    if (!have_port) n.port = p.second;
+  } else if (!have_addr) {
+    throw UsageError("Slurm step without SLURM_JOB_NODELIST or MASTER_ADDR: give --master-addr");
+  } else if (!have_port) {
+    n.port = env("MASTER_PORT") ? env_int("MASTER_PORT") : slurm_default_port();
+  }
+  if (n.token.empty()) n.token = slurm.token;
+  std::cerr << "distopt launch: Slurm step: node " << n.node_rank << " of " << n.nnodes
+            << " (SLURM_PROCID / SLURM_NTASKS)\n";
+}
+
+void check_nodes(const NodeArgs& n) {
+  if (n.nnodes < 1 || n.nnodes > 4096)
+    throw UsageError("--nnodes must be between 1 and 4096 (got " + std::to_string(n.nnodes) + ")");
+  if (n.node_rank < 0 || n.node_rank >= n.nnodes)
+    throw UsageError("--node-rank must be in 0.." + std::to_string(n.nnodes - 1) + " (got " +
+                     std::to_string(n.node_rank) + ")");
+  if (n.nnodes > 1 && n.port == 0)
+    throw UsageError("--nnodes " + std::to_string(n.nnodes) +
+                     " needs --master-port P (or --rdzv-endpoint HOST:P): every node must "
+                     "name the same rendezvous");
+}
+
+// Ranks on this node: -n, else the job file's world.size / nnodes; refuses
+// two different numbers. Notes the job file's rendezvous it replaces.
+void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n, launch::LaunchOptions& lo) {
+  JobConfig job;
+  const bool have_job = !lo.config.empty() && std::ifstream(lo.config).good();
+  if (have_job) job = load_job_config(lo.config);
+  YAML::Node size = have_job && job.root.IsMap() && job.root["world"].IsMap()
+                        ? job.root["world"]["size"]
+                        : YAML::Node();
+  const bool job_sets_size = size.IsDefined() && !size.IsNull();
+  if (!vm.count("nproc-per-node")) {
+    if (lo.config.empty())
+      throw UsageError("give -n N (ranks per node), or --config JOB.yaml to use its world.size");
+    if (!have_job) job = load_job_config(lo.config);  // names the file it cannot read
+    if (job.world_size % n.nnodes != 0)
+      throw UsageError(lo.config + ": world.size " + std::to_string(job.world_size) +
+                       " is not a multiple of --nnodes " + std::to_string(n.nnodes) + "; give -n");
+    n.nprocs = static_cast<int>(job.world_size / n.nnodes);
+  } else if (job_sets_size && job.world_size != static_cast<int64_t>(n.nprocs) * n.nnodes) {
+    // Two numbers of ranks: refuse rather than guess which one was meant.
+    // (A file this host cannot read is the program's business.)
+    throw UsageError((n.nnodes > 1 ? std::to_string(n.nnodes) + " nodes x " : "") + "-n " +
+                     std::to_string(n.nprocs) + " but " + lo.config + ":" +
+                     std::to_string(size.Mark().line + 1) + ": world.size is " +
+                     std::to_string(job.world_size) + "; give the same number, or leave out -n");
+  }
+  if (n.nprocs < 1 || n.nprocs > 4096)
+    throw UsageError("-n must be between 1 and 4096 (got " + std::to_string(n.nprocs) + ")");
+  if (n.port < 0 || n.port > 65535)
+    throw UsageError("--master-port must be in 0..65535 (got " + std::to_string(n.port) + ")");
+  if (lo.timeout_s < 0 || lo.grace_s < 0 || lo.failure_wait_s < 0)
+    throw UsageError("--timeout, --failure-wait and --grace must not be negative");
+  if (have_job) launch::note_job_rendezvous(job, lo);
+}
+
+// The launcher's options from the node's: several nodes share one token, the
+// same on each without a word between them.
+void fill_launch_options(NodeArgs n, launch::LaunchOptions& lo) {
+  if (n.token.empty() && env("DISTOPT_JOB_TOKEN")) n.token = env("DISTOPT_JOB_TOKEN");
+  lo.nprocs = n.nprocs;
+  lo.nnodes = n.nnodes;
+  lo.node_rank = n.node_rank;
+  if (!n.master_addr.empty()) lo.master_addr = n.master_addr;
+  lo.port = n.port;
+  lo.token = !n.token.empty() || n.nnodes == 1
+                 ? n.token
+                 : "rdzv-" + lo.master_addr + ":" + std::to_string(n.port) + "-" +
+                       std::to_string(n.nnodes) + "x" + std::to_string(n.nprocs);
+}
+
+int cmd_launch(int argc, char** argv) {
+  const int split = program_start(argc, argv);
+  launch::LaunchOptions lo;
+  NodeArgs n;
+  const po::options_description desc = launch_options(n, lo);
   po::options_description hidden;
   hidden.add_options()("program", po::value<std::vector<std::string>>(), "");
   po::options_description all;
@@ -109,147 +261,31 @@ int cmd_launch(int argc, char** argv) {
     std::cout << desc << "\n";
     return 0;
   }
-  auto usage_error = [](const std::string& what) {
-    std::cerr << "distopt launch: " << what << "\n";
-    return 2;
-  };
   if (vm.count("program")) lo.argv = vm["program"].as<std::vector<std::string>>();
   for (int i = split + 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
   if (lo.argv.empty()) {
     std::cerr << "distopt launch: no program given (put it after --)\n" << desc << "\n";
     return 2;
   }
-  if (vm.count("port")) {
-    if (vm.count("master-port") && vm["port"].as<int>() != port)
-      return usage_error("--port and --master-port differ; give one");
-    port = vm["port"].as<int>();
-  }
-  if (vm.count("rdzv-endpoint")) {
-    if (vm.count("port")) return usage_error("give --rdzv-endpoint or --port, not both");
-    if (vm.count("master-addr") || vm.count("master-port"))
-      return usage_error("give --rdzv-endpoint or --master-addr/--master-port, not both");
-    try {
-      auto hp = launch::split_endpoint(endpoint, "--rdzv-endpoint");
-      master_addr = hp.first;
-      port = hp.second;
-    } catch (const std::invalid_argument& e) {
-      return usage_error(e.what());
-    }
-  }
-  const bool have_port = vm.count("master-port") || vm.count("port") || vm.count("rdzv-endpoint");
-
-  // Inside a Slurm step of one task per node, Slurm names the node.
-  std::string token = rdzv_id;
-  // An sbatch script itself (Slurm's batch step: no SLURM_STEP_NUM_TASKS,
-  // which srun sets) runs once, on the allocation's first node: a launch
-  // there starts this node's ranks only, as a plain local launch.
-  const bool slurm_vars = env("SLURM_PROCID") && env("SLURM_NTASKS");
-  const bool slurm_batch_step = slurm_vars && !env("SLURM_STEP_NUM_TASKS");
-  if (slurm_batch_step && !vm.count("nnodes") && !vm.count("node-rank")) {
-    try {
-      const char* nodes_var = env("SLURM_JOB_NUM_NODES") ? "SLURM_JOB_NUM_NODES"
-                              : env("SLURM_NNODES")      ? "SLURM_NNODES"
-                                                         : nullptr;
-      if (nodes_var && env_int(nodes_var) > 1)
-        return usage_error(std::string("this is an sbatch script on the first of ") +
-                           env(nodes_var) +
-                           " nodes, not an srun step: start one launcher per node with `srun "
-                           "--ntasks-per-node=1 distopt launch ...` (or give --nnodes and "
-                           "--node-rank)");
+  try {
+    resolve_endpoint(vm, n);
+    try {  // a malformed Slurm variable is a usage error naming it
+      const bool batch = slurm_batch_step(vm);
+      if (!vm.count("nnodes") && !vm.count("node-rank") && !batch && env("SLURM_PROCID") &&
+          env("SLURM_NTASKS"))
+        apply_slurm_step(vm, n);
+    } catch (const UsageError&) {
+      throw;
     } catch (const std::exception& e) {
-      return usage_error(e.what());
+      throw UsageError(e.what());
     }
-  }
-  if (!vm.count("nnodes") && !vm.count("node-rank") && slurm_vars && !slurm_batch_step) {
-    try {
-      const int tasks = env_int("SLURM_NTASKS");
-      if (tasks > 1) {
-        const char* nodes_var = env("SLURM_STEP_NUM_NODES") ? "SLURM_STEP_NUM_NODES"
-                                : env("SLURM_NNODES")       ? "SLURM_NNODES"
-                                                            : nullptr;
-        if (nodes_var && env_int(nodes_var) != tasks)
-          return usage_error("SLURM_NTASKS=" + std::to_string(tasks) + " tasks on " +
-                             env(nodes_var) + " nodes (" + nodes_var +
-                             "): run one launcher per node (srun --ntasks-per-node=1 distopt "
-                             "launch ...), or give --nnodes and --node-rank");
-        nnodes = tasks;
-        node_rank = env_int("SLURM_PROCID");
-        // The Slurm rank environment describes the whole step; the rank's own
-        // environment from this launcher wins (DISTOPT_* first).
-        const ProcessInfo slurm = detect_process_info();
-        if (!vm.count("master-addr") && !vm.count("rdzv-endpoint") && !slurm.rendezvous.empty()) {
-          const std::string hp = slurm.rendezvous.substr(6);  // tcp://
-          const auto p = launch::split_endpoint(hp, "the Slurm rendezvous");
-          master_addr = p.first;
-          if (!have_port) port = p.second;
-        } else if (!vm.count("master-addr") && !vm.count("rdzv-endpoint")) {
-          return usage_error(
-              "Slurm step without SLURM_JOB_NODELIST or MASTER_ADDR: give --master-addr");
-        } else if (!have_port) {
-          port = env("MASTER_PORT") ? env_int("MASTER_PORT") : slurm_default_port();
-        }
-        if (token.empty()) token = slurm.token;
-        std::cerr << "distopt launch: Slurm step: node " << node_rank << " of " << nnodes
-                  << " (SLURM_PROCID / SLURM_NTASKS)\n";
-      }
-    } catch (const std::exception& e) {
-      return usage_error(e.what());
-    }
-  }
-
-  if (nnodes < 1 || nnodes > 4096)
-    return usage_error("--nnodes must be between 1 and 4096 (got " + std::to_string(nnodes) + ")");
-  if (node_rank < 0 || node_rank >= nnodes)
-    return usage_error("--node-rank must be in 0.." + std::to_string(nnodes - 1) + " (got " +
-                       std::to_string(node_rank) + ")");
-  if (nnodes > 1 && port == 0)
-    return usage_error("--nnodes " + std::to_string(nnodes) +
-                       " needs --master-port P (or --rdzv-endpoint HOST:P): every node must "
-                       "name the same rendezvous");
-
-  JobConfig job;
-  const bool have_job = !lo.config.empty() && std::ifstream(lo.config).good();
-  if (have_job) job = load_job_config(lo.config);
-  YAML::Node size = have_job && job.root.IsMap() && job.root["world"].IsMap()
-                        ? job.root["world"]["size"]
-                        : YAML::Node();
-  const bool job_sets_size = size.IsDefined() && !size.IsNull();
-  if (!vm.count("nproc-per-node")) {
-    if (lo.config.empty())
-      return usage_error("give -n N (ranks per node), or --config JOB.yaml to use its world.size");
-    if (!have_job) job = load_job_config(lo.config);  // names the file it cannot read
-    if (job.world_size % nnodes != 0)
-      return usage_error(lo.config + ": world.size " + std::to_string(job.world_size) +
-                         " is not a multiple of --nnodes " + std::to_string(nnodes) + "; give -n");
-    nprocs = static_cast<int>(job.world_size / nnodes);
-  } else if (job_sets_size && job.world_size != static_cast<int64_t>(nprocs) * nnodes) {
-    // Two numbers of ranks: refuse rather than guess which one was meant.
-    // (A file this host cannot read is the program's business.)
-    std::cerr << "distopt launch: " << (nnodes > 1 ? std::to_string(nnodes) + " nodes x " : "")
-              << "-n " << nprocs << " but " << lo.config << ":" << size.Mark().line + 1
-              << ": world.size is " << job.world_size
-              << "; give the same number, or leave out -n\n";
+    check_nodes(n);
+    resolve_ranks_per_node(vm, n, lo);
+  } catch (const UsageError& e) {
+    std::cerr << "distopt launch: " << e.what() << "\n";
     return 2;
   }
-  if (nprocs < 1 || nprocs > 4096)
-    return usage_error("-n must be between 1 and 4096 (got " + std::to_string(nprocs) + ")");
-  if (port < 0 || port > 65535)
-    return usage_error("--master-port must be in 0..65535 (got " + std::to_string(port) + ")");
-  if (lo.timeout_s < 0 || lo.grace_s < 0 || lo.failure_wait_s < 0)
-    return usage_error("--timeout, --failure-wait and --grace must not be negative");
-  if (have_job) launch::note_job_rendezvous(job, lo);
-
-  if (token.empty() && env("DISTOPT_JOB_TOKEN")) token = env("DISTOPT_JOB_TOKEN");
-  lo.nprocs = nprocs;
-  lo.nnodes = nnodes;
-  lo.node_rank = node_rank;
-  if (!master_addr.empty()) lo.master_addr = master_addr;
-  lo.port = port;
-  // Several nodes share one token: the same on each without a word between them.
-  lo.token = !token.empty() || nnodes == 1
-                 ? token
-                 : "rdzv-" + lo.master_addr + ":" + std::to_string(port) + "-" +
-                       std::to_string(nnodes) + "x" + std::to_string(nprocs);
+  fill_launch_options(n, lo);
   std::cout.flush();
   return launch::run(lo);
 }

@@ -15,10 +15,15 @@ namespace {
 // Integers written as "no upper bound" are capped at 2^40 by the parser.
 #define DOPT_HUGE "1099511627776"
 
-std::vector<SectionSchema> build() {
-  const char* component_name = "name of a discovered component (`distopt plugins`)";
-  const char* component_options =
-      "the component's own options (its schema: `distopt plugins`, or Components below)";
+// The help of a component section's two keys.
+constexpr const char* kComponentName = "name of a discovered component (`distopt plugins`)";
+constexpr const char* kComponentOptions =
+    "the component's own options (its schema: `distopt plugins`, or Components below)";
+
+// One table per group of sections, in the reference's order.
+
+// The top level, plugins and world: where the job's parts come from.
+std::vector<SectionSchema> job_sections() {
   return {
       {"the top level",
        "the sections of a job file; every one is optional, an empty file is an error",
@@ -64,40 +69,53 @@ std::vector<SectionSchema> build() {
            {"collective_check_s", "double", "2", "[0, 1e9]",
             "a collective waiting this long makes the ranks compare what they wait on (0 = off)"},
        }},
+  };
+}
+
+// The components: communicators, reducer, algorithm.
+std::vector<SectionSchema> component_sections() {
+  return {
       {"communicator",
        "`{name, options}`, or the name alone (`communicator: ucx`)",
        {
-           {"name", "string", "tcp", "", component_name},
-           {"options", "map", "{}", "", component_options},
+           {"name", "string", "tcp", "", kComponentName},
+           {"options", "map", "{}", "", kComponentOptions},
        }},
       {"control_communicator",
        "as communicator; set only when the job's communicator cannot carry host memory "
        "(default: tcp over the same rendezvous)",
        {
-           {"name", "string", "(none)", "", component_name},
-           {"options", "map", "{}", "", component_options},
+           {"name", "string", "(none)", "", kComponentName},
+           {"options", "map", "{}", "", kComponentOptions},
        }},
       {"reducer",
-       "`{name, options, inner}`, or the name alone; every reducer also takes the bucketing "
-       "options (Components below)",
+       "`{name, options, inner}`, or the name alone; `options` also holds the bucketing options "
+       "(bucket_cap_mb, align_bytes, overlap: Components below), which the host's bucket "
+       "manager reads and the reducer never sees",
        {
-           {"name", "string", "mean", "", component_name},
-           {"options", "map", "{}", "", component_options},
+           {"name", "string", "mean", "", kComponentName},
+           {"options", "map", "{}", "", kComponentOptions},
            {"inner", "component", "(none)", "",
             "the reducer a wrapping reducer (e.g. hierarchical) delegates to; one level deep"},
        }},
       {"reducer.inner",
        "`{name, options}` of the wrapped reducer; takes no `inner:` of its own",
        {
-           {"name", "string", "(required)", "", component_name},
-           {"options", "map", "{}", "", component_options},
+           {"name", "string", "(required)", "", kComponentName},
+           {"options", "map", "{}", "", kComponentOptions},
        }},
       {"algorithm",
        "`{name, options}`, or the name alone (`algorithm: zero`)",
        {
-           {"name", "string", "allreduce", "", component_name},
-           {"options", "map", "{}", "", component_options},
+           {"name", "string", "allreduce", "", kComponentName},
+           {"options", "map", "{}", "", kComponentOptions},
        }},
+  };
+}
+
+// The inner optimizer and its learning-rate schedule.
+std::vector<SectionSchema> optimizer_sections() {
+  return {
       {"optimizer",
        "`{name, <its options>}` or the name alone (`optimizer: adam`); the options of each "
        "optimizer follow",
@@ -133,6 +151,12 @@ std::vector<SectionSchema> build() {
            {"final_div_factor", "double", "1e4", "(0, inf)", "one_cycle: initial / final lr"},
            {"anneal", "string", "cos", "cos|linear", "one_cycle: anneal strategy"},
        }},
+  };
+}
+
+// What `distopt train` trains.
+std::vector<SectionSchema> train_sections() {
+  return {
       {"train",
        "`distopt train`'s model, data and loop (a program that embeds the runtime ignores it)",
        {
@@ -172,6 +196,12 @@ std::vector<SectionSchema> build() {
            {"classes", "int", "10", "[2, 1048576]", "number of classes"},
            {"noise", "double", "1", "[0, 1e6]", "amplitude of the uniform noise"},
        }},
+  };
+}
+
+// How the steps run: precision, buffers, uneven inputs, phases, autotuning.
+std::vector<SectionSchema> step_sections() {
+  return {
       {"precision",
        "mixed precision (absent, or fp32 without loss_scale: off); fp16 needs a CUDA device",
        {
@@ -224,6 +254,16 @@ std::vector<SectionSchema> build() {
            {"hierarchical", "bool", "true", "", "also try mean <-> hierarchical where it applies"},
        }},
   };
+}
+
+std::vector<SectionSchema> build() {
+  std::vector<SectionSchema> all;
+  for (auto group :
+       {job_sections, component_sections, optimizer_sections, train_sections, step_sections}) {
+    std::vector<SectionSchema> part = group();
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  return all;
 }
 
 #undef DOPT_HUGE

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sdk/optim/algorithm_args.hpp"
 #include "distopt/sdk/optim/grad_clip.hpp"
 #include "distopt/sdk/sdk.hpp"
 
@@ -96,6 +97,9 @@ class TemplateSgd : public sdk::Algorithm {
   }
 
   explicit TemplateSgd(const dopt_algorithm_args& args) : reducer_(args.reducer) {
+    // The checks every algorithm starts with (common args, rank in world,
+    // arrays, group indices), and the reducer this one hands buckets to.
+    sdk::check_algorithm_args(args, "template_sgd", sdk::kNeedsReducer);
     // The same rule for hosts older than ABI 1.2, which never call check_job.
     if (std::string(args.optimizer_name) != "sgd")
       throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,

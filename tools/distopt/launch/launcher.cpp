@@ -389,21 +389,22 @@ class Supervisor {
   // arrived; false once every rank has ended and its output is drained.
   bool relay_output() {
     std::vector<pollfd> pfds;
-    std::vector<std::pair<int, int>> who;  // (rank, stream) per pfd
+    std::vector<std::pair<int, int>> source;  // (rank, stream) per pfd
     pfds.push_back({g_signal_pipe[0], POLLIN, 0});
-    who.emplace_back(-1, -1);
+    source.emplace_back(-1, -1);
     for (int r = 0; r < o_.nprocs; ++r)
       for (int s = 0; s < 2; ++s)
         if (ranks_[r].streams[s].fd >= 0) {
           pfds.push_back({ranks_[r].streams[s].fd, POLLIN, 0});
-          who.emplace_back(r, s);
+          source.emplace_back(r, s);
         }
     if (running_ == 0 && (pfds.size() == 1 || Clock::now() >= drain_deadline_)) return false;
     int pr = ::poll(pfds.data(), pfds.size(), 50);
     if (pr < 0 && errno != EINTR)
       throw std::runtime_error("poll() failed: " + std::string(strerror(errno)));
     for (size_t i = 1; pr > 0 && i < pfds.size(); ++i)
-      if (pfds[i].revents) pump(base_ + who[i].first, ranks_[who[i].first].streams[who[i].second]);
+      if (pfds[i].revents)
+        pump(base_ + source[i].first, ranks_[source[i].first].streams[source[i].second]);
     return true;
   }
 

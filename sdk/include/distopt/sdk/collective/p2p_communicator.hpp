@@ -95,7 +95,7 @@ constexpr OptionDecl shm_bytes_option() {
 struct ShellSetup {
   const char* component = "p2p";         ///< "tcp": messages, log, metrics' owner
   const char* fallback = "the network";  ///< logged when shm is not used ("TCP")
-  const char* default_scope = "p2p";     ///< store scope when args.scope is null
+  const char* default_scope = "p2p";     ///< store key prefix when args.scope is null
   const char* default_bind = "";         ///< bind_address when args has none ("127.0.0.1")
   /// Progress thread while idle: true drives the transport every millisecond
   /// (idle_progress(); UCX needs it for a peer's rendezvous send or close),
@@ -167,7 +167,7 @@ class P2PCommunicator : public Communicator {
         world_(args.world_size),
         cfg_(cfg),
         store_(args.store),
-        scope_(args.scope ? args.scope : setup.default_scope),
+        prefix_(args.scope ? args.scope : setup.default_scope),
         token_(args.job_token ? args.job_token : ""),
         bind_address_(args.bind_address && *args.bind_address ? args.bind_address
                                                               : setup.default_bind) {
@@ -196,7 +196,7 @@ class P2PCommunicator : public Communicator {
       ss.rank = rank_;
       ss.world_size = world_;
       ss.store = store_;
-      ss.scope = scope_;
+      ss.scope = prefix_;
       ss.segment_bytes = static_cast<size_t>(cfg_.shm_bytes);
       ss.timeout_s = cfg_.timeout_s;
       ss.component = setup_.component;
@@ -307,14 +307,18 @@ class P2PCommunicator : public Communicator {
   std::atomic<bool> destroying_now_{false};  ///< set on destruction only: end at once
   FaultPoint& fault() { return fault_; }     ///< test-only fault injection, progress thread
   const ShellConfig& shell_config() const { return cfg_; }
-  const std::string& scope() const { return scope_; }
+  /// The store key prefix of this communicator (the C ABI's dopt_create_args::scope;
+  /// a PrefixStore's prefix in Gloo and PyTorch): unique per instance, identical on
+  /// every rank.
+  const std::string& prefix() const { return prefix_; }
+  const std::string& scope() const { return prefix_; }  ///< 1.x alias of prefix()
   const std::string& job_token() const { return token_; }
   const std::string& bind_address() const { return bind_address_; }
 
   // Hooks. All have defaults; none may throw unless it says so.
 
   /// Create a communicator of the derived class for a split (collective on
-  /// the members; `a` names rank, world, store, scope, token, address; no
+  /// the members; `a` names rank, world, store, key prefix, token, address; no
   /// options: keep the parent's). Throws sdk::Error.
   virtual std::unique_ptr<Communicator> split_child(const dopt_create_args& a) = 0;
   /// Wake an operation blocked in the transport (e.g. write an eventfd);
@@ -522,7 +526,7 @@ class P2PCommunicator : public Communicator {
   int rank_, world_;
   ShellConfig cfg_;
   dopt_store* store_;
-  std::string scope_, token_, bind_address_;
+  std::string prefix_, token_, bind_address_;
   int split_seq_ = 0;
   FaultPoint fault_;  // progress thread only (after construction)
 
@@ -634,7 +638,7 @@ inline std::unique_ptr<Request> P2PCommunicator::recv(DLTensor& buf, int32_t pee
 
 inline std::unique_ptr<Communicator> P2PCommunicator::split(int32_t color, int32_t key) {
   const StoreSplit sp =
-      split_through_store(store_, scope_, split_seq_++, rank_, world_, color, key, cfg_.timeout_s);
+      split_through_store(store_, prefix_, split_seq_++, rank_, world_, color, key, cfg_.timeout_s);
   if (!sp.member) return nullptr;
   dopt_create_args a{};
   a.struct_size = sizeof a;

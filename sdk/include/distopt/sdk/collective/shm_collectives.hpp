@@ -45,7 +45,7 @@ struct Setup {
   int rank = 0;
   int world_size = 1;
   dopt_store* store = nullptr;           ///< the job's rendezvous store
-  std::string scope;                     ///< store key prefix, identical on every rank
+  std::string scope;                     ///< store key prefix (named as the C ABI's field)
   size_t segment_bytes = 1 << 20;        ///< per rank: header page + two slots (>= 64 KiB sensible)
   double timeout_s = 60;                 ///< for each store read of the handshake, seconds
   std::string component = "shm";         ///< log prefix ("tcp", "ucx")
@@ -69,7 +69,7 @@ struct Result {
 /// round counters no longer agree); the output buffer is then undefined.
 class Collectives {
  public:
-  /// Collective, through the store (keys <scope>/shm/{host,name,mapped}/<rank>):
+  /// Collective, through the store (keys <prefix>/shm/{host,name,mapped}/<rank>):
   /// every rank publishes its host id (host_id(), or "off" when
   /// !s.enabled); if all match, each creates its segment, maps every
   /// peer's, and says whether all of that worked; then the names are
@@ -149,7 +149,7 @@ inline std::string store_fetch(dopt_store* st, const std::string& key, double ti
 inline std::unique_ptr<Collectives> Collectives::create(const Setup& s) {
   const int n = s.world_size, me = s.rank;
   const std::string base = s.scope + "/shm/";
-  const char* who = s.component.c_str();
+  const char* component = s.component.c_str();
   auto key = [&](const char* what, int r) { return base + what + "/" + std::to_string(r); };
 
   // 1. Same host (and same /dev/shm), and shm enabled everywhere? Every rank
@@ -163,10 +163,10 @@ inline std::unique_ptr<Collectives> Collectives::create(const Setup& s) {
   for (int p = 0; p < n; ++p) {
     if (hosts[p] != "off" && hosts[p] == hosts[0]) continue;
     if (me == 0)
-      log_info(who, "collectives over " + s.fallback + ": " +
-                        (hosts[p] == "off" ? "shm is turned off on rank "
-                                           : "another host than rank 0's: rank ") +
-                        std::to_string(p));
+      log_info(component, "collectives over " + s.fallback + ": " +
+                              (hosts[p] == "off" ? "shm is turned off on rank "
+                                                 : "another host than rank 0's: rank ") +
+                              std::to_string(p));
     return nullptr;
   }
 
@@ -207,17 +207,18 @@ inline std::unique_ptr<Collectives> Collectives::create(const Setup& s) {
       all = false;
   segs[me].unlink();
   if (!why.empty())
-    log_warn(who, "rank " + std::to_string(me) + ": shared memory unavailable: " + why);
+    log_warn(component, "rank " + std::to_string(me) + ": shared memory unavailable: " + why);
   if (!all) {
     if (me == 0)
-      log_info(who, "collectives over " + s.fallback + ": a rank could not set up shared memory");
+      log_info(component,
+               "collectives over " + s.fallback + ": a rank could not set up shared memory");
     return nullptr;
   }
   std::unique_ptr<Collectives> t(new Collectives(me, n, s.segment_bytes, std::move(segs)));
   if (me == 0)
-    log_info(who, "collectives over shared memory: " + std::to_string(n) +
-                      " ranks on one host, 2 slots of " + std::to_string(t->slot_bytes_ >> 10) +
-                      " KiB per rank");
+    log_info(component, "collectives over shared memory: " + std::to_string(n) +
+                            " ranks on one host, 2 slots of " +
+                            std::to_string(t->slot_bytes_ >> 10) + " KiB per rank");
   return t;
 }
 

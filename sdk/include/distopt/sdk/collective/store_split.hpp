@@ -1,7 +1,7 @@
 // `split` for communicators that bootstrap through the rendezvous store
 // (`tcp`, `ucx`): every rank publishes "color key" under a per-split key,
 // reads everyone's, and the members of its color, ordered by (key, old
-// rank), form the new communicator under a scope of their own (as MPI's
+// rank), form the new communicator under a store key prefix of their own (as MPI's
 // MPI_Comm_split). The caller constructs its communicator from the
 // returned create args. Header-only, torch-free.
 #pragma once
@@ -22,18 +22,18 @@ struct StoreSplit {
   bool member = false;  ///< false for color < 0: no new communicator
   int32_t rank = 0;     ///< in the new communicator
   int32_t world_size = 0;
-  std::string scope;  ///< store scope of the new communicator (unique per split and color)
+  std::string scope;  ///< store key prefix of the new communicator (unique per split and color)
 };
 
 /// Collective over the parent's `world` ranks; `seq` counts this parent's
-/// splits (identical on every rank), `scope` is the parent's scope.
+/// splits (identical on every rank), `prefix` is the parent's store key prefix.
 /// Blocks up to `timeout_s` (seconds) per peer. Throws sdk::Error: COMM when
 /// the store refuses the key, TIMEOUT (or COMM) naming the rank whose color
 /// never arrived.
-inline StoreSplit split_through_store(dopt_store* store, const std::string& scope, int seq,
+inline StoreSplit split_through_store(dopt_store* store, const std::string& prefix, int seq,
                                       int32_t rank, int32_t world, int32_t color, int32_t key,
                                       double timeout_s) {
-  const std::string base = scope + "/split/" + std::to_string(seq);
+  const std::string base = prefix + "/split/" + std::to_string(seq);
   const std::string mine = std::to_string(color) + " " + std::to_string(key);
   const std::string k = base + "/" + std::to_string(rank);
   if (world > 1 && host()->store_set(store, k.c_str(), mine.data(), mine.size()) != DOPT_OK)

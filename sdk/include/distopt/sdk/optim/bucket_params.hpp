@@ -22,10 +22,10 @@ class BucketParams {
  public:
   /// `params`: per dopt_param index the parameter (undefined for frozen
   /// ones, as WholeParams::by_index()). Throws Error(INVALID_ARGUMENT)
-  /// naming `who` and the entry when an entry names no trainable parameter
+  /// naming `component` and the entry when an entry names no trainable parameter
   /// or its element count differs from the parameter's.
   BucketParams(const dopt_bucket& bucket, const std::vector<at::Tensor>& params,
-               const std::string& who)
+               const std::string& component)
       : bucket_(&bucket) {
     for (size_t e = 0; e < bucket.num_entries; ++e) {
       const dopt_bucket_entry& en = bucket.entries[e];
@@ -33,11 +33,11 @@ class BucketParams {
       if (en.param_index < 0 || static_cast<size_t>(en.param_index) >= params.size() ||
           !params[en.param_index].defined())
         throw Error(DOPT_ERR_INVALID_ARGUMENT,
-                    who + ": bucket entry " + name + " names no trainable parameter");
+                    component + ": bucket entry " + name + " names no trainable parameter");
       const at::Tensor& p = params[en.param_index];
       if (static_cast<size_t>(p.numel()) != en.numel)
         throw Error(DOPT_ERR_INVALID_ARGUMENT,
-                    who + ": bucket entry " + name + " has " + std::to_string(en.numel) +
+                    component + ": bucket entry " + name + " has " + std::to_string(en.numel) +
                         " elements, its parameter " + std::to_string(p.numel()));
       views_.push_back(p.view({-1}));
     }

@@ -1,10 +1,12 @@
-// A flat range of elements (tensors laid back to back, or a gradient bucket
-// with its entries at their offsets) cut into W equal chunks of
-// ceil(length / W) elements, rank r owning [r * chunk, (r + 1) * chunk);
-// a segment crossing a chunk boundary is split into pieces, and the range is
-// padded to W * chunk so allgather / reduce_scatter see equal counts. The
-// rule of ZeRO's and FSDP's flat sharding; used by `zero` (its contiguous
-// partition and stage 2 buckets) and by sdk/optim/flat_shards.hpp (`hybrid`).
+// Partitioning a flat range of elements (tensors laid back to back, or a
+// gradient bucket with its items at their offsets) into W equal shards of
+// ceil(length / W) elements, rank r's shard being [r * shard_numel,
+// (r + 1) * shard_numel); an item crossing a shard boundary falls into
+// several item shards, and the range is padded to W * shard_numel so
+// allgather / reduce_scatter see equal counts. The rule of ZeRO's and FSDP's
+// flat sharding; used by `zero` (its contiguous partition and stage 2
+// buckets) and by sdk/optim/flat_shards.hpp (`hybrid`). Terms: a shard is
+// one rank's part, the partition the split of the whole into shards.
 // Header-only, torch-free; pure functions, thread-safe.
 #pragma once
 
@@ -17,44 +19,46 @@
 
 namespace distopt::sdk {
 
-/// A segment of a flat range: elements [offset, offset + numel) belong to
+/// An item in a flat range: elements [offset, offset + numel) belong to
 /// item `id` (e.g. a parameter index).
-struct Segment {
+struct FlatItem {
   size_t id = 0;
   size_t offset = 0;
   size_t numel = 0;
 };
 
-/// The part of a segment one rank owns.
-struct Piece {
-  size_t id = 0;           ///< the segment's id
-  size_t item_offset = 0;  ///< first element within the segment's item
+/// The part of one item that lies in one rank's shard.
+struct ItemShard {
+  size_t id = 0;           ///< the item's id
+  size_t item_offset = 0;  ///< first element within the item
   size_t numel = 0;
-  int32_t owner = 0;
-  size_t chunk_offset = 0;  ///< first element within the owner's chunk
+  int32_t owner = 0;        ///< the rank whose shard holds it
+  size_t shard_offset = 0;  ///< first element within the owner's shard
 };
 
-struct RangeSplit {
-  size_t chunk = 0;           ///< elements per rank: ceil(length / world)
-  std::vector<Piece> pieces;  ///< ordered by offset in the range
+/// A flat range partitioned into equal shards.
+struct FlatPartition {
+  size_t shard_numel = 0;              ///< elements per rank: ceil(length / world)
+  std::vector<ItemShard> item_shards;  ///< ordered by offset in the range
 };
 
-/// Split a flat range of `length` elements holding `segments` (non-overlapping,
-/// within [0, length); gaps are padding) into `world` equal chunks. Throws
-/// std::invalid_argument for world < 1 or a segment outside the range or
-/// overlapping another.
-inline RangeSplit split_range(const std::vector<Segment>& segments, size_t length, int32_t world) {
+/// Partitions a flat range of `length` elements holding `items`
+/// (non-overlapping, within [0, length); gaps are padding) into `world`
+/// equal shards. Throws std::invalid_argument for world < 1 or an item
+/// outside the range or overlapping another.
+inline FlatPartition partition_range(const std::vector<FlatItem>& items, size_t length,
+                                     int32_t world) {
   if (world < 1) throw std::invalid_argument("flat range: world size must be >= 1");
-  RangeSplit out;
+  FlatPartition out;
   const auto w = static_cast<size_t>(world);
-  out.chunk = (length + w - 1) / w;
-  std::vector<Segment> sorted = segments;
+  out.shard_numel = (length + w - 1) / w;
+  std::vector<FlatItem> sorted = items;
   std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
+                   [](const FlatItem& a, const FlatItem& b) { return a.offset < b.offset; });
   size_t prev_end = 0;
   for (const auto& s : sorted) {
     if (s.offset + s.numel > length || s.offset < prev_end)
-      throw std::invalid_argument("flat range: segment " + std::to_string(s.id) + " [" +
+      throw std::invalid_argument("flat range: item " + std::to_string(s.id) + " [" +
                                   std::to_string(s.offset) + ", +" + std::to_string(s.numel) +
                                   ") overlaps another or leaves the range of " +
                                   std::to_string(length));
@@ -62,25 +66,37 @@ inline RangeSplit split_range(const std::vector<Segment>& segments, size_t lengt
     size_t pos = s.offset;
     const size_t end = s.offset + s.numel;
     while (pos < end) {
-      const size_t r = pos / out.chunk;
-      const size_t chunk_end = (r + 1) * out.chunk;
-      const size_t n = std::min(end, chunk_end) - pos;
-      out.pieces.push_back({s.id, pos - s.offset, n, static_cast<int32_t>(r), pos - r * out.chunk});
+      const size_t r = pos / out.shard_numel;
+      const size_t shard_end = (r + 1) * out.shard_numel;
+      const size_t n = std::min(end, shard_end) - pos;
+      out.item_shards.push_back(
+          {s.id, pos - s.offset, n, static_cast<int32_t>(r), pos - r * out.shard_numel});
       pos += n;
     }
   }
   return out;
 }
 
-/// Segments for items of the given sizes laid back to back (ids 0..n-1).
-inline std::vector<Segment> back_to_back(const std::vector<size_t>& numels) {
-  std::vector<Segment> segs;
+/// Items of the given sizes laid back to back (ids 0..n-1).
+inline std::vector<FlatItem> back_to_back(const std::vector<size_t>& numels) {
+  std::vector<FlatItem> items;
   size_t off = 0;
   for (size_t i = 0; i < numels.size(); ++i) {
-    segs.push_back({i, off, numels[i]});
+    items.push_back({i, off, numels[i]});
     off += numels[i];
   }
-  return segs;
+  return items;
+}
+
+// 1.x aliases: the names before the terms were made one (shard, partition).
+// Their fields are the new ones (chunk -> shard_numel, pieces ->
+// item_shards, chunk_offset -> shard_offset).
+using Segment = FlatItem;          // 1.x alias
+using Piece = ItemShard;           // 1.x alias
+using RangeSplit = FlatPartition;  // 1.x alias
+/// 1.x alias of partition_range.
+inline FlatPartition split_range(const std::vector<FlatItem>& items, size_t length, int32_t world) {
+  return partition_range(items, length, world);
 }
 
 }  // namespace distopt::sdk

@@ -1,11 +1,12 @@
 // Sharding a list of tensors laid back to back (ZeRO's "contiguous"
 // partition, FSDP's flat parameter): the flat range of all their elements is
-// cut into W equal chunks of ceil(total / W) elements, rank r owning
-// [r * chunk, (r + 1) * chunk); a tensor crossing a chunk boundary is split
-// into pieces. After each rank updated what it owns, allgather_pieces gives
-// every rank the whole (one allgather of W x chunk elements). For algorithms
-// that shard optimizer state (hybrid's shard: true; zero's `contiguous`
-// partition uses the same split, sdk/optim/flat_range.hpp). Torch.
+// partitioned into W equal shards of ceil(total / W) elements, rank r's shard
+// being [r * shard_numel, (r + 1) * shard_numel); a tensor crossing a shard
+// boundary falls into several item shards. After each rank updated its
+// shard, allgather_shards gives every rank the whole (one allgather of
+// W x shard_numel elements). For algorithms that shard optimizer state
+// (hybrid's shard: true; zero's `contiguous` partition uses the same
+// partition, sdk/optim/flat_range.hpp). Torch.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -23,12 +24,12 @@
 
 namespace distopt::sdk {
 
-/// Items of `numels` elements (>= 0) laid back to back, cut into `world`
-/// equal chunks (sdk/optim/flat_range.hpp's split_range; a Piece's id is the
-/// item's index, item_offset its first element in the item). Empty items get
-/// no piece. Throws std::invalid_argument for world < 1 or a negative numel.
-/// Pure, thread-safe.
-inline RangeSplit shard_back_to_back(const std::vector<int64_t>& numels, int32_t world) {
+/// Items of `numels` elements (>= 0) laid back to back, partitioned into
+/// `world` equal shards (sdk/optim/flat_range.hpp's partition_range; an
+/// ItemShard's id is the item's index, item_offset its first element in the
+/// item). Empty items get no item shard. Throws std::invalid_argument for
+/// world < 1 or a negative numel. Pure, thread-safe.
+inline FlatPartition partition_back_to_back(const std::vector<int64_t>& numels, int32_t world) {
   std::vector<size_t> sizes;
   for (int64_t n : numels) {
     if (n < 0) throw std::invalid_argument("flat shards: negative numel");
@@ -36,35 +37,48 @@ inline RangeSplit shard_back_to_back(const std::vector<int64_t>& numels, int32_t
   }
   size_t total = 0;
   for (size_t n : sizes) total += n;
-  return split_range(back_to_back(sizes), total, world);
+  return partition_range(back_to_back(sizes), total, world);
 }
 
-/// Makes every rank's pieces whole on every rank: packs this rank's pieces
-/// (view(piece): a contiguous 1-D tensor of piece.numel elements aliasing
-/// the piece's memory, all of `dtype` and on one device) into a chunk on
-/// that device, allgathers the W chunks through `comm`, and copies the other
-/// ranks' pieces into their views. Blocks until done. Collective: every rank
-/// calls it with the same shards. Returns the bytes this rank sent on a ring
-/// allgather ((W - 1) x chunk bytes). Throws what the communicator throws.
-inline uint64_t allgather_pieces(CommView& comm, const RangeSplit& shards, int32_t rank,
+/// Makes every rank's shard whole on every rank: packs this rank's item
+/// shards (view(s): a contiguous 1-D tensor of s.numel elements aliasing the
+/// item shard's memory, all of `dtype` and on one device) into a shard on
+/// that device, allgathers the W shards through `comm`, and copies the other
+/// ranks' item shards into their views. Blocks until done. Collective: every
+/// rank calls it with the same partition. Returns the bytes this rank sent
+/// on a ring allgather ((W - 1) x shard bytes; 0 at world 1 or for an empty
+/// partition). Throws what the communicator throws.
+inline uint64_t allgather_shards(CommView& comm, const FlatPartition& partition, int32_t rank,
                                  int32_t world, at::ScalarType dtype,
-                                 const std::function<at::Tensor(const Piece&)>& view) {
-  if (world <= 1 || shards.chunk == 0 || shards.pieces.empty()) return 0;
+                                 const std::function<at::Tensor(const ItemShard&)>& view) {
+  if (world <= 1 || partition.shard_numel == 0 || partition.item_shards.empty()) return 0;
   at::NoGradGuard ng;
-  // On the pieces' device: a device-only communicator (nccl) takes no host staging.
-  const auto opts = at::TensorOptions().dtype(dtype).device(view(shards.pieces.front()).device());
-  const auto chunk = static_cast<int64_t>(shards.chunk);
-  at::Tensor send = at::zeros({chunk}, opts);
-  at::Tensor recv = at::empty({chunk * world}, opts);
+  // On the item shards' device: a device-only communicator (nccl) takes no host staging.
+  const auto opts =
+      at::TensorOptions().dtype(dtype).device(view(partition.item_shards.front()).device());
+  const auto shard_numel = static_cast<int64_t>(partition.shard_numel);
+  at::Tensor send = at::zeros({shard_numel}, opts);
+  at::Tensor recv = at::empty({shard_numel * world}, opts);
   const auto i64 = [](size_t v) { return static_cast<int64_t>(v); };
-  for (const Piece& p : shards.pieces)
-    if (p.owner == rank) send.narrow(0, i64(p.chunk_offset), i64(p.numel)).copy_(view(p));
+  for (const ItemShard& s : partition.item_shards)
+    if (s.owner == rank) send.narrow(0, i64(s.shard_offset), i64(s.numel)).copy_(view(s));
   DLView sv(send), rv(recv);
   comm.allgather(*sv.get(), *rv.get()).wait();
-  for (const Piece& p : shards.pieces)
-    if (p.owner != rank)
-      view(p).copy_(recv.narrow(0, p.owner * chunk + i64(p.chunk_offset), i64(p.numel)));
+  for (const ItemShard& s : partition.item_shards)
+    if (s.owner != rank)
+      view(s).copy_(recv.narrow(0, s.owner * shard_numel + i64(s.shard_offset), i64(s.numel)));
   return static_cast<uint64_t>(send.nbytes()) * static_cast<uint64_t>(world - 1);
+}
+
+/// 1.x alias of partition_back_to_back.
+inline FlatPartition shard_back_to_back(const std::vector<int64_t>& numels, int32_t world) {
+  return partition_back_to_back(numels, world);
+}
+/// 1.x alias of allgather_shards.
+inline uint64_t allgather_pieces(CommView& comm, const FlatPartition& partition, int32_t rank,
+                                 int32_t world, at::ScalarType dtype,
+                                 const std::function<at::Tensor(const ItemShard&)>& view) {
+  return allgather_shards(comm, partition, rank, world, dtype, view);
 }
 
 }  // namespace distopt::sdk

@@ -94,12 +94,12 @@ inline std::vector<at::Tensor> trainable_grads(const dopt_algorithm_args& args) 
 }
 
 /// Validates a set_grad_clip value: finite and >= 0, else
-/// sdk::Error(INVALID_ARGUMENT) naming `who`.
-inline double checked_max_norm(double max_norm, const std::string& who) {
+/// sdk::Error(INVALID_ARGUMENT) naming `component`.
+inline double checked_max_norm(double max_norm, const std::string& component) {
   if (!std::isfinite(max_norm) || max_norm < 0)
-    throw Error(
-        DOPT_ERR_INVALID_ARGUMENT,
-        who + ": set_grad_clip: max_norm must be finite and >= 0, got " + std::to_string(max_norm));
+    throw Error(DOPT_ERR_INVALID_ARGUMENT,
+                component + ": set_grad_clip: max_norm must be finite and >= 0, got " +
+                    std::to_string(max_norm));
   return max_norm;
 }
 

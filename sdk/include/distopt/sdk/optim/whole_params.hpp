@@ -25,10 +25,10 @@ namespace distopt::sdk {
 /// checkpoint slices of each (whole parameters). Not thread-safe.
 class WholeParams {
  public:
-  /// Throws sdk::Error(INVALID_ARGUMENT) naming `who` and the parameter
+  /// Throws sdk::Error(INVALID_ARGUMENT) naming `component` and the parameter
   /// for a group index out of range, and what make_optimizer throws.
-  WholeParams(const dopt_algorithm_args& args, const std::string& who)
-      : who_(who), params_(args.params) {
+  WholeParams(const dopt_algorithm_args& args, const std::string& component)
+      : component_(component), params_(args.params) {
     std::vector<ParamGroupInput> groups(args.num_groups);
     for (size_t g = 0; g < args.num_groups; ++g) {
       groups[g].lr = args.groups[g].lr;
@@ -41,7 +41,7 @@ class WholeParams {
       if (!p.requires_grad || !p.grad) continue;
       const std::string name = p.name ? p.name : "";
       if (p.group < 0 || static_cast<size_t>(p.group) >= args.num_groups)
-        throw Error(DOPT_ERR_INVALID_ARGUMENT, who + ": parameter " + name + " has group " +
+        throw Error(DOPT_ERR_INVALID_ARGUMENT, component + ": parameter " + name + " has group " +
                                                    std::to_string(p.group) + " of " +
                                                    std::to_string(args.num_groups));
       at::Tensor t = as_tensor(*p.data);
@@ -85,7 +85,7 @@ class WholeParams {
   void set_lr(int32_t group, double lr) {
     if (group < 0 || static_cast<size_t>(group) >= slices_.size())
       throw Error(DOPT_ERR_INVALID_ARGUMENT,
-                  who_ + ": no parameter group " + std::to_string(group));
+                  component_ + ": no parameter group " + std::to_string(group));
     set_group_lr(*optimizer_, static_cast<size_t>(group), lr);
   }
   /// Bytes of optimizer state (momentum, Adam moments, ...).
@@ -95,7 +95,7 @@ class WholeParams {
   void load(const StateReader& r) { load_optimizer_state(*optimizer_, slices_, r); }
 
  private:
-  std::string who_;
+  std::string component_;
   const dopt_param* params_;  // the host's descriptors, stable until destroy (algorithm.h)
   std::vector<at::Tensor> by_index_;
   std::vector<std::pair<std::string, at::Tensor>> trainable_;
@@ -120,11 +120,11 @@ inline void save_local_replica(StateWriter& w, const WholeParams& params, int32_
 /// gives every rank its own replica and optimizer state back (bitwise); one of
 /// another world size gives every rank the mean of the saved replicas (the
 /// host's reader averages RANK_LOCAL entries) and is warned about, naming
-/// `who`; one written by an algorithm without replicas leaves the parameters
+/// `component`; one written by an algorithm without replicas leaves the parameters
 /// as the host loaded them and reads its optimizer/... state. Returns whether
 /// replicas were found. Throws what the reader throws.
 inline bool load_local_replica(const StateReader& r, WholeParams& params, int32_t world_size,
-                               const std::string& who) {
+                               const std::string& component) {
   at::NoGradGuard ng;
   bool found = false;
   for (const auto& [name, t] : params.trainable()) {
@@ -135,9 +135,9 @@ inline bool load_local_replica(const StateReader& r, WholeParams& params, int32_
   PreferPrefixReader local(r, "local/");
   params.load(local.reader());
   if (found && r.saved_world_size() != world_size)
-    log_warn(who.c_str(), "checkpoint of " + std::to_string(r.saved_world_size()) +
-                              " ranks loaded into " + std::to_string(world_size) +
-                              ": every rank starts from the mean of the saved replicas");
+    log_warn(component.c_str(), "checkpoint of " + std::to_string(r.saved_world_size()) +
+                                    " ranks loaded into " + std::to_string(world_size) +
+                                    ": every rank starts from the mean of the saved replicas");
   return found;
 }
 

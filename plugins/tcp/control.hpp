@@ -34,10 +34,10 @@ class Control {
   /// Post a receive; completes when the matching (peer, tag) message arrived.
   /// The recv times out (DOPT_ERR_TIMEOUT) after timeout_s with no match.
   void post_recv(int peer, int tag, char* data, size_t len, std::shared_ptr<sdk::Completion> req);
-  /// The communicator failed: complete pending p2p work and, if `notify`,
+  /// The communicator failed: complete pending send / recv work and, if `notify`,
   /// send ABORT(cause) to the peers.
   void on_failure(dopt_status status, const std::string& cause, bool notify);
-  /// Graceful stop: abort pending p2p work, send BYE to every live peer, join.
+  /// Graceful stop: abort pending send / recv work, send BYE to every live peer, join.
   void stop();
   /// True once `peer` announced it destroyed the communicator. Thread-safe.
   bool said_bye(int peer) const;

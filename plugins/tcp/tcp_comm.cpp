@@ -1,5 +1,5 @@
 // TcpComm: connection set-up and the hooks the SDK's p2p shell calls.
-#include "comm.hpp"
+#include "tcp_comm.hpp"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "control.hpp"
 #include "distopt/sdk/base/options.hpp"
-#include "p2p.hpp"
 
 namespace distopt::plugins::tcp {
 
@@ -37,7 +37,7 @@ TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg)
   m.rank = rank();
   m.world_size = world_size();
   m.store = args.store;
-  m.scope = scope();
+  m.prefix = prefix();
   m.token = job_token();
   m.bind_address = bind_address();
   m.sockets.buffer_bytes = cfg.socket_buffer_bytes;

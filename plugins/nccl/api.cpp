@@ -1,11 +1,12 @@
-// dlopen-based loading of NCCL and the CUDA runtime (api.hpp).
+// The Api table of api.hpp: dlopen-based loading of NCCL and the CUDA runtime.
+#include "api.hpp"
+
 #include <dlfcn.h>
 
 #include <cstdlib>
 #include <mutex>
 #include <vector>
 
-#include "api.hpp"
 #include "distopt/sdk/base/host.hpp"
 
 namespace distopt::plugins::nccl {

@@ -1,6 +1,6 @@
 // UcxComm: creation (address exchange through the store) and the hooks the
 // SDK's p2p shell calls.
-#include "comm.hpp"
+#include "ucx_comm.hpp"
 
 #include <string>
 #include <vector>
@@ -36,11 +36,11 @@ std::string unhex(const std::string& h) {
   return out;
 }
 
-/// Every rank's worker address, through the store (key <scope>/ucx/addr/<rank>).
-std::vector<std::string> exchange_addresses(const dopt_create_args& args, const std::string& scope,
+/// Every rank's worker address, through the store (key <prefix>/ucx/addr/<rank>).
+std::vector<std::string> exchange_addresses(const dopt_create_args& args, const std::string& prefix,
                                             const std::string& mine, double timeout_s) {
   std::vector<std::string> all(args.world_size);
-  const std::string base = scope + "/ucx/addr/";
+  const std::string base = prefix + "/ucx/addr/";
   const std::string value = hex(mine);
   std::string k = base + std::to_string(args.rank);
   if (sdk::host()->store_set(args.store, k.c_str(), value.data(), value.size()) != DOPT_OK)
@@ -83,15 +83,15 @@ UcxComm::UcxComm(const dopt_create_args& args, const Config& cfg)
   const int rank = this->rank(), world = world_size();
   if (world > 0xffff)
     throw sdk::Error(DOPT_ERR_UNSUPPORTED, "create: ucx supports at most 65535 ranks");
-  const auto comm_id = static_cast<uint8_t>(sdk::Fnv1a().chars(scope()).digest() & 0xff);
+  const auto comm_id = static_cast<uint8_t>(sdk::Fnv1a().chars(prefix()).digest() & 0xff);
   transport_ = std::make_unique<UcpTransport>(rank, world, comm_id, cfg_.peer_errors, job_token(),
                                               cfg_.source_filter);
   std::vector<std::string> addresses(world);
   if (world > 1) {
-    addresses = exchange_addresses(args, scope(), transport_->address(), cfg_.timeout_s);
+    addresses = exchange_addresses(args, prefix(), transport_->address(), cfg_.timeout_s);
     // Every rank's listeners take the job's hosts before any rank connects.
     transport_->admit(addresses);
-    exchange_addresses(args, scope() + "/admitted", "", cfg_.timeout_s);
+    exchange_addresses(args, prefix() + "/admitted", "", cfg_.timeout_s);
   }
   transport_->connect(addresses);
   transport_->set_fault(&fault());

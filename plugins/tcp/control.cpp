@@ -1,5 +1,5 @@
-// The control channel thread (see p2p.hpp).
-#include "p2p.hpp"
+// The control channel thread (see control.hpp).
+#include "control.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -15,7 +15,7 @@
 #include <cstring>
 #include <deque>
 
-#include "comm.hpp"
+#include "tcp_comm.hpp"
 
 namespace distopt::plugins::tcp {
 namespace {
@@ -125,7 +125,7 @@ struct Control::State {
   bool stopping = false;
   Clock::time_point stop_deadline;
   std::vector<pollfd> pfds;
-  std::vector<int> who;  // pfds[i] belongs to rank who[i] (-1: the wake fd)
+  std::vector<int> peer_of;  // pfds[i] belongs to rank peer_of[i] (-1: the wake fd)
 
   /// The event loop: commands, keep-alives, poll, I/O, deadlines.
   void run(const Control& c);
@@ -315,9 +315,9 @@ Clock::time_point Control::State::keep_alive() {
 
 void Control::State::wait_io(Clock::time_point next) {
   pfds.clear();
-  who.clear();
+  peer_of.clear();
   pfds.push_back({wake_fd, POLLIN, 0});
-  who.push_back(-1);
+  peer_of.push_back(-1);
   for (int p = 0; p < static_cast<int>(peers.size()); ++p) {
     Peer& P = peers[p];
     if (!P.open) continue;
@@ -329,7 +329,7 @@ void Control::State::wait_io(Clock::time_point next) {
     for (auto& po : P.posted) next = std::min(next, po.deadline);
     if (P.in_payload) next = std::min(next, P.rx_deadline);
     pfds.push_back({P.fd, ev, 0});
-    who.push_back(p);
+    peer_of.push_back(p);
   }
   if (stopping) next = std::min(next, stop_deadline);
   poll(pfds.data(), pfds.size(), poll_ms(next, 1000));
@@ -530,7 +530,7 @@ void Control::State::run(const Control& c) {
     if (stopping && stop_done()) return;
     wait_io(keep_alive());
     for (size_t i = 1; i < pfds.size(); ++i) {
-      const int p = who[i];
+      const int p = peer_of[i];
       const short rev = pfds[i].revents;
       if (rev & (POLLOUT | POLLERR | POLLHUP)) on_writable(p);
       if (rev & (POLLIN | POLLERR | POLLHUP)) on_readable(p);
@@ -575,20 +575,20 @@ std::string Control::silence() const {
   const int64_t now = now_ns();
   const int64_t limit =
       3 * std::chrono::duration_cast<std::chrono::nanoseconds>(st_->ping_every).count();
-  std::string who;
+  std::string silent;  // "1, 3"
   int count = 0;
   int64_t least = INT64_MAX;
   for (size_t p = 0; p < st_->last_heard_ns.size(); ++p) {
     if (static_cast<int>(p) == st_->rank || st_->bye[p]) continue;
     const int64_t quiet = now - st_->last_heard_ns[p].load();
     if (quiet <= limit) continue;
-    who += (count++ ? ", " : "") + std::to_string(p);
+    silent += (count++ ? ", " : "") + std::to_string(p);
     least = std::min(least, quiet);
   }
   if (!count) return "";
   char secs[32];
   std::snprintf(secs, sizeof secs, "%.1f", static_cast<double>(least) / 1e9);
-  return (count > 1 ? "ranks " : "rank ") + who + " silent for " + secs +
+  return (count > 1 ? "ranks " : "rank ") + silent + " silent for " + secs +
          " s (unreachable, or stopped)";
 }
 
