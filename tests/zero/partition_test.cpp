@@ -108,11 +108,20 @@ TEST_CASE("partition_range: gaps (bucket padding), coverage and balance over man
 }
 
 TEST_CASE("the 1.x names of the flat partition still compile and mean the same") {
+  // Written as a plugin of the flat SDK (ABI 1.4) wrote it: old types, old fields.
   const distopt::sdk::RangeSplit old = distopt::sdk::split_range(back_to_back({5, 4, 2}), 11, 3);
   const FlatPartition now = partition_range(back_to_back({5, 4, 2}), 11, 3);
-  CHECK(old.shard_numel == now.shard_numel);
-  REQUIRE(old.item_shards.size() == now.item_shards.size());
-  const distopt::sdk::Piece& first = old.item_shards.front();
+  CHECK(old.chunk == now.shard_numel);
+  REQUIRE(old.pieces.size() == now.item_shards.size());
+  for (size_t i = 0; i < old.pieces.size(); ++i) {
+    const distopt::sdk::Piece& p = old.pieces[i];
+    const ItemShard& s = now.item_shards[i];
+    CHECK((p.id == s.id && p.item_offset == s.item_offset && p.numel == s.numel &&
+           p.owner == s.owner && p.chunk_offset == s.shard_offset));
+  }
+  const FlatPartition back = old;  // and back to the new names
+  CHECK(back.item_shards.size() == now.item_shards.size());
+  CHECK(back.item_shards.back().shard_offset == now.item_shards.back().shard_offset);
   const distopt::sdk::Segment item{0, 0, 5};
-  CHECK((first.id == item.id && first.numel == 4));
+  CHECK(old.pieces.front().id == item.id);
 }

@@ -88,15 +88,46 @@ inline std::vector<FlatItem> back_to_back(const std::vector<size_t>& numels) {
   return items;
 }
 
-// 1.x aliases: the names before the terms were made one (shard, partition).
-// Their fields are the new ones (chunk -> shard_numel, pieces ->
-// item_shards, chunk_offset -> shard_offset).
-using Segment = FlatItem;          // 1.x alias
-using Piece = ItemShard;           // 1.x alias
-using RangeSplit = FlatPartition;  // 1.x alias
-/// 1.x alias of partition_range.
-inline FlatPartition split_range(const std::vector<FlatItem>& items, size_t length, int32_t world) {
-  return partition_range(items, length, world);
+// 1.x names, from before the terms were made one (shard, partition): the
+// same data under the old field names (chunk = shard_numel, pieces =
+// item_shards, chunk_offset = shard_offset), so a plugin written against
+// them compiles unchanged. New code uses the types above.
+using Segment = FlatItem;  // 1.x alias (same fields)
+
+/// 1.x name of ItemShard, with its old field names.
+struct Piece {
+  size_t id = 0;
+  size_t item_offset = 0;
+  size_t numel = 0;
+  int32_t owner = 0;
+  size_t chunk_offset = 0;  ///< ItemShard::shard_offset
+  static Piece from(const ItemShard& s) {
+    return {s.id, s.item_offset, s.numel, s.owner, s.shard_offset};
+  }
+  operator ItemShard() const { return {id, item_offset, numel, owner, chunk_offset}; }
+};
+
+/// 1.x name of FlatPartition, with its old field names.
+struct RangeSplit {
+  size_t chunk = 0;           ///< FlatPartition::shard_numel
+  std::vector<Piece> pieces;  ///< FlatPartition::item_shards
+  static RangeSplit from(const FlatPartition& p) {
+    RangeSplit out;
+    out.chunk = p.shard_numel;
+    for (const ItemShard& s : p.item_shards) out.pieces.push_back(Piece::from(s));
+    return out;
+  }
+  operator FlatPartition() const {
+    FlatPartition out;
+    out.shard_numel = chunk;
+    out.item_shards.assign(pieces.begin(), pieces.end());
+    return out;
+  }
+};
+
+/// 1.x name of partition_range.
+inline RangeSplit split_range(const std::vector<FlatItem>& items, size_t length, int32_t world) {
+  return RangeSplit::from(partition_range(items, length, world));
 }
 
 }  // namespace distopt::sdk

@@ -70,15 +70,16 @@ inline uint64_t allgather_shards(CommView& comm, const FlatPartition& partition,
   return static_cast<uint64_t>(send.nbytes()) * static_cast<uint64_t>(world - 1);
 }
 
-/// 1.x alias of partition_back_to_back.
-inline FlatPartition shard_back_to_back(const std::vector<int64_t>& numels, int32_t world) {
-  return partition_back_to_back(numels, world);
+/// 1.x name of partition_back_to_back (the old types, flat_range.hpp).
+inline RangeSplit shard_back_to_back(const std::vector<int64_t>& numels, int32_t world) {
+  return RangeSplit::from(partition_back_to_back(numels, world));
 }
-/// 1.x alias of allgather_shards.
-inline uint64_t allgather_pieces(CommView& comm, const FlatPartition& partition, int32_t rank,
+/// 1.x name of allgather_shards (the old types, flat_range.hpp).
+inline uint64_t allgather_pieces(CommView& comm, const RangeSplit& shards, int32_t rank,
                                  int32_t world, at::ScalarType dtype,
-                                 const std::function<at::Tensor(const ItemShard&)>& view) {
-  return allgather_shards(comm, partition, rank, world, dtype, view);
+                                 const std::function<at::Tensor(const Piece&)>& view) {
+  return allgather_shards(comm, shards, rank, world, dtype,
+                          [&](const ItemShard& s) { return view(Piece::from(s)); });
 }
 
 }  // namespace distopt::sdk
