@@ -161,6 +161,7 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, const RankSite& si
           if (a.op == "exchange" || rank % 2 == 1) reqs.push_back(comm.recv(tr, partner, 0));
         }
         for (auto& r : reqs) r.wait();
+        return reqs.size() == 2 || (a.op == "send" && rank % 2 == 1 && partner < n);  // received
       };
       auto issue = [&]() {
         if (a.op == "allreduce") {
@@ -194,6 +195,14 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, const RankSite& si
       };
       for (int i = 0; i < warmup; ++i) once();
       comm.barrier().wait();
+      // A point-to-point op delivered the sender's ones (recv starts as zeros).
+      if (point_to_point(a.op)) {
+        std::fill(recv.begin(), recv.begin() + static_cast<std::ptrdiff_t>(count), 0.0f);
+        if (p2p() && std::count(recv.begin(), recv.begin() + static_cast<std::ptrdiff_t>(count),
+                                1.0f) != static_cast<std::ptrdiff_t>(count))
+          throw distopt::Error("bench comm: rank " + std::to_string(rank) + ": --op " + a.op +
+                               " of " + std::to_string(count * 4) + " bytes delivered wrong data");
+      }
       // Each iteration timed on its own; the slowest rank's time per
       // iteration (what a job would see) by one MAX allreduce of all of them.
       std::vector<double> secs(static_cast<size_t>(iters));
@@ -299,9 +308,8 @@ int bench_comm(int argc, char** argv) {
       "op", po::value(&a.op),
       "allreduce | reduce_scatter | allgather | broadcast, or point-to-point: send (ranks "
       "2k -> 2k+1), exchange (2k <-> 2k+1 at once), shift (rank -> rank+1 and rank-1 -> rank "
-      "at once)")(
-      "options", po::value(&a.options),
-      "communicator options as a YAML map, e.g. '{chunk_bytes: 131072}'")(
+      "at once)")("options", po::value(&a.options),
+                  "communicator options as a YAML map, e.g. '{chunk_bytes: 131072}'")(
       "plugin-path,P", po::value(&a.plugin_paths)->composing(),
       "also search DIR for plugins (repeatable)")("json", po::value(&a.json),
                                                   "also write the table as JSON to FILE");
