@@ -39,15 +39,15 @@ TEST_CASE("bench comm's point-to-point ops deliver the data and print a row per 
   // send: 0 -> 1 only. A wrong or missing delivery fails the run.
   for (const auto& op_n : {std::make_pair("exchange", "4"), std::make_pair("shift", "3"),
                            std::make_pair("send", "2")}) {
-    CAPTURE(op_n.first);
+    const std::string op = op_n.first;
+    CAPTURE(op);
     ProcResult r =
         run_command({cli(), "bench", "comm", "--op", op_n.first, "-n", op_n.second, "--max-bytes",
                      "65536", "--iters", "3", "-P", distopt::test::env_path("DISTOPT_PLUGIN_DIR")},
                     {}, std::chrono::seconds(120));
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
-    CHECK(r.output.find(std::string("tcp ") + op_n.first + ", " + op_n.second + " ranks") !=
-          std::string::npos);
+    CHECK(r.output.find("tcp " + op + ", " + op_n.second + " ranks") != std::string::npos);
     std::regex row(
         R"(\n\s+(4096|8192|16384|32768|65536)\s+\d+\s+[0-9.]+\s+[0-9.]+\.\.[0-9.]+\s+[0-9.]+\s+[0-9.]+)");
     CHECK(std::distance(std::sregex_iterator(r.output.begin(), r.output.end(), row),

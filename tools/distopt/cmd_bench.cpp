@@ -143,7 +143,7 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, const RankSite& si
     std::vector<float> send(a.max_bytes / 4 + n, 1.0f), recv(a.max_bytes / 4 + n, 0.0f);
     for (size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes *= 2) {
       size_t count = bytes / 4;
-      count -= count % static_cast<size_t>(n);  // block ops need a multiple of n
+      if (!point_to_point(a.op)) count -= count % static_cast<size_t>(n);  // block ops: n | count
       if (count == 0) continue;
       int64_t s1, s2;
       DLTensor ts, tr;
