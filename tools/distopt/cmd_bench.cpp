@@ -200,8 +200,8 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, const RankSite& si
         std::fill(recv.begin(), recv.begin() + static_cast<std::ptrdiff_t>(count), 0.0f);
         if (p2p() && std::count(recv.begin(), recv.begin() + static_cast<std::ptrdiff_t>(count),
                                 1.0f) != static_cast<std::ptrdiff_t>(count))
-          throw distopt::Error("bench comm: rank " + std::to_string(rank) + ": --op " + a.op +
-                               " of " + std::to_string(count * 4) + " bytes delivered wrong data");
+          throw distopt::Error("rank " + std::to_string(rank) + ": --op " + a.op + " of " +
+                               std::to_string(count * 4) + " bytes delivered wrong data");
       }
       // Each iteration timed on its own; the slowest rank's time per
       // iteration (what a job would see) by one MAX allreduce of all of them.
