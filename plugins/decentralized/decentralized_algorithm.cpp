@@ -130,6 +130,7 @@ void DecentralizedAlgorithm::step() {
     try {
       for (size_t b = 0; b < gossip_.size(); ++b)
         if (!gossip_[b]->started()) start(b);
+      for (auto& g : gossip_) g->send_cleared();  // every bucket's sends in flight together
       for (auto& g : gossip_) g->finish();
     } catch (...) {
       abandon_all();

@@ -5,6 +5,9 @@
 #include <string>
 
 namespace distopt::plugins::decentralized {
+namespace {
+constexpr int32_t kClearToSend = 1 << 30;  // added to a bucket's tag
+}  // namespace
 
 BucketGossip::BucketGossip(const dopt_bucket& bucket, const std::vector<at::Tensor>& params)
     : params_(bucket, params, "decentralized") {}
@@ -24,19 +27,44 @@ uint64_t BucketGossip::start(sdk::CommView& comm, const MixingRow& row, int32_t 
     pending_.push_back(comm.allreduce(s, s, DOPT_REDUCE_SUM));
     return sdk::ring_allreduce_bytes(bytes, world_size_);
   }
-  recv_.resize(row.links.size());
-  for (size_t i = 0; i < row.links.size(); ++i) {
+  comm_ = &comm;
+  tag_ = tag;
+  const size_t links = row.links.size();
+  recv_.resize(links);
+  if (!cts_out_.defined()) cts_out_ = at::zeros({1}, at::kFloat);
+  if (!cts_in_.defined() || cts_in_.numel() != static_cast<int64_t>(links))
+    cts_in_ = at::zeros({static_cast<int64_t>(links)}, at::kFloat);
+  cts_wire_.clear();
+  cts_wire_.reserve(1 + links);
+  cts_wire_.emplace_back(cts_out_);
+  for (size_t i = 0; i < links; ++i) {
     if (!recv_[i].defined()) recv_[i] = at::empty_like(send);
     wire_.emplace_back(recv_[i]);
-    pending_.push_back(comm.send(s, row.links[i].peer, tag));
-    pending_.push_back(comm.recv(*wire_.back().get(), row.links[i].peer, tag));
+    cts_wire_.emplace_back(cts_in_.narrow(0, static_cast<int64_t>(i), 1));
   }
-  return bytes * row.links.size();
+  // Receives first, so a neighbour's bucket never waits for a buffer.
+  for (size_t i = 0; i < links; ++i) {
+    const int32_t peer = row.links[i].peer;
+    pending_.push_back(comm.recv(*wire_[1 + i].get(), peer, tag));
+    clear_.push_back(comm.recv(*cts_wire_[1 + i].get(), peer, tag + kClearToSend));
+    pending_.push_back(comm.send(*cts_wire_[0].get(), peer, tag + kClearToSend));
+  }
+  return bytes * links;
+}
+
+void BucketGossip::send_cleared() {
+  at::NoGradGuard ng;
+  for (size_t i = 0; i < clear_.size(); ++i) {
+    clear_[i].wait();
+    pending_.push_back(comm_->send(*wire_[0].get(), row_.links[i].peer, tag_));
+  }
+  clear_.clear();
 }
 
 void BucketGossip::finish() {
   at::NoGradGuard ng;
   try {
+    send_cleared();
     for (auto& h : pending_) h.wait();
   } catch (...) {
     abandon();
@@ -55,6 +83,7 @@ void BucketGossip::finish() {
 
 void BucketGossip::abandon() {
   pending_.clear();
+  clear_.clear();
   started_ = false;
 }
 

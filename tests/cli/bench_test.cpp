@@ -2,9 +2,11 @@
 // (smoke-sized: the numbers themselves are benchmarks, not test assertions).
 #include <doctest/doctest.h>
 
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "cli_util.hpp"
 
@@ -30,6 +32,27 @@ TEST_CASE("bench comm prints median time with its min..max, algbw and busbw for 
     CHECK(median <= hi + 0.05);
   }
   CHECK(rows == 5);
+}
+
+TEST_CASE("bench comm's point-to-point ops deliver the data and print a row per size") {
+  // exchange: 0 <-> 1 and 2 <-> 3 at once; shift on 3 ranks: 0 -> 1 -> 2 -> 0;
+  // send: 0 -> 1 only. A wrong or missing delivery fails the run.
+  for (const auto& op_n : {std::make_pair("exchange", "4"), std::make_pair("shift", "3"),
+                           std::make_pair("send", "2")}) {
+    const std::string op = op_n.first;
+    CAPTURE(op);
+    ProcResult r =
+        run_command({cli(), "bench", "comm", "--op", op_n.first, "-n", op_n.second, "--max-bytes",
+                     "65536", "--iters", "3", "-P", distopt::test::env_path("DISTOPT_PLUGIN_DIR")},
+                    {}, std::chrono::seconds(120));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("tcp " + op + ", " + op_n.second + " ranks") != std::string::npos);
+    std::regex row(
+        R"(\n\s+(4096|8192|16384|32768|65536)\s+\d+\s+[0-9.]+\s+[0-9.]+\.\.[0-9.]+\s+[0-9.]+\s+[0-9.]+)");
+    CHECK(std::distance(std::sregex_iterator(r.output.begin(), r.output.end(), row),
+                        std::sregex_iterator()) == 5);
+  }
 }
 
 TEST_CASE("bench comm names the valid operations for an unknown --op") {

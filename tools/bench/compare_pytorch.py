@@ -1,19 +1,25 @@
 #!/usr/bin/python3
 """Compare `distopt bench comm` with PyTorch's gloo allreduce, in one run.
 
-Runs, for each world size, distopt's benchmark (its JSON output) once per
-variant -- by default `tcp` with its shared-memory transport (the default
+Runs, for each world size and `--repeat` times, distopt's benchmark (its JSON
+output) once per variant -- by default `tcp` with its shared-memory transport (the default
 when all ranks share a host) and TCP only (`shm: false`), and, when the
 `ucx` plugin was built, `ucx` with its defaults (distopt's shared memory on
 one host, like tcp), and with `shm: false`: UCX's default transports, with
 UCX_TLS=tcp, and with `peer_errors: false` (UCX's shared-memory transports)
--- and then the same sizes through torch.distributed's gloo
-backend on 127.0.0.1, and prints one table: size, busbw of each
-(nccl-tests definition: algbw * 2(n-1)/n) and the ratios to gloo.
+-- and the same sizes through torch.distributed's gloo backend on
+127.0.0.1. The columns alternate within each repetition, in an order that
+rotates from one repetition to the next, so that load drift on a shared
+machine hits them alike. Both sides warm up before timing (20 untimed
+iterations at the first size, 2 at the others) and time every iteration
+on its own (the slowest rank's); a run's figure per size is the median
+iteration. The table: size, each column's busbw (nccl-tests definition:
+algbw * 2(n-1)/n) as the median over the repetitions with their min-max,
+and the ratios of the medians to gloo.
 
 usage: tools/bench/compare_pytorch.py [--distopt build/bin/distopt] [-n 2 4]
            [--min-bytes 4096] [--max-bytes 64M] [--communicator NAME] [--plugin-path DIR]
-           [--variant NAME=OPTIONS ...]
+           [--variant NAME=OPTIONS ...] [--repeat 3]
 --communicator NAME measures that communicator alone (its variants:
 --variant, else NAME={}, or tcp's two).
 Needs Debian's python3-torch (run with /usr/bin/python3).
@@ -22,6 +28,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,17 +58,21 @@ def gloo_worker(rank, world, port, sizes, out_path):
         count = nbytes // 4
         count -= count % world
         t = buf[:count]
-        for _ in range(2):
+        # As `distopt bench comm`: the first size also pays for connection and page warm-up.
+        for _ in range(20 if nbytes == sizes[0] else 2):
             dist.all_reduce(t)
         dist.barrier()
         it = iters_for(nbytes)
-        t0 = time.perf_counter()
-        for _ in range(it):
+        secs = torch.zeros(it, dtype=torch.float64)
+        for i in range(it):
+            t0 = time.perf_counter()
             dist.all_reduce(t)
-        secs = torch.tensor([(time.perf_counter() - t0) / it], dtype=torch.float64)
+            secs[i] = time.perf_counter() - t0
         dist.all_reduce(secs, op=dist.ReduceOp.MAX)  # the slowest rank, as distopt reports
-        algbw = count * 4 / secs.item() / 1e9
-        rows.append({"bytes": count * 4, "time_us": secs.item() * 1e6, "algbw_gbs": algbw,
+        med = secs.median().item() if it % 2 else secs.sort().values[it // 2 - 1:it // 2 + 1].mean().item()
+        algbw = count * 4 / med / 1e9
+        rows.append({"bytes": count * 4, "time_us": med * 1e6, "time_min_us": secs.min().item() * 1e6,
+                     "time_max_us": secs.max().item() * 1e6, "algbw_gbs": algbw,
                      "busbw_gbs": algbw * 2 * (world - 1) / world})
     dist.barrier()
     if rank == 0:
@@ -119,6 +130,8 @@ def main():
     ap.add_argument("--variant", action="append", metavar="NAME=OPTIONS",
                     help="a distopt column: name and communicator options as a YAML map (repeatable; "
                          "default for tcp: shm={} tcp-only={shm: false}, else %s={})")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="interleaved repetitions per world size; medians reported (3)")
     args = ap.parse_args()
     # (column, communicator, options, extra environment)
     tcp = [("shm", "tcp", "{}", {}), ("tcp-only", "tcp", "{shm: false}", {})]
@@ -141,19 +154,35 @@ def main():
             os.path.exists(os.path.join(p, "libdistopt_ucx.so")) for p in args.plugin_path or [])
         variants = tcp + (ucx if has_ucx else [])
     for world in args.nranks:
-        cols = [(name, run_distopt(args, world, comm, opts, env)) for name, comm, opts, env in variants]
-        sizes = [r["bytes"] for r in cols[0][1]]
-        g = run_gloo(world, sizes)
+        # One list of runs per column (variants, then gloo); each repetition runs
+        # every column once, starting one column later than the repetition before.
+        runs = [[] for _ in range(len(variants) + 1)]
+        sizes = None
+        for rep in range(max(1, args.repeat)):
+            order = list(range(len(runs)))
+            order = order[rep % len(order):] + order[:rep % len(order)]
+            if sizes is None and order[0] == len(variants):  # gloo needs distopt's sizes
+                order = order[1:] + order[:1]
+            for c in order:
+                if c < len(variants):
+                    name, comm, opts, env = variants[c]
+                    runs[c].append(run_distopt(args, world, comm, opts, env))
+                    sizes = sizes or [r["bytes"] for r in runs[c][-1]]
+                else:
+                    runs[c].append(run_gloo(world, sizes))
+        cols = [(variants[c][0], runs[c]) for c in range(len(variants))]
         desc = ", ".join("%s=%s %s%s" % (n, c, o, "".join(" %s=%s" % kv for kv in e.items())) for n, c, o, e in variants)
-        print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt (%s) vs PyTorch %s gloo; busbw in GB/s" %
-              (world, desc, __import__("torch").__version__))
+        print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt (%s) vs PyTorch %s gloo; busbw in "
+              "GB/s, median (min-max) of %d interleaved runs" %
+              (world, desc, __import__("torch").__version__, len(runs[-1])))
         names = [name for name, _ in cols] + ["gloo"] + [name + "/gloo" for name, _ in cols]
-        widths = [max(10, len(n)) for n in names]
+        widths = [max(20, len(n)) for n in names[:len(runs)]] + [max(10, len(n)) for n in names[len(runs):]]
         print("# %12s" % "size(B)" + "".join(" %*s" % (w, n) for w, n in zip(widths, names)))
-        for i, b in enumerate(g):
-            vals = ["%.3f" % d[i]["busbw_gbs"] for _, d in cols] + ["%.3f" % b["busbw_gbs"]]
-            vals += ["%.2f" % (d[i]["busbw_gbs"] / b["busbw_gbs"]) for _, d in cols]
-            print("  %12d" % b["bytes"] + "".join(" %*s" % (w, v) for w, v in zip(widths, vals)))
+        for i, nbytes in enumerate(sizes):
+            per = [[r[i]["busbw_gbs"] for r in col] for col in runs]
+            vals = ["%.3f (%.3f-%.3f)" % (statistics.median(v), min(v), max(v)) for v in per]
+            vals += ["%.2f" % (statistics.median(v) / statistics.median(per[-1])) for v in per[:-1]]
+            print("  %12d" % nbytes + "".join(" %*s" % (w, v) for w, v in zip(widths, vals)))
         print()
         sys.stdout.flush()
 

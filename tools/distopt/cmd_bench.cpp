@@ -89,7 +89,16 @@ struct Row {
 double bus_factor(const std::string& op, int n) {
   if (op == "allreduce") return 2.0 * (n - 1) / n;
   if (op == "reduce_scatter" || op == "allgather") return static_cast<double>(n - 1) / n;
-  return 1.0;  // broadcast
+  return 1.0;  // broadcast and the point-to-point ops: bytes per rank and direction
+}
+
+// The point-to-point ops, which tell a link's one-way rate from its
+// full-duplex use: `send`: ranks 2k -> 2k+1 only (one direction); `exchange`:
+// 2k <-> 2k+1 send to each other at once; `shift`: every rank sends to
+// rank+1 and receives from rank-1 at once (a decentralized ring's half).
+// A full-duplex link gives `exchange` the time of `send`.
+bool point_to_point(const std::string& op) {
+  return op == "send" || op == "exchange" || op == "shift";
 }
 
 // One rank's part: connect, then time the operation at every size. Rank 0
@@ -134,10 +143,26 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, const RankSite& si
     std::vector<float> send(a.max_bytes / 4 + n, 1.0f), recv(a.max_bytes / 4 + n, 0.0f);
     for (size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes *= 2) {
       size_t count = bytes / 4;
-      count -= count % static_cast<size_t>(n);  // block ops need a multiple of n
+      if (!point_to_point(a.op)) count -= count % static_cast<size_t>(n);  // block ops: n | count
       if (count == 0) continue;
       int64_t s1, s2;
       DLTensor ts, tr;
+      // Point-to-point ops post their send and receive, then wait for both.
+      auto p2p = [&]() {
+        ts = make_dltensor(send.data(), static_cast<int64_t>(count), f32, &s1);
+        tr = make_dltensor(recv.data(), static_cast<int64_t>(count), f32, &s2);
+        const int partner = rank ^ 1, right = (rank + 1) % n, left = (rank + n - 1) % n;
+        std::vector<CommRequest> reqs;
+        if (a.op == "shift") {
+          reqs.push_back(comm.send(ts, right, 0));
+          reqs.push_back(comm.recv(tr, left, 0));
+        } else if (partner < n) {  // an odd world's last rank idles
+          if (a.op == "exchange" || rank % 2 == 0) reqs.push_back(comm.send(ts, partner, 0));
+          if (a.op == "exchange" || rank % 2 == 1) reqs.push_back(comm.recv(tr, partner, 0));
+        }
+        for (auto& r : reqs) r.wait();
+        return reqs.size() == 2 || (a.op == "send" && rank % 2 == 1 && partner < n);  // received
+      };
       auto issue = [&]() {
         if (a.op == "allreduce") {
           ts = make_dltensor(send.data(), static_cast<int64_t>(count), f32, &s1);
@@ -162,14 +187,28 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, const RankSite& si
       // The first size also pays for connection and page warm-up: more
       // untimed iterations there, so that it is not an outlier.
       const int warmup = bytes == a.min_bytes ? std::max(a.warmup, 20) : a.warmup;
-      for (int i = 0; i < warmup; ++i) issue().wait();
+      auto once = [&]() {
+        if (point_to_point(a.op))
+          p2p();
+        else
+          issue().wait();
+      };
+      for (int i = 0; i < warmup; ++i) once();
       comm.barrier().wait();
+      // A point-to-point op delivered the sender's ones (recv starts as zeros).
+      if (point_to_point(a.op)) {
+        std::fill(recv.begin(), recv.begin() + static_cast<std::ptrdiff_t>(count), 0.0f);
+        if (p2p() && std::count(recv.begin(), recv.begin() + static_cast<std::ptrdiff_t>(count),
+                                1.0f) != static_cast<std::ptrdiff_t>(count))
+          throw distopt::Error("rank " + std::to_string(rank) + ": --op " + a.op + " of " +
+                               std::to_string(count * 4) + " bytes delivered wrong data");
+      }
       // Each iteration timed on its own; the slowest rank's time per
       // iteration (what a job would see) by one MAX allreduce of all of them.
       std::vector<double> secs(static_cast<size_t>(iters));
       for (int i = 0; i < iters; ++i) {
         auto t0 = std::chrono::steady_clock::now();
-        issue().wait();
+        once();
         secs[static_cast<size_t>(i)] =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
@@ -266,9 +305,11 @@ int bench_comm(int argc, char** argv) {
                                                             "largest size (64M)")(
       "iters", po::value(&a.iters), "timed iterations per size (default: by size, 5..200)")(
       "warmup", po::value(&a.warmup), "untimed iterations per size (2)")(
-      "op", po::value(&a.op), "allreduce | reduce_scatter | allgather | broadcast")(
-      "options", po::value(&a.options),
-      "communicator options as a YAML map, e.g. '{chunk_bytes: 131072}'")(
+      "op", po::value(&a.op),
+      "allreduce | reduce_scatter | allgather | broadcast, or point-to-point: send (ranks "
+      "2k -> 2k+1), exchange (2k <-> 2k+1 at once), shift (rank -> rank+1 and rank-1 -> rank "
+      "at once)")("options", po::value(&a.options),
+                  "communicator options as a YAML map, e.g. '{chunk_bytes: 131072}'")(
       "plugin-path,P", po::value(&a.plugin_paths)->composing(),
       "also search DIR for plugins (repeatable)")("json", po::value(&a.json),
                                                   "also write the table as JSON to FILE");
@@ -285,9 +326,13 @@ int bench_comm(int argc, char** argv) {
     return 0;
   }
   if (a.nranks < 1 || a.nranks > 64) throw distopt::Error("bench comm: -n must be in 1..64");
-  if (a.op != "allreduce" && a.op != "reduce_scatter" && a.op != "allgather" && a.op != "broadcast")
-    throw distopt::Error("bench comm: unknown --op '" + a.op +
-                         "' (valid: allreduce, reduce_scatter, allgather, broadcast)");
+  if (a.op != "allreduce" && a.op != "reduce_scatter" && a.op != "allgather" &&
+      a.op != "broadcast" && !point_to_point(a.op))
+    throw distopt::Error(
+        "bench comm: unknown --op '" + a.op +
+        "' (valid: allreduce, reduce_scatter, allgather, broadcast, send, exchange, shift)");
+  if (point_to_point(a.op) && a.nranks < 2)
+    throw distopt::Error("bench comm: --op " + a.op + " needs -n 2 or more");
   a.min_bytes = parse_size(min_s);
   a.max_bytes = parse_size(max_s);
   if (a.min_bytes > a.max_bytes)
