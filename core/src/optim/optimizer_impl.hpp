@@ -15,8 +15,8 @@
 #include "distopt/sdk/base/tensor.hpp"
 #include "host/services.hpp"
 #include "optim/bucket_manager.hpp"
+#include "optim/master_weights.hpp"
 #include "optim/optimizer_builder.hpp"
-#include "optim/precision.hpp"
 
 namespace distopt {
 

@@ -1,6 +1,6 @@
 // Mixed precision in the optimizer: the fp32 master weights and buckets of
 // the DistributedOptimizer (the loss scaler is in config/precision.cpp).
-#include "optim/precision.hpp"
+#include "optim/master_weights.hpp"
 
 #include <ATen/core/grad_mode.h>
 
