@@ -81,13 +81,14 @@ TEST_CASE("compress reducers train the mlp on Fashion-MNIST (2 ranks x 2 epochs)
   distopt::test::remove_tree(dir);
 
   // Floors: the issue's targets; over 3 seeds x 3 BLAS kernel sets the
-  // lowest seen was mean 85.9, signsgd 83.9, topk 85.6; randomk 81 in one run.
+  // lowest seen was mean 85.9, signsgd 83.9, topk 85.6; randomk 80.9 (the
+  // machine's kernels and Haswell's alike, 2026-11), floor 2.9 points under.
   CHECK(mean.accuracy >= 0.83);
   CHECK(std::abs(fp16.accuracy - mean.accuracy) <= 0.005);
   CHECK(std::abs(bf16.accuracy - mean.accuracy) <= 0.005);
   CHECK(sign.accuracy >= 0.81);
   CHECK(topk.accuracy >= 0.82);
-  CHECK(randomk.accuracy >= 0.75);
+  CHECK(randomk.accuracy >= 0.78);
   // Bytes on the wire: 16-bit casts send exactly half of mean; signsgd about
   // 1/32 (plus a float per tensor); topk 1% (at least min_k 256 per tensor)
   // of pairs of 8 bytes over an allgather (2 ranks: 6104 pairs a step, 1/44

@@ -243,7 +243,7 @@ GENERIC_KERNELS = ("Prescott", "Core2", "Nehalem", "Sandybridge", "Katmai", "Cop
 
 
 def best_openblas_coretype():
-    """The OPENBLAS_CORETYPE `distopt` itself sets (core/src/blas.cpp, openblas_coretype_rule): the best
+    """The OPENBLAS_CORETYPE `distopt` itself sets (core/src/machine/blas.cpp, openblas_coretype_rule): the best
     kernel set of the CPU, but only where OpenBLAS fell back to a generic one (as it does for CPU models it
     does not recognise, e.g. some VMs); "" where OpenBLAS's own choice stands. Both sides of a comparison
     must get the same, or it measures the BLAS, not the distributed runtime."""

@@ -1,6 +1,6 @@
 // Mixed precision as the job configures it: dtype names and types, the
 // start-up check, and the loss scaler (torch.cuda.amp.GradScaler's update
-// rule). The optimizer's fp32 masters are in optim/precision.cpp.
+// rule). The optimizer's fp32 masters are in optim/master_weights.cpp.
 #include "distopt/precision.hpp"
 
 #include <ATen/Context.h>
