@@ -28,6 +28,7 @@ for i in "${!layers[@]}"; do rank[${layers[$i]}]=$i; done
 # only (no definition in core/src), below every layer.
 declare -A public=(
   [error]=api
+  [host_services]=host
   [blas]=machine [process]=machine [slurm]=machine [threads]=machine
   [component_options]=options
   [store]=store
