@@ -21,16 +21,19 @@
 
 namespace distopt::plugins::ucx {
 
-/// One UCX setting: the name ucp_config_modify takes (without "UCX_") and
-/// its value in UCX's syntax.
+/// One UCX setting: its environment variable less "UCX_", the key
+/// ucp_config_modify takes for it (a transport's field without the
+/// transport's prefix: UCX 1.13 ignores "TCP_TX_SEG_SIZE" there, with a
+/// warning) and its value in UCX's syntax.
 struct UcxSetting {
   std::string name;
+  std::string key;
   std::string value;
 };
 
 /// The plugin's defaults for UCX's tcp transport (see above).
 inline std::vector<UcxSetting> tcp_defaults() {
-  return {{"TCP_RX_SEG_SIZE", "256K"}, {"TCP_TX_SEG_SIZE", "64K"}};
+  return {{"TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "256K"}, {"TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "64K"}};
 }
 
 /// The defaults to apply: those whose variable (UCX_<name>) is not set in
@@ -54,9 +57,9 @@ inline std::vector<UcxSetting> tcp_defaults_to_apply(const char* (*env)(const ch
 /// `config` must not be used concurrently.
 inline ucs_status_t apply_tcp_defaults(ucp_config_t* config, std::string* failed) {
   for (const UcxSetting& d : tcp_defaults_to_apply()) {
-    const ucs_status_t st = ucp_config_modify(config, d.name.c_str(), d.value.c_str());
+    const ucs_status_t st = ucp_config_modify(config, d.key.c_str(), d.value.c_str());
     if (st != UCS_OK) {
-      *failed = d.name + "=" + d.value;
+      *failed = d.key + "=" + d.value;
       return st;
     }
   }
