@@ -3,7 +3,8 @@
 // with DOPT_ERR_COMM, a stopped one with DOPT_ERR_TIMEOUT) and no fd or
 // /dev/shm left behind by destroy. Each runs on distopt's shared-memory
 // collectives (sdk/collective/shm_collectives.hpp, the default on one host), on UCX's
-// default transports (shm: false) and on UCX_TLS=tcp (shm: false).
+// default transports (shm: false) and on UCX_TLS=tcp (shm: false). Also: the
+// plugin's UCX tcp segment sizes reach UCX unless the user set them.
 #include <dirent.h>
 #include <doctest/doctest.h>
 #include <signal.h>
