@@ -7,8 +7,9 @@
 // rendezvous (a request/ready handshake, then the data as put_zcopy over
 // up to UCX_MAX_RNDV_RAILS=2 TCP connections) begins: 8 KiB -> 64 KiB
 // (`ucx_info -e -u t`). 64 KiB sent and 256 KiB received segments measured
-// faster (BENCHMARKS.md, "UCX over TCP": the table and how sure it is);
-// which fragment costs they save is not established. They cost memory only
+// faster, the received one doing most (BENCHMARKS.md, "UCX over TCP": the
+// tables and how sure they are); which per-fragment cost they save is not
+// established. They cost memory only
 // (UCX grows its buffer pools 8 segments at a time).
 #pragma once
 
