@@ -11,6 +11,7 @@
 
 #include "distopt/sdk/base/host.hpp"
 #include "listener_filter.hpp"
+#include "tcp_defaults.hpp"
 
 namespace distopt::plugins::ucx {
 
@@ -80,6 +81,12 @@ UcpTransport::UcpTransport(int rank, int world, uint8_t comm_id, bool peer_error
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);  // UCX_* environment
   if (st != UCS_OK) ucx_error("ucp_config_read", st);
+  std::string failed;
+  st = apply_tcp_defaults(config, &failed);  // only where UCX_<name> is unset
+  if (st != UCS_OK) {
+    ucp_config_release(config);
+    ucx_error("ucp_config_modify " + failed, st);
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG;

@@ -3,7 +3,8 @@
 // with DOPT_ERR_COMM, a stopped one with DOPT_ERR_TIMEOUT) and no fd or
 // /dev/shm left behind by destroy. Each runs on distopt's shared-memory
 // collectives (sdk/collective/shm_collectives.hpp, the default on one host), on UCX's
-// default transports (shm: false) and on UCX_TLS=tcp (shm: false).
+// default transports (shm: false) and on UCX_TLS=tcp (shm: false). Also: the
+// plugin's UCX tcp segment sizes reach UCX unless the user set them.
 #include <dirent.h>
 #include <doctest/doctest.h>
 #include <signal.h>
@@ -17,6 +18,7 @@
 #include "comm_faults.hpp"
 #include "comm_helpers.hpp"
 #include "distopt/error.hpp"
+#include "tcp_defaults.hpp"
 
 using namespace distopt;
 using namespace distopt::test;
@@ -264,4 +266,86 @@ TEST_CASE("ucx: destroy leaves no file descriptor and no /dev/shm entry behind")
     for (int r = 0; r < 2; ++r) CHECK(codes[r] == 0);
   }
   unsetenv("UCX_TLS");
+}
+
+namespace {
+
+/// `ucp_ep_print_info` of an endpoint from a UCX_TLS=tcp worker to itself,
+/// its config modified by the plugin's apply_tcp_defaults (the plugin's own
+/// code path). The "tag_send" line shows where rendezvous begins, which
+/// UCX_TCP_TX_SEG_SIZE sets.
+std::string tcp_ep_info() {
+  using namespace distopt::plugins::ucx;
+  setenv("UCX_TLS", "tcp", 1);
+  ucp_config_t* config = nullptr;
+  REQUIRE(ucp_config_read(nullptr, nullptr, &config) == UCS_OK);
+  std::string failed;
+  REQUIRE(apply_tcp_defaults(config, &failed) == UCS_OK);
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG;
+  ucp_context_h ctx = nullptr;
+  REQUIRE(ucp_init(&params, config, &ctx) == UCS_OK);
+  ucp_config_release(config);
+  ucp_worker_params_t wp{};
+  ucp_worker_h worker = nullptr;
+  REQUIRE(ucp_worker_create(ctx, &wp, &worker) == UCS_OK);
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  REQUIRE(ucp_worker_get_address(worker, &addr, &len) == UCS_OK);
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  ep.address = addr;
+  ucp_ep_h h = nullptr;
+  REQUIRE(ucp_ep_create(worker, &ep, &h) == UCS_OK);
+  char* buf = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&buf, &size);
+  ucp_ep_print_info(h, f);
+  std::fclose(f);
+  std::string info(buf, size);
+  std::free(buf);
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* req = ucp_ep_close_nbx(h, &prm);
+  if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+  ucp_worker_release_address(worker, addr);
+  ucp_worker_destroy(worker);
+  ucp_cleanup(ctx);
+  unsetenv("UCX_TLS");
+  return info;
+}
+
+/// The "tag_send:" line of ucp_ep_print_info's output.
+std::string tag_send_line(const std::string& info) {
+  const size_t at = info.find("tag_send:");
+  REQUIRE_MESSAGE(at != std::string::npos, info);
+  return info.substr(at, info.find('\n', at) - at);
+}
+
+}  // namespace
+
+TEST_CASE("ucx: the plugin's tcp segment sizes apply unless the user set UCX_TCP_*_SEG_SIZE") {
+  using namespace distopt::plugins::ucx;
+  unsetenv("UCX_TCP_TX_SEG_SIZE");
+  unsetenv("UCX_TCP_RX_SEG_SIZE");
+  static const char* user_rx = nullptr;
+  const auto env = [](const char* name) -> const char* {
+    return std::strcmp(name, "UCX_TCP_RX_SEG_SIZE") == 0 ? user_rx : nullptr;
+  };
+  CHECK(tcp_defaults_to_apply(env).size() == 2);
+  user_rx = "64K";
+  const auto left = tcp_defaults_to_apply(env);
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].name == "TCP_TX_SEG_SIZE");
+  user_rx = nullptr;
+
+  // In UCX itself: the 64 KiB tx segment moves rendezvous from 8 KiB
+  // (UCX's 8 KiB segment) to 64 KiB; a user's 8K wins.
+  CHECK(tag_send_line(tcp_ep_info()).find("65536..<rndv>") != std::string::npos);
+  setenv("UCX_TCP_TX_SEG_SIZE", "8K", 1);
+  const std::string user = tag_send_line(tcp_ep_info());
+  unsetenv("UCX_TCP_TX_SEG_SIZE");
+  CHECK_MESSAGE(user.find("8192..<rndv>") != std::string::npos, user);
 }
