@@ -132,10 +132,6 @@ void DecentralizedAlgorithm::step() {
         if (!gossip_[b]->started()) start(b);
       for (auto& g : gossip_) g->send_cleared();  // every bucket's sends in flight together
       for (auto& g : gossip_) g->finish();
-      // The next communicating step is round step_ / interval_ + 1.
-      const MixingRow next = topology_.row(rank_, step_ / interval_ + 1);
-      for (size_t b = 0; b < gossip_.size(); ++b)
-        gossip_[b]->clear_ahead(comm_, next, static_cast<int32_t>(b));
     } catch (...) {
       abandon_all();
       throw;

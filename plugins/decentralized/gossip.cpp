@@ -2,7 +2,6 @@
 
 #include <ATen/core/grad_mode.h>
 
-#include <algorithm>
 #include <string>
 
 namespace distopt::plugins::decentralized {
@@ -11,9 +10,7 @@ constexpr int32_t kClearToSend = 1 << 30;  // added to a bucket's tag
 }  // namespace
 
 BucketGossip::BucketGossip(const dopt_bucket& bucket, const std::vector<at::Tensor>& params)
-    : params_(bucket, params, "decentralized"), cts_out_(at::zeros({1}, at::kFloat)) {
-  cts_wire_.emplace_back(cts_out_);
-}
+    : params_(bucket, params, "decentralized") {}
 
 uint64_t BucketGossip::start(sdk::CommView& comm, const MixingRow& row, int32_t tag) {
   at::NoGradGuard ng;
@@ -34,10 +31,12 @@ uint64_t BucketGossip::start(sdk::CommView& comm, const MixingRow& row, int32_t 
   tag_ = tag;
   const size_t links = row.links.size();
   recv_.resize(links);
+  if (!cts_out_.defined()) cts_out_ = at::zeros({1}, at::kFloat);
   if (!cts_in_.defined() || cts_in_.numel() != static_cast<int64_t>(links))
     cts_in_ = at::zeros({static_cast<int64_t>(links)}, at::kFloat);
-  cts_wire_.erase(cts_wire_.begin() + 1, cts_wire_.end());  // [0], cts_out_, stays
+  cts_wire_.clear();
   cts_wire_.reserve(1 + links);
+  cts_wire_.emplace_back(cts_out_);
   for (size_t i = 0; i < links; ++i) {
     if (!recv_[i].defined()) recv_[i] = at::empty_like(send);
     wire_.emplace_back(recv_[i]);
@@ -48,16 +47,8 @@ uint64_t BucketGossip::start(sdk::CommView& comm, const MixingRow& row, int32_t 
     const int32_t peer = row.links[i].peer;
     pending_.push_back(comm.recv(*wire_[1 + i].get(), peer, tag));
     clear_.push_back(comm.recv(*cts_wire_[1 + i].get(), peer, tag + kClearToSend));
-    const auto sent = std::find(cleared_ahead_.begin(), cleared_ahead_.end(), peer);
-    if (sent != cleared_ahead_.end())
-      cleared_ahead_.erase(sent);
-    else
-      pending_.push_back(comm.send(*cts_wire_[0].get(), peer, tag + kClearToSend));
+    pending_.push_back(comm.send(*cts_wire_[0].get(), peer, tag + kClearToSend));
   }
-  // Any left were cleared for a row this round does not have: unread, harmless.
-  cleared_ahead_.clear();
-  for (auto& h : ahead_) pending_.push_back(std::move(h));
-  ahead_.clear();
   return bytes * links;
 }
 
@@ -90,20 +81,9 @@ void BucketGossip::finish() {
   params_.unpack(mixed);
 }
 
-void BucketGossip::clear_ahead(sdk::CommView& comm, const MixingRow& next, int32_t tag) {
-  at::NoGradGuard ng;
-  if (next.average_all) return;
-  for (const Link& l : next.links) {
-    ahead_.push_back(comm.send(*cts_wire_[0].get(), l.peer, tag + kClearToSend));
-    cleared_ahead_.push_back(l.peer);
-  }
-}
-
 void BucketGossip::abandon() {
   pending_.clear();
   clear_.clear();
-  ahead_.clear();
-  cleared_ahead_.clear();
   started_ = false;
 }
 

@@ -7,10 +7,7 @@
 // libraries for large messages): start() posts the receives and sends each
 // neighbour a 4-byte clear-to-send; a bucket goes out to a neighbour only
 // once that neighbour's clear-to-send for the same round arrived
-// (send_cleared()). clear_ahead() sends the next round's clear-to-sends as
-// soon as this round's buckets are mixed, so that the neighbours' next
-// buckets need no round trip through the (queued) link once the round
-// starts. Sent eagerly, a rank's next-round bucket would reach a
+// (send_cleared()). Sent eagerly, a rank's next-round bucket would reach a
 // neighbour that is still receiving this round from another peer and halve
 // that neighbour's download rate; the delay then propagates, and with
 // shift_one on 4 ranks over 100 Mbit/s links each round took about twice
@@ -36,10 +33,9 @@ class BucketGossip {
   BucketGossip(const dopt_bucket& bucket, const std::vector<at::Tensor>& params);
 
   /// Pack the parameters, post the receives and send every neighbour its
-  /// clear-to-send (those clear_ahead() has not sent already); `tag`
-  /// (0 <= tag < 2^30) identifies the bucket on the wire, tag + 2^30 its
-  /// clear-to-send. `comm` must outlive the exchange. Returns the bytes this
-  /// rank sends (the 4-byte clear-to-sends left out).
+  /// clear-to-send; `tag` (0 <= tag < 2^30) identifies the bucket on the
+  /// wire, tag + 2^30 its clear-to-send. `comm` must outlive the exchange.
+  /// Returns the bytes this rank sends (the 4-byte clear-to-sends left out).
   uint64_t start(sdk::CommView& comm, const MixingRow& row, int32_t tag);
   bool started() const { return started_; }
   /// Block until every neighbour's clear-to-send arrived and post the bucket's
@@ -50,14 +46,6 @@ class BucketGossip {
   /// Wait for the exchange and mix into the parameters. Throws the
   /// communicator's error (naming the peer) on failure.
   void finish();
-  /// After finish(): send the clear-to-sends of the next round, whose row is
-  /// `next`, with the same `tag`, so that start() of that round need not.
-  /// The receive buffers are free again, and the transport keeps a bucket
-  /// that arrives before start() posts its receive. A clear-to-send for a
-  /// round that never comes (the job ends, switches algorithm) stays unread:
-  /// it only lets a later exchange on the same tag send one round early.
-  /// Does nothing for `complete` rows. Throws the communicator's error.
-  void clear_ahead(sdk::CommView& comm, const MixingRow& next, int32_t tag);
   /// Drop a started exchange (after a failure elsewhere).
   void abandon();
 
@@ -69,8 +57,6 @@ class BucketGossip {
   std::vector<sdk::CommHandle> clear_;  // the neighbours' clear-to-sends, by link
   at::Tensor cts_out_, cts_in_;         // float32: [1] sent, [links] received
   std::vector<sdk::DLView> cts_wire_;   // DLTensors of the clear-to-send operations
-  std::vector<int32_t> cleared_ahead_;  // peers clear_ahead() sent the next round's to
-  std::vector<sdk::CommHandle> ahead_;  // those sends, waited for in the next round
   sdk::CommView* comm_ = nullptr;
   int32_t tag_ = 0;
   MixingRow row_;
