@@ -24,13 +24,22 @@
 
 namespace distopt::test {
 
+/// The communicator's timeout in the jobs of job_yaml: a broken exchange
+/// protocol (a receive no peer ever sends to) ends each test case in an
+/// error naming the peer after this long, instead of every case running
+/// into the world's 60 s and the whole test into ctest's timeout. The
+/// longest legitimate wait is a rank starting late under load (seconds).
+constexpr int kCommTimeoutS = 20;
+
 /// A job of `world` ranks on loopback with `algorithm` (YAML flow text),
-/// reducer mean (options `reducer_options`), optimizer `optimizer`.
+/// reducer mean (options `reducer_options`), optimizer `optimizer`; tcp
+/// with timeout_s kCommTimeoutS.
 inline std::string job_yaml(int world, const std::string& algorithm,
                             const std::string& optimizer = "{name: sgd, lr: 0.05, momentum: 0.9}",
                             const std::string& reducer_options = "{}") {
   std::ostringstream y;
-  y << plugins_and_world_yaml(world, random_port()) << "communicator: {name: tcp}\n"
+  y << plugins_and_world_yaml(world, random_port())
+    << "communicator: {name: tcp, options: {timeout_s: " << kCommTimeoutS << "}}\n"
     << "reducer: {name: mean, options: " << reducer_options << "}\nalgorithm: " << algorithm
     << "\noptimizer: " << optimizer << "\n";
   return y.str();

@@ -22,6 +22,7 @@ point-to-point TCP bandwidth of one link, all measured in the same run.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -130,6 +131,9 @@ def main():
     ap.add_argument("--netns-rate", metavar="RATE",
                     help="run the rows with one rank per network namespace over links "
                          "rate-limited with tc tbf to RATE (e.g. 1gbit); needs root")
+    ap.add_argument("--rows", metavar="REGEX",
+                    help="only the rows whose label matches REGEX (e.g. 'allreduce|shift_one'); "
+                         "leaves out the busbw line")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="distopt_dbench_")
     if a.netns_rate:
@@ -148,6 +152,8 @@ def main():
                 for note in hosts.notes:
                     print(f"# {note}")
                 table(a, ranks, tmp, hosts, link_bytes_s)
+                if a.rows:
+                    continue
                 bw = busbw(a.cli, hosts)
                 print(f"# {ranks} ranks: bench comm allreduce busbw (shm off) "
                       + ", ".join(f"{b >> 20} MiB {v:.3f} GB/s" for b, v in sorted(bw.items()))
@@ -162,6 +168,8 @@ def table(a, ranks, tmp, hosts=None, link_bytes_s=None):
     for _ in range(a.repeat):
         for i, (label, alg) in enumerate(ROWS):
             if "shift_one" in label and ranks % 2:
+                continue
+            if a.rows and not re.search(a.rows, label):
                 continue
             path = os.path.join(tmp, f"r{ranks}_{i}.yaml")
             open(path, "w").write(job(ranks, alg, a.epochs))
