@@ -21,7 +21,7 @@ err() { echo "FAIL: $*"; fail=1; }
 
 # The layers, lowest first: a layer may include its own and lower layers.
 layers=(util host machine yaml options store registry comm_wrap device_rule config
-  comm_check communicator state checkpoint optim runtime)
+  comm_check communicator state checkpoint optim runtime elastic)
 declare -A rank=()
 for i in "${!layers[@]}"; do rank[${layers[$i]}]=$i; done
 # Public headers -> the layer defining what they declare. "api": declarations
@@ -39,6 +39,7 @@ declare -A public=(
   [checkpoint]=checkpoint [checkpoint_steps]=checkpoint
   [distributed_optimizer]=optim
   [runtime]=runtime
+  [elastic]=elastic
 )
 
 includes() {

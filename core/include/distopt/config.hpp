@@ -50,6 +50,12 @@ struct TrainConfig {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int64_t epochs = 2;
   int64_t batch_size = 256;  ///< per rank
+  /// train.global_batch_size: samples per step over all ranks (0: batch_size
+  /// x world size). Set, or in an elastic job, it stays the same when the
+  /// world size changes: rank r of W takes samples [G r / W, G (r + 1) / W)
+  /// of each global batch, its loss weighted by its share, so the gradient
+  /// is the global batch's mean on any world size.
+  int64_t global_batch_size = 0;
   int64_t seed = 0;
   int64_t threads = 0;     ///< intra-op threads per rank; 0 = cores / local ranks
   int64_t log_every = 20;  ///< steps between progress lines
@@ -137,6 +143,22 @@ struct JobConfig {
     bool enabled = false;
     bool divide_by_initial_world_size = false;
   } join;
+  /// `elastic:` elastic training (distopt/elastic.hpp; torchft's per-step
+  /// quorum, Horovod Elastic's commit/restore). enabled: when a peer dies
+  /// the survivors agree on a new membership through the rendezvous store,
+  /// re-create their communicators and go on from the last in-memory
+  /// commit; min_ranks: fewer survivors end the job (ElasticError);
+  /// max_ranks: the largest world (0 = the starting world size);
+  /// commit_every: optimizer steps between in-memory commits;
+  /// settle_s: how long a recovery waits for survivors the launcher has
+  /// not declared dead before closing the membership.
+  struct Elastic {
+    bool enabled = false;
+    int64_t min_ranks = 1;
+    int64_t max_ranks = 0;
+    int64_t commit_every = 1;
+    double settle_s = 2.0;
+  } elastic;
   /// `autotune:` (Bagua's autotuning of communication settings): during the
   /// first steps, `steps` steps per setting, try `trials` values of the
   /// reducer's bucket_cap_mb (the configured one first, then 25, 4, 1, 100

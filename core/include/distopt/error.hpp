@@ -57,4 +57,13 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+/// An elastic recovery (distopt/elastic.hpp) could not keep the job going:
+/// fewer survivors than elastic.min_ranks, a shard lost with its buddy, no
+/// commit every survivor holds, a rank that reached the recovery after its
+/// membership closed. The message says which and what is left (the disk
+/// checkpoint).
+class ElasticError : public Error {
+  using Error::Error;
+};
+
 }  // namespace distopt

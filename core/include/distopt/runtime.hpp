@@ -19,6 +19,9 @@ class Communicator;
 class PluginRegistry;
 class Store;
 class DistributedOptimizer;
+namespace elastic {
+struct Access;  // elastic recovery re-creates the communicators
+}
 
 /// Per-group settings for make_optimizer (negative = the optimizer's default).
 struct ParamGroupSpec {
@@ -121,6 +124,7 @@ class Runtime {
   struct Impl;
 
  private:
+  friend struct elastic::Access;
   explicit Runtime(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };

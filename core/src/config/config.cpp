@@ -108,6 +108,7 @@ class Parser {
     parse_precision(root, cfg);
     parse_buffers(section(root, "buffers"), cfg);
     parse_join(section(root, "join"), cfg);
+    parse_elastic(section(root, "elastic"), cfg);
     parse_schedule(root, cfg);
     parse_autotune(root, cfg);
     return cfg;
@@ -374,6 +375,7 @@ class Parser {
     get_string(s, "data_dir", "train.data_dir", t.data_dir);
     get_int(s, "epochs", "train.epochs", 1, kHuge, t.epochs);
     get_int(s, "batch_size", "train.batch_size", 1, kHuge, t.batch_size);
+    get_int(s, "global_batch_size", "train.global_batch_size", 0, kHuge, t.global_batch_size);
     get_int(s, "seed", "train.seed", 0, INT64_MAX, t.seed);
     get_int(s, "threads", "train.threads", 0, 4096, t.threads);
     get_int(s, "log_every", "train.log_every", 0, kHuge, t.log_every);
@@ -442,6 +444,10 @@ class Parser {
       get_int(s, "steps", "autotune.steps", 3, kHuge, cfg.autotune.steps);
       get_int(s, "trials", "autotune.trials", 2, 5, cfg.autotune.trials);
     }
+    if (cfg.autotune.enabled && cfg.elastic.enabled)
+      fail(file_, key_mark(root, "autotune", mark_of(s)),
+           "autotune: not supported together with elastic: (a recovery rebuilds the optimizer "
+           "while settings are being timed); tune a job without elastic training");
     if (cfg.autotune.enabled && !cfg.schedule.empty())
       fail(file_, key_mark(root, "autotune", mark_of(s)),
            "autotune: not supported together with schedule: (a switch would rebuild the "
@@ -454,6 +460,21 @@ class Parser {
     get_bool(s, "enabled", "join.enabled", cfg.join.enabled);
     get_bool(s, "divide_by_initial_world_size", "join.divide_by_initial_world_size",
              cfg.join.divide_by_initial_world_size);
+  }
+
+  void parse_elastic(const YAML::Node& s, JobConfig& cfg) {
+    if (!s.IsDefined() || s.IsNull()) return;
+    check_keys(s, "elastic", config_keys("elastic"));
+    JobConfig::Elastic& e = cfg.elastic;
+    get_bool(s, "enabled", "elastic.enabled", e.enabled);
+    get_int(s, "min_ranks", "elastic.min_ranks", 1, 1 << 20, e.min_ranks);
+    get_int(s, "max_ranks", "elastic.max_ranks", 0, 1 << 20, e.max_ranks);
+    get_int(s, "commit_every", "elastic.commit_every", 1, kHuge, e.commit_every);
+    get_double(s, "settle_s", "elastic.settle_s", 0, false, 3600, false, e.settle_s);
+    if (e.max_ranks > 0 && e.max_ranks < e.min_ranks)
+      fail(file_, mark_of(s["max_ranks"]),
+           "elastic.max_ranks (" + std::to_string(e.max_ranks) + ") is below elastic.min_ranks (" +
+               std::to_string(e.min_ranks) + ")");
   }
 
   // schedule: [{until_epoch | until_step, algorithm, reducer}, ..., {last}]

@@ -39,6 +39,17 @@ BufferSynchronizer::BufferSynchronizer(
       build, sdk::DLView(flat_.defined() ? flat_ : at::empty({0}, opts)).get()->device.device_type);
 }
 
+void BufferSynchronizer::rebind(const OptimizerBuild& build, int rank, int world_size) {
+  rank_ = rank;
+  world_size_ = world_size;
+  const at::Device device = buffers_.empty() ? at::Device(at::kCPU) : buffers_[0].device();
+  comm_ = comm_for(build,
+                   sdk::DLView(flat_.defined() ? flat_ : at::empty({0}, at::TensorOptions().device(
+                                                                             device)))
+                       .get()
+                       ->device.device_type);
+}
+
 uint64_t BufferSynchronizer::payload_bytes() const {
   if (mode_ == BufferSync::none || world_size_ <= 1 || buffers_.empty()) return 0;
   return static_cast<uint64_t>(flat_.numel()) * flat_.element_size();

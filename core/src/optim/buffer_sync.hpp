@@ -36,6 +36,10 @@ class BufferSynchronizer {
   /// CommError naming the operation (a dead peer, a timeout).
   void sync();
 
+  /// After an elastic recovery: run over `build`'s communicators as rank
+  /// `rank` of `world_size` from now on. Local.
+  void rebind(const OptimizerBuild& build, int rank, int world_size);
+
   BufferSync mode() const { return mode_; }
   size_t num_buffers() const { return buffers_.size(); }
   /// Payload of one sync() in bytes (the broadcast's bytes, or 8 per element

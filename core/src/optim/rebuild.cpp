@@ -11,6 +11,7 @@
 #include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
 #include "host/services.hpp"
+#include "optim/buffer_sync.hpp"
 #include "optim/component_state.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "state/exchange.hpp"
@@ -162,6 +163,21 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
     }
   slot.swap(fresh);
   fresh.reset();  // the old one: hooks off, algorithm, then reducer destroyed
+}
+
+OptimizerBuild detach(DistributedOptimizer& opt, uint64_t* bytes_sent) {
+  std::unique_ptr<Impl>& slot = Access::ptr(opt);
+  OptimizerBuild b = slot->build;
+  *bytes_sent = slot->bytes_sent_base + slot->components_bytes_sent();
+  slot.reset();  // hooks off, algorithm, then reducer destroyed
+  return b;
+}
+
+void reattach(DistributedOptimizer& opt, OptimizerBuild b, uint64_t bytes_sent) {
+  if (b.buffers) b.buffers->rebind(b, b.common.rank, b.common.world_size);
+  std::unique_ptr<Impl> fresh = build_impl(std::move(b));
+  fresh->bytes_sent_base = bytes_sent;
+  Access::ptr(opt) = std::move(fresh);
 }
 
 }  // namespace distopt::optim

@@ -43,4 +43,18 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild build,
              const std::function<void(std::vector<state::ShardState>&)>& amend,
              const std::string& what);
 
+/// Elastic recovery, first half: destroy `opt`'s components (their hooks,
+/// threads and requests; the communicators they used may have failed) and
+/// return its build, with the bytes it sent counted in, for reattach().
+/// `opt` holds no optimizer until then. Local.
+OptimizerBuild detach(DistributedOptimizer& opt, uint64_t* bytes_sent);
+
+/// Elastic recovery, second half: build `opt` again from `build` (whose
+/// communicators, rank, world size and scope, unique to the new
+/// membership, the caller replaced), with empty
+/// state (restore a commit next) and `bytes_sent` as its byte count so far.
+/// The buffer synchroniser moves to the new communicator. Collective over
+/// the new communicators (components may exchange addresses).
+void reattach(DistributedOptimizer& opt, OptimizerBuild build, uint64_t bytes_sent);
+
 }  // namespace distopt::optim

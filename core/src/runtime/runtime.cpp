@@ -28,6 +28,7 @@
 #include "host/services.hpp"
 #include "optim/autotune.hpp"
 #include "optim/optimizer_builder.hpp"
+#include "runtime/runtime_impl.hpp"
 
 namespace distopt {
 
@@ -63,32 +64,6 @@ std::optional<optim::ComponentChoice> flat_or_hierarchical(const JobConfig& cfg,
 
 }  // namespace
 
-struct Runtime::Impl {
-  JobConfig cfg;
-  ProcessInfo proc;
-  PluginRegistry registry;
-  ValidatedJob validated;
-  std::string rendezvous;
-  std::string bind_address;
-  std::shared_ptr<Store> store;
-  std::unique_ptr<Communicator> comm;     // destroyed before the store
-  std::unique_ptr<Communicator> control;  // host-memory companion; null: comm serves
-  int next_optimizer = 0;
-
-  /// The communicator for a collective on memory of `device_type`: the
-  /// job's when it accepts it, else the control communicator (host memory).
-  /// Deterministic, so every rank issues the collective on the same one.
-  Communicator& comm_for(int32_t device_type) const {
-    if (!control || device_accepted(comm->devices(), device_type)) return *comm;
-    return *control;
-  }
-  Communicator& control_comm() const { return control ? *control : *comm; }
-
-  ~Impl() {
-    control.reset();
-    comm.reset();
-  }
-};
 
 namespace {
 
@@ -212,6 +187,38 @@ std::unique_ptr<Communicator> create_communicator(const Runtime::Impl& m, const 
   return comm;
 }
 }  // namespace
+
+void Runtime::Impl::disconnect() {
+  control.reset();
+  comm.reset();
+}
+
+void Runtime::Impl::reconnect(const ProcessInfo& p, const std::string& prefix) {
+  disconnect();
+  proc.rank = p.rank;
+  proc.world_size = p.world_size;
+  proc.local_rank = p.local_rank;
+  proc.local_world_size = p.local_world_size;
+  // In place: optimizers hold pointers to these Options.
+  ValidatedJob v = validate_job(cfg, registry, proc.world_size);
+  validated.communicator = v.communicator;
+  validated.reducer = v.reducer;
+  validated.algorithm = v.algorithm;
+  validated.optimizer = v.optimizer;
+  validated.control_options = v.control_options;
+  for (size_t k = 0; k < validated.phases.size() && k < v.phases.size(); ++k) {
+    validated.phases[k].reducer = v.phases[k].reducer;
+    validated.phases[k].algorithm = v.phases[k].algorithm;
+  }
+  CollectiveCheck check{
+      store, std::chrono::milliseconds(static_cast<int64_t>(cfg.collective_check_s * 1000))};
+  const std::string data_scope = prefix + "/comm", control_scope = prefix + "/control";
+  comm = create_communicator(*this, cfg.communicator.name, validated.communicator,
+                             data_scope.c_str(), check);
+  if (!validated.control_name.empty())
+    control = create_communicator(*this, validated.control_name, validated.control_options,
+                                  control_scope.c_str(), check);
+}
 
 Runtime Runtime::from_env() {
   const char* path = std::getenv("DISTOPT_CONFIG");

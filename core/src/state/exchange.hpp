@@ -30,4 +30,12 @@ std::vector<int64_t> gather_i64(const dopt_comm_ref& comm, int rank, int world,
 std::vector<std::vector<char>> allgather_bytes(std::optional<std::vector<char>> mine,
                                                const dopt_comm_ref& comm, int rank, int world);
 
+/// Send `mine` to rank (rank + 1) mod world and return the bytes rank
+/// (rank - 1) mod world sent (elastic commits' buddy copies): the sizes,
+/// then the bytes, by send / recv with tags `tag` and `tag` + 1, both
+/// directions in flight at once. Collective; world 1 returns `mine`.
+/// Throws CommError.
+std::vector<char> shift_bytes(const std::vector<char>& mine, const dopt_comm_ref& comm, int rank,
+                              int world, int tag);
+
 }  // namespace distopt::state

@@ -22,6 +22,7 @@
 
 #include "distopt/blas.hpp"
 #include "distopt/checkpoint.hpp"
+#include "distopt/elastic.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
@@ -45,18 +46,28 @@ double seconds_since(Clock::time_point t) {
 
 // DISTOPT_FAULT_INJECT=exit:RANK:STEP (test-only): {rank, step}, or {-1, -1}.
 // save:RANK:N is the core's (checkpoint.hpp), comm_exit:... the tcp plugin's.
-std::pair<int, int64_t> fault_injection() {
+std::vector<std::pair<int, int64_t>> fault_injection() {
   const char* v = std::getenv("DISTOPT_FAULT_INJECT");
   if (!v || !*v || std::string(v).rfind("save:", 0) == 0 ||
       std::string(v).rfind("comm_exit:", 0) == 0)
-    return {-1, -1};
-  int rank = -1;
-  long long step = -1;
-  char tail = 0;
-  if (std::sscanf(v, "exit:%d:%lld%c", &rank, &step, &tail) != 2 || rank < 0 || step < 1)
-    throw ConfigError(std::string("DISTOPT_FAULT_INJECT='") + v +
-                      "' is not of the form exit:RANK:STEP");
-  return {rank, step};
+    return {};
+  // exit:RANK:STEP, or several joined by commas (ranks dying at once).
+  std::vector<std::pair<int, int64_t>> out;
+  std::string all = v;
+  for (size_t at = 0; at <= all.size();) {
+    const size_t end = std::min(all.find(',', at), all.size());
+    const std::string one = all.substr(at, end - at);
+    int rank = -1;
+    long long step = -1;
+    char tail = 0;
+    if (std::sscanf(one.c_str(), "exit:%d:%lld%c", &rank, &step, &tail) != 2 || rank < 0 ||
+        step < 1)
+      throw ConfigError(std::string("DISTOPT_FAULT_INJECT='") + v +
+                        "' is not of the form exit:RANK:STEP[,exit:RANK:STEP...]");
+    out.emplace_back(rank, step);
+    at = end + 1;
+  }
+  return out;
 }
 
 // The same permutation of 0..n-1 on every rank: Fisher-Yates driven by a
@@ -214,6 +225,10 @@ void check_train_config(const JobConfig& cfg) {
                       "' is not supported (known: fashion-mnist, synthetic)");
   if (tc.batch_size < 1) throw ConfigError(cfg.path + ": train.batch_size must be at least 1");
   if (tc.epochs < 1) throw ConfigError(cfg.path + ": train.epochs must be at least 1");
+  if (cfg.elastic.enabled && !tc.drop_last)
+    throw ConfigError(cfg.path +
+                      ": train.drop_last: false is not supported with elastic.enabled (the "
+                      "uneven last step's join has no rollback point); use drop_last: true");
   // fp16 follows the model: allowed where it runs on a CUDA device.
   check_precision_supported(cfg, /*cpu_only=*/at::Device(tc.device).is_cpu());
   if (tc.dataset == "fashion-mnist")
@@ -254,14 +269,64 @@ class Trainer {
     print_header();
     resume();
     const auto t_loop = Clock::now();
-    for (int64_t epoch = first_epoch_; epoch <= tc_.epochs; ++epoch) train_epoch(epoch);
-    summarize(seconds_since(t_loop));
-    rt_->barrier();
-    return 0;
+    if (cfg_.elastic.enabled) {
+      elastic_.emplace(*rt_, *model_, *opt_);
+      elastic_->commit(position(first_epoch_, first_step_));
+    }
+    // Elastic: a peer failure anywhere rolls back to the last commit on
+    // the survivors and goes on from its data position.
+    for (;;) {
+      try {
+        for (int64_t epoch = first_epoch_; epoch <= tc_.epochs; ++epoch) train_epoch(epoch);
+        summarize(seconds_since(t_loop));
+        rt_->barrier();
+        return 0;
+      } catch (const std::exception& e) {
+        if (!elastic_ || !is_peer_failure(e)) throw;
+        recover(e);
+      }
+    }
   }
 
  private:
   bool lead() const { return rt_->rank() == 0; }
+
+  // The data position a commit records: the next step of `epoch`.
+  CheckpointExtra position(int64_t epoch, int64_t step) const {
+    return {{"epoch", std::to_string(epoch)},
+            {"step_in_epoch", std::to_string(step)},
+            {"global_step", std::to_string(global_step_)}};
+  }
+
+  // After a peer failure: the survivors' new membership and the commit's
+  // data position; the global batch stays, the slices are the new world's.
+  void recover(const std::exception& e) {
+    std::cerr << "distopt train: rank " << rt_->rank() << ": " << e.what()
+              << "; elastic: recovering" << std::endl;
+    Elastic::Recovery r = elastic_->recover();
+    first_epoch_ = std::stoll(r.position.at("epoch"));
+    first_step_ = std::stoll(r.position.at("step_in_epoch"));
+    global_step_ = std::stoll(r.position.at("global_step"));
+    ++recoveries_;
+    if (lead()) {
+      std::string lost;
+      for (int x : r.lost) lost += (lost.empty() ? "" : ",") + std::to_string(x);
+      std::cout << "elastic: generation " << r.generation << ": " << r.world_size
+                << " rank(s) go on (lost rank(s) " << lost << " of " << r.old_world_size
+                << "), back at epoch " << first_epoch_ << " step " << first_step_
+                << " (optimizer step " << r.step << ") after " << fmt("%.2f", r.seconds) << " s"
+                << std::endl;
+      metrics_.write({{"event", "recovery"},
+                      {"generation", r.generation},
+                      {"world_size", r.world_size},
+                      {"old_world_size", r.old_world_size},
+                      {"lost", r.lost},
+                      {"step", r.step},
+                      {"epoch", first_epoch_},
+                      {"step_in_epoch", first_step_},
+                      {"seconds", r.seconds}});
+    }
+  }
 
   // Rendezvous, model (in the compute dtype), distributed optimizer.
   void connect() {
@@ -280,6 +345,13 @@ class Trainer {
     opt_.emplace(rt_->make_optimizer(*model_));
   }
 
+  // Samples per step over all ranks: train.global_batch_size, else batch_size
+  // x the ranks (elastic: the starting ranks, so the batch survives a failure).
+  int64_t global_batch_size(int64_t world) const {
+    if (tc_.global_batch_size > 0) return tc_.global_batch_size;
+    return tc_.batch_size * (cfg_.elastic.enabled ? proc_.world_size : world);
+  }
+
   // optimizer.lr_schedule without total_steps: this run's optimizer steps,
   // train.epochs x the steps per epoch plan_epochs() will find (max_steps
   // caps an epoch), counted from step 0 so a resume keeps the same length.
@@ -288,7 +360,7 @@ class Trainer {
     if (!out.lr_schedule || !out.lr_schedule->needs_total_steps() ||
         out.lr_schedule->total_steps >= 0)
       return out;
-    const int64_t global = tc_.batch_size * proc_.world_size;
+    const int64_t global = global_batch_size(proc_.world_size);
     int64_t per_epoch =
         data_.train_count / global + (!tc_.drop_last && data_.train_count % global > 0 ? 1 : 0);
     if (tc_.max_steps > 0) per_epoch = std::min(per_epoch, tc_.max_steps);
@@ -305,7 +377,11 @@ class Trainer {
   // Steps per epoch: whole global batches, plus (drop_last: false) the
   // partial one, whose slices go to the ranks in order.
   void plan_epochs() {
-    global_batch_ = tc_.batch_size * rt_->world_size();
+    global_batch_ = global_batch_size(rt_->world_size());
+    if (global_batch_ < rt_->world_size())
+      throw ConfigError(cfg_.path + ": train.global_batch_size " + std::to_string(global_batch_) +
+                        " is below the " + std::to_string(rt_->world_size()) +
+                        " ranks (each rank needs a sample per step)");
     partial_ = tc_.drop_last ? 0 : data_.train_count % global_batch_;
     steps_per_epoch_ = data_.train_count / global_batch_ + (partial_ > 0 ? 1 : 0);
     if (steps_per_epoch_ < 1)
@@ -397,10 +473,13 @@ class Trainer {
 
   // DISTOPT_FAULT_INJECT=exit:RANK:STEP (test-only).
   void maybe_die() const {
-    if (fault_.first != rt_->rank() || fault_.second != global_step_) return;
+    // The rank the process started as: ranks are renumbered after a recovery.
+    if (std::find(fault_.begin(), fault_.end(), std::make_pair(proc_.rank, global_step_)) ==
+        fault_.end())
+      return;
     std::fprintf(stderr,
                  "distopt train: DISTOPT_FAULT_INJECT: rank %d exits (137) at step %" PRId64 "\n",
-                 rt_->rank(), global_step_);
+                 proc_.rank, global_step_);
     std::fflush(stderr);
     _exit(137);
   }
@@ -408,9 +487,17 @@ class Trainer {
   // One step on this rank's slice of global batch `step`; false when the
   // slice is empty (drop_last: false, this rank's data ran out).
   bool train_step(const std::vector<int64_t>& perm, int64_t step, double& loss_out) {
-    const int64_t first = step * global_batch_ + rt_->rank() * tc_.batch_size;
-    const int64_t mine = std::clamp<int64_t>(data_.train_count - first, 0, tc_.batch_size);
+    // Rank r's slice [G r / W, G (r + 1) / W) of global batch `step`.
+    const int64_t w = rt_->world_size(), r = rt_->rank();
+    const int64_t lo = global_batch_ * r / w, share = global_batch_ * (r + 1) / w - lo;
+    const int64_t first = step * global_batch_ + lo;
+    const int64_t mine = std::clamp<int64_t>(data_.train_count - first, 0, share);
     if (mine == 0) return false;
+    // Unequal shares (a global batch W does not divide): weight each rank's
+    // mean loss by its share, so the ranks' mean gradient is the batch's.
+    const double weight = share * w == global_batch_
+                              ? 1.0
+                              : static_cast<double>(share * w) / static_cast<double>(global_batch_);
     auto index = at::from_blob(const_cast<int64_t*>(perm.data() + first), {mine}, at::kLong);
     auto [x, y] = data_.train_batch(index, device_, dtype_);
     opt_->zero_grad();
@@ -425,6 +512,7 @@ class Trainer {
       auto loss = at::nll_loss(at::log_softmax(model_->forward(x.slice(0, b, e)).to(at::kFloat), 1),
                                y.slice(0, b, e));
       if (k_total > 1) loss = loss * (static_cast<double>(e - b) / static_cast<double>(mine));
+      if (weight != 1.0) loss = loss * weight;
       if (k + 1 < k_total) {
         auto accumulate_only = opt_->no_sync();
         opt_->scale_loss(loss).backward();
@@ -458,6 +546,7 @@ class Trainer {
       if (opts_.checkpoint_every > 0 && global_step_ % opts_.checkpoint_every == 0 &&
           step + 1 < steps_per_epoch_)
         save(epoch, step + 1);
+      if (elastic_) elastic_->maybe_commit(position(epoch, step + 1));
       const int64_t log_every = std::max<int64_t>(0, tc_.log_every);
       if (lead() && log_every > 0 &&
           ((step + 1) % log_every == 0 || step + 1 == steps_per_epoch_)) {
@@ -613,7 +702,7 @@ class Trainer {
   const JobConfig& cfg_;
   const TrainConfig& tc_;
   const TrainOptions& opts_;
-  const std::pair<int, int64_t> fault_;
+  const std::vector<std::pair<int, int64_t>> fault_;
   const Clock::time_point t_start_ = Clock::now();
   Data data_;
   const ProcessInfo proc_;
@@ -624,6 +713,8 @@ class Trainer {
   at::ScalarType dtype_ = at::kFloat;
   at::Device device_ = at::kCPU;             // train.device
   std::optional<DistributedOptimizer> opt_;  // after rt_: destroyed first
+  std::optional<Elastic> elastic_;           // elastic.enabled; borrows rt_, model_, opt_
+  int64_t recoveries_ = 0;
   int64_t global_batch_ = 0, partial_ = 0, steps_per_epoch_ = 0;
   int64_t first_epoch_ = 1, first_step_ = 0, global_step_ = 0;
   int64_t steps_run_ = 0;   // in this process (a resumed run skips the saved ones)

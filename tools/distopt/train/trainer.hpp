@@ -33,10 +33,17 @@ namespace distopt::train {
 /// is none.
 ///
 /// Test-only fault injection: DISTOPT_FAULT_INJECT=exit:RANK:STEP makes rank
-/// RANK call _exit(137) when it reaches global step STEP (1-based, counted
-/// across epochs), to test how the other ranks and the launcher react;
+/// RANK (the rank the process started as) call _exit(137) when it reaches
+/// global step STEP (1-based, counted across epochs), to test how the other
+/// ranks and the launcher react; several, comma-separated, kill several;
 /// DISTOPT_FAULT_INJECT=save:RANK:N kills rank RANK halfway through writing
 /// its shard of its N-th checkpoint (core, checkpoint.hpp).
+///
+/// Elastic training (the job's `elastic:`, distopt/elastic.hpp): the ranks
+/// commit in memory every elastic.commit_every steps (the data position
+/// with it); when a peer dies the survivors recover and go on from the
+/// last commit's epoch and step, each global batch (train.global_batch_size,
+/// else batch_size x the starting ranks) split among the ranks left.
 ///
 /// Returns 0; throws distopt::Error (DataError, ConfigError, CommError,
 /// CheckpointError, ...) on failure.

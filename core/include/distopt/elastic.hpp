@@ -1,0 +1,118 @@
+// Elastic training (the job's `elastic:` section): when a rank dies, the
+// survivors agree on a new membership through the rendezvous store,
+// re-create their communicators and go on from the last in-memory commit,
+// with no restart and no disk. After torchft (a quorum per step, process
+// groups re-initialised, live state from a peer) and Horovod Elastic
+// (state.commit() / restore, min and max workers); unlike both, optimizer
+// state sharded across ranks (zero, hybrid shard: true) survives its rank
+// through a buddy copy. share/doc/distopt/GUIDE.md, "Elastic training".
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distopt/checkpoint.hpp"
+#include "distopt/error.hpp"
+
+namespace distopt {
+
+class Runtime;
+class DistributedOptimizer;
+
+/// True for the errors a dead or unreachable peer causes (CommError, and
+/// ComponentError with status COMM, ABORTED or TIMEOUT, RendezvousError):
+/// the ones Elastic::recover() handles. Config and plugin errors are not.
+bool is_peer_failure(const std::exception& e);
+
+/// One rank's side of elastic training: in-memory commits and recovery.
+/// Borrows the runtime, the model and the optimizer (they must outlive it).
+/// Not thread-safe: the training thread calls everything, between steps.
+///
+/// The loop (what `distopt train` does; embedding programs do the same):
+///
+///     Elastic el(rt, *model, opt);
+///     el.commit({{"batch", "0"}});
+///     for (...) {
+///       try {
+///         ... forward, backward, opt.step() ...
+///         el.maybe_commit({{"batch", std::to_string(next)}});
+///       } catch (const std::exception& e) {
+///         if (!is_peer_failure(e)) throw;
+///         auto r = el.recover();   // new rt.rank() / rt.world_size()
+///         next = std::stoll(r.position.at("batch"));
+///       }
+///     }
+class Elastic {
+ public:
+  /// Throws ConfigError when the job's elastic.enabled is false.
+  Elastic(Runtime& rt, torch::nn::Module& model, DistributedOptimizer& opt);
+  ~Elastic();
+  Elastic(const Elastic&) = delete;
+  Elastic& operator=(const Elastic&) = delete;
+
+  /// Collective (every rank, between steps). Keep in this process what a
+  /// rollback needs: the model's parameters and buffers (rank 0's entries),
+  /// fp32 masters, the reducer's and algorithm's state through ABI 1.1
+  /// save_state (inner optimizer state, error feedback, PowerSGD's Q, a
+  /// replica for decentralized), steps, learning rates, loss scale,
+  /// schedule phase, and `position` (the application's data position,
+  /// returned by recover()). This rank's encoded state is also sent to
+  /// its buddy, rank (r + 1) mod W, which keeps it (one send and one
+  /// receive over the control communicator). The previous commit is kept
+  /// too until the next one, so that ranks that stopped one commit apart
+  /// still share one. Memory: about 2 x (own state + the buddy's), host
+  /// memory, encoded. Throws CommError (a peer died: call recover()),
+  /// ComponentError (UNSUPPORTED naming a plugin without save_state).
+  void commit(const CheckpointExtra& position = {});
+  /// commit() when the optimizer has stepped elastic.commit_every times
+  /// since the last commit. Returns whether it committed.
+  bool maybe_commit(const CheckpointExtra& position = {});
+
+  /// What recover() did.
+  struct Recovery {
+    int64_t generation = 0;  ///< the new membership's number (one per recovery)
+    int old_world_size = 0, world_size = 0;
+    int old_rank = 0, rank = 0;
+    std::vector<int> lost;    ///< ranks of the old membership that did not come back
+    int64_t step = 0;         ///< optimizer steps of the commit rolled back to
+    CheckpointExtra position; ///< what that commit() was given
+    double seconds = 0;       ///< wall time of the recovery on this rank
+  };
+  /// After a peer failure (is_peer_failure) on this rank, from any point of
+  /// a step or a commit: drop the optimizer's components and the runtime's
+  /// communicators (the survivors still waiting on this rank see their
+  /// connections close), agree on the survivors through the store (a
+  /// generation number; the first to arrive closes the membership when
+  /// every member has arrived or been declared dead by the elastic
+  /// launcher, else after elastic.settle_s, or world.timeout_s with the
+  /// launcher), number them densely in their old order, create the
+  /// communicators again (every communicator plugin through the ABI's
+  /// create, under a new store prefix), rebuild the optimizer for the new
+  /// world and restore the newest commit every survivor holds; a lost
+  /// rank's state comes from its buddy, and sharded state is resharded as
+  /// a checkpoint load would (state_source). Failures during a recovery
+  /// (another rank dying) start the next generation. Afterwards
+  /// rt.rank(), rt.world_size(), rt.communicator() are the new ones.
+  /// Throws ElasticError (see the class), ConfigError when a component
+  /// refuses the new world size; after a throw the optimizer and the
+  /// runtime's communicators are unusable.
+  Recovery recover();
+
+  /// Generation of the current membership (0 before any recovery).
+  int64_t generation() const;
+  /// Optimizer steps at the newest commit (-1 before the first).
+  int64_t committed_step() const;
+  /// Host bytes the commits hold now (own and buddy copies, both slots).
+  uint64_t commit_bytes() const;
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace distopt

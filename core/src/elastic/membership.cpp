@@ -1,0 +1,166 @@
+// The store protocol of membership.hpp.
+#include "elastic/membership.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits.h>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "distopt/error.hpp"
+
+namespace distopt::elastic {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string key_of(int64_t generation, const std::string& what) {
+  return "elastic/g" + std::to_string(generation) + "/" + what;
+}
+
+std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+Arrival parse_arrival(std::istream& in, const std::string& whole) {
+  Arrival a;
+  size_t n = 0;
+  if (!(in >> a.member >> a.rank >> a.node >> n))
+    throw ElasticError("elastic: malformed arrival record '" + whole + "' in the store");
+  for (size_t i = 0; i < n; ++i) {
+    Arrival::Held h;
+    if (!(in >> h.id.generation >> h.id.seq >> h.rank >> h.world_size))
+      throw ElasticError("elastic: malformed arrival record '" + whole + "' in the store");
+    a.held.push_back(h);
+  }
+  return a;
+}
+
+// The newest commit every arrival holds (invalid when there is none).
+CommitId common_commit(const std::vector<Arrival>& members) {
+  CommitId best;
+  if (members.empty()) return best;
+  for (const Arrival::Held& h : members[0].held) {
+    bool everywhere = true;
+    for (const Arrival& a : members)
+      everywhere = everywhere && std::any_of(a.held.begin(), a.held.end(),
+                                             [&](const Arrival::Held& x) { return x.id == h.id; });
+    if (everywhere && (!best.valid() || best < h.id)) best = h.id;
+  }
+  return best;
+}
+
+// The first arrival: wait for the others (or their death), close, decide.
+void close_and_decide(Store& store, const AgreeOptions& o) {
+  const auto start = Clock::now();
+  const std::string arrived_key = key_of(o.generation, "arrived");
+  for (;;) {
+    const int64_t arrived = store.add(arrived_key, 0);
+    if (arrived >= o.old_world_size) break;
+    const auto waited = Clock::now() - start;
+    if (o.agent) {
+      int64_t dead = 0;
+      for (int64_t m : o.old_members)
+        if (store.check("elastic/dead/" + std::to_string(m))) ++dead;
+      if (arrived + dead >= o.old_world_size) break;
+    } else if (waited >= o.settle) {
+      break;
+    }
+    if (waited >= o.timeout) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const int64_t closed = store.add(arrived_key, 0);
+  store.set(key_of(o.generation, "closed"), std::to_string(closed));
+  Decision d;
+  d.generation = o.generation + 1;
+  std::set<int64_t> seen;
+  for (int64_t n = 1; n <= closed; ++n) {
+    const std::string s = text(store.get(key_of(o.generation, "arrival/" + std::to_string(n)),
+                                         std::chrono::milliseconds(o.timeout)));
+    Arrival a = Arrival::decode(s);
+    if (seen.insert(a.member).second) d.members.push_back(std::move(a));
+  }
+  std::sort(d.members.begin(), d.members.end(),
+            [](const Arrival& a, const Arrival& b) { return a.rank < b.rank; });
+  d.target = common_commit(d.members);
+  store.set(key_of(o.generation, "decision"), d.encode());
+}
+
+}  // namespace
+
+std::string Arrival::encode() const {
+  std::ostringstream os;
+  os << member << ' ' << rank << ' ' << node << ' ' << held.size();
+  for (const Held& h : held)
+    os << ' ' << h.id.generation << ' ' << h.id.seq << ' ' << h.rank << ' ' << h.world_size;
+  return os.str();
+}
+
+Arrival Arrival::decode(const std::string& s) {
+  std::istringstream in(s);
+  return parse_arrival(in, s);
+}
+
+std::string Decision::encode() const {
+  std::ostringstream os;
+  os << generation << ' ' << target.generation << ' ' << target.seq << ' ' << members.size()
+     << '\n';
+  for (const Arrival& a : members) os << a.encode() << '\n';
+  return os.str();
+}
+
+Decision Decision::decode(const std::string& s) {
+  std::istringstream in(s);
+  Decision d;
+  size_t n = 0;
+  if (!(in >> d.generation >> d.target.generation >> d.target.seq >> n))
+    throw ElasticError("elastic: malformed decision record in the store");
+  for (size_t i = 0; i < n; ++i) d.members.push_back(parse_arrival(in, s));
+  return d;
+}
+
+Decision agree(Store& store, const Arrival& me, const AgreeOptions& o) {
+  const int64_t n = store.add(key_of(o.generation, "arrived"), 1);
+  store.set(key_of(o.generation, "arrival/" + std::to_string(n)), me.encode());
+  if (n == 1) close_and_decide(store, o);
+  std::string s;
+  const auto wait = o.timeout + (o.agent ? std::chrono::milliseconds(0) : o.settle) +
+                    std::chrono::milliseconds(5000);
+  try {
+    s = text(store.get(key_of(o.generation, "decision"), wait));
+  } catch (const RendezvousError&) {
+    throw ElasticError("elastic: no membership was decided for generation " +
+                       std::to_string(o.generation + 1) + " within " +
+                       std::to_string(wait.count()) +
+                       " ms (the rank deciding it died during the recovery)");
+  }
+  Decision d = Decision::decode(s);
+  const bool in = std::any_of(d.members.begin(), d.members.end(),
+                              [&](const Arrival& a) { return a.member == me.member; });
+  if (!in)
+    throw ElasticError("elastic: rank " + std::to_string(me.rank) + " (member " +
+                       std::to_string(me.member) + ") reached the recovery of generation " +
+                       std::to_string(o.generation + 1) +
+                       " after its membership closed with " + std::to_string(d.members.size()) +
+                       " rank(s); it leaves the job");
+  if (!d.target.valid())
+    throw ElasticError("elastic: the " + std::to_string(d.members.size()) +
+                       " surviving rank(s) hold no common in-memory commit (a rank died before "
+                       "the first commit, or ranks stopped more than one commit apart); restore "
+                       "from the disk checkpoint");
+  return d;
+}
+
+std::string node_name() {
+  if (const char* n = std::getenv("DISTOPT_NODE_ID"); n && *n) return n;
+  char host[HOST_NAME_MAX + 1] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) return "localhost";
+  std::string s = host;
+  for (char& c : s)
+    if (c == ' ' || c == '\n') c = '_';
+  return s.empty() ? "localhost" : s;
+}
+
+}  // namespace distopt::elastic

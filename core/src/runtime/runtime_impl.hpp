@@ -1,0 +1,53 @@
+// Private: the state behind distopt::Runtime, for the layers above it
+// (elastic/ re-creates the communicators after a rank died).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "distopt/config.hpp"
+#include "distopt/device_rule.hpp"
+#include "distopt/host_communicator.hpp"
+#include "distopt/process.hpp"
+#include "distopt/registry.hpp"
+#include "distopt/runtime.hpp"
+#include "distopt/store.hpp"
+
+namespace distopt {
+
+struct Runtime::Impl {
+  JobConfig cfg;
+  ProcessInfo proc;
+  PluginRegistry registry;
+  ValidatedJob validated;
+  std::string rendezvous;
+  std::string bind_address;
+  std::shared_ptr<Store> store;
+  std::unique_ptr<Communicator> comm;     // destroyed before the store
+  std::unique_ptr<Communicator> control;  // host-memory companion; null: comm serves
+  int next_optimizer = 0;
+
+  /// The communicator for a collective on memory of `device_type`: the
+  /// job's when it accepts it, else the control communicator (host memory).
+  /// Deterministic, so every rank issues the collective on the same one.
+  Communicator& comm_for(int32_t device_type) const {
+    if (!control || device_accepted(comm->devices(), device_type)) return *comm;
+    return *control;
+  }
+  Communicator& control_comm() const { return control ? *control : *comm; }
+
+  /// Elastic recovery (elastic/): drop the communicators (after the
+  /// optimizers built on them are gone), then create them again for the
+  /// new membership `proc` under store prefix `prefix` (re-validating the
+  /// job for the new world size, options updated in place). Collective
+  /// over the new membership. Throws as from_config.
+  void disconnect();
+  void reconnect(const ProcessInfo& proc, const std::string& prefix);
+
+  ~Impl() {
+    control.reset();
+    comm.reset();
+  }
+};
+
+}  // namespace distopt

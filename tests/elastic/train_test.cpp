@@ -1,0 +1,168 @@
+// Elastic training as a user meets it: `distopt train` with `elastic:` on 4
+// real ranks, one killed mid-training: the job finishes on 3, and its final
+// state equals (bitwise) a 3-rank run resumed from a disk checkpoint of the
+// step the survivors rolled back to. Also: two ranks killed at once (their
+// shards survive through buddies, or are lost together and the job says
+// so), fewer survivors than min_ranks, the C++ API refusing a job without
+// elastic.enabled.
+#include <torch/serialize.h>
+
+#include <fstream>
+
+#include "torch_doctest.hpp"
+// after doctest:
+#include "cli_util.hpp"
+#include "job_yaml.hpp"
+#include "train_metrics.hpp"
+
+using distopt::test::ProcResult;
+using distopt::test::run_command;
+using namespace distopt::test::cli;
+
+namespace {
+
+const char* const kData = distopt::test::kFashionMnistDir;
+constexpr int kSteps = 24;
+
+struct Job {
+  std::string algorithm = "{name: allreduce}";
+  std::string elastic = "{enabled: true}";
+  int world = 4;
+};
+
+std::string write_job(const TempDir& t, const Job& j, const std::string& name) {
+  distopt::test::JobYaml y = distopt::test::allreduce_job(j.world);
+  y.timeout_s = 30;
+  y.algorithm = j.algorithm;
+  y.optimizer = "{name: adam, lr: 0.002}";
+  distopt::test::TrainYaml& train = *y.train;
+  train.epochs = 1;
+  train.batch_size = 24;
+  train.seed = 5;
+  train.max_steps = kSteps;
+  train.log_every = 0;
+  // 96 divides among 4 and 3 ranks alike.
+  train.more = ", global_batch_size: 96, data_dir: " + std::string(kData);
+  if (!j.elastic.empty()) y.extra = "elastic: " + j.elastic + "\n";
+  return distopt::test::write_job(t.file(name), y);
+}
+
+ProcResult train(const std::string& cfg, std::vector<std::string> args,
+                 std::vector<std::string> env = {}) {
+  std::vector<std::string> argv = {cli(), "train", cfg};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_command(argv, env, std::chrono::seconds(240));
+}
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+c10::impl::GenericDict consolidated(const std::string& dir, const std::string& out) {
+  ProcResult r =
+      run_command({cli(), "checkpoint", "consolidate", dir, out}, {}, std::chrono::seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::string bytes = slurp(out);
+  return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
+}
+
+// Every tensor of section `s` bitwise equal in a and b (same keys, at least one).
+void check_equal_section(const c10::impl::GenericDict& a, const c10::impl::GenericDict& b,
+                         const std::string& s) {
+  auto da = a.at(s).toGenericDict(), db = b.at(s).toGenericDict();
+  REQUIRE(da.size() == db.size());
+  REQUIRE(da.size() > 0);
+  for (const auto& kv : da) {
+    const std::string k = kv.key().toStringRef();
+    INFO(s << "/" << k);
+    REQUIRE(db.contains(k));
+    if (kv.value().isTensor()) CHECK(torch::equal(kv.value().toTensor(), db.at(k).toTensor()));
+  }
+}
+
+// Kill rank `victim` of 4 before global step 10: the survivors roll back to
+// the commit of step 9 and finish on 3 ranks. Reference: 4 ranks to step 9
+// (a disk checkpoint there), then 3 ranks resumed from it.
+void killed_equals_resumed(const std::string& algorithm, int victim) {
+  TempDir t;
+  Job j;
+  j.algorithm = algorithm;
+  const std::string cfg = write_job(t, j, "job.yaml");
+
+  ProcResult e = train(cfg, {"--checkpoint", t.file("e")},
+                       {"DISTOPT_FAULT_INJECT=exit:" + std::to_string(victim) + ":10"});
+  INFO(e.output);
+  REQUIRE(e.exit_code == 0);
+  CHECK(e.output.find("elastic: generation 1: 3 rank(s) go on (lost rank(s) " +
+                      std::to_string(victim) + " of 4), back at epoch 1 step 9") !=
+        std::string::npos);
+  CHECK(e.output.find("summary: 3 rank(s)") != std::string::npos);
+
+  ProcResult a = train(cfg, {"--checkpoint", t.file("a"), "--checkpoint-every", "9", "--keep",
+                             "5"});
+  INFO(a.output);
+  REQUIRE(a.exit_code == 0);
+  ProcResult b = train(cfg, {"--world-size", "3", "--checkpoint", t.file("b"), "--resume",
+                             "--resume-from", t.file("a") + "/step-000000009"});
+  INFO(b.output);
+  REQUIRE(b.exit_code == 0);
+
+  auto ce = consolidated(t.file("e"), t.file("e.pt"));
+  auto cb = consolidated(t.file("b"), t.file("b.pt"));
+  CHECK(ce.at("step").toInt() == kSteps);
+  CHECK(cb.at("step").toInt() == kSteps);
+  check_equal_section(ce, cb, "model");
+  check_equal_section(ce, cb, "optimizer_state");
+}
+
+}  // namespace
+
+TEST_CASE("allreduce: a rank killed at step 10 of 4; 3 go on, bitwise a 3-rank resume") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  killed_equals_resumed("{name: allreduce}", 2);
+}
+
+TEST_CASE("zero stage 1: rank 0's shard comes from its buddy and is resharded to 3 ranks") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  killed_equals_resumed("{name: zero, options: {stage: 1}}", 0);
+}
+
+TEST_CASE("zero stage 2: the last rank's shard comes from rank 0, its buddy") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  killed_equals_resumed("{name: zero, options: {stage: 2}}", 3);
+}
+
+TEST_CASE("two ranks killed at once: non-neighbours recover on 2, neighbours lose a shard") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  TempDir t;
+  Job j;
+  j.algorithm = "{name: zero, options: {stage: 1}}";
+  const std::string cfg = write_job(t, j, "job.yaml");
+  ProcResult two = train(cfg, {}, {"DISTOPT_FAULT_INJECT=exit:1:6,exit:3:6"});
+  INFO(two.output);
+  CHECK(two.exit_code == 0);
+  CHECK(two.output.find("2 rank(s) go on (lost rank(s) 1,3 of 4), back at epoch 1 step 5") !=
+        std::string::npos);
+  CHECK(two.output.find("summary: 2 rank(s)") != std::string::npos);
+
+  // Ranks 1 and 2: rank 1's shard and its only copy (on rank 2) are gone.
+  ProcResult lost = train(cfg, {}, {"DISTOPT_FAULT_INJECT=exit:1:6,exit:2:6"});
+  INFO(lost.output);
+  CHECK(lost.exit_code != 0);
+  CHECK(lost.output.find("the in-memory state of rank(s) 1 of 4 was lost together with its buddy "
+                         "copy") != std::string::npos);
+}
+
+TEST_CASE("fewer survivors than elastic.min_ranks end the job naming the key") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  TempDir t;
+  Job j;
+  j.elastic = "{enabled: true, min_ranks: 4}";
+  const std::string cfg = write_job(t, j, "job.yaml");
+  ProcResult r = train(cfg, {}, {"DISTOPT_FAULT_INJECT=exit:2:4"});
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("3 rank(s) survive, fewer than elastic.min_ranks = 4") != std::string::npos);
+}
