@@ -57,6 +57,10 @@ class CommRequest {
 struct CollectiveCheck {
   std::shared_ptr<Store> store;
   std::chrono::milliseconds stall_after{1000};
+  /// How long a failed collective waits for the other ranks' posts to say
+  /// more than the transport (a dead peer never posts); negative: at most
+  /// stall_after and 3 s. Elastic jobs use 0.
+  std::chrono::milliseconds failure_patience{-1};
 };
 
 /// One rank's endpoint of a communicator. Not copyable. Methods may be called

@@ -39,8 +39,11 @@ std::chrono::milliseconds failure_patience(std::chrono::milliseconds interval) {
 class CheckedRequest final : public comm_wrap::ForwardedRequest {
  public:
   CheckedRequest(std::shared_ptr<MismatchDetector> d, std::chrono::milliseconds stall_after,
-                 Fingerprint fp)
-      : detector_(std::move(d)), stall_after_(stall_after), fp_(std::move(fp)) {}
+                 std::chrono::milliseconds patience, Fingerprint fp)
+      : detector_(std::move(d)),
+        stall_after_(stall_after),
+        patience_(patience.count() >= 0 ? patience : failure_patience(stall_after)),
+        fp_(std::move(fp)) {}
 
   dopt_status wait(int64_t timeout_ms) override {
     const auto start = std::chrono::steady_clock::now();
@@ -60,7 +63,7 @@ class CheckedRequest final : public comm_wrap::ForwardedRequest {
       }
       if (done) {
         if (st < 0)
-          explain(*detector_, fp_, failure_patience(stall_after_));  // keeps this rank's post
+          explain(*detector_, fp_, patience_);  // keeps this rank's post
         else if (stalled)
           detector_->on_wait_done();
         return st;
@@ -87,7 +90,7 @@ class CheckedRequest final : public comm_wrap::ForwardedRequest {
 
  private:
   std::shared_ptr<MismatchDetector> detector_;
-  std::chrono::milliseconds stall_after_;
+  std::chrono::milliseconds stall_after_, patience_;
   Fingerprint fp_;
 };
 
@@ -124,7 +127,7 @@ class CheckedComm final : public comm_wrap::ForwardingComm {
         return std::make_unique<comm_wrap::ForwardedRequest>();
     }
     return std::make_unique<CheckedRequest>(detector_, settings_.stall_after,
-                                            next_fingerprint(kind, is.a, is.root, is.op));
+                                            settings_.failure_patience, next_fingerprint(kind, is.a, is.root, is.op));
   }
 
   void before_split() override {

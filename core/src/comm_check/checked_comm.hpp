@@ -28,6 +28,10 @@ struct Settings {
   std::string prefix;            ///< store key prefix, identical on every rank
   std::string comm_name;         ///< for messages ("tcp")
   std::chrono::milliseconds stall_after{1000};
+  /// How long a failed collective waits for the others' posts; negative:
+  /// min(stall_after, kFailurePatienceCapMs). Elastic jobs use 0: they
+  /// recover from a dead peer rather than wait to explain it.
+  std::chrono::milliseconds failure_patience{-1};
 };
 
 /// Wrap `inner` (ownership moves to the wrapper: destroying the returned

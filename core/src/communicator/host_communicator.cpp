@@ -79,7 +79,7 @@ Communicator::Communicator(const ComponentInfo& info, const dopt_create_args& ar
   if (!comm_) throw ComponentError(DOPT_ERR_INTERNAL, info_.name, "create", "returned no instance");
   if (check.store && check.stall_after.count() > 0) {
     comm_check::Settings s{check.store, std::string(args.scope ? args.scope : "comm") + "/check",
-                           info_.name, check.stall_after};
+                           info_.name, check.stall_after, check.failure_patience};
     dopt_comm_ref wrapped = comm_check::wrap({vt_, comm_}, std::move(s));
     vt_ = wrapped.vt;
     comm_ = wrapped.comm;

@@ -107,6 +107,8 @@ struct Elastic::State {
   std::vector<int64_t> members;  // member ids in rank order
   std::deque<Commit> commits;    // newest last, at most two
   int64_t steps_at_commit = -1;
+  int64_t last_recovery_step = -1;  // a failure that recurs without progress is no dead rank
+  int recoveries_in_place = 0;
 
   State(Runtime& r, torch::nn::Module& m, DistributedOptimizer& o)
       : rt(r), model(m), opt(o), cfg(r.config().elastic), timeout_s(r.config().timeout_s) {}
@@ -194,7 +196,13 @@ struct Elastic::State {
     o.agent = agent && std::string(agent) == "1";
     o.settle = std::chrono::milliseconds(static_cast<int64_t>(cfg.settle_s * 1000));
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    log(DOPT_LOG_DEBUG, "elastic",
+        "recovery: rank " + std::to_string(me.rank) + " arrives at generation " +
+            std::to_string(generation) + "'s agreement");
     Decision d = elastic::agree(*m.store, me, o);
+    log(DOPT_LOG_DEBUG, "elastic",
+        "recovery: generation " + std::to_string(d.generation) + " has " +
+            std::to_string(d.members.size()) + " rank(s)");
 
     const int world = static_cast<int>(d.members.size());
     // From here on this rank belongs to generation d.generation, whatever fails.
@@ -239,6 +247,7 @@ struct Elastic::State {
     build.scope = base + "/elastic-g" + std::to_string(generation);
     build.rebuilds = 0;
     optim::reattach(opt, build, bytes);
+    log(DOPT_LOG_DEBUG, "elastic", "recovery: communicators and optimizer rebuilt");
 
     std::vector<state::ShardState> shards = gather_shards(d, *c, rank, world);
     state::StateSource src(std::move(shards), rank, world);
@@ -285,8 +294,17 @@ Elastic::Recovery Elastic::recover() {
     throw ElasticError(
         "elastic: rank " + std::to_string(out.old_rank) +
         " has no in-memory commit to roll back to (a peer failed before the first commit)");
+  const int64_t at = s.commits.back().step;
+  s.recoveries_in_place = at == s.last_recovery_step ? s.recoveries_in_place + 1 : 0;
+  s.last_recovery_step = at;
+  if (s.recoveries_in_place >= 3)
+    throw ElasticError("elastic: rank " + std::to_string(out.old_rank) +
+                       " recovered to optimizer step " + std::to_string(at) +
+                       " four times without getting past it: the failure recurs on the "
+                       "survivors (not a dead rank; see the error before this one)");
   optim::OptimizerBuild build;
   uint64_t bytes = 0;
+  log(DOPT_LOG_DEBUG, "elastic", "recovery: dropping the optimizer and the communicators");
   s.tear_down(&build, &bytes);
   // A rank dying during a recovery fails this attempt on the others: they
   // start the next generation with whoever is left.

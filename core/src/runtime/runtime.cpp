@@ -211,7 +211,8 @@ void Runtime::Impl::reconnect(const ProcessInfo& p, const std::string& prefix) {
     validated.phases[k].algorithm = v.phases[k].algorithm;
   }
   CollectiveCheck check{
-      store, std::chrono::milliseconds(static_cast<int64_t>(cfg.collective_check_s * 1000))};
+      store, std::chrono::milliseconds(static_cast<int64_t>(cfg.collective_check_s * 1000)),
+      std::chrono::milliseconds(cfg.elastic.enabled ? 0 : -1)};
   const std::string data_scope = prefix + "/comm", control_scope = prefix + "/control";
   comm = create_communicator(*this, cfg.communicator.name, validated.communicator,
                              data_scope.c_str(), check);
@@ -285,7 +286,8 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   wait_for_every_rank(*m.store, proc, m.rendezvous, cfg.timeout_s);
 
   CollectiveCheck check{
-      m.store, std::chrono::milliseconds(static_cast<int64_t>(cfg.collective_check_s * 1000))};
+      m.store, std::chrono::milliseconds(static_cast<int64_t>(cfg.collective_check_s * 1000)),
+      std::chrono::milliseconds(cfg.elastic.enabled ? 0 : -1)};
   m.comm = create_communicator(m, cfg.communicator.name, m.validated.communicator, "comm/0", check);
   if (!m.validated.control_name.empty()) {
     m.control = create_communicator(m, m.validated.control_name, m.validated.control_options,

@@ -1,0 +1,96 @@
+// One rank of an embedding program with elastic training (distopt/elastic.hpp),
+// started by embed_test through `distopt launch --elastic --config JOB`:
+// a Linear(4, 3) trained by SGD on deterministic global batches of 6 rows,
+// split among the ranks alive. Usage: embed_rank OUT STEPS DIE_RANK DIE_STEP
+// (the process that started as DIE_RANK exits before step DIE_STEP; -1: none).
+// The final rank 0 writes the parameters to OUT, one value per line.
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "distopt/distributed_optimizer.hpp"
+#include "distopt/elastic.hpp"
+#include "distopt/runtime.hpp"
+
+namespace {
+
+constexpr int64_t kGlobal = 6;
+
+// Global batch `step`: the same on every rank and in the test's reference.
+std::pair<torch::Tensor, torch::Tensor> batch(int64_t step) {
+  auto i = torch::arange(kGlobal * 4, torch::kFloat);
+  auto x = torch::sin(i * static_cast<double>(step + 1) * 0.37).view({kGlobal, 4});
+  auto y = torch::cos(torch::arange(kGlobal * 3, torch::kFloat) * static_cast<double>(step + 2) *
+                      0.21)
+               .view({kGlobal, 3});
+  return {x, y};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::cerr << "usage: embed_rank OUT STEPS DIE_RANK DIE_STEP\n";
+    return 2;
+  }
+  const std::string out = argv[1];
+  const int64_t steps = std::stoll(argv[2]);
+  const int die_rank = std::stoi(argv[3]);
+  const int64_t die_step = std::stoll(argv[4]);
+  try {
+    torch::manual_seed(0);
+    distopt::Runtime rt = distopt::Runtime::from_env();
+    const int first_rank = rt.rank();
+    torch::nn::Linear model(4, 3);
+    distopt::DistributedOptimizer opt = rt.make_optimizer(*model);
+    distopt::Elastic elastic(rt, *model, opt);
+    int64_t step = 0;
+    elastic.commit({{"step", "0"}});
+    while (step < steps) {
+      try {
+        if (first_rank == die_rank && step + 1 == die_step) {
+          std::cerr << "rank " << first_rank << " exits before step " << die_step << std::endl;
+          _exit(137);
+        }
+        const int64_t w = rt.world_size(), r = rt.rank();
+        const int64_t lo = kGlobal * r / w, hi = kGlobal * (r + 1) / w;
+        auto [x, y] = batch(step);
+        opt.zero_grad();
+        // This rank's mean loss weighted by its share: the ranks' mean
+        // gradient is the global batch's.
+        auto loss = torch::mse_loss(model->forward(x.slice(0, lo, hi)), y.slice(0, lo, hi)) *
+                    (static_cast<double>((hi - lo) * w) / kGlobal);
+        loss.backward();
+        opt.step();
+        ++step;
+        elastic.maybe_commit({{"step", std::to_string(step)}});
+      } catch (const std::exception& e) {
+        if (!distopt::is_peer_failure(e)) throw;
+        distopt::Elastic::Recovery rec = elastic.recover();
+        step = std::stoll(rec.position.at("step"));
+        std::cout << "rank " << first_rank << " is rank " << rec.rank << " of " << rec.world_size
+                  << " in generation " << rec.generation << ", back at step " << step
+                  << std::endl;
+      }
+    }
+    if (rt.rank() == 0) {
+      FILE* f = std::fopen(out.c_str(), "w");
+      if (!f) throw std::runtime_error("cannot write " + out);
+      for (const auto& p : model->parameters()) {
+        auto flat = p.detach().reshape({-1});
+        for (int64_t i = 0; i < flat.numel(); ++i)
+          std::fprintf(f, "%.9g\n", flat[i].item<double>());
+      }
+      std::fclose(f);
+    }
+    std::cout << "rank " << first_rank << " done at step " << step << " as rank " << rt.rank()
+              << " of " << rt.world_size() << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "embed_rank: " << e.what() << std::endl;
+    return 1;
+  }
+}

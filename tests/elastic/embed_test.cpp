@@ -1,0 +1,112 @@
+// Elastic training in an embedding program (distopt::Elastic): 3 ranks under
+// `distopt launch --elastic`, one killed; the survivors end where a plain
+// single-process libtorch run on the same global batches ends (float
+// tolerance), for allreduce and zero. The API refuses a job without
+// elastic.enabled.
+#include <torch/torch.h>
+
+#include <fstream>
+
+#include "distopt/config.hpp"
+#include "distopt/distributed_optimizer.hpp"
+#include "distopt/elastic.hpp"
+#include "distopt/runtime.hpp"
+#include "torch_doctest.hpp"
+// after doctest:
+#include "cli_util.hpp"
+
+using distopt::test::ProcResult;
+using distopt::test::run_command;
+using namespace distopt::test::cli;
+
+namespace {
+
+constexpr int64_t kGlobal = 6, kSteps = 12;
+
+std::pair<torch::Tensor, torch::Tensor> batch(int64_t step) {  // as embed_rank.cpp
+  auto i = torch::arange(kGlobal * 4, torch::kFloat);
+  auto x = torch::sin(i * static_cast<double>(step + 1) * 0.37).view({kGlobal, 4});
+  auto y = torch::cos(torch::arange(kGlobal * 3, torch::kFloat) * static_cast<double>(step + 2) *
+                      0.21)
+               .view({kGlobal, 3});
+  return {x, y};
+}
+
+// The reference: one process, the whole global batch each step.
+std::vector<double> reference() {
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 3);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int64_t s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch(s);
+    opt.zero_grad();
+    torch::mse_loss(model->forward(x), y).backward();
+    opt.step();
+  }
+  std::vector<double> out;
+  for (const auto& p : model->parameters()) {
+    auto flat = p.detach().reshape({-1});
+    for (int64_t i = 0; i < flat.numel(); ++i) out.push_back(flat[i].item<double>());
+  }
+  return out;
+}
+
+std::string job(const TempDir& t, const std::string& algorithm) {
+  std::ofstream f(t.file("job.yaml"));
+  f << "world: {size: 3, timeout_s: 30}\n"
+    << "communicator: {name: tcp}\nreducer: {name: mean}\n"
+    << "algorithm: " << algorithm << "\n"
+    << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
+    << "elastic: {enabled: true, min_ranks: 2}\n";
+  return t.file("job.yaml");
+}
+
+void killed_equals_reference(const std::string& algorithm) {
+  TempDir t;
+  const std::string cfg = job(t, algorithm);
+  const std::string out = t.file("params.txt");
+  ProcResult r = run_command({cli(), "launch", "--elastic", "-n", "3", "--config", cfg, "--",
+                              DISTOPT_EMBED_RANK, out, std::to_string(kSteps), "1", "6"},
+                             {}, std::chrono::seconds(180));
+  INFO(r.output);
+  REQUIRE_FALSE(r.timed_out);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("rank 1 exits before step 6") != std::string::npos);
+  CHECK(r.output.find("rank 2 is rank 1 of 2 in generation 1, back at step 5") !=
+        std::string::npos);
+  CHECK(r.output.find("rank 0 done at step 12 as rank 0 of 2") != std::string::npos);
+  std::ifstream f(out);
+  std::vector<double> got;
+  for (double v; f >> v;) got.push_back(v);
+  const std::vector<double> want = reference();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("parameter element " << i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("embedding, allreduce: a rank killed at step 6 of 12; the 2 left end as one process") {
+  killed_equals_reference("{name: allreduce}");
+}
+
+TEST_CASE("embedding, zero: the killed rank's shard is rebuilt from its buddy") {
+  killed_equals_reference("{name: zero, options: {stage: 2}}");
+}
+
+TEST_CASE("distopt::Elastic refuses a job without elastic.enabled, naming the key") {
+  TempDir t;
+  {
+    std::ofstream f(t.file("plain.yaml"));
+    f << "world: {size: 1}\noptimizer: {name: sgd, lr: 0.1}\n";
+  }
+  distopt::JobConfig cfg = distopt::load_job_config(t.file("plain.yaml"));
+  distopt::ProcessInfo one;
+  distopt::Runtime rt = distopt::Runtime::from_config(cfg, one);
+  torch::nn::Linear model(2, 2);
+  distopt::DistributedOptimizer opt = rt.make_optimizer(*model);
+  CHECK_THROWS_WITH_AS(distopt::Elastic(rt, *model, opt),
+                       doctest::Contains("elastic.enabled is false"), distopt::ConfigError);
+}
