@@ -83,6 +83,16 @@ int survive(int rank) {
   return 0;
 }
 
+// 2 ranks on two nodes: 1 (node 1) fails at once; 0 reads the record node
+// 1's launcher wrote in the store node 0's launcher serves.
+int remote(int rank) {
+  if (rank == 1) return 3;
+  auto s = connect();
+  const std::string how = get(*s, "elastic/dead/1");
+  std::printf("rank %d: elastic/dead/1 = %s\n", rank, how.c_str());
+  return how == "exit code 3" ? 0 : fail(rank, "elastic/dead/1 is '" + how + "'", 4);
+}
+
 // 2 ranks: 0 exits 0; 1 fails once the launcher has seen rank 0 end.
 int fail_last(int rank) {
   auto s = connect();
@@ -144,11 +154,13 @@ int main(int argc, char** argv) {
   try {
     if (scenario == "survive") return survive(rank);
     if (scenario == "fail_last") return fail_last(rank);
+    if (scenario == "remote") return remote(rank);
     if (scenario == "restart") return restart(rank);
     if (scenario == "keep_failing" && argc > 2) return keep_failing(rank, std::atoi(argv[2]));
   } catch (const std::exception& e) {
     return fail(rank, e.what(), 9);
   }
-  std::fprintf(stderr, "usage: launch_elastic_rank survive|fail_last|restart|keep_failing N\n");
+  std::fprintf(stderr,
+               "usage: launch_elastic_rank survive|remote|fail_last|restart|keep_failing N\n");
   return 2;
 }

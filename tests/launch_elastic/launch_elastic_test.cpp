@@ -75,6 +75,34 @@ TEST_CASE(
   CHECK(count_of(p.output, "] served=unset elastic=unset restart=unset") == 2);
 }
 
+TEST_CASE("--elastic on two nodes: node 1's launcher records its dead rank in node 0's store") {
+  const std::string port = std::to_string(distopt::test::random_port());
+  auto node = [&](int r) {
+    std::vector<std::string> argv = {cli(), "launch", "--elastic", "-n", "1", "--nnodes", "2"};
+    argv.insert(argv.end(), {"--node-rank", std::to_string(r), "--master-port", port});
+    argv.insert(argv.end(),
+                {"--rdzv-id", "elastic-two-nodes", "--", DISTOPT_ELASTIC_RANK, "remote"});
+    return argv;
+  };
+  // Node 0 first: its launcher serves the store before it says which ranks it runs.
+  Background node0(node(0));
+  REQUIRE(node0.read_until(
+      [](const std::string& o) { return o.find("node 0 of 2") != std::string::npos; },
+      std::chrono::seconds(60)));
+  ProcResult node1 = run_command(node(1), {}, std::chrono::seconds(180));
+  const int rc0 = node0.wait(std::chrono::seconds(180));
+  INFO(node0.output);
+  INFO(node1.output);
+  CHECK(rc0 == 0);
+  CHECK(node0.output.find("[rank 0] rank 0: elastic/dead/1 = exit code 3") != std::string::npos);
+  // Node 1's launcher served nothing (else it could not bind the port) and
+  // judges its own ranks only: its one rank failed.
+  CHECK(node1.exit_code == 1);
+  CHECK(node1.output.find("rank 1 failed (exit code 3); elastic: the other ranks go on") !=
+        std::string::npos);
+  CHECK(node1.output.find("cannot record") == std::string::npos);
+}
+
 TEST_CASE("--elastic: the job fails when every rank fails") {
   ProcResult r = launch({"-n", "3", "--elastic"}, {"sh", "-c", "exit 3"});
   INFO(r.output);
