@@ -1,5 +1,5 @@
 // `distopt launch [-n N] [--nnodes N --node-rank R --master-addr A --master-port P]
-//  [--config JOB.yaml] [--timeout S] -- PROGRAM ARGS...`
+//  [--config JOB.yaml] [--timeout S] [--elastic [--max-restarts N]] -- PROGRAM ARGS...`
 #include <boost/program_options.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +37,7 @@ int env_int(const char* name) {
 
 constexpr const char* kHelp =
     "usage: distopt launch [-n N] [--config JOB.yaml] [--timeout S] -- PROGRAM ARGS...\n"
+    "       distopt launch --elastic [--max-restarts N] [-n N] ... -- PROGRAM ARGS...\n"
     "       distopt launch --nnodes N --node-rank R --nproc-per-node K --master-addr HOST\n"
     "                      --master-port P [--rdzv-id ID] -- PROGRAM ARGS...   (on each node)\n"
     "\n"
@@ -53,7 +54,14 @@ constexpr const char* kHelp =
     "SLURM_JOB_NODELIST, P from MASTER_PORT or 29500 + SLURM_JOB_ID % 1000.\n"
     "Output lines are prefixed with \"[rank r] \" (global rank). If a rank fails, the others\n"
     "on this node are stopped and launch exits 1 (the other nodes' ranks fail at their next\n"
-    "collective); Ctrl-C stops every local rank and exits 130; --timeout exits 124.\n\noptions";
+    "collective); Ctrl-C stops every local rank and exits 130; --timeout exits 124.\n"
+    "--elastic: node 0's launcher serves the rendezvous store itself (it outlives rank 0);\n"
+    "the ranks get DISTOPT_STORE_SERVED=1 and DISTOPT_ELASTIC=1. A rank that fails does not\n"
+    "stop the others: the launcher sets store key elastic/dead/<rank> to how it ended\n"
+    "(\"exit code 3\"), adds 1 to elastic/dead_count, restarts it while --max-restarts allows\n"
+    "(DISTOPT_RESTART_COUNT=k in its k-th restart) and waits for every rank. It exits 0 when\n"
+    "a rank exited 0 and none failed at or after the last such exit (ranks seen ending in\n"
+    "the same 50 ms poll end together), else 1.\n\noptions";
 
 // A command-line mistake: "distopt launch: WHAT" on stderr, exit status 2.
 struct UsageError : std::runtime_error {
@@ -98,7 +106,11 @@ po::options_description launch_options(NodeArgs& n, launch::LaunchOptions& lo) {
       "failure-wait", po::value<double>(&lo.failure_wait_s)->default_value(4),
       "seconds the other ranks get to exit and report after one fails, before SIGTERM")(
       "grace", po::value<double>(&lo.grace_s)->default_value(5),
-      "seconds between SIGTERM and SIGKILL");
+      "seconds between SIGTERM and SIGKILL")(
+      "elastic", po::bool_switch(&lo.elastic),
+      "a failed rank does not stop the others; the launcher serves the store")(
+      "max-restarts", po::value<int>(&lo.max_restarts)->default_value(0),
+      "with --elastic: restart failed ranks, at most N times in all on this node");
   return desc;
 }
 
@@ -219,6 +231,12 @@ void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n, launch::La
     throw UsageError("--master-port must be in 0..65535 (got " + std::to_string(n.port) + ")");
   if (lo.timeout_s < 0 || lo.grace_s < 0 || lo.failure_wait_s < 0)
     throw UsageError("--timeout, --failure-wait and --grace must not be negative");
+  if (lo.max_restarts < 0)
+    throw UsageError("--max-restarts must not be negative (got " + std::to_string(lo.max_restarts) +
+                     ")");
+  if (lo.max_restarts > 0 && !lo.elastic)
+    throw UsageError("--max-restarts " + std::to_string(lo.max_restarts) +
+                     " needs --elastic (without it a failed rank stops the job)");
   if (have_job) launch::note_job_rendezvous(job, lo);
 }
 

@@ -29,7 +29,35 @@ void Store::barrier(const std::string& name, int world_size, std::chrono::millis
   }
 }
 
-std::shared_ptr<Store> make_store(const StoreOptions& opts) {
+namespace {
+
+// DISTOPT_STORE_SERVED=1: the launcher serves the store (`distopt launch
+// --elastic`), so rank 0 must not try to bind the same port.
+bool served_elsewhere() {
+  const char* v = std::getenv("DISTOPT_STORE_SERVED");
+  return v && std::string(v) == "1";
+}
+
+}  // namespace
+
+struct StoreServer::Impl {
+  store::TcpStoreServer server;
+  Impl(const std::string& host, int port, const std::string& token) : server(host, port, token) {}
+};
+
+StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StoreServer::~StoreServer() = default;
+
+std::unique_ptr<StoreServer> StoreServer::start(const std::string& host, int port,
+                                                const std::string& token) {
+  return std::unique_ptr<StoreServer>(new StoreServer(std::make_unique<Impl>(host, port, token)));
+}
+
+int StoreServer::port() const { return impl_->server.port(); }
+
+std::shared_ptr<Store> make_store(const StoreOptions& options) {
+  StoreOptions opts = options;
+  if (served_elsewhere()) opts.serve = false;
   const std::string& url = opts.url;
   auto starts = [&](const char* p) { return url.rfind(p, 0) == 0; };
   if (opts.world_size < 1 || opts.rank < 0 || opts.rank >= opts.world_size)
@@ -39,8 +67,9 @@ std::shared_ptr<Store> make_store(const StoreOptions& opts) {
     std::string host;
     int port = 0;
     store::split_host_port(url.substr(6), host, port);
-    if (port == 0 && opts.world_size > 1)
-      throw ConfigError("rendezvous '" + url + "': port 0 only works for a single process");
+    if (port == 0 && (opts.world_size > 1 || !opts.serve))
+      throw ConfigError("rendezvous '" + url + "': port 0 only works for a single process" +
+                        (opts.serve ? "" : " that serves the store itself"));
     return std::make_shared<store::TcpStore>(host, port, opts);
   }
   if (starts("env://")) {

@@ -175,7 +175,7 @@ std::vector<uint8_t> TcpStoreServer::handle(const std::vector<uint8_t>& req, boo
 
 TcpStore::TcpStore(const std::string& host, int port, const StoreOptions& opts)
     : timeout_(opts.timeout) {
-  if (opts.rank == 0) {
+  if (opts.rank == 0 && opts.serve) {
     server_ = std::make_unique<TcpStoreServer>(host, port, opts.token);
     port = server_->port();
   }

@@ -1,5 +1,6 @@
-// tcp:// rendezvous store: rank 0 hosts a small key-value server on a
-// background thread; every rank (rank 0 too) talks to it as a client.
+// tcp:// rendezvous store: rank 0 (or, elastic, the launcher: StoreServer)
+// hosts a small key-value server on background threads; every rank (rank 0
+// too) talks to it as a client.
 #pragma once
 
 #include <atomic>
@@ -45,7 +46,8 @@ class TcpStoreServer {
 /// A client connection (thread-safe: one request at a time under a mutex).
 class TcpStore : public Store {
  public:
-  /// Connects to host:port, retrying until `timeout`; rank 0 also starts the server.
+  /// Connects to host:port, retrying until `timeout`; rank 0 also starts the
+  /// server unless `opts.serve` is false.
   TcpStore(const std::string& host, int port, const StoreOptions& opts);
   ~TcpStore() override;
 

@@ -1,5 +1,6 @@
 // Local launcher: fork/exec N ranks, relay their output line by line with a
-// rank prefix, and tear the job down on failure, timeout or interrupt.
+// rank prefix, and tear the job down on failure, timeout or interrupt (elastic:
+// serve the store, record a failed rank there, restart it, go on).
 #include "launch/launcher.hpp"
 
 #include <arpa/inet.h>
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "distopt/store.hpp"
 #include "distopt/threads.hpp"
 
 extern char** environ;
@@ -67,10 +69,12 @@ void write_all(int fd, const std::string& buf) {
   }
 }
 
-// One output stream of one rank: bytes not yet ending in a newline.
+// One output stream of one rank process: bytes not yet ending in a newline.
+// A restarted rank's old streams are drained beside its new ones.
 struct Stream {
   int fd = -1;     // read end, -1 once closed
   int out_fd = 1;  // where the launcher copies it
+  int rank = 0;    // local rank
   std::string partial;
 };
 
@@ -78,7 +82,7 @@ struct Rank {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
-  Stream streams[2];
+  int restarts = 0;  // elastic: times this rank was restarted
 };
 
 constexpr size_t kMaxLine = 64 * 1024;  // flush a line this long even without '\n'
@@ -121,13 +125,15 @@ bool pump(int rank, Stream& s) {
   }
 }
 
-// The child's environment: the parent's, with the launcher's keys replaced.
-std::vector<std::string> child_env(const std::vector<std::pair<std::string, std::string>>& vars) {
+// The child's environment: the parent's, with the launcher's keys replaced
+// and the keys in `drop` removed.
+std::vector<std::string> child_env(const std::vector<std::pair<std::string, std::string>>& vars,
+                                   const std::vector<std::string>& drop) {
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     std::string kv(*e);
     std::string key = kv.substr(0, kv.find('='));
-    bool overridden = false;
+    bool overridden = std::find(drop.begin(), drop.end(), key) != drop.end();
     for (const auto& v : vars) overridden = overridden || v.first == key;
     if (!overridden) env.push_back(kv);
   }
@@ -221,14 +227,21 @@ int free_loopback_port() {
 
 namespace {
 
-// Per-rank environment blocks, made before fork(): after it the children
-// make only async-signal-safe calls (the caller may have threads).
-struct ChildEnvironments {
-  std::vector<std::vector<std::string>> strings;
-  std::vector<std::vector<char*>> pointers;  // execvpe's envp, one per rank
+// One rank's environment block, made before fork(): after it the child
+// makes only async-signal-safe calls (the launcher has threads: the store).
+struct ChildEnvironment {
+  std::vector<std::string> strings;
+  std::vector<char*> pointers() {  // execvpe's envp, valid while `strings` is unchanged
+    std::vector<char*> p;
+    for (auto& str : strings) p.push_back(str.data());
+    p.push_back(nullptr);
+    return p;
+  }
 };
 
-ChildEnvironments child_environments(const LaunchOptions& o, int port, const std::string& token) {
+// The launcher's variables of local rank r; restarts > 0 adds DISTOPT_RESTART_COUNT.
+ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
+                                   const std::string& token, int restarts) {
   const int n = o.nprocs;
   const int world = o.nnodes * n;
   // Ranks sharing the host split its cores unless told otherwise (threads.hpp,
@@ -244,27 +257,30 @@ ChildEnvironments child_environments(const LaunchOptions& o, int port, const std
   const std::string host = o.master_addr.find(':') != std::string::npos && o.master_addr[0] != '['
                                ? "[" + o.master_addr + "]"
                                : o.master_addr;
-  ChildEnvironments e;
-  e.strings.resize(n);
-  e.pointers.resize(n);
-  for (int r = 0; r < n; ++r) {
-    std::vector<std::pair<std::string, std::string>> vars = {
-        {"DISTOPT_RANK", std::to_string(o.node_rank * n + r)},
-        {"DISTOPT_WORLD_SIZE", std::to_string(world)},
-        {"DISTOPT_LOCAL_RANK", std::to_string(r)},
-        {"DISTOPT_LOCAL_WORLD_SIZE", std::to_string(n)},
-        {"DISTOPT_RENDEZVOUS", "tcp://" + host + ":" + std::to_string(port)},
-        {"DISTOPT_JOB_TOKEN", token},
-    };
-    if (set_node) vars.emplace_back("DISTOPT_NODE_ID", "node" + std::to_string(o.node_rank));
-    if (!o.config.empty()) vars.emplace_back("DISTOPT_CONFIG", o.config);
-    if (set_omp) vars.emplace_back("OMP_NUM_THREADS", omp_threads);
-    for (const auto& kv : o.extra_env) vars.push_back(kv);
-    e.strings[r] = child_env(vars);
-    for (auto& str : e.strings[r]) e.pointers[r].push_back(str.data());
-    e.pointers[r].push_back(nullptr);
+  std::vector<std::pair<std::string, std::string>> vars = {
+      {"DISTOPT_RANK", std::to_string(o.node_rank * n + r)},
+      {"DISTOPT_WORLD_SIZE", std::to_string(world)},
+      {"DISTOPT_LOCAL_RANK", std::to_string(r)},
+      {"DISTOPT_LOCAL_WORLD_SIZE", std::to_string(n)},
+      {"DISTOPT_RENDEZVOUS", "tcp://" + host + ":" + std::to_string(port)},
+      {"DISTOPT_JOB_TOKEN", token},
+  };
+  if (set_node) vars.emplace_back("DISTOPT_NODE_ID", "node" + std::to_string(o.node_rank));
+  if (!o.config.empty()) vars.emplace_back("DISTOPT_CONFIG", o.config);
+  if (set_omp) vars.emplace_back("OMP_NUM_THREADS", omp_threads);
+  // Elastic: the launcher serves the store. Otherwise an elastic job's
+  // variables inherited from an enclosing launch would leave rank 0 waiting
+  // for a server nobody starts.
+  std::vector<std::string> drop = {"DISTOPT_RESTART_COUNT"};
+  if (o.elastic) {
+    vars.emplace_back("DISTOPT_STORE_SERVED", "1");
+    vars.emplace_back("DISTOPT_ELASTIC", "1");
+    if (restarts > 0) vars.emplace_back("DISTOPT_RESTART_COUNT", std::to_string(restarts));
+  } else {
+    drop.insert(drop.end(), {"DISTOPT_STORE_SERVED", "DISTOPT_ELASTIC"});
   }
-  return e;
+  for (const auto& kv : o.extra_env) vars.push_back(kv);
+  return ChildEnvironment{child_env(vars, drop)};
 }
 
 // In the forked child: its own process group, killed with the launcher,
@@ -294,34 +310,21 @@ ChildEnvironments child_environments(const LaunchOptions& o, int port, const std
 }
 
 // The ranks of one job and the policy that supervises them: relay output,
-// forward signals, stop the job when a rank fails or time runs out.
+// forward signals, stop the job when a rank fails (elastic: record it, maybe
+// restart it, go on) or time runs out.
 class Supervisor {
  public:
-  explicit Supervisor(const LaunchOptions& o)
-      : o_(o), base_(o.node_rank * o.nprocs), ranks_(o.nprocs), running_(0) {}
+  Supervisor(const LaunchOptions& o, int port, std::string token, std::vector<char*> argv)
+      : o_(o),
+        base_(o.node_rank * o.nprocs),
+        port_(port),
+        token_(std::move(token)),
+        argv_(std::move(argv)),
+        ranks_(o.nprocs),
+        running_(0) {}
 
-  void spawn(const ChildEnvironments& env, std::vector<char*>& argv) {
-    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    const pid_t launcher_pid = getpid();
-    for (int r = 0; r < o_.nprocs; ++r) {
-      int out[2], err[2];
-      if (pipe(out) != 0 || pipe(err) != 0) abandon("pipe() failed: ");
-      pid_t pid = fork();
-      if (pid < 0) abandon("fork() failed: ");
-      if (pid == 0)
-        exec_rank(argv.data(), env.pointers[r].data(), devnull, out[1], err[1], launcher_pid);
-      setpgid(pid, pid);  // also from the parent, so kill(-pid) works at once
-      ::close(out[1]);
-      ::close(err[1]);
-      set_cloexec_nonblock(out[0]);
-      set_cloexec_nonblock(err[0]);
-      ranks_[r].pid = pid;
-      ranks_[r].running = true;
-      ranks_[r].streams[0] = Stream{out[0], 1, {}};
-      ranks_[r].streams[1] = Stream{err[0], 2, {}};
-      ++running_;
-    }
-    if (devnull >= 0) ::close(devnull);
+  void spawn() {
+    for (int r = 0; r < o_.nprocs; ++r) start(r);
     if (o_.timeout_s > 0) job_deadline_ = after(o_.timeout_s);
   }
 
@@ -337,13 +340,12 @@ class Supervisor {
   // Close what grandchildren may still hold open, stop those groups, and
   // turn what happened into the exit code.
   int finish() {
-    for (auto& rk : ranks_)
-      for (auto& s : rk.streams)
-        if (s.fd >= 0) {
-          emit(base_ + static_cast<int>(&rk - ranks_.data()), s, true);
-          ::close(s.fd);
-          s.fd = -1;
-        }
+    for (auto& s : streams_)
+      if (s.fd >= 0) {
+        emit(base_ + s.rank, s, true);
+        ::close(s.fd);
+        s.fd = -1;
+      }
     if (terminating_ || interrupted_)
       for (auto& rk : ranks_) ::kill(-rk.pid, SIGKILL);
     if (interrupted_) {
@@ -351,6 +353,7 @@ class Supervisor {
       return kExitInterrupted;
     }
     if (timed_out_) return kExitTimeout;
+    if (o_.elastic) return elastic_outcome();
     if (failed_rank_ >= 0) {
       message(o_, "job failed: rank " + std::to_string(base_ + failed_rank_) + " failed (" +
                       describe_status(ranks_[failed_rank_].status) + ")");
@@ -363,6 +366,31 @@ class Supervisor {
   static Clock::time_point after(double s) {
     return Clock::now() +
            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  }
+
+  // Fork and exec local rank r (again, when it is restarted).
+  void start(int r) {
+    Rank& rk = ranks_[r];
+    ChildEnvironment env = child_environment(o_, r, port_, token_, rk.restarts);
+    std::vector<char*> envp = env.pointers();
+    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const pid_t launcher_pid = getpid();
+    int out[2], err[2];
+    if (pipe(out) != 0 || pipe(err) != 0) abandon("pipe() failed: ");
+    pid_t pid = fork();
+    if (pid < 0) abandon("fork() failed: ");
+    if (pid == 0) exec_rank(argv_.data(), envp.data(), devnull, out[1], err[1], launcher_pid);
+    setpgid(pid, pid);  // also from the parent, so kill(-pid) works at once
+    ::close(out[1]);
+    ::close(err[1]);
+    if (devnull >= 0) ::close(devnull);
+    set_cloexec_nonblock(out[0]);
+    set_cloexec_nonblock(err[0]);
+    rk.pid = pid;
+    rk.running = true;
+    streams_.push_back(Stream{out[0], 1, r, {}});
+    streams_.push_back(Stream{err[0], 2, r, {}});
+    ++running_;
   }
 
   void signal_all(int sig) {
@@ -388,23 +416,18 @@ class Supervisor {
   // Poll the signal pipe and every open stream for up to 50 ms and copy what
   // arrived; false once every rank has ended and its output is drained.
   bool relay_output() {
+    streams_.erase(
+        std::remove_if(streams_.begin(), streams_.end(), [](const Stream& s) { return s.fd < 0; }),
+        streams_.end());
     std::vector<pollfd> pfds;
-    std::vector<std::pair<int, int>> source;  // (rank, stream) per pfd
     pfds.push_back({g_signal_pipe[0], POLLIN, 0});
-    source.emplace_back(-1, -1);
-    for (int r = 0; r < o_.nprocs; ++r)
-      for (int s = 0; s < 2; ++s)
-        if (ranks_[r].streams[s].fd >= 0) {
-          pfds.push_back({ranks_[r].streams[s].fd, POLLIN, 0});
-          source.emplace_back(r, s);
-        }
+    for (const auto& s : streams_) pfds.push_back({s.fd, POLLIN, 0});
     if (running_ == 0 && (pfds.size() == 1 || Clock::now() >= drain_deadline_)) return false;
     int pr = ::poll(pfds.data(), pfds.size(), 50);
     if (pr < 0 && errno != EINTR)
       throw std::runtime_error("poll() failed: " + std::string(strerror(errno)));
     for (size_t i = 1; pr > 0 && i < pfds.size(); ++i)
-      if (pfds[i].revents)
-        pump(base_ + source[i].first, ranks_[source[i].first].streams[source[i].second]);
+      if (pfds[i].revents) pump(base_ + streams_[i - 1].rank, streams_[i - 1]);
     return true;
   }
 
@@ -433,13 +456,17 @@ class Supervisor {
     }
   }
 
-  // Ranks that ended: the first failure stops the others after failure_wait_s.
+  // Ranks that ended: the first failure stops the others after failure_wait_s
+  // (elastic: is recorded in the store, and the rank restarted while allowed).
   void reap() {
+    bool any = false;
     for (int r = 0; r < o_.nprocs; ++r) {
       Rank& rk = ranks_[r];
       if (!rk.running) continue;
       int st = 0;
       if (waitpid(rk.pid, &st, WNOHANG) != rk.pid) continue;
+      if (!any) ++sweep_;
+      any = true;
       rk.running = false;
       rk.status = st;
       --running_;
@@ -447,7 +474,9 @@ class Supervisor {
       // then the group is stopped so nothing outlives the job.
       if (terminating_) ::kill(-rk.pid, SIGKILL);
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (!ok && !terminating_ && failed_rank_ < 0 && !interrupted_) {
+      if (o_.elastic && !terminating_ && !interrupted_) {
+        elastic_ended(r, st, ok);
+      } else if (!ok && !terminating_ && failed_rank_ < 0 && !interrupted_) {
         failed_rank_ = r;
         message(o_, "rank " + std::to_string(base_ + r) + " failed (" + describe_status(st) + ")" +
                         (running_ > 0 ? ", stopping the other ranks" : ""));
@@ -456,8 +485,75 @@ class Supervisor {
         message(o_,
                 "rank " + std::to_string(base_ + r) + " also failed (" + describe_status(st) + ")");
       }
-      if (running_ == 0) drain_deadline_ = after(0.5);
     }
+    if (any && running_ == 0) drain_deadline_ = after(0.5);
+  }
+
+  // Elastic: a rank process ended on its own. A failure is recorded in the
+  // store (for the survivors to agree on a new membership) and, while
+  // restarts are left, the rank is started again.
+  void elastic_ended(int r, int st, bool ok) {
+    if (ok) {
+      last_ok_sweep_ = sweep_;
+      return;
+    }
+    last_failure_sweep_ = sweep_;
+    last_failed_rank_ = r;
+    ++failures_;
+    const std::string who = std::to_string(base_ + r);
+    message(o_, "rank " + who + " failed (" + describe_status(st) +
+                    "); elastic: the other ranks go on");
+    record_dead(base_ + r, describe_status(st));
+    if (restarts_ >= o_.max_restarts) return;
+    ++restarts_;
+    Rank& rk = ranks_[r];
+    ::kill(-rk.pid, SIGKILL);  // what the dead process left in its group
+    ++rk.restarts;
+    message(o_, "restarting rank " + who + " (DISTOPT_RESTART_COUNT=" +
+                    std::to_string(rk.restarts) + "; restart " + std::to_string(restarts_) +
+                    " of at most " + std::to_string(o_.max_restarts) + " on this node)");
+    start(r);
+  }
+
+  // "elastic/dead/<rank>" = how it ended, and the counter "elastic/dead_count",
+  // through a client connection to the store (node 0's launcher serves it).
+  void record_dead(int rank, const std::string& how) {
+    const std::string url = "tcp://" + o_.master_addr + ":" + std::to_string(port_);
+    try {
+      if (!store_) {
+        StoreOptions so;
+        so.url = url;
+        so.rank = base_;
+        so.world_size = o_.nnodes * o_.nprocs;
+        so.token = token_;
+        so.serve = false;
+        // Node 0's store is up before its ranks start; another node waits
+        // this long for it (relaying no output meanwhile).
+        so.timeout = std::chrono::seconds(10);
+        store_ = make_store(so);
+      }
+      store_->set("elastic/dead/" + std::to_string(rank), how);
+      store_->add("elastic/dead_count", 1);
+    } catch (const std::exception& e) {
+      store_.reset();  // try to connect again at the next failure
+      message(o_, "elastic: cannot record rank " + std::to_string(rank) +
+                      "'s failure in the store at " + url + ": " + e.what());
+    }
+  }
+
+  // The exit code of an elastic job (the rule is in launcher.hpp, kExitOk).
+  int elastic_outcome() {
+    if (last_ok_sweep_ > last_failure_sweep_) {
+      if (failures_ > 0)
+        message(o_, "elastic: " + std::to_string(failures_) +
+                        " rank failure(s); the ranks that ended last exited 0");
+      return kExitOk;
+    }
+    message(o_, "job failed: rank " + std::to_string(base_ + last_failed_rank_) + " failed (" +
+                    describe_status(ranks_[last_failed_rank_].status) + ")" +
+                    (last_ok_sweep_ < 0 ? " and no rank exited 0"
+                                        : " at or after the last rank that exited 0"));
+    return kExitRankFailed;
   }
 
   // SIGTERM after a failure or at the job timeout, SIGKILL after the grace.
@@ -484,13 +580,22 @@ class Supervisor {
   static constexpr Clock::time_point kNever = Clock::time_point::max();
   const LaunchOptions& o_;
   const int base_;  // global rank of local rank 0
+  const int port_;
+  const std::string token_;
+  std::vector<char*> argv_;
   std::vector<Rank> ranks_;
+  std::vector<Stream> streams_;
   int running_;
   Clock::time_point job_deadline_ = kNever, term_at_ = kNever, kill_at_ = kNever;
   Clock::time_point drain_deadline_ = kNever;
   bool terminating_ = false, timed_out_ = false;
   int interrupted_ = 0;
   int failed_rank_ = -1;
+  // Elastic: reap() passes that found an ended rank are numbered; the last
+  // pass with an exit 0 and the last with a failure decide the exit code.
+  int sweep_ = 0, last_ok_sweep_ = -1, last_failure_sweep_ = -1;
+  int failures_ = 0, last_failed_rank_ = -1, restarts_ = 0;
+  std::shared_ptr<Store> store_;  // elastic: the launcher's client, made at the first failure
 };
 
 }  // namespace
@@ -516,8 +621,15 @@ int run(const LaunchOptions& o) {
   if (o.argv.empty()) throw std::runtime_error("no program to launch (give it after --)");
   if (o.nnodes > 1 && o.port <= 0)
     throw std::runtime_error("several nodes need a fixed rendezvous port (--master-port)");
-  const int port = o.port > 0 ? o.port : free_loopback_port();
+  if (o.max_restarts < 0 || (o.max_restarts > 0 && !o.elastic))
+    throw std::runtime_error("max_restarts " + std::to_string(o.max_restarts) +
+                             ": restarts need elastic and a count >= 0");
   const std::string token = o.token.empty() ? random_token() : o.token;
+  // Elastic: node 0's launcher serves the store before any rank starts (a
+  // port it picks itself is bound at once, so no other process can take it).
+  std::unique_ptr<StoreServer> server;
+  if (o.elastic && o.node_rank == 0) server = StoreServer::start(o.master_addr, o.port, token);
+  const int port = server ? server->port() : o.port > 0 ? o.port : free_loopback_port();
   if (o.nnodes > 1)
     message(o, "node " + std::to_string(o.node_rank) + " of " + std::to_string(o.nnodes) +
                    ": ranks " + std::to_string(o.node_rank * o.nprocs) + ".." +
@@ -533,9 +645,8 @@ int run(const LaunchOptions& o) {
   std::vector<char*> argv;
   for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const ChildEnvironments env = child_environments(o, port, token);
-  Supervisor supervisor(o);
-  supervisor.spawn(env, argv);
+  Supervisor supervisor(o, port, token, std::move(argv));
+  supervisor.spawn();
   supervisor.supervise();
   return supervisor.finish();
 }

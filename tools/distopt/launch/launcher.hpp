@@ -1,7 +1,10 @@
 // A local launcher: starts N ranks of a program on this host with the
 // environment distopt (core/include/distopt/process.hpp) reads, prefixes their
 // output with the rank, and stops the whole job when one rank fails or when
-// the launcher is interrupted. Used by `distopt launch` and by `distopt train`
+// the launcher is interrupted. Elastic (LaunchOptions::elastic): it serves the
+// rendezvous store itself, so the store outlives any rank, records a dead rank
+// there and lets the others go on (they agree on a new membership through the
+// store; core's business). Used by `distopt launch` and by `distopt train`
 // when it starts its own ranks. Torch-free.
 #pragma once
 
@@ -12,7 +15,13 @@
 namespace distopt::launch {
 
 /// Exit codes of run() (also the exit codes of `distopt launch`).
-constexpr int kExitOk = 0;             ///< every rank exited 0
+/// Elastic (LaunchOptions::elastic), from the rank processes of this node the
+/// launcher saw end last (those it reaps in the same pass of its 50 ms poll
+/// loop count as ending together; a restarted rank counts by its last process):
+/// kExitOk when at least one rank exited 0 and no rank failed at or after the
+/// last exit 0 seen, else kExitRankFailed (every rank failed, or a failure
+/// came last). Each node's launcher judges its own ranks only.
+constexpr int kExitOk = 0;             ///< every rank exited 0 (elastic: the ranks that ended last)
 constexpr int kExitRankFailed = 1;     ///< a rank exited non-zero or was killed by a signal
 constexpr int kExitTimeout = 124;      ///< the job ran past LaunchOptions::timeout_s
 constexpr int kExitInterrupted = 130;  ///< the launcher got SIGINT / SIGTERM / SIGHUP
@@ -45,6 +54,25 @@ struct LaunchOptions {
   double failure_wait_s = 4.0;
   double grace_s = 5.0;  ///< SIGTERM -> SIGKILL delay, seconds
   std::vector<std::pair<std::string, std::string>> extra_env;  ///< set in every rank
+  /// Elastic training (issue 24): a rank that fails does not stop the others.
+  /// Node 0's launcher serves the store (StoreServer on master_addr:port,
+  /// the job token) before starting its ranks; every rank of every node gets
+  /// DISTOPT_STORE_SERVED=1 (rank 0 connects as a client only) and
+  /// DISTOPT_ELASTIC=1. For a local rank r (global number) that exits
+  /// non-zero or is killed, the launcher, as a store client, sets
+  /// "elastic/dead/<r>" to describe_status() ("exit code 3") and adds 1 to the
+  /// counter "elastic/dead_count", then says "rank r failed (exit code 3);
+  /// elastic: the other ranks go on" on stderr. It waits for every rank; see
+  /// kExitOk for the exit code. Interrupts and timeout_s stop every rank as
+  /// without elastic, and failure_wait_s is unused.
+  bool elastic = false;
+  /// Elastic only (run() throws otherwise): restart a failed local rank,
+  /// after it is recorded dead, at most this many times in all on this node
+  /// (>= 0). The new process has the same global rank and environment plus
+  /// DISTOPT_RESTART_COUNT = how many times this rank has been restarted (1
+  /// for its first restart; unset in first starts). Whether it can rejoin
+  /// the job is for the program (core) to arrange.
+  int max_restarts = 0;
   std::string name = "distopt launch";  ///< prefix of the launcher's own messages
 };
 
@@ -53,14 +81,20 @@ struct LaunchOptions {
 /// DISTOPT_LOCAL_RANK, DISTOPT_LOCAL_WORLD_SIZE, DISTOPT_RENDEZVOUS
 /// (tcp://master_addr:port), DISTOPT_NODE_ID (node_rank), DISTOPT_JOB_TOKEN, DISTOPT_CONFIG (if
 /// set), and, unless the launcher's environment sets it, OMP_NUM_THREADS = max(1, cores / nprocs)
-/// so ranks do not oversubscribe the cores (torchrun does the same). Every rank runs in its own
+/// so ranks do not oversubscribe the cores (torchrun does the same); elastic, also
+/// DISTOPT_STORE_SERVED=1 and DISTOPT_ELASTIC=1 (and DISTOPT_RESTART_COUNT in a restarted rank);
+/// otherwise those three are removed from the environment the ranks inherit, so
+/// a launch inside an elastic job's rank still serves its own store. Every rank runs in its own
 /// process group (so a rank's own children are stopped with it) with stdin from /dev/null, and dies
 /// with the launcher (PR_SET_PDEATHSIG) if the launcher itself is killed. Each line a rank writes
 /// to stdout / stderr is copied to the launcher's stdout / stderr prefixed with "[rank r] ". While
 /// it runs, SIGINT / SIGTERM / SIGHUP are caught and forwarded to the ranks (a second one sends
 /// SIGKILL); the previous handlers are restored before returning. Messages about the job ("rank 1
 /// failed (exit code 3)") go to stderr prefixed with `name`. Throws
-/// std::runtime_error if the job cannot be started (no pipes, bad options).
+/// std::runtime_error if the job cannot be started (no pipes, bad options), and elastic
+/// distopt::RendezvousError naming the address when the store cannot listen on
+/// master_addr:port (e.g. the port is in use). Elastic, a store that cannot be reached
+/// to record a dead rank is reported on stderr and the job goes on.
 /// Not thread-safe: call from the main thread of a process that has one launcher.
 int run(const LaunchOptions& opts);
 
