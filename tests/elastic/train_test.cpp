@@ -104,8 +104,8 @@ void killed_equals_resumed(const std::string& algorithm, int victim) {
                              "5"});
   INFO(a.output);
   REQUIRE(a.exit_code == 0);
-  ProcResult b = train(cfg, {"--world-size", "3", "--checkpoint", t.file("b"), "--resume",
-                             "--resume-from", t.file("a") + "/step-000000009"});
+  ProcResult b = train(cfg, {"--world-size", "3", "--checkpoint", t.file("b"), "--resume-from",
+                             t.file("a") + "/step-000000009"});
   INFO(b.output);
   REQUIRE(b.exit_code == 0);
 

@@ -181,6 +181,9 @@ int launch_local_ranks(const JobConfig& cfg, int argc, char** argv) {
   // Survivors of a failed rank get time to explain it: the collective
   // check waits up to min(collective_check_s, 3 s) for a dead peer.
   lo.failure_wait_s = 1.0 + std::min(cfg.collective_check_s, 3.0);
+  // Elastic jobs: the launcher serves the store (it outlives any rank),
+  // records dead ranks there and lets the others recover.
+  lo.elastic = cfg.elastic.enabled;
   launch::note_job_rendezvous(cfg, lo);  // replaced by the launcher's: say so
   for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
   std::cout.flush();
