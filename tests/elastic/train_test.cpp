@@ -26,6 +26,7 @@ constexpr int kSteps = 24;
 
 struct Job {
   std::string algorithm = "{name: allreduce}";
+  std::string reducer = "{name: mean}";
   std::string elastic = "{enabled: true}";
   int world = 4;
 };
@@ -34,6 +35,7 @@ std::string write_job(const TempDir& t, const Job& j, const std::string& name) {
   distopt::test::JobYaml y = distopt::test::allreduce_job(j.world);
   y.timeout_s = 30;
   y.algorithm = j.algorithm;
+  y.reducer = j.reducer;
   y.optimizer = "{name: adam, lr: 0.002}";
   distopt::test::TrainYaml& train = *y.train;
   train.epochs = 1;
@@ -85,10 +87,12 @@ void check_equal_section(const c10::impl::GenericDict& a, const c10::impl::Gener
 // Kill rank `victim` of 4 before global step 10: the survivors roll back to
 // the commit of step 9 and finish on 3 ranks. Reference: 4 ranks to step 9
 // (a disk checkpoint there), then 3 ranks resumed from it.
-void killed_equals_resumed(const std::string& algorithm, int victim) {
+void killed_equals_resumed(const std::string& algorithm, int victim,
+                           const std::string& reducer = "{name: mean}") {
   TempDir t;
   Job j;
   j.algorithm = algorithm;
+  j.reducer = reducer;
   const std::string cfg = write_job(t, j, "job.yaml");
 
   ProcResult e = train(cfg, {"--checkpoint", t.file("e")},
@@ -134,6 +138,28 @@ TEST_CASE("zero stage 2: the last rank's shard comes from rank 0, its buddy") {
   killed_equals_resumed("{name: zero, options: {stage: 2}}", 3);
 }
 
+TEST_CASE("hybrid shard: true: the offloaded shard of the killed rank comes from its buddy") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  killed_equals_resumed("{name: hybrid, options: {shard: true, offload_fraction: 0.5}}", 1);
+}
+
+TEST_CASE("powersgd: Q and the error feedback roll back; the lost rank's residual as on resume") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  killed_equals_resumed("{name: allreduce}", 2,
+                        "{name: powersgd, options: {rank: 2, start_iter: 1, "
+                        "min_compression_rate: 1}}");
+}
+
+TEST_CASE("decentralized ring: the replicas roll back and go on as a ring of 3") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  killed_equals_resumed("{name: decentralized, options: {topology: ring}}", 1);
+}
+
+TEST_CASE("local_sgd period 4: a rank killed between averagings") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  killed_equals_resumed("{name: local_sgd, options: {period: 4}}", 3);
+}
+
 TEST_CASE("two ranks killed at once: non-neighbours recover on 2, neighbours lose a shard") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
@@ -153,6 +179,32 @@ TEST_CASE("two ranks killed at once: non-neighbours recover on 2, neighbours los
   CHECK(lost.exit_code != 0);
   CHECK(lost.output.find("the in-memory state of rank(s) 1 of 4 was lost together with its buddy "
                          "copy") != std::string::npos);
+}
+
+TEST_CASE("a rank dying during the recovery: the others try again with the ranks left") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  TempDir t;
+  Job j;
+  j.algorithm = "{name: zero, options: {stage: 1}}";
+  const std::string cfg = write_job(t, j, "job.yaml");
+  // Rank 1 dies at step 8; rank 3 dies after the survivors agreed on
+  // {0, 2, 3}, before the communicators exist: 0 and 2 fail to connect to
+  // it, agree again without it and go on from the same commit.
+  ProcResult r = train(cfg, {}, {"DISTOPT_FAULT_INJECT=exit:1:8,elastic_exit:3:connect"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("DISTOPT_FAULT_INJECT: rank 3 exits (137) in the recovery (connect)") !=
+        std::string::npos);
+  CHECK(r.output.find("elastic: generation 2: 2 rank(s) go on (lost rank(s) 1,3 of 4), back at "
+                      "epoch 1 step 7") != std::string::npos);
+  CHECK(r.output.find("summary: 2 rank(s), 24 steps") != std::string::npos);
+
+  // Dying before it arrives: the launcher has declared it dead; one generation.
+  ProcResult a = train(cfg, {}, {"DISTOPT_FAULT_INJECT=exit:1:8,elastic_exit:3:arrive"});
+  INFO(a.output);
+  CHECK(a.exit_code == 0);
+  CHECK(a.output.find("2 rank(s) go on (lost rank(s) 1,3 of 4), back at epoch 1 step 7") !=
+        std::string::npos);
 }
 
 TEST_CASE("fewer survivors than elastic.min_ranks end the job naming the key") {

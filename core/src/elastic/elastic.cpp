@@ -2,8 +2,11 @@
 // copies, and the recovery that rebuilds the job on the survivors.
 #include "distopt/elastic.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -81,6 +84,26 @@ std::string list(const std::vector<int>& v) {
   std::string s;
   for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
   return s;
+}
+
+// Test-only: DISTOPT_FAULT_INJECT=...,elastic_exit:MEMBER:PHASE makes the
+// process that started as rank MEMBER _exit(137) in its first recovery,
+// PHASE "arrive" (before the agreement) or "connect" (after it, before the
+// communicators are created: the others fail in theirs and try again).
+void maybe_die_in_recovery(int64_t member, const char* phase) {
+  const char* v = std::getenv("DISTOPT_FAULT_INJECT");
+  if (!v) return;
+  const std::string all = v;
+  const std::string want = "elastic_exit:" + std::to_string(member) + ":" + phase;
+  for (size_t at = all.find(want); at != std::string::npos; at = all.find(want, at + 1)) {
+    const size_t end = at + want.size();
+    if ((at == 0 || all[at - 1] == ',') && (end == all.size() || all[end] == ',')) {
+      std::fprintf(stderr, "DISTOPT_FAULT_INJECT: rank %lld exits (137) in the recovery (%s)\n",
+                   static_cast<long long>(member), phase);
+      std::fflush(stderr);
+      _exit(137);
+    }
+  }
 }
 
 }  // namespace
@@ -196,6 +219,7 @@ struct Elastic::State {
     o.agent = agent && std::string(agent) == "1";
     o.settle = std::chrono::milliseconds(static_cast<int64_t>(cfg.settle_s * 1000));
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    maybe_die_in_recovery(member, "arrive");
     log(DOPT_LOG_DEBUG, "elastic",
         "recovery: rank " + std::to_string(me.rank) + " arrives at generation " +
             std::to_string(generation) + "'s agreement");
@@ -227,6 +251,7 @@ struct Elastic::State {
     const Commit* c = held(d.target);
     if (!c) throw ElasticError("elastic: the agreed commit is not held here");  // cannot happen
 
+    maybe_die_in_recovery(member, "connect");
     ProcessInfo p = m.proc;
     p.rank = rank;
     p.world_size = world;
