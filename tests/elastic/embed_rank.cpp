@@ -3,11 +3,13 @@
 // a Linear(4, 3) trained by SGD on deterministic global batches of 6 rows,
 // split among the ranks alive. Usage: embed_rank OUT STEPS DIE_RANK DIE_STEP
 // (the process that started as DIE_RANK exits before step DIE_STEP; -1: none).
-// The final rank 0 writes the parameters to OUT, one value per line.
+// Every rank writes its parameters to OUT.<its final rank>, one value per
+// line. Restarted (DISTOPT_RESTART_COUNT > 0), it joins the running ranks.
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -43,15 +45,24 @@ int main(int argc, char** argv) {
   try {
     torch::manual_seed(0);
     distopt::Runtime rt = distopt::Runtime::from_env();
-    const int first_rank = rt.rank();
+    // The rank the launcher gave this process (a joining one is renumbered).
+    const char* env_rank = std::getenv("DISTOPT_RANK");
+    const int first_rank = env_rank ? std::atoi(env_rank) : rt.rank();
     torch::nn::Linear model(4, 3);
     distopt::DistributedOptimizer opt = rt.make_optimizer(*model);
     distopt::Elastic elastic(rt, *model, opt);
     int64_t step = 0;
-    elastic.commit({{"step", "0"}});
+    const char* restarted = std::getenv("DISTOPT_RESTART_COUNT");
+    if (elastic.rejoined()) {  // a restarted rank: taken in at the others' commit
+      step = std::stoll(elastic.position().at("step"));
+      std::cout << "rank " << first_rank << " rejoined as rank " << rt.rank() << " of "
+                << rt.world_size() << " at step " << step << std::endl;
+    } else {
+      elastic.commit({{"step", "0"}});
+    }
     while (step < steps) {
       try {
-        if (first_rank == die_rank && step + 1 == die_step) {
+        if (!restarted && first_rank == die_rank && step + 1 == die_step) {
           std::cerr << "rank " << first_rank << " exits before step " << die_step << std::endl;
           _exit(137);
         }
@@ -76,9 +87,10 @@ int main(int argc, char** argv) {
                   << std::endl;
       }
     }
-    if (rt.rank() == 0) {
-      FILE* f = std::fopen(out.c_str(), "w");
-      if (!f) throw std::runtime_error("cannot write " + out);
+    {  // every rank's parameters: OUT.<rank at the end>
+      const std::string file = out + "." + std::to_string(rt.rank());
+      FILE* f = std::fopen(file.c_str(), "w");
+      if (!f) throw std::runtime_error("cannot write " + file);
       for (const auto& p : model->parameters()) {
         auto flat = p.detach().reshape({-1});
         for (int64_t i = 0; i < flat.numel(); ++i)

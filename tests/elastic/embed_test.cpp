@@ -51,13 +51,18 @@ std::vector<double> reference() {
   return out;
 }
 
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 std::string job(const TempDir& t, const std::string& algorithm) {
   std::ofstream f(t.file("job.yaml"));
   f << "world: {size: 3, timeout_s: 30}\n"
     << "communicator: {name: tcp}\nreducer: {name: mean}\n"
     << "algorithm: " << algorithm << "\n"
     << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
-    << "elastic: {enabled: true, min_ranks: 2}\n";
+    << "elastic: {enabled: true, min_ranks: 2}\n";  // max_ranks 0: 3, the starting world
   return t.file("job.yaml");
 }
 
@@ -75,9 +80,10 @@ void killed_equals_reference(const std::string& algorithm) {
   CHECK(r.output.find("rank 2 is rank 1 of 2 in generation 1, back at step 5") !=
         std::string::npos);
   CHECK(r.output.find("rank 0 done at step 12 as rank 0 of 2") != std::string::npos);
-  std::ifstream f(out);
+  std::ifstream f(out + ".0");
   std::vector<double> got;
   for (double v; f >> v;) got.push_back(v);
+  CHECK(slurp(out + ".1") == slurp(out + ".0"));  // the other survivor: bitwise the same
   const std::vector<double> want = reference();
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -87,6 +93,37 @@ void killed_equals_reference(const std::string& algorithm) {
 }
 
 }  // namespace
+
+TEST_CASE("embedding, zero: a killed rank restarted by the launcher rejoins and ends equal") {
+  TempDir t;
+  const std::string cfg = job(t, "{name: zero, options: {stage: 1}}");
+  const std::string out = t.file("params.txt");
+  ProcResult r = run_command({cli(), "launch", "--elastic", "--max-restarts", "1", "-n", "3",
+                              "--config", cfg, "--", DISTOPT_EMBED_RANK, out,
+                              std::to_string(kSteps), "1", "6"},
+                             {}, std::chrono::seconds(180));
+  INFO(r.output);
+  REQUIRE_FALSE(r.timed_out);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("restarting rank 1 (DISTOPT_RESTART_COUNT=1") != std::string::npos);
+  CHECK(r.output.find("rank 1 rejoined as rank 2 of 3 at step ") != std::string::npos);
+  CHECK(r.output.find("rank 1 done at step 12 as rank 2 of 3") != std::string::npos);
+  // Every rank, the rejoined one included, ends with the same parameters,
+  // and they are the single process's.
+  const std::string p0 = slurp(out + ".0");
+  REQUIRE_FALSE(p0.empty());
+  CHECK(slurp(out + ".1") == p0);
+  CHECK(slurp(out + ".2") == p0);
+  std::ifstream f(out + ".0");
+  std::vector<double> got;
+  for (double v; f >> v;) got.push_back(v);
+  const std::vector<double> want = reference();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("parameter element " << i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  }
+}
 
 TEST_CASE("embedding, allreduce: a rank killed at step 6 of 12; the 2 left end as one process") {
   killed_equals_reference("{name: allreduce}");

@@ -69,7 +69,13 @@ class Elastic {
   /// ComponentError (UNSUPPORTED naming a plugin without save_state).
   void commit(const CheckpointExtra& position = {});
   /// commit() when the optimizer has stepped elastic.commit_every times
-  /// since the last commit. Returns whether it committed.
+  /// since the last commit. Returns whether it committed. Then, while the
+  /// world is below elastic.max_ranks (0: the starting world size), ranks
+  /// asking to join (restarted by `distopt launch --elastic
+  /// --max-restarts N`) are taken in: every rank goes through a membership
+  /// change (new communicators, the optimizer rebuilt for the larger
+  /// world) and the joining ranks receive this commit from the others (one
+  /// small allreduce per commit decides it; rank() / world_size() change).
   bool maybe_commit(const CheckpointExtra& position = {});
 
   /// What recover() did.
@@ -101,6 +107,14 @@ class Elastic {
   /// refuses the new world size; after a throw the optimizer and the
   /// runtime's communicators are unusable.
   Recovery recover();
+
+  /// True in a rank that joined a running job (a restarted rank,
+  /// Runtime::joining()): the constructor took the job's newest commit from
+  /// the peers (collective with them: construct it right after
+  /// make_optimizer) and committed with them; go on from position().
+  bool rejoined() const;
+  /// The data position of the newest commit (what commit() was given).
+  CheckpointExtra position() const;
 
   /// Generation of the current membership (0 before any recovery).
   int64_t generation() const;

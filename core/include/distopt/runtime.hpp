@@ -54,6 +54,14 @@ class Runtime {
   int rank() const;
   int world_size() const;
   int local_rank() const;
+  /// Elastic training: true in a restarted rank that joined a running job
+  /// (elastic.enabled and DISTOPT_RESTART_COUNT > 0, set by `distopt launch
+  /// --elastic --max-restarts N`) until distopt::Elastic's constructor has
+  /// taken the job's state from the peers. from_config then admitted it at
+  /// the running ranks' next commit instead of the rendezvous (rank() and
+  /// world_size() are the new membership's), and make_optimizer broadcasts
+  /// nothing; construct distopt::Elastic right after make_optimizer.
+  bool joining() const;
   const JobConfig& config() const;
   PluginRegistry& registry() const;
   Store& store() const;

@@ -12,12 +12,13 @@
 #include <deque>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "checkpoint/manifest.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
-#include "elastic/membership.hpp"
+#include "runtime/membership.hpp"
 #include "host/services.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
@@ -38,9 +39,9 @@ struct Access {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using elastic::Arrival;
-using elastic::CommitId;
-using elastic::Decision;
+using runtime::Arrival;
+using runtime::CommitId;
+using runtime::Decision;
 
 // Tags of the buddy exchange on the control communicator (two: sizes, bytes).
 constexpr int kCommitTag = 0x454c0000;
@@ -136,10 +137,10 @@ struct Elastic::State {
   State(Runtime& r, torch::nn::Module& m, DistributedOptimizer& o)
       : rt(r), model(m), opt(o), cfg(r.config().elastic), timeout_s(r.config().timeout_s) {}
 
-  Runtime::Impl& runtime() { return elastic::Access::of(rt); }
+  Runtime::Impl& impl() { return elastic::Access::of(rt); }
 
   void commit(const CheckpointExtra& position) {
-    Runtime::Impl& m = runtime();
+    Runtime::Impl& m = impl();
     optim::OptimizerCheckpoint p(model, opt);
     Commit c;
     c.id = CommitId{generation, seq++};
@@ -159,7 +160,7 @@ struct Elastic::State {
   // Drop the optimizer's components, then the communicators they used.
   void tear_down(optim::OptimizerBuild* build, uint64_t* bytes) {
     if (optim::Access::ptr(opt)) *build = optim::detach(opt, bytes);
-    runtime().disconnect();
+    impl().disconnect();
   }
 
   const Commit* held(const CommitId& id) const {
@@ -168,121 +169,236 @@ struct Elastic::State {
     return nullptr;
   }
 
-  // Every survivor's pieces of the target commit to every survivor, then
-  // the old world's shards, each from its owner or else its buddy.
-  std::vector<state::ShardState> gather_shards(const Decision& d, const Commit& c, int rank,
-                                               int world) {
+  // The commit's description for ranks that hold none (joining ranks):
+  // its world size, manifest and data position, sent by the new rank 0.
+  static std::vector<char> describe_commit(const Commit& c) {
+    std::string text = std::to_string(c.world_size) + " " + std::to_string(c.step) + "\n";
+    text += std::to_string(c.position.size()) + "\n";
+    for (const auto& [k, v] : c.position) text += k + "\n" + v + "\n";
+    // The manifest's shard records are a checkpoint's files; placeholders
+    // here, so that it parses.
+    checkpoint::Manifest man = c.manifest;
+    man.shards.assign(static_cast<size_t>(man.world_size), checkpoint::ShardRecord{});
+    for (int r = 0; r < man.world_size; ++r)
+      man.shards[static_cast<size_t>(r)] = {r, checkpoint::shard_file_name(r, man.world_size), 0, 0};
+    text += man.to_json();
+    return std::vector<char>(text.begin(), text.end());
+  }
+  struct Described {
+    int world_size = 0;
+    int64_t step = 0;
+    CheckpointExtra position;
+    checkpoint::Manifest manifest;
+  };
+  static Described read_description(const std::vector<char>& bytes) {
+    std::istringstream in(std::string(bytes.begin(), bytes.end()));
+    Described d;
+    size_t n = 0;
+    std::string line;
+    in >> d.world_size >> d.step >> n;
+    std::getline(in, line);
+    for (size_t i = 0; i < n; ++i) {
+      std::string k, v;
+      std::getline(in, k);
+      std::getline(in, v);
+      d.position[k] = v;
+    }
+    std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    d.manifest = checkpoint::Manifest::from_json(json, "the in-memory commit's description");
+    return d;
+  }
+
+  // Every member's pieces of the target commit to every member (`c` is
+  // this rank's copy, null in a joining rank), then the commit's world's
+  // shards, each from its owner or else its buddy. Also returns the
+  // commit's description (from the new rank 0, which holds it).
+  std::vector<state::ShardState> gather_shards(const Decision& d, const Commit* c, int rank,
+                                               int world, Described* desc) {
     std::set<int> owners;
+    int saved_world = 0;
     for (const Arrival& a : d.members)
       for (const Arrival::Held& h : a.held)
-        if (h.id == d.target) owners.insert(h.rank);
+        if (h.id == d.target) {
+          owners.insert(h.rank);
+          saved_world = h.world_size;
+        }
     std::vector<char> mine;
-    put_piece(mine, c.rank, c.own);
-    const int lent = (c.rank + c.world_size - 1) % c.world_size;
-    if (c.world_size > 1 && !owners.count(lent)) put_piece(mine, lent, c.buddy);
-    auto all = state::allgather_bytes(std::move(mine), runtime().control_comm().ref(), rank, world);
-    std::vector<std::optional<state::ShardState>> shards(static_cast<size_t>(c.world_size));
+    if (c) {
+      if (rank == 0) put_piece(mine, -1, describe_commit(*c));
+      put_piece(mine, c->rank, c->own);
+      const int lent = (c->rank + c->world_size - 1) % c->world_size;
+      if (c->world_size > 1 && !owners.count(lent)) put_piece(mine, lent, c->buddy);
+    }
+    auto all = state::allgather_bytes(std::move(mine), impl().control_comm().ref(), rank, world);
+    std::vector<std::optional<state::ShardState>> shards(static_cast<size_t>(saved_world));
     for (const auto& bytes : all)
       for (auto& [r, blob] : pieces_of(bytes)) {
-        if (r < 0 || r >= c.world_size || shards[static_cast<size_t>(r)]) continue;
+        if (r == -1 && !c) *desc = read_description(blob);
+        if (r < 0 || r >= saved_world || shards[static_cast<size_t>(r)]) continue;
         shards[static_cast<size_t>(r)] = state::ShardState::decode(
             blob, "the in-memory commit of rank " + std::to_string(r), static_cast<int>(r),
-            c.world_size);
+            saved_world);
       }
     std::vector<int> lost;
-    for (int r = 0; r < c.world_size; ++r)
+    for (int r = 0; r < saved_world; ++r)
       if (!shards[static_cast<size_t>(r)]) lost.push_back(r);
     if (!lost.empty())
       throw ElasticError("elastic: the in-memory state of rank(s) " + list(lost) + " of " +
-                         std::to_string(c.world_size) +
+                         std::to_string(saved_world) +
                          " was lost together with its buddy copy (held by rank (r + 1) mod " +
-                         std::to_string(c.world_size) +
+                         std::to_string(saved_world) +
                          "); restore from the disk checkpoint (distopt train --resume)");
     std::vector<state::ShardState> out;
     for (auto& s : shards) out.push_back(std::move(*s));
     return out;
   }
 
-  // One attempt: agree, reconnect, rebuild, restore. Returns the decision.
-  Decision attempt(optim::OptimizerBuild& build, uint64_t bytes) {
-    Runtime::Impl& m = runtime();
+  // Load the target commit into the rebuilt optimizer (every member).
+  Described restore(const Decision& d, int rank, int world) {
+    const Commit* c = held(d.target);
+    Described desc;
+    std::vector<state::ShardState> shards = gather_shards(d, c, rank, world, &desc);
+    if (c) {  // the own copy is the truth; rank 0's description is for joiners
+      desc.world_size = c->world_size;
+      desc.step = c->step;
+      desc.position = c->position;
+      desc.manifest = c->manifest;
+    }
+    state::StateSource src(std::move(shards), rank, world);
+    optim::OptimizerCheckpoint part(model, opt);
+    const std::string where = "the in-memory commit of step " + std::to_string(desc.step);
+    part.resume(desc.manifest, where);
+    part.check_compatible(src, desc.manifest, where);
+    part.restore(src, desc.manifest);
+    return desc;
+  }
+
+  // This rank's arrival: its id, rank, node and the commits it holds.
+  Arrival arrival() {
     Arrival me;
     me.member = member;
-    me.rank = m.proc.rank;
+    me.rank = impl().proc.rank;
     me.node = node;
     for (const Commit& c : commits) me.held.push_back({c.id, c.rank, c.world_size});
-    elastic::AgreeOptions o;
-    o.generation = generation;
-    o.old_world_size = static_cast<int>(members.size());
-    o.old_members = members;
-    const char* agent = std::getenv("DISTOPT_ELASTIC");
-    o.agent = agent && std::string(agent) == "1";
-    o.settle = std::chrono::milliseconds(static_cast<int64_t>(cfg.settle_s * 1000));
-    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    return me;
+  }
+
+  // One membership change: agree (options `o`), reconnect, rebuild,
+  // restore. Returns the decision and the commit restored.
+  Decision attempt(optim::OptimizerBuild& build, uint64_t bytes, const runtime::AgreeOptions& o,
+                   Described* restored) {
+    Runtime::Impl& m = impl();
     maybe_die_in_recovery(member, "arrive");
+    Arrival me = arrival();
     log(DOPT_LOG_DEBUG, "elastic",
         "recovery: rank " + std::to_string(me.rank) + " arrives at generation " +
             std::to_string(generation) + "'s agreement");
-    Decision d = elastic::agree(*m.store, me, o);
+    Decision d = runtime::agree(*m.store, me, o);
     log(DOPT_LOG_DEBUG, "elastic",
         "recovery: generation " + std::to_string(d.generation) + " has " +
             std::to_string(d.members.size()) + " rank(s)");
 
-    const int world = static_cast<int>(d.members.size());
     // From here on this rank belongs to generation d.generation, whatever fails.
     generation = d.generation;
     seq = 0;
     members.clear();
-    int rank = 0, local_rank = 0, local_world = 0;
-    for (int i = 0; i < world; ++i) {
-      const Arrival& a = d.members[static_cast<size_t>(i)];
-      members.push_back(a.member);
-      if (a.member == member) rank = i;
-    }
-    for (int i = 0; i < world; ++i)
-      if (d.members[static_cast<size_t>(i)].node == node) {
-        if (i < rank) ++local_rank;
-        ++local_world;
-      }
-    if (world < cfg.min_ranks)
-      throw ElasticError("elastic: " + std::to_string(world) + " rank(s) survive, fewer than " +
-                         "elastic.min_ranks = " + std::to_string(cfg.min_ranks) +
+    for (const Arrival& a : d.members) members.push_back(a.member);
+    m.generation = generation;
+    m.members = members;
+    ProcessInfo p = m.proc;
+    runtime::place(d, member, node, p);
+    if (p.world_size < cfg.min_ranks)
+      throw ElasticError("elastic: " + std::to_string(p.world_size) +
+                         " rank(s) survive, fewer than elastic.min_ranks = " +
+                         std::to_string(cfg.min_ranks) +
                          "; the job ends (restore from the disk checkpoint)");
-    const Commit* c = held(d.target);
-    if (!c) throw ElasticError("elastic: the agreed commit is not held here");  // cannot happen
+    if (!held(d.target))
+      throw ElasticError("elastic: the agreed commit is not held here");  // cannot happen
 
     maybe_die_in_recovery(member, "connect");
-    ProcessInfo p = m.proc;
-    p.rank = rank;
-    p.world_size = world;
-    p.local_rank = local_rank;
-    p.local_world_size = local_world;
     m.reconnect(p, "elastic/g" + std::to_string(generation));
     build.comm = m.comm->ref();
     build.comm_devices = m.comm->devices();
     build.control = m.control_comm().ref();
-    build.common.rank = rank;
-    build.common.world_size = world;
-    build.common.local_rank = local_rank;
-    build.common.local_world_size = local_world;
+    build.common.rank = p.rank;
+    build.common.world_size = p.world_size;
+    build.common.local_rank = p.local_rank;
+    build.common.local_world_size = p.local_world_size;
     // Store keys of the components: unique to this membership, whatever
     // each rank rebuilt before.
-    const std::string base =
-        build.scope.substr(0, std::min(build.scope.find("/elastic-g"), build.scope.find("/build-")));
-    build.scope = base + "/elastic-g" + std::to_string(generation);
+    build.scope = scope_root(build.scope) + "/elastic-g" + std::to_string(generation);
     build.rebuilds = 0;
     optim::reattach(opt, build, bytes);
     log(DOPT_LOG_DEBUG, "elastic", "recovery: communicators and optimizer rebuilt");
-
-    std::vector<state::ShardState> shards = gather_shards(d, *c, rank, world);
-    state::StateSource src(std::move(shards), rank, world);
-    optim::OptimizerCheckpoint part(model, opt);
-    const std::string where = "the in-memory commit of step " + std::to_string(c->step);
-    part.resume(c->manifest, where);
-    part.check_compatible(src, c->manifest, where);
-    part.restore(src, c->manifest);
+    *restored = restore(d, p.rank, p.world_size);
     return d;
   }
+
+  static std::string scope_root(const std::string& scope) {
+    return scope.substr(0, std::min(scope.find("/elastic-g"), scope.find("/build-")));
+  }
+
+  // Scale up at a commit: rank 0 looks for ranks asking to join (store key
+  // elastic/join/count, taken in order: elastic/join/admitted) and all
+  // agree on how many to take, up to max_ranks; then every rank, the
+  // joining ones included, goes through a membership change that restores
+  // the commit just made. Collective.
+  void maybe_grow() {
+    Runtime::Impl& m = impl();
+    const int world = m.proc.world_size, rank = m.proc.rank;
+    if (world >= max_ranks) return;
+    int64_t take = 0, before = 0;
+    if (rank == 0) {
+      before = m.store->add("elastic/join/admitted", 0);
+      const int64_t waiting = m.store->add("elastic/join/count", 0) - before;
+      take = std::max<int64_t>(0, std::min<int64_t>(waiting, max_ranks - world));
+      if (take > 0) m.store->add("elastic/join/admitted", take);
+    }
+    const auto all = state::gather_i64(m.control_comm().ref(), rank, world, {take, before});
+    take = all[0];
+    before = all[1];
+    if (take <= 0) return;
+    runtime::Admission a;
+    a.generation = generation;
+    a.members = members;
+    std::vector<std::string> keys;
+    for (int64_t n = before + 1; n <= before + take; ++n) {
+      const std::string key = "elastic/join/" + std::to_string(n);
+      const auto v =
+          m.store->get(key, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+      a.members.push_back(std::stoll(std::string(v.begin(), v.end())));
+      keys.push_back(key);
+    }
+    if (rank == 0)
+      for (const std::string& k : keys) m.store->set(k + "/admitted", a.encode());
+    log(DOPT_LOG_INFO, "elastic",
+        "generation " + std::to_string(generation) + ": taking in " + std::to_string(take) +
+            " rank(s) at optimizer step " + std::to_string(opt.steps()));
+    const CheckpointExtra position = commits.back().position;
+    optim::OptimizerBuild build;
+    uint64_t bytes = 0;
+    tear_down(&build, &bytes);
+    Described restored;
+    attempt(build, bytes, a.options(m.cfg), &restored);
+    steps_at_commit = -1;
+    commit(position);
+  }
+
+  // A joining rank (Runtime::joining()): its communicators exist (the
+  // runtime was taken in); take the commit from the peers, then commit
+  // with them.
+  void join() {
+    Runtime::Impl& m = impl();
+    const runtime::Decision& d = m.joined_by;
+    Described desc = restore(d, m.proc.rank, m.proc.world_size);
+    steps_at_commit = -1;
+    commit(desc.position);
+    m.joining = false;
+    rejoined = true;
+  }
+
+  int64_t max_ranks = 0;
+  bool rejoined = false;
 };
 
 Elastic::Elastic(Runtime& rt, torch::nn::Module& model, DistributedOptimizer& opt)
@@ -291,9 +407,19 @@ Elastic::Elastic(Runtime& rt, torch::nn::Module& model, DistributedOptimizer& op
     throw ConfigError(rt.config().path +
                       ": elastic.enabled is false; distopt::Elastic needs `elastic: {enabled: "
                       "true}` on every rank");
-  s_->member = rt.rank();
-  s_->node = elastic::node_name();
-  for (int r = 0; r < rt.world_size(); ++r) s_->members.push_back(r);
+  Runtime::Impl& m = s_->impl();
+  s_->member = m.member;
+  s_->node = runtime::node_name();
+  s_->generation = m.generation;
+  s_->members = m.members;
+  s_->max_ranks = s_->cfg.max_ranks > 0 ? s_->cfg.max_ranks : m.initial_world_size;
+  if (m.joining) s_->join();
+}
+
+bool Elastic::rejoined() const { return s_->rejoined; }
+
+CheckpointExtra Elastic::position() const {
+  return s_->commits.empty() ? CheckpointExtra{} : s_->commits.back().position;
 }
 
 Elastic::~Elastic() = default;
@@ -305,6 +431,7 @@ bool Elastic::maybe_commit(const CheckpointExtra& position) {
   if (s_->steps_at_commit >= 0 && steps - s_->steps_at_commit < s_->cfg.commit_every) return false;
   if (steps == s_->steps_at_commit) return false;
   s_->commit(position);
+  s_->maybe_grow();
   return true;
 }
 
@@ -335,10 +462,11 @@ Elastic::Recovery Elastic::recover() {
   // start the next generation with whoever is left.
   for (int tries = 0;; ++tries) {
     try {
-      Decision d = s.attempt(build, bytes);
-      const Commit* c = s.held(d.target);
-      out.step = c->step;
-      out.position = c->position;
+      State::Described restored;
+      s.attempt(build, bytes, runtime::agree_options(s.impl().cfg, s.generation, s.members),
+                &restored);
+      out.step = restored.step;
+      out.position = restored.position;
       break;
     } catch (const std::exception& e) {
       if (!is_peer_failure(e) || tries >= 8) throw;

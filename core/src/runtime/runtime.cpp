@@ -28,6 +28,7 @@
 #include "host/services.hpp"
 #include "optim/autotune.hpp"
 #include "optim/optimizer_builder.hpp"
+#include "runtime/membership.hpp"
 #include "runtime/runtime_impl.hpp"
 
 namespace distopt {
@@ -221,6 +222,54 @@ void Runtime::Impl::reconnect(const ProcessInfo& p, const std::string& prefix) {
                                   control_scope.c_str(), check);
 }
 
+namespace {
+
+// A restarted rank of an elastic job: its launcher restart count, else 0.
+int restart_count() {
+  const char* v = std::getenv("DISTOPT_RESTART_COUNT");
+  return v && *v ? std::max(0, std::atoi(v)) : 0;
+}
+
+// A restarted rank joins the running job: it asks through the store, the
+// running ranks admit it at their next commit (runtime/membership.hpp),
+// and it arrives at that membership's agreement holding no commit.
+void join_running_job(Runtime::Impl& m) {
+  Store& store = *m.store;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(m.cfg.timeout_s * 1000));
+  const int64_t n = store.add("elastic/join/count", 1);
+  const std::string key = "elastic/join/" + std::to_string(n);
+  const std::string node = runtime::node_name();
+  store.set(key, std::to_string(m.member) + " " + node);
+  std::string admitted;
+  try {
+    const auto v = store.get(key + "/admitted", timeout);
+    admitted.assign(v.begin(), v.end());
+  } catch (const RendezvousError&) {
+    throw RendezvousError("elastic: rank " + std::to_string(m.proc.rank) + " (restart " +
+                          std::to_string(restart_count()) +
+                          ") asked to join the running job, and no running rank admitted it "
+                          "within world.timeout_s = " +
+                          std::to_string(m.cfg.timeout_s) +
+                          " s (the job ended, or it is at elastic.max_ranks)");
+  }
+  runtime::Admission a = runtime::Admission::decode(admitted);
+  runtime::Arrival me;
+  me.member = m.member;
+  me.rank = static_cast<int>(a.members.size()) + 1000000;  // after the running ranks
+  me.node = node;
+  runtime::AgreeOptions o = a.options(m.cfg);
+  runtime::Decision d = runtime::agree(store, me, o);
+  ProcessInfo p = m.proc;
+  runtime::place(d, m.member, node, p);
+  m.joined_by = d;
+  m.generation = d.generation;
+  m.members.clear();
+  for (const auto& x : d.members) m.members.push_back(x.member);
+  m.reconnect(p, "elastic/g" + std::to_string(m.generation));
+}
+
+}  // namespace
+
 Runtime Runtime::from_env() {
   const char* path = std::getenv("DISTOPT_CONFIG");
   if (!path || !*path)
@@ -283,6 +332,18 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   so.token = proc.token;
   so.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
   m.store = make_store(so);
+  m.member = proc.rank + 1000000LL * restart_count();
+  m.initial_world_size = proc.world_size;
+  for (int r = 0; r < proc.world_size; ++r) m.members.push_back(r);
+  if (cfg.elastic.enabled && restart_count() > 0) {
+    m.joining = true;
+    join_running_job(m);
+    log(DOPT_LOG_INFO, "runtime",
+        "elastic: restarted rank " + std::to_string(proc.rank) + " joined as rank " +
+            std::to_string(m.proc.rank) + " of " + std::to_string(m.proc.world_size) +
+            " (generation " + std::to_string(m.generation) + ")");
+    return Runtime(std::move(impl));
+  }
   wait_for_every_rank(*m.store, proc, m.rendezvous, cfg.timeout_s);
 
   CollectiveCheck check{
@@ -306,6 +367,7 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
 
 int Runtime::rank() const { return impl_->proc.rank; }
 int Runtime::world_size() const { return impl_->proc.world_size; }
+bool Runtime::joining() const { return impl_->joining; }
 int Runtime::local_rank() const { return impl_->proc.local_rank; }
 const JobConfig& Runtime::config() const { return impl_->cfg; }
 PluginRegistry& Runtime::registry() const { return impl_->registry; }
@@ -358,7 +420,7 @@ DistributedOptimizer Runtime::make_optimizer(
   // Every rank starts from rank 0's parameters.
   std::vector<torch::Tensor> tensors;
   for (const auto& np : named_params) tensors.push_back(np.second);
-  broadcast(tensors, 0);
+  if (!m.joining) broadcast(tensors, 0);  // a joining rank gets the state from its peers
 
   optim::OptimizerBuild b;
   b.keepalive = impl_;
@@ -436,7 +498,7 @@ DistributedOptimizer Runtime::make_optimizer(
 DistributedOptimizer Runtime::make_optimizer(torch::nn::Module& module,
                                              const std::vector<ParamGroupSpec>& groups) {
   std::vector<torch::Tensor> buffers = module.buffers();
-  broadcast(buffers, 0);
+  if (!impl_->joining) broadcast(buffers, 0);
   std::vector<std::pair<std::string, torch::Tensor>> named, named_buffers;
   for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
   for (const auto& item : module.named_buffers())

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "distopt/config.hpp"
 #include "distopt/device_rule.hpp"
@@ -12,6 +13,7 @@
 #include "distopt/registry.hpp"
 #include "distopt/runtime.hpp"
 #include "distopt/store.hpp"
+#include "runtime/membership.hpp"
 
 namespace distopt {
 
@@ -26,6 +28,19 @@ struct Runtime::Impl {
   std::unique_ptr<Communicator> comm;     // destroyed before the store
   std::unique_ptr<Communicator> control;  // host-memory companion; null: comm serves
   int next_optimizer = 0;
+  // Elastic training: this process's stable id (its first rank, plus
+  // 1000000 per launcher restart), the membership's generation and its
+  // members' ids in rank order (elastic/ keeps them current), and whether
+  // the process is joining a running job (a restarted rank): then
+  // from_config connected it through the job's next membership and
+  // make_optimizer broadcasts nothing (distopt::Elastic's constructor
+  // takes the state from the peers).
+  int64_t member = 0;
+  int64_t generation = 0;
+  std::vector<int64_t> members;
+  bool joining = false;
+  int initial_world_size = 1;   // the launcher's world size (elastic.max_ranks 0)
+  runtime::Decision joined_by;  // joining: the membership that took it in
 
   /// The communicator for a collective on memory of `device_type`: the
   /// job's when it accepts it, else the control communicator (host memory).

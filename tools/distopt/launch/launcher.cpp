@@ -503,7 +503,9 @@ class Supervisor {
     const std::string who = std::to_string(base_ + r);
     message(o_, "rank " + who + " failed (" + describe_status(st) +
                     "); elastic: the other ranks go on");
-    record_dead(base_ + r, describe_status(st));
+    // The store knows a process by its first rank plus 1000000 per restart
+    // (core's elastic member id), so a restarted rank's death is its own.
+    record_dead(base_ + r + 1000000LL * ranks_[r].restarts, describe_status(st));
     if (restarts_ >= o_.max_restarts) return;
     ++restarts_;
     Rank& rk = ranks_[r];
@@ -517,7 +519,7 @@ class Supervisor {
 
   // "elastic/dead/<rank>" = how it ended, and the counter "elastic/dead_count",
   // through a client connection to the store (node 0's launcher serves it).
-  void record_dead(int rank, const std::string& how) {
+  void record_dead(int64_t rank, const std::string& how) {
     const std::string url = "tcp://" + o_.master_addr + ":" + std::to_string(port_);
     try {
       if (!store_) {

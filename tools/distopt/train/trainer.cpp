@@ -48,6 +48,8 @@ double seconds_since(Clock::time_point t) {
 // save:RANK:N is the core's (checkpoint.hpp), comm_exit:... the tcp plugin's.
 std::vector<std::pair<int, int64_t>> fault_injection() {
   const char* v = std::getenv("DISTOPT_FAULT_INJECT");
+  // A restarted rank does not die again at the same step.
+  if (const char* rc = std::getenv("DISTOPT_RESTART_COUNT"); rc && std::atoi(rc) > 0) return {};
   if (!v || !*v || std::string(v).rfind("save:", 0) == 0 ||
       std::string(v).rfind("comm_exit:", 0) == 0)
     return {};
@@ -271,11 +273,21 @@ class Trainer {
     connect();
     plan_epochs();
     print_header();
-    resume();
+    if (!rt_->joining()) resume();  // a joining rank takes the job's state from its peers
     const auto t_loop = Clock::now();
     if (cfg_.elastic.enabled) {
       elastic_.emplace(*rt_, *model_, *opt_);
-      elastic_->commit(position(first_epoch_, first_step_));
+      if (elastic_->rejoined()) {
+        const CheckpointExtra pos = elastic_->position();
+        first_epoch_ = std::stoll(pos.at("epoch"));
+        first_step_ = std::stoll(pos.at("step_in_epoch"));
+        global_step_ = std::stoll(pos.at("global_step"));
+        std::cout << "elastic: restarted rank " << proc_.rank << " joined as rank " << rt_->rank()
+                  << " of " << rt_->world_size() << " at epoch " << first_epoch_ << " step "
+                  << first_step_ << std::endl;
+      } else {
+        elastic_->commit(position(first_epoch_, first_step_));
+      }
     }
     // Elastic: a peer failure anywhere rolls back to the last commit on
     // the survivors and goes on from its data position.

@@ -17,9 +17,11 @@
 #include <utility>
 #include <vector>
 
+#include "distopt/config.hpp"
+#include "distopt/process.hpp"
 #include "distopt/store.hpp"
 
-namespace distopt::elastic {
+namespace distopt::runtime {
 
 /// A commit's identity: the generation it was made in and its number
 /// there; ranks commit together, so equal ids mean the same commit.
@@ -51,7 +53,7 @@ struct Arrival {
 /// The new membership: members in their old rank order (index = new rank).
 struct Decision {
   int64_t generation = 0;  ///< the new one
-  CommitId target;         ///< the newest commit every member holds
+  CommitId target;         ///< the newest commit every member holding any holds
   std::vector<Arrival> members;
   std::string encode() const;
   static Decision decode(const std::string& s);
@@ -66,6 +68,29 @@ struct AgreeOptions {
   std::chrono::milliseconds timeout{60000};  ///< at most this for anything
 };
 
+/// The agreement's settings for a job: world.timeout_s, elastic.settle_s,
+/// and agent = DISTOPT_ELASTIC=1 (the elastic launcher records dead ranks).
+AgreeOptions agree_options(const JobConfig& cfg, int64_t generation,
+                           const std::vector<int64_t>& members);
+
+/// What the running ranks' rank 0 writes to a joining rank's key
+/// ("elastic/join/<n>/admitted") when they take it in at a commit: the
+/// generation being left and every member of the agreement (the running
+/// ranks in rank order, then the ranks joining).
+struct Admission {
+  int64_t generation = 0;
+  std::vector<int64_t> members;
+  std::string encode() const;
+  static Admission decode(const std::string& s);
+  AgreeOptions options(const JobConfig& cfg) const {
+    return agree_options(cfg, generation, members);
+  }
+};
+
+/// This process's rank, world size, local rank and local world size in
+/// decision `d` (members on `node` count as local).
+void place(const Decision& d, int64_t member, const std::string& node, ProcessInfo& p);
+
 /// Arrive at generation opts.generation's recovery and return the decision.
 /// The first arrival closes the membership when every old member has
 /// arrived or (agent) been declared dead, else at the settle time (no
@@ -78,4 +103,4 @@ Decision agree(Store& store, const Arrival& me, const AgreeOptions& opts);
 /// This host's identity: DISTOPT_NODE_ID when set, else the host name.
 std::string node_name();
 
-}  // namespace distopt::elastic
+}  // namespace distopt::runtime

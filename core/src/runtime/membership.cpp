@@ -1,5 +1,5 @@
 // The store protocol of membership.hpp.
-#include "elastic/membership.hpp"
+#include "runtime/membership.hpp"
 
 #include <unistd.h>
 
@@ -12,7 +12,7 @@
 
 #include "distopt/error.hpp"
 
-namespace distopt::elastic {
+namespace distopt::runtime {
 
 namespace {
 
@@ -41,12 +41,17 @@ Arrival parse_arrival(std::istream& in, const std::string& whole) {
 // The newest commit every arrival holds (invalid when there is none).
 CommitId common_commit(const std::vector<Arrival>& members) {
   CommitId best;
-  if (members.empty()) return best;
-  for (const Arrival::Held& h : members[0].held) {
+  // Ranks joining hold no commit: they take theirs from the others.
+  const Arrival* first = nullptr;
+  for (const Arrival& a : members)
+    if (!a.held.empty() && !first) first = &a;
+  if (!first) return best;
+  for (const Arrival::Held& h : first->held) {
     bool everywhere = true;
     for (const Arrival& a : members)
-      everywhere = everywhere && std::any_of(a.held.begin(), a.held.end(),
-                                             [&](const Arrival::Held& x) { return x.id == h.id; });
+      everywhere = everywhere && (a.held.empty() ||
+                                  std::any_of(a.held.begin(), a.held.end(),
+                                              [&](const Arrival::Held& x) { return x.id == h.id; }));
     if (everywhere && (!best.valid() || best < h.id)) best = h.id;
   }
   return best;
@@ -153,6 +158,55 @@ Decision agree(Store& store, const Arrival& me, const AgreeOptions& o) {
   return d;
 }
 
+AgreeOptions agree_options(const JobConfig& cfg, int64_t generation,
+                           const std::vector<int64_t>& members) {
+  AgreeOptions o;
+  o.generation = generation;
+  o.old_world_size = static_cast<int>(members.size());
+  o.old_members = members;
+  const char* agent = std::getenv("DISTOPT_ELASTIC");
+  o.agent = agent && std::string(agent) == "1";
+  o.settle = std::chrono::milliseconds(static_cast<int64_t>(cfg.elastic.settle_s * 1000));
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
+  return o;
+}
+
+std::string Admission::encode() const {
+  std::ostringstream os;
+  os << generation << ' ' << members.size();
+  for (int64_t m : members) os << ' ' << m;
+  return os.str();
+}
+
+Admission Admission::decode(const std::string& s) {
+  std::istringstream in(s);
+  Admission a;
+  size_t n = 0;
+  if (!(in >> a.generation >> n)) throw ElasticError("elastic: malformed admission record '" + s + "'");
+  for (size_t i = 0; i < n; ++i) {
+    int64_t m = 0;
+    if (!(in >> m)) throw ElasticError("elastic: malformed admission record '" + s + "'");
+    a.members.push_back(m);
+  }
+  return a;
+}
+
+void place(const Decision& d, int64_t member, const std::string& node, ProcessInfo& p) {
+  const int world = static_cast<int>(d.members.size());
+  int rank = -1, local_rank = 0, local_world = 0;
+  for (int i = 0; i < world; ++i)
+    if (d.members[static_cast<size_t>(i)].member == member) rank = i;
+  for (int i = 0; i < world; ++i)
+    if (d.members[static_cast<size_t>(i)].node == node) {
+      if (i < rank) ++local_rank;
+      ++local_world;
+    }
+  p.rank = rank;
+  p.world_size = world;
+  p.local_rank = local_rank;
+  p.local_world_size = local_world;
+}
+
 std::string node_name() {
   if (const char* n = std::getenv("DISTOPT_NODE_ID"); n && *n) return n;
   char host[HOST_NAME_MAX + 1] = {0};
@@ -163,4 +217,4 @@ std::string node_name() {
   return s.empty() ? "localhost" : s;
 }
 
-}  // namespace distopt::elastic
+}  // namespace distopt::runtime
