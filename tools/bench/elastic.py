@@ -39,18 +39,20 @@ Columns:
           step, or the checkpoint's). The step the victim died in was never
           completed by anyone (its collective needs the victim), so it is
           not counted. 0..K-1 for commits or checkpoints every K steps.
-  ms/step  failure-free runs of --steps steps (log_every: 0): global batch /
+  ms/step  failure-free runs of --epochs x --steps steps (log_every: 0): global batch /
           the summary's samples/s (training steps only, commits and disk
           checkpoints included, evaluation excluded).
   cost    ms/step against the baseline's run of the same repetition (seconds
           apart), as a fraction of the baseline's step and in ms per step:
-          median over repetitions (min-max).
+          median over repetitions (min-max); "fastest": the fastest run of the
+          row against the fastest baseline run (the least disturbed by other
+          load on a shared machine).
 
 Every run of every row and algorithm is repeated --repeat times, interleaved
 (so load drift hits all rows alike); cells give the median (min-max).
 
     tools/bench/elastic.py [--distopt build/bin/distopt] [--plugin-path build/plugins]
-        [--algorithms allreduce,zero] [--world 4] [--batch 96] [--steps 200]
+        [--algorithms allreduce,zero] [--world 4] [--batch 96] [--steps 150] [--epochs 2]
         [--recovery-steps 40] [--kill-step 20] [--victim 2] [--commit-every 1,4]
         [--checkpoint-every 4] [--repeat 3] [--json FILE] [--verbose]
 
@@ -72,14 +74,14 @@ ALGORITHMS = {"allreduce": "{name: allreduce}", "zero": "{name: zero, options: {
 STEP_LINE = re.compile(r"^\[rank 0\] epoch \d+/\d+ step (\d+)/\d+ ")
 
 
-def job_text(a, algorithm, commit_every, steps, log_every):
-    """A job file: the brief's job; commit_every None = elastic off."""
+def job_text(a, algorithm, commit_every, steps, log_every, epochs=1):
+    """A job file (see the module's doc); commit_every None = elastic off."""
     text = (f"world: {{size: {a.world}, timeout_s: 60}}\n"
             "communicator: {name: tcp}\n"
             f"algorithm: {ALGORITHMS[algorithm]}\n"
             "reducer: {name: mean}\n"
             "optimizer: {name: adam, lr: 0.002}\n"
-            f"train: {{model: mlp, epochs: 1, batch_size: {a.batch}, seed: 5, max_steps: {steps}, "
+            f"train: {{model: mlp, epochs: {epochs}, batch_size: {a.batch}, seed: 5, max_steps: {steps}, "
             f"log_every: {log_every}, threads: 1, global_batch_size: {a.batch * a.world}, data_dir: '{a.data}'}}\n")
     if commit_every is not None:
         text += f"elastic: {{enabled: true, commit_every: {commit_every}}}\n"
@@ -131,7 +133,7 @@ def run_cost(a, tmp, algorithm, mode):
     ce = mode[1] if mode[0] == "elastic" else None
     cfg = os.path.join(tmp, f"cost-{algorithm}.yaml")
     with open(cfg, "w") as f:
-        f.write(job_text(a, algorithm, ce, a.steps, 0))
+        f.write(job_text(a, algorithm, ce, a.steps, 0, a.epochs))
     mpath = os.path.join(tmp, "cost.jsonl")
     args = ["--metrics", mpath]
     ck = os.path.join(tmp, "cost-ck")
@@ -143,7 +145,8 @@ def run_cost(a, tmp, algorithm, mode):
         r.fail("distopt train failed")
     s = [m for m in metrics(mpath) if m.get("event") == "summary"][-1]
     shutil.rmtree(ck, ignore_errors=True)
-    return {"ms_per_step": 1000.0 * s["global_batch"] / s["samples_per_s"], "samples_per_s": s["samples_per_s"]}
+    return {"ms_per_step": 1000.0 * s["global_batch"] / s["samples_per_s"], "samples_per_s": s["samples_per_s"],
+            "steps": s["global_step"]}
 
 
 def run_elastic_kill(a, tmp, algorithm, ce):
@@ -230,7 +233,9 @@ def main():
     ap.add_argument("--algorithms", default="allreduce,zero", help="comma-separated: " + ", ".join(ALGORITHMS))
     ap.add_argument("--world", type=int, default=4, help="ranks at the start")
     ap.add_argument("--batch", type=int, default=96, help="per rank at the start (global batch = batch x world)")
-    ap.add_argument("--steps", type=int, default=200, help="steps of the failure-free runs (cost)")
+    ap.add_argument("--steps", type=int, default=150, help="steps per epoch of the failure-free runs (cost; "
+                    "Fashion-MNIST has 60000 // global batch)")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs of the failure-free runs")
     ap.add_argument("--recovery-steps", type=int, default=40, help="steps of the runs with a kill")
     ap.add_argument("--kill-step", type=int, default=20, help="global step (1-based) at which the victim exits")
     ap.add_argument("--victim", type=int, default=2, help="the rank killed (not 0: rank 0 reports)")
@@ -247,7 +252,7 @@ def main():
             ap.error(f"--algorithms: unknown '{x}' (known: {', '.join(ALGORITHMS)})")
     if not 0 < a.victim < a.world:
         ap.error(f"--victim {a.victim}: must be a rank other than 0 (rank 0 reports the recovery) below --world")
-    if not 1 < a.kill_step <= a.recovery_steps or a.world < 2 or a.steps < 1 or a.checkpoint_every < 1 or \
+    if not 1 < a.kill_step <= a.recovery_steps or a.world < 2 or a.steps < 1 or a.epochs < 1 or a.checkpoint_every < 1 or \
             any(k < 1 for k in commit_every):
         ap.error("need --world >= 2, 1 < --kill-step <= --recovery-steps, --steps, --commit-every and "
                  "--checkpoint-every >= 1")
@@ -282,9 +287,11 @@ def main():
                           f"redone, phases " + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_s"].items()) +
                           f" (load {loads[-1]:.2f})", file=sys.stderr, flush=True)
 
+    cost_steps = sorted({r["steps"] for rs in cost.values() for r in rs})
+    cost_steps = "/".join(str(n) for n in cost_steps)
     print(f"mlp, {a.world} ranks x 1 thread on {os.cpu_count()} cores (loopback, tcp), batch {a.batch}/rank "
           f"(global {a.batch * a.world}, kept on {a.world - 1}), adam; rank {a.victim} killed at global step "
-          f"{a.kill_step} of {a.recovery_steps}; failure-free runs {a.steps} steps; {a.repeat} run(s) per cell; "
+          f"{a.kill_step} of {a.recovery_steps}; failure-free runs {cost_steps} steps; {a.repeat} run(s) per cell; "
           f"1-min load average {min(loads):.2f}-{max(loads):.2f}\n")
     print("| algorithm | fault tolerance | kill -> next step, s | phases, s | recovery (printed), s | steps redone "
           "| ms/step, no failure | cost |")
@@ -311,8 +318,10 @@ def main():
             cost_cell = "(baseline)"
             if "cost" in row:
                 row["extra_ms_per_step"] = [v - b for v, b in zip(ms, base)]
+                # The fastest runs: the least disturbed by the machine's other load.
+                row["cost_fastest"] = min(ms) / min(base) - 1
                 cost_cell = (spread(row["cost"], "{:+.1f}%", 100) + ", " +
-                             spread(row["extra_ms_per_step"], "{:+.2f}") + " ms")
+                             spread(row["extra_ms_per_step"], "{:+.2f}") + f" ms; fastest {100 * row['cost_fastest']:+.1f}%")
             print(f"| {x} | {mode_name(m)} | {' | '.join(cells)} | {spread(ms)} | {cost_cell} |")
             table.append(row)
     print(f"\nkill -> next step: from the victim's last line to rank 0's first step line after it (arrival times); "
