@@ -361,6 +361,13 @@ class Trainer {
     opt_.emplace(rt_->make_optimizer(*model_));
   }
 
+  // "32", or "32-33" when the global batch does not divide among the ranks.
+  std::string per_rank_batch() const {
+    const int64_t w = rt_->world_size(), lo = global_batch_ / w;
+    return global_batch_ % w == 0 ? std::to_string(lo)
+                                  : std::to_string(lo) + "-" + std::to_string(lo + 1);
+  }
+
   // Samples per step over all ranks: train.global_batch_size, else batch_size
   // x the ranks (elastic: the starting ranks, so the batch survives a failure).
   int64_t global_batch_size(int64_t world) const {
@@ -416,7 +423,7 @@ class Trainer {
        << ", reducer " << cfg_.reducer.name << ", communicator " << cfg_.communicator.name
        << ", optimizer " << cfg_.optimizer_name << "\n"
        << "  " << tc_.epochs << " epoch(s) x " << steps_per_epoch_ << " steps, batch "
-       << tc_.batch_size << " per rank (global " << global_batch_ << "), " << threads_
+       << per_rank_batch() << " per rank (global " << global_batch_ << "), " << threads_
        << " thread(s) per rank, " << opt_->num_buckets() << " bucket(s), data " << data_.description
        << "\n";
     if (partial_ > 0)
