@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <distopt/distributed_optimizer.hpp>
+#include <distopt/elastic.hpp>
 #include <distopt/lr_schedule.hpp>
 #include <distopt/runtime.hpp>
 #include <functional>

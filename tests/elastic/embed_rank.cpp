@@ -25,9 +25,9 @@ constexpr int64_t kGlobal = 6;
 std::pair<torch::Tensor, torch::Tensor> batch(int64_t step) {
   auto i = torch::arange(kGlobal * 4, torch::kFloat);
   auto x = torch::sin(i * static_cast<double>(step + 1) * 0.37).view({kGlobal, 4});
-  auto y = torch::cos(torch::arange(kGlobal * 3, torch::kFloat) * static_cast<double>(step + 2) *
-                      0.21)
-               .view({kGlobal, 3});
+  auto y =
+      torch::cos(torch::arange(kGlobal * 3, torch::kFloat) * static_cast<double>(step + 2) * 0.21)
+          .view({kGlobal, 3});
   return {x, y};
 }
 
@@ -83,8 +83,7 @@ int main(int argc, char** argv) {
         distopt::Elastic::Recovery rec = elastic.recover();
         step = std::stoll(rec.position.at("step"));
         std::cout << "rank " << first_rank << " is rank " << rec.rank << " of " << rec.world_size
-                  << " in generation " << rec.generation << ", back at step " << step
-                  << std::endl;
+                  << " in generation " << rec.generation << ", back at step " << step << std::endl;
       }
     }
     {  // every rank's parameters: OUT.<rank at the end>

@@ -26,9 +26,9 @@ constexpr int64_t kGlobal = 6, kSteps = 12;
 std::pair<torch::Tensor, torch::Tensor> batch(int64_t step) {  // as embed_rank.cpp
   auto i = torch::arange(kGlobal * 4, torch::kFloat);
   auto x = torch::sin(i * static_cast<double>(step + 1) * 0.37).view({kGlobal, 4});
-  auto y = torch::cos(torch::arange(kGlobal * 3, torch::kFloat) * static_cast<double>(step + 2) *
-                      0.21)
-               .view({kGlobal, 3});
+  auto y =
+      torch::cos(torch::arange(kGlobal * 3, torch::kFloat) * static_cast<double>(step + 2) * 0.21)
+          .view({kGlobal, 3});
   return {x, y};
 }
 
@@ -98,10 +98,10 @@ TEST_CASE("embedding, zero: a killed rank restarted by the launcher rejoins and 
   TempDir t;
   const std::string cfg = job(t, "{name: zero, options: {stage: 1}}");
   const std::string out = t.file("params.txt");
-  ProcResult r = run_command({cli(), "launch", "--elastic", "--max-restarts", "1", "-n", "3",
-                              "--config", cfg, "--", DISTOPT_EMBED_RANK, out,
-                              std::to_string(kSteps), "1", "6"},
-                             {}, std::chrono::seconds(180));
+  ProcResult r =
+      run_command({cli(), "launch", "--elastic", "--max-restarts", "1", "-n", "3", "--config", cfg,
+                   "--", DISTOPT_EMBED_RANK, out, std::to_string(kSteps), "1", "6"},
+                  {}, std::chrono::seconds(180));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
   REQUIRE(r.exit_code == 0);

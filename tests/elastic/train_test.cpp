@@ -104,8 +104,8 @@ void killed_equals_resumed(const std::string& algorithm, int victim,
         std::string::npos);
   CHECK(e.output.find("summary: 3 rank(s)") != std::string::npos);
 
-  ProcResult a = train(cfg, {"--checkpoint", t.file("a"), "--checkpoint-every", "9", "--keep",
-                             "5"});
+  ProcResult a =
+      train(cfg, {"--checkpoint", t.file("a"), "--checkpoint-every", "9", "--keep", "5"});
   INFO(a.output);
   REQUIRE(a.exit_code == 0);
   ProcResult b = train(cfg, {"--world-size", "3", "--checkpoint", t.file("b"), "--resume-from",
@@ -213,16 +213,17 @@ TEST_CASE("distopt launch --elastic --max-restarts 1: the killed rank comes back
   Job j;
   j.algorithm = "{name: zero, options: {stage: 2}}";
   const std::string cfg = write_job(t, j, "job.yaml");
-  ProcResult r = run_command({cli(), "launch", "--elastic", "--max-restarts", "1", "-n", "4",
-                              "--", cli(), "train", cfg},
-                             {"DISTOPT_FAULT_INJECT=exit:2:10"}, std::chrono::seconds(240));
+  ProcResult r = run_command(
+      {cli(), "launch", "--elastic", "--max-restarts", "1", "-n", "4", "--", cli(), "train", cfg},
+      {"DISTOPT_FAULT_INJECT=exit:2:10"}, std::chrono::seconds(240));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("3 rank(s) go on (lost rank(s) 2 of 4), back at epoch 1 step 9") !=
         std::string::npos);
   CHECK(r.output.find("restarting rank 2 (DISTOPT_RESTART_COUNT=1") != std::string::npos);
-  CHECK(r.output.find("[rank 2] elastic: restarted rank 2 joined as rank 3 of 4 at epoch 1 step ") !=
-        std::string::npos);
+  CHECK(
+      r.output.find("[rank 2] elastic: restarted rank 2 joined as rank 3 of 4 at epoch 1 step ") !=
+      std::string::npos);
   CHECK(r.output.find("summary: 4 rank(s)") != std::string::npos);
 }
 

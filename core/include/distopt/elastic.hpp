@@ -83,10 +83,10 @@ class Elastic {
     int64_t generation = 0;  ///< the new membership's number (one per recovery)
     int old_world_size = 0, world_size = 0;
     int old_rank = 0, rank = 0;
-    std::vector<int> lost;    ///< ranks of the old membership that did not come back
-    int64_t step = 0;         ///< optimizer steps of the commit rolled back to
-    CheckpointExtra position; ///< what that commit() was given
-    double seconds = 0;       ///< wall time of the recovery on this rank
+    std::vector<int> lost;     ///< ranks of the old membership that did not come back
+    int64_t step = 0;          ///< optimizer steps of the commit rolled back to
+    CheckpointExtra position;  ///< what that commit() was given
+    double seconds = 0;        ///< wall time of the recovery on this rank
   };
   /// After a peer failure (is_peer_failure) on this rank, from any point of
   /// a step or a commit: drop the optimizer's components and the runtime's

@@ -127,7 +127,8 @@ class CheckedComm final : public comm_wrap::ForwardingComm {
         return std::make_unique<comm_wrap::ForwardedRequest>();
     }
     return std::make_unique<CheckedRequest>(detector_, settings_.stall_after,
-                                            settings_.failure_patience, next_fingerprint(kind, is.a, is.root, is.op));
+                                            settings_.failure_patience,
+                                            next_fingerprint(kind, is.a, is.root, is.op));
   }
 
   void before_split() override {

@@ -242,8 +242,7 @@ std::vector<SectionSchema> step_sections() {
       {"elastic",
        "elastic training: survivors of a dead rank go on from the last in-memory commit",
        {
-           {"enabled", "bool", "false", "",
-            "recover from a dead rank instead of ending the job"},
+           {"enabled", "bool", "false", "", "recover from a dead rank instead of ending the job"},
            {"min_ranks", "int", "1", "[1, 1048576]", "fewer survivors end the job"},
            {"max_ranks", "int", "0", "[0, 1048576]",
             "the largest world; 0 = the starting world size"},

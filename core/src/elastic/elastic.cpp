@@ -18,11 +18,11 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
-#include "runtime/membership.hpp"
 #include "host/services.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
 #include "optim/snapshot.hpp"
+#include "runtime/membership.hpp"
 #include "runtime/runtime_impl.hpp"
 #include "state/exchange.hpp"
 #include "state/shard_state.hpp"
@@ -73,9 +73,9 @@ std::vector<std::pair<int64_t, std::vector<char>>> pieces_of(const std::vector<c
     at += sizeof head;
     if (head[1] < 0 || at + static_cast<size_t>(head[1]) > in.size())
       throw ElasticError("elastic: a survivor's state package is truncated");
-    out.emplace_back(head[0], std::vector<char>(in.begin() + static_cast<std::ptrdiff_t>(at),
-                                                in.begin() + static_cast<std::ptrdiff_t>(at) +
-                                                    head[1]));
+    out.emplace_back(head[0],
+                     std::vector<char>(in.begin() + static_cast<std::ptrdiff_t>(at),
+                                       in.begin() + static_cast<std::ptrdiff_t>(at) + head[1]));
     at += static_cast<size_t>(head[1]);
   }
   return out;
@@ -180,7 +180,8 @@ struct Elastic::State {
     checkpoint::Manifest man = c.manifest;
     man.shards.assign(static_cast<size_t>(man.world_size), checkpoint::ShardRecord{});
     for (int r = 0; r < man.world_size; ++r)
-      man.shards[static_cast<size_t>(r)] = {r, checkpoint::shard_file_name(r, man.world_size), 0, 0};
+      man.shards[static_cast<size_t>(r)] = {r, checkpoint::shard_file_name(r, man.world_size), 0,
+                                            0};
     text += man.to_json();
     return std::vector<char>(text.begin(), text.end());
   }
@@ -235,9 +236,9 @@ struct Elastic::State {
       for (auto& [r, blob] : pieces_of(bytes)) {
         if (r == -1 && !c) *desc = read_description(blob);
         if (r < 0 || r >= saved_world || shards[static_cast<size_t>(r)]) continue;
-        shards[static_cast<size_t>(r)] = state::ShardState::decode(
-            blob, "the in-memory commit of rank " + std::to_string(r), static_cast<int>(r),
-            saved_world);
+        shards[static_cast<size_t>(r)] =
+            state::ShardState::decode(blob, "the in-memory commit of rank " + std::to_string(r),
+                                      static_cast<int>(r), saved_world);
       }
     std::vector<int> lost;
     for (int r = 0; r < saved_world; ++r)
@@ -308,10 +309,10 @@ struct Elastic::State {
     ProcessInfo p = m.proc;
     runtime::place(d, member, node, p);
     if (p.world_size < cfg.min_ranks)
-      throw ElasticError("elastic: " + std::to_string(p.world_size) +
-                         " rank(s) survive, fewer than elastic.min_ranks = " +
-                         std::to_string(cfg.min_ranks) +
-                         "; the job ends (restore from the disk checkpoint)");
+      throw ElasticError(
+          "elastic: " + std::to_string(p.world_size) +
+          " rank(s) survive, fewer than elastic.min_ranks = " + std::to_string(cfg.min_ranks) +
+          "; the job ends (restore from the disk checkpoint)");
     if (!held(d.target))
       throw ElasticError("elastic: the agreed commit is not held here");  // cannot happen
 
@@ -491,10 +492,10 @@ Elastic::Recovery Elastic::recover() {
   out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   log(DOPT_LOG_INFO, "elastic",
       "generation " + std::to_string(out.generation) + ": rank " + std::to_string(out.old_rank) +
-          " of " + std::to_string(out.old_world_size) + " is now rank " +
-          std::to_string(out.rank) + " of " + std::to_string(out.world_size) + " (lost " +
-          list(out.lost) + "), back at step " + std::to_string(out.step) + " in " +
-          std::to_string(out.seconds) + " s");
+          " of " + std::to_string(out.old_world_size) + " is now rank " + std::to_string(out.rank) +
+          " of " + std::to_string(out.world_size) + " (lost " + list(out.lost) +
+          "), back at step " + std::to_string(out.step) + " in " + std::to_string(out.seconds) +
+          " s");
   return out;
 }
 

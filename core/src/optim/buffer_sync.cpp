@@ -43,11 +43,11 @@ void BufferSynchronizer::rebind(const OptimizerBuild& build, int rank, int world
   rank_ = rank;
   world_size_ = world_size;
   const at::Device device = buffers_.empty() ? at::Device(at::kCPU) : buffers_[0].device();
-  comm_ = comm_for(build,
-                   sdk::DLView(flat_.defined() ? flat_ : at::empty({0}, at::TensorOptions().device(
-                                                                             device)))
-                       .get()
-                       ->device.device_type);
+  comm_ = comm_for(
+      build,
+      sdk::DLView(flat_.defined() ? flat_ : at::empty({0}, at::TensorOptions().device(device)))
+          .get()
+          ->device.device_type);
 }
 
 uint64_t BufferSynchronizer::payload_bytes() const {

@@ -1,11 +1,11 @@
 // The store protocol of membership.hpp.
 #include "runtime/membership.hpp"
 
+#include <limits.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
-#include <limits.h>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -49,9 +49,10 @@ CommitId common_commit(const std::vector<Arrival>& members) {
   for (const Arrival::Held& h : first->held) {
     bool everywhere = true;
     for (const Arrival& a : members)
-      everywhere = everywhere && (a.held.empty() ||
-                                  std::any_of(a.held.begin(), a.held.end(),
-                                              [&](const Arrival::Held& x) { return x.id == h.id; }));
+      everywhere =
+          everywhere &&
+          (a.held.empty() || std::any_of(a.held.begin(), a.held.end(),
+                                         [&](const Arrival::Held& x) { return x.id == h.id; }));
     if (everywhere && (!best.valid() || best < h.id)) best = h.id;
   }
   return best;
@@ -147,9 +148,8 @@ Decision agree(Store& store, const Arrival& me, const AgreeOptions& o) {
   if (!in)
     throw ElasticError("elastic: rank " + std::to_string(me.rank) + " (member " +
                        std::to_string(me.member) + ") reached the recovery of generation " +
-                       std::to_string(o.generation + 1) +
-                       " after its membership closed with " + std::to_string(d.members.size()) +
-                       " rank(s); it leaves the job");
+                       std::to_string(o.generation + 1) + " after its membership closed with " +
+                       std::to_string(d.members.size()) + " rank(s); it leaves the job");
   if (!d.target.valid())
     throw ElasticError("elastic: the " + std::to_string(d.members.size()) +
                        " surviving rank(s) hold no common in-memory commit (a rank died before "
@@ -182,7 +182,8 @@ Admission Admission::decode(const std::string& s) {
   std::istringstream in(s);
   Admission a;
   size_t n = 0;
-  if (!(in >> a.generation >> n)) throw ElasticError("elastic: malformed admission record '" + s + "'");
+  if (!(in >> a.generation >> n))
+    throw ElasticError("elastic: malformed admission record '" + s + "'");
   for (size_t i = 0; i < n; ++i) {
     int64_t m = 0;
     if (!(in >> m)) throw ElasticError("elastic: malformed admission record '" + s + "'");

@@ -60,11 +60,11 @@ struct Decision {
 };
 
 struct AgreeOptions {
-  int64_t generation = 0;     ///< the generation being left
-  int old_world_size = 1;     ///< its members (arrivals expected)
-  std::vector<int64_t> old_members;  ///< their member ids, in old rank order
-  bool agent = false;         ///< the launcher declares dead ranks (DISTOPT_ELASTIC=1)
-  std::chrono::milliseconds settle{2000};   ///< without an agent: close after this
+  int64_t generation = 0;                  ///< the generation being left
+  int old_world_size = 1;                  ///< its members (arrivals expected)
+  std::vector<int64_t> old_members;        ///< their member ids, in old rank order
+  bool agent = false;                      ///< the launcher declares dead ranks (DISTOPT_ELASTIC=1)
+  std::chrono::milliseconds settle{2000};  ///< without an agent: close after this
   std::chrono::milliseconds timeout{60000};  ///< at most this for anything
 };
 

@@ -65,7 +65,6 @@ std::optional<optim::ComponentChoice> flat_or_hierarchical(const JobConfig& cfg,
 
 }  // namespace
 
-
 namespace {
 
 bool is_loopback(const std::string& host) {

@@ -84,29 +84,25 @@ std::vector<char> shift_bytes(const std::vector<char>& mine, const dopt_comm_ref
   const std::string to = "send(commit to rank " + std::to_string(next) + ")";
   const std::string from = "recv(commit from rank " + std::to_string(prev) + ")";
   {
-    CommRequest r = start(comm, from, [&](dopt_request** q) {
-      return comm.vt->recv(comm.comm, &in, prev, tag, q);
-    });
-    CommRequest s = start(comm, to, [&](dopt_request** q) {
-      return comm.vt->send(comm.comm, &out, next, tag, q);
-    });
+    CommRequest r = start(
+        comm, from, [&](dopt_request** q) { return comm.vt->recv(comm.comm, &in, prev, tag, q); });
+    CommRequest s = start(
+        comm, to, [&](dopt_request** q) { return comm.vt->send(comm.comm, &out, next, tag, q); });
     s.wait();
     r.wait();
   }
   std::vector<char> theirs(static_cast<size_t>(their_size));
   int64_t n_out = my_size, n_in = their_size;
-  DLTensor bout = make_dltensor(const_cast<char*>(mine.data()), n_out, DLDataType{kDLUInt, 8, 1},
-                                &n_out);
+  DLTensor bout =
+      make_dltensor(const_cast<char*>(mine.data()), n_out, DLDataType{kDLUInt, 8, 1}, &n_out);
   DLTensor bin = make_dltensor(theirs.data(), n_in, DLDataType{kDLUInt, 8, 1}, &n_in);
   CommRequest r, q;
   if (n_in > 0)
-    r = start(comm, from, [&](dopt_request** x) {
-      return comm.vt->recv(comm.comm, &bin, prev, tag + 1, x);
-    });
+    r = start(comm, from,
+              [&](dopt_request** x) { return comm.vt->recv(comm.comm, &bin, prev, tag + 1, x); });
   if (n_out > 0)
-    q = start(comm, to, [&](dopt_request** x) {
-      return comm.vt->send(comm.comm, &bout, next, tag + 1, x);
-    });
+    q = start(comm, to,
+              [&](dopt_request** x) { return comm.vt->send(comm.comm, &bout, next, tag + 1, x); });
   if (n_out > 0) q.wait();
   if (n_in > 0) r.wait();
   return theirs;

@@ -22,8 +22,8 @@
 
 #include "distopt/blas.hpp"
 #include "distopt/checkpoint.hpp"
-#include "distopt/elastic.hpp"
 #include "distopt/distributed_optimizer.hpp"
+#include "distopt/elastic.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 #include "distopt/precision.hpp"
