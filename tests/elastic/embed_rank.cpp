@@ -2,7 +2,8 @@
 // started by embed_test through `distopt launch --elastic --config JOB`:
 // a Linear(4, 3) trained by SGD on deterministic global batches of 6 rows,
 // split among the ranks alive. Usage: embed_rank OUT STEPS DIE_RANK DIE_STEP
-// (the process that started as DIE_RANK exits before step DIE_STEP; -1: none).
+// (the process that started as DIE_RANK exits before step DIE_STEP; -1: none;
+// JOIN_STEP: see below).
 // Every rank writes its parameters to OUT.<its final rank>, one value per
 // line. Restarted (DISTOPT_RESTART_COUNT > 0), it joins the running ranks.
 #include <torch/torch.h>
@@ -12,10 +13,12 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/elastic.hpp"
 #include "distopt/runtime.hpp"
+#include "distopt/store.hpp"
 
 namespace {
 
@@ -34,10 +37,14 @@ std::pair<torch::Tensor, torch::Tensor> batch(int64_t step) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::cerr << "usage: embed_rank OUT STEPS DIE_RANK DIE_STEP\n";
+  if (argc != 5 && argc != 6) {
+    std::cerr << "usage: embed_rank OUT STEPS DIE_RANK DIE_STEP [JOIN_STEP]\n";
     return 2;
   }
+  // Before step JOIN_STEP the running ranks wait until a process has asked
+  // to join (the store's elastic/join/count, runtime/membership.hpp), so
+  // that the next commit takes it in whatever the machine's speed.
+  const int64_t join_step = argc == 6 ? std::stoll(argv[5]) : -1;
   const std::string out = argv[1];
   const int64_t steps = std::stoll(argv[2]);
   const int die_rank = std::stoi(argv[3]);
@@ -66,6 +73,9 @@ int main(int argc, char** argv) {
           std::cerr << "rank " << first_rank << " exits before step " << die_step << std::endl;
           _exit(137);
         }
+        if (step == join_step && !elastic.rejoined())
+          for (int i = 0; i < 2400 && rt.store().add("elastic/join/count", 0) < 1; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
         const int64_t w = rt.world_size(), r = rt.rank();
         const int64_t lo = kGlobal * r / w, hi = kGlobal * (r + 1) / w;
         auto [x, y] = batch(step);

@@ -14,6 +14,7 @@
 #include "torch_doctest.hpp"
 // after doctest:
 #include "cli_util.hpp"
+#include "multiproc.hpp"
 
 using distopt::test::ProcResult;
 using distopt::test::run_command;
@@ -33,11 +34,11 @@ std::pair<torch::Tensor, torch::Tensor> batch(int64_t step) {  // as embed_rank.
 }
 
 // The reference: one process, the whole global batch each step.
-std::vector<double> reference() {
+std::vector<double> reference(int64_t steps = kSteps) {
   torch::manual_seed(0);
   torch::nn::Linear model(4, 3);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  for (int64_t s = 0; s < kSteps; ++s) {
+  for (int64_t s = 0; s < steps; ++s) {
     auto [x, y] = batch(s);
     opt.zero_grad();
     torch::mse_loss(model->forward(x), y).backward();
@@ -56,13 +57,14 @@ std::string slurp(const std::string& p) {
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
-std::string job(const TempDir& t, const std::string& algorithm) {
+std::string job(const TempDir& t, const std::string& algorithm,
+                const std::string& elastic = "{enabled: true, min_ranks: 2}") {
   std::ofstream f(t.file("job.yaml"));
   f << "world: {size: 3, timeout_s: 30}\n"
     << "communicator: {name: tcp}\nreducer: {name: mean}\n"
     << "algorithm: " << algorithm << "\n"
     << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
-    << "elastic: {enabled: true, min_ranks: 2}\n";  // max_ranks 0: 3, the starting world
+    << "elastic: " << elastic << "\n";  // max_ranks 0: 3, the starting world
   return t.file("job.yaml");
 }
 
@@ -100,7 +102,7 @@ TEST_CASE("embedding, zero: a killed rank restarted by the launcher rejoins and 
   const std::string out = t.file("params.txt");
   ProcResult r =
       run_command({cli(), "launch", "--elastic", "--max-restarts", "1", "-n", "3", "--config", cfg,
-                   "--", DISTOPT_EMBED_RANK, out, std::to_string(kSteps), "1", "6"},
+                   "--", DISTOPT_EMBED_RANK, out, std::to_string(kSteps), "1", "6", "8"},
                   {}, std::chrono::seconds(180));
   INFO(r.output);
   REQUIRE_FALSE(r.timed_out);
@@ -114,6 +116,47 @@ TEST_CASE("embedding, zero: a killed rank restarted by the launcher rejoins and 
   REQUIRE_FALSE(p0.empty());
   CHECK(slurp(out + ".1") == p0);
   CHECK(slurp(out + ".2") == p0);
+  std::ifstream f(out + ".0");
+  std::vector<double> got;
+  for (double v; f >> v;) got.push_back(v);
+  const std::vector<double> want = reference();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("parameter element " << i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("embedding: a new process (launch --elastic --join) joins 3 running ranks as the 4th") {
+  TempDir t;
+  const std::string cfg =
+      job(t, "{name: zero, options: {stage: 2}}", "{enabled: true, min_ranks: 2, max_ranks: 4}");
+  const std::string out = t.file("params.txt");
+  const int port = distopt::test::random_port();
+  const std::string token = "elastic-join-test-" + std::to_string(port);
+  Background running({cli(), "launch", "--elastic", "-n", "3", "--master-port",
+                      std::to_string(port), "--rdzv-id", token, "--config", cfg, "--",
+                      DISTOPT_EMBED_RANK, out, std::to_string(kSteps), "-1", "-1", "3"});
+  // The joining process may ask at any time, even before the running ranks'
+  // rendezvous: it is taken in at their next commit after it asked.
+  ProcResult joined =
+      run_command({cli(), "launch", "--elastic", "--join", "-n", "1", "--master-port",
+                   std::to_string(port), "--rdzv-id", token, "--config", cfg, "--",
+                   DISTOPT_EMBED_RANK, out, std::to_string(kSteps), "-1", "-1", "3"},
+                  {}, std::chrono::seconds(180));
+  INFO(joined.output);
+  const int code = running.wait(std::chrono::seconds(180));
+  INFO(running.output);
+  REQUIRE(joined.exit_code == 0);
+  REQUIRE(code == 0);
+  CHECK(joined.output.find("rejoined as rank 3 of 4 at step ") != std::string::npos);
+  CHECK(running.output.find("taking in 1 rank(s) at optimizer step") != std::string::npos);
+  const std::string p0 = slurp(out + ".0");
+  REQUIRE_FALSE(p0.empty());
+  for (int r = 1; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(slurp(out + "." + std::to_string(r)) == p0);  // the new rank too: bitwise
+  }
   std::ifstream f(out + ".0");
   std::vector<double> got;
   for (double v; f >> v;) got.push_back(v);

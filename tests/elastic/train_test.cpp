@@ -221,9 +221,8 @@ TEST_CASE("distopt launch --elastic --max-restarts 1: the killed rank comes back
   CHECK(r.output.find("3 rank(s) go on (lost rank(s) 2 of 4), back at epoch 1 step 9") !=
         std::string::npos);
   CHECK(r.output.find("restarting rank 2 (DISTOPT_RESTART_COUNT=1") != std::string::npos);
-  CHECK(
-      r.output.find("[rank 2] elastic: restarted rank 2 joined as rank 3 of 4 at epoch 1 step ") !=
-      std::string::npos);
+  CHECK(r.output.find("[rank 2] elastic: rank 2 joined as rank 3 of 4 at epoch 1 step ") !=
+        std::string::npos);
   CHECK(r.output.find("summary: 4 rank(s)") != std::string::npos);
 }
 

@@ -110,7 +110,10 @@ po::options_description launch_options(NodeArgs& n, launch::LaunchOptions& lo) {
       "elastic", po::bool_switch(&lo.elastic),
       "a failed rank does not stop the others; the launcher serves the store")(
       "max-restarts", po::value<int>(&lo.max_restarts)->default_value(0),
-      "with --elastic: restart failed ranks, at most N times in all on this node");
+      "with --elastic: restart failed ranks, at most N times in all on this node")(
+      "join", po::bool_switch(&lo.join),
+      "with --elastic: start ranks that join the running elastic job at --master-addr:"
+      "--master-port (give its --rdzv-id); taken in at its next commit");
   return desc;
 }
 
@@ -209,7 +212,9 @@ void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n, launch::La
                         ? job.root["world"]["size"]
                         : YAML::Node();
   const bool job_sets_size = size.IsDefined() && !size.IsNull();
-  if (!vm.count("nproc-per-node")) {
+  if (lo.join && !vm.count("nproc-per-node")) {
+    n.nprocs = 1;  // --join: one rank more, unless -n says how many
+  } else if (!vm.count("nproc-per-node")) {
     if (lo.config.empty())
       throw UsageError("give -n N (ranks per node), or --config JOB.yaml to use its world.size");
     if (!have_job) job = load_job_config(lo.config);  // names the file it cannot read
@@ -217,7 +222,9 @@ void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n, launch::La
       throw UsageError(lo.config + ": world.size " + std::to_string(job.world_size) +
                        " is not a multiple of --nnodes " + std::to_string(n.nnodes) + "; give -n");
     n.nprocs = static_cast<int>(job.world_size / n.nnodes);
-  } else if (job_sets_size && job.world_size != static_cast<int64_t>(n.nprocs) * n.nnodes) {
+  } else if (job_sets_size && !lo.join &&
+             job.world_size != static_cast<int64_t>(n.nprocs) * n.nnodes) {
+    // (--join: these ranks are added to a running job of world.size.)
     // Two numbers of ranks: refuse rather than guess which one was meant.
     // (A file this host cannot read is the program's business.)
     throw UsageError((n.nnodes > 1 ? std::to_string(n.nnodes) + " nodes x " : "") + "-n " +
@@ -237,6 +244,10 @@ void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n, launch::La
   if (lo.max_restarts > 0 && !lo.elastic)
     throw UsageError("--max-restarts " + std::to_string(lo.max_restarts) +
                      " needs --elastic (without it a failed rank stops the job)");
+  if (lo.join && (!lo.elastic || n.port <= 0 || (n.token.empty() && !env("DISTOPT_JOB_TOKEN"))))
+    throw UsageError(
+        "--join needs --elastic, the running job's --master-port (or --rdzv-endpoint) and its "
+        "token (--rdzv-id)");
   if (have_job) launch::note_job_rendezvous(job, lo);
 }
 

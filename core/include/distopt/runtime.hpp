@@ -56,7 +56,8 @@ class Runtime {
   int local_rank() const;
   /// Elastic training: true in a restarted rank that joined a running job
   /// (elastic.enabled and DISTOPT_RESTART_COUNT > 0, set by `distopt launch
-  /// --elastic --max-restarts N`) until distopt::Elastic's constructor has
+  /// --elastic --max-restarts N`, or DISTOPT_ELASTIC_JOIN=1, set by `distopt
+  /// launch --elastic --join` for a new process) until distopt::Elastic's constructor has
   /// taken the job's state from the peers. from_config then admitted it at
   /// the running ranks' next commit instead of the rendezvous (rank() and
   /// world_size() are the new membership's), and make_optimizer broadcasts

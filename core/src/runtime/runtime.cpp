@@ -244,12 +244,11 @@ void join_running_job(Runtime::Impl& m) {
     const auto v = store.get(key + "/admitted", timeout);
     admitted.assign(v.begin(), v.end());
   } catch (const RendezvousError&) {
-    throw RendezvousError("elastic: rank " + std::to_string(m.proc.rank) + " (restart " +
-                          std::to_string(restart_count()) +
-                          ") asked to join the running job, and no running rank admitted it "
-                          "within world.timeout_s = " +
-                          std::to_string(m.cfg.timeout_s) +
-                          " s (the job ended, or it is at elastic.max_ranks)");
+    throw RendezvousError(
+        "elastic: rank " + std::to_string(m.proc.rank) + " (member " + std::to_string(m.member) +
+        ") asked to join the running job, and no running rank admitted it "
+        "within world.timeout_s = " +
+        std::to_string(m.cfg.timeout_s) + " s (the job ended, or it is at elastic.max_ranks)");
   }
   runtime::Admission a = runtime::Admission::decode(admitted);
   runtime::Arrival me;
@@ -334,13 +333,19 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   m.member = proc.rank + 1000000LL * restart_count();
   m.initial_world_size = proc.world_size;
   for (int r = 0; r < proc.world_size; ++r) m.members.push_back(r);
-  if (cfg.elastic.enabled && restart_count() > 0) {
+  const char* join_env = std::getenv("DISTOPT_ELASTIC_JOIN");
+  const bool new_member = join_env && std::string(join_env) == "1";
+  if (cfg.elastic.enabled && (restart_count() > 0 || new_member)) {
     m.joining = true;
+    // A process of `launch --elastic --join`: its launcher's numbers are
+    // only names; a unique id comes from the store.
+    if (new_member) m.member = 2000000000LL + m.store->add("elastic/join/ids", 1);
     join_running_job(m);
     log(DOPT_LOG_INFO, "runtime",
-        "elastic: restarted rank " + std::to_string(proc.rank) + " joined as rank " +
-            std::to_string(m.proc.rank) + " of " + std::to_string(m.proc.world_size) +
-            " (generation " + std::to_string(m.generation) + ")");
+        std::string(new_member ? "elastic: new rank " : "elastic: restarted rank ") +
+            std::to_string(proc.rank) + " joined as rank " + std::to_string(m.proc.rank) + " of " +
+            std::to_string(m.proc.world_size) + " (generation " + std::to_string(m.generation) +
+            ")");
     return Runtime(std::move(impl));
   }
   wait_for_every_rank(*m.store, proc, m.rendezvous, cfg.timeout_s);

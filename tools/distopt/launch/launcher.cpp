@@ -276,9 +276,11 @@ ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
     vars.emplace_back("DISTOPT_STORE_SERVED", "1");
     vars.emplace_back("DISTOPT_ELASTIC", "1");
     if (restarts > 0) vars.emplace_back("DISTOPT_RESTART_COUNT", std::to_string(restarts));
+    if (o.join) vars.emplace_back("DISTOPT_ELASTIC_JOIN", "1");
   } else {
     drop.insert(drop.end(), {"DISTOPT_STORE_SERVED", "DISTOPT_ELASTIC"});
   }
+  if (!o.elastic || !o.join) drop.push_back("DISTOPT_ELASTIC_JOIN");
   for (const auto& kv : o.extra_env) vars.push_back(kv);
   return ChildEnvironment{child_env(vars, drop)};
 }
@@ -626,11 +628,14 @@ int run(const LaunchOptions& o) {
   if (o.max_restarts < 0 || (o.max_restarts > 0 && !o.elastic))
     throw std::runtime_error("max_restarts " + std::to_string(o.max_restarts) +
                              ": restarts need elastic and a count >= 0");
+  if (o.join && (!o.elastic || o.port <= 0 || o.token.empty()))
+    throw std::runtime_error("join needs elastic, the running job's rendezvous port and its token");
   const std::string token = o.token.empty() ? random_token() : o.token;
   // Elastic: node 0's launcher serves the store before any rank starts (a
   // port it picks itself is bound at once, so no other process can take it).
   std::unique_ptr<StoreServer> server;
-  if (o.elastic && o.node_rank == 0) server = StoreServer::start(o.master_addr, o.port, token);
+  if (o.elastic && o.node_rank == 0 && !o.join)
+    server = StoreServer::start(o.master_addr, o.port, token);
   const int port = server ? server->port() : o.port > 0 ? o.port : free_loopback_port();
   if (o.nnodes > 1)
     message(o, "node " + std::to_string(o.node_rank) + " of " + std::to_string(o.nnodes) +

@@ -73,6 +73,12 @@ struct LaunchOptions {
   /// for its first restart; unset in first starts). Whether it can rejoin
   /// the job is for the program (core) to arrange.
   int max_restarts = 0;
+  /// Elastic only: the ranks started here join a running elastic job at
+  /// master_addr:port (whose token must be given): this launcher serves no
+  /// store, and its ranks get DISTOPT_ELASTIC_JOIN=1, which makes the core
+  /// ask the running ranks to take them in at their next commit (core's
+  /// Runtime::joining). Their global numbers are only names.
+  bool join = false;
   std::string name = "distopt launch";  ///< prefix of the launcher's own messages
 };
 

@@ -282,9 +282,11 @@ class Trainer {
         first_epoch_ = std::stoll(pos.at("epoch"));
         first_step_ = std::stoll(pos.at("step_in_epoch"));
         global_step_ = std::stoll(pos.at("global_step"));
-        std::cout << "elastic: restarted rank " << proc_.rank << " joined as rank " << rt_->rank()
-                  << " of " << rt_->world_size() << " at epoch " << first_epoch_ << " step "
-                  << first_step_ << std::endl;
+        joined_global_batch_ = std::stoll(pos.at("global_batch"));  // the job's, not ours
+        plan_epochs();
+        std::cout << "elastic: rank " << proc_.rank << " joined as rank " << rt_->rank() << " of "
+                  << rt_->world_size() << " at epoch " << first_epoch_ << " step " << first_step_
+                  << std::endl;
       } else {
         elastic_->commit(position(first_epoch_, first_step_));
       }
@@ -311,7 +313,8 @@ class Trainer {
   CheckpointExtra position(int64_t epoch, int64_t step) const {
     return {{"epoch", std::to_string(epoch)},
             {"step_in_epoch", std::to_string(step)},
-            {"global_step", std::to_string(global_step_)}};
+            {"global_step", std::to_string(global_step_)},
+            {"global_batch", std::to_string(global_batch_)}};
   }
 
   // After a peer failure: the survivors' new membership and the commit's
@@ -371,6 +374,7 @@ class Trainer {
   // Samples per step over all ranks: train.global_batch_size, else batch_size
   // x the ranks (elastic: the starting ranks, so the batch survives a failure).
   int64_t global_batch_size(int64_t world) const {
+    if (joined_global_batch_ > 0) return joined_global_batch_;
     if (tc_.global_batch_size > 0) return tc_.global_batch_size;
     return tc_.batch_size * (cfg_.elastic.enabled ? proc_.world_size : world);
   }
@@ -738,6 +742,7 @@ class Trainer {
   std::optional<DistributedOptimizer> opt_;  // after rt_: destroyed first
   std::optional<Elastic> elastic_;           // elastic.enabled; borrows rt_, model_, opt_
   int64_t recoveries_ = 0;
+  int64_t joined_global_batch_ = 0;  // a joining rank: the running job's global batch
   int64_t global_batch_ = 0, partial_ = 0, steps_per_epoch_ = 0;
   int64_t first_epoch_ = 1, first_step_ = 0, global_step_ = 0;
   int64_t steps_run_ = 0;   // in this process (a resumed run skips the saved ones)
