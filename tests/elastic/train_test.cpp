@@ -207,25 +207,6 @@ TEST_CASE("a rank dying during the recovery: the others try again with the ranks
         std::string::npos);
 }
 
-TEST_CASE("distopt launch --elastic --max-restarts 1: the killed rank comes back and rejoins") {
-  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
-  TempDir t;
-  Job j;
-  j.algorithm = "{name: zero, options: {stage: 2}}";
-  const std::string cfg = write_job(t, j, "job.yaml");
-  ProcResult r = run_command(
-      {cli(), "launch", "--elastic", "--max-restarts", "1", "-n", "4", "--", cli(), "train", cfg},
-      {"DISTOPT_FAULT_INJECT=exit:2:10"}, std::chrono::seconds(240));
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("3 rank(s) go on (lost rank(s) 2 of 4), back at epoch 1 step 9") !=
-        std::string::npos);
-  CHECK(r.output.find("restarting rank 2 (DISTOPT_RESTART_COUNT=1") != std::string::npos);
-  CHECK(r.output.find("[rank 2] elastic: rank 2 joined as rank 3 of 4 at epoch 1 step ") !=
-        std::string::npos);
-  CHECK(r.output.find("summary: 4 rank(s)") != std::string::npos);
-}
-
 TEST_CASE("fewer survivors than elastic.min_ranks end the job naming the key") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
