@@ -81,8 +81,9 @@ void AllreduceAlgorithm::set_lr(int32_t group, double lr) { params_.set_lr(group
 uint64_t AllreduceAlgorithm::state_bytes() const { return params_.state_bytes(); }
 
 void AllreduceAlgorithm::save_state(sdk::StateWriter& w) {
-  // Replicated state: one copy is the whole logical tensor (state.h).
-  if (rank_ == 0) params_.save(w);
+  // Replicated state: every rank holds the whole logical tensor (state.h).
+  sdk::StateWriter r = w.replicated(rank_);
+  params_.save(r);
 }
 
 void AllreduceAlgorithm::load_state(const sdk::StateReader& r) { params_.load(r); }

@@ -315,10 +315,10 @@ at::Tensor FusedAlgorithm::state_of(const Slot& s, int index) {
   return groups_[static_cast<size_t>(s.group)].state[index].narrow(0, s.state_offset, s.numel);
 }
 
-void FusedAlgorithm::save_state(sdk::StateWriter& w) {
-  // Replicated state: rank 0's copy is the whole logical tensor. Before the
-  // first step there is no state, as for a fresh libtorch optimizer.
-  if (rank_ != 0) return;
+void FusedAlgorithm::save_state(sdk::StateWriter& all) {
+  // Replicated state: every rank holds the whole logical tensor (state.h).
+  // Before the first step there is none, as for a fresh libtorch optimizer.
+  sdk::StateWriter w = all.replicated(rank_);
   const auto fields = state_fields();
   for (const Slot& s : slots_) {
     const int64_t steps = groups_[static_cast<size_t>(s.group)].steps;

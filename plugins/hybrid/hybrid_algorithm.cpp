@@ -380,10 +380,10 @@ uint64_t HybridAlgorithm::state_bytes() const {
   return n;
 }
 
-void HybridAlgorithm::save_state(sdk::StateWriter& w) {
-  // Unsharded, the state is replicated: rank 0's copy is the whole logical
+void HybridAlgorithm::save_state(sdk::StateWriter& all) {
+  // Unsharded, the state is replicated: every rank holds the whole logical
   // tensor (state.h). Sharded, each rank puts the ranges it owns.
-  if (!shard_ && rank_ != 0) return;
+  sdk::StateWriter w = shard_ ? all : all.replicated(rank_);
   sdk::save_optimizer_state(*device_opt_, device_slices_, w);
   for (size_t k : host_) sdk::save_optimizer_state(*owned_[k].host_opt, {{owned_[k].slice}}, w);
 }

@@ -220,11 +220,8 @@ void Control::State::on_send_cmd(Cmd& c) {
 }
 
 void Control::State::on_recv_cmd(Cmd& c) {
-  if (failed || stopping) {
-    fail_req(c.req, failed ? fail_status : DOPT_ERR_ABORTED,
-             failed ? fail_cause : "aborted (communicator destroyed)");
-    return;
-  }
+  // A message that arrived whole before the communicator failed is still
+  // delivered (an elastic commit's buddy copy from a rank that died since).
   Peer& P = peers[c.peer];
   for (auto it = P.unexpected.begin(); it != P.unexpected.end(); ++it) {
     if (it->tag != c.tag) continue;
@@ -235,6 +232,11 @@ void Control::State::on_recv_cmd(Cmd& c) {
       fail_req(c.req, DOPT_ERR_INVALID_ARGUMENT, mismatch(c.peer, c.tag, it->data.size(), c.len));
     }
     P.unexpected.erase(it);
+    return;
+  }
+  if (failed || stopping) {
+    fail_req(c.req, failed ? fail_status : DOPT_ERR_ABORTED,
+             failed ? fail_cause : "aborted (communicator destroyed)");
     return;
   }
   if (!P.open || bye[c.peer]) {

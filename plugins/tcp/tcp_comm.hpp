@@ -51,6 +51,7 @@ class TcpComm final : public sdk::p2p::P2PCommunicator {
   void refine_failure(Result& r) override;
   void add_wait_signals(sdk::shm::WaitCtx& c) override;
   void take_bytes(uint64_t* sent, uint64_t* received) override;
+  bool recv_after_failure() const override { return true; }  // Control::on_recv_cmd
   void post_user(const std::shared_ptr<sdk::Completion>& req, bool is_send, int peer, int32_t tag,
                  const sdk::HostBuffer& b) override;
 

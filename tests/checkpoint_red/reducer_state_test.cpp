@@ -320,7 +320,8 @@ Summary run_case(const Case& c, int rank, distopt::Runtime& rt, const std::strin
     return out;
   };
   auto save = [&](dopt_reducer* red, Store& st) {
-    dopt_state_writer w{DOPT_STATE_WRITER_STRUCT_SIZE, nullptr, &st, &put};
+    dopt_state_writer w{DOPT_STATE_WRITER_V1_1_STRUCT_SIZE, nullptr, &st, &put,
+                        nullptr};  // a 1.5 host
     check_status(vt->save_state(red, &w), c.reducer, "save_state");
   };
   auto load = [&](dopt_reducer* red, const Store& st) {

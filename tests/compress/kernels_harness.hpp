@@ -370,7 +370,7 @@ inline Summary run_case(const Case& c, int rank, int world, Endpoint& ep, const 
     return out;
   };
   auto save = [&](dopt_reducer* red, Store& st) {
-    dopt_state_writer w{DOPT_STATE_WRITER_STRUCT_SIZE, nullptr, &st, &store_put};
+    dopt_state_writer w{DOPT_STATE_WRITER_V1_1_STRUCT_SIZE, nullptr, &st, &store_put, nullptr};
     check_status(vt->save_state(red, &w), c.reducer, "save_state");
   };
   auto load = [&](dopt_reducer* red, const Store& st) {

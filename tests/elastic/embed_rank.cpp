@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
       try {
         if (!restarted && first_rank == die_rank && step + 1 == die_step) {
           std::cerr << "rank " << first_rank << " exits before step " << die_step << std::endl;
+          elastic.flush(5.0);  // dies in the step, after its commit's bytes left
           _exit(137);
         }
         if (step == join_step && !elastic.rejoined())

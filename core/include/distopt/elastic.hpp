@@ -54,19 +54,26 @@ class Elastic {
   Elastic(const Elastic&) = delete;
   Elastic& operator=(const Elastic&) = delete;
 
-  /// Collective (every rank, between steps). Keep in this process what a
-  /// rollback needs: the model's parameters and buffers (rank 0's entries),
-  /// fp32 masters, the reducer's and algorithm's state through ABI 1.1
-  /// save_state (inner optimizer state, error feedback, PowerSGD's Q, a
-  /// replica for decentralized), steps, learning rates, loss scale,
-  /// schedule phase, and `position` (the application's data position,
-  /// returned by recover()). This rank's encoded state is also sent to
-  /// its buddy, rank (r + 1) mod W, which keeps it (one send and one
-  /// receive over the control communicator). The previous commit is kept
-  /// too until the next one, so that ranks that stopped one commit apart
-  /// still share one. Memory: about 2 x (own state + the buddy's), host
-  /// memory, encoded. Throws CommError (a peer died: call recover()),
+  /// Every rank, between steps. Keep in this process what a rollback
+  /// needs: the model's parameters and buffers, fp32 masters, the
+  /// reducer's and algorithm's state through ABI 1.1 save_state (inner
+  /// optimizer state, error feedback, PowerSGD's Q, a replica for
+  /// decentralized), steps, learning rates, loss scale, schedule phase, and
+  /// `position` (the application's data position, returned by recover()).
+  /// State every rank holds whole (the model; plain allreduce's optimizer
+  /// state, put with ABI 1.6 put_replicated) stays on each rank; what this
+  /// rank alone holds (a ZeRO shard, error feedback) is also sent to its
+  /// buddy, rank (r + 1) mod W, in the background over the control
+  /// communicator: no rank waits for another here. A commit counts (is
+  /// rolled back to) once its buddy copy has arrived, which the next
+  /// commit or a recovery waits for; a rank that dies before its bytes
+  /// have left rolls the job back one commit further. The two commits
+  /// before the newest are kept, so that ranks that stopped a commit apart
+  /// still share one. Memory: up to 3 x (own state + the buddy's), host
+  /// memory. Throws CommError (a peer died: call recover()),
   /// ComponentError (UNSUPPORTED naming a plugin without save_state).
+  /// Cost: a host copy of the state and the buddy's send (bench:
+  /// tools/bench/elastic.py).
   void commit(const CheckpointExtra& position = {});
   /// commit() when the optimizer has stepped elastic.commit_every times
   /// since the last commit. Returns whether it committed. Then, while the
@@ -116,11 +123,19 @@ class Elastic {
   /// The data position of the newest commit (what commit() was given).
   CheckpointExtra position() const;
 
+  /// Wait, at most `timeout_s` seconds, until the newest commit's bytes
+  /// for the buddy have left this rank (the transport has them: the buddy
+  /// keeps them even if this process ends now). For a rank about to leave
+  /// on purpose (preemption). Returns false on timeout (a transport that
+  /// holds sends until the receiver asks, e.g. a rendezvous protocol).
+  /// Throws CommError for a failed send.
+  bool flush(double timeout_s);
+
   /// Generation of the current membership (0 before any recovery).
   int64_t generation() const;
   /// Optimizer steps at the newest commit (-1 before the first).
   int64_t committed_step() const;
-  /// Host bytes the commits hold now (own and buddy copies, both slots).
+  /// Host bytes the commits hold now (own and buddy copies, every slot).
   uint64_t commit_bytes() const;
 
   struct State;

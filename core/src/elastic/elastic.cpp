@@ -45,6 +45,11 @@ using runtime::Decision;
 
 // Tags of the buddy exchange on the control communicator (two: sizes, bytes).
 constexpr int kCommitTag = 0x454c0000;
+// Pieces of a recovery's exchange that are no rank's state: the commit's
+// description and its replicated state (for ranks that hold no commit).
+constexpr int64_t kDescriptionPiece = -1;
+constexpr int64_t kReplicasPiece = -2;
+using Part = state::ShardState::Part;
 
 struct Commit {
   CommitId id;
@@ -52,8 +57,12 @@ struct Commit {
   int64_t step = 0;
   checkpoint::Manifest manifest;
   CheckpointExtra position;
-  std::vector<char> own;    // this rank's encoded state
-  std::vector<char> buddy;  // rank (rank - 1) mod world_size's
+  state::ShardState own;    // this rank's state, replicated state included
+  std::vector<char> buddy;  // rank (rank - 1) mod world_size's, packed, without it
+  // The buddy exchange while it is in flight (the newest commit only): the
+  // commit counts as held once it has arrived.
+  std::unique_ptr<state::ShiftInFlight> shift;
+  bool complete() const { return !shift; }
 };
 
 // [int64 rank][int64 size][bytes]... : what a survivor contributes.
@@ -139,21 +148,57 @@ struct Elastic::State {
 
   Runtime::Impl& impl() { return elastic::Access::of(rt); }
 
+  // The newest commit's buddy copy: wait for it (it left with the commit
+  // and has usually arrived by now). Throws CommError for a dead peer.
+  // A commit whose exchange failed is forgotten (its requests have completed).
+  void settle() {
+    if (commits.empty() || commits.back().complete()) return;
+    Commit& c = commits.back();
+    try {
+      c.buddy = c.shift->finish();
+    } catch (...) {
+      commits.pop_back();
+      throw;
+    }
+    c.shift.reset();
+  }
+  // Before the communicators go (a recovery): settle, or roll back further
+  // when the newest commit's exchange cannot complete (a peer died in it).
+  void settle_or_drop() {
+    try {
+      settle();
+    } catch (const std::exception& e) {
+      log(DOPT_LOG_DEBUG, "elastic",
+          std::string("recovery: the newest commit's buddy copy did not arrive (") + e.what() +
+              "); rolling back further");
+    }
+  }
+  // Leaving (the job ends or unwinds): no waiting for the neighbours, which
+  // may be elsewhere; the buffers stay until the communicators are gone.
+  ~State() {
+    for (Commit& c : commits)
+      if (c.shift) impl().keep_until_disconnect.push_back(c.shift->abandon());
+  }
+
   void commit(const CheckpointExtra& position) {
     Runtime::Impl& m = impl();
-    optim::OptimizerCheckpoint p(model, opt);
+    settle();
     Commit c;
     c.id = CommitId{generation, seq++};
     c.rank = m.proc.rank;
     c.world_size = m.proc.world_size;
     c.step = opt.steps();
     c.position = position;
-    c.own = p.snapshot(c.rank).encode(c.rank, c.world_size);
-    c.manifest = p.describe(c.world_size);
-    if (c.world_size > 1)
-      c.buddy = state::shift_bytes(c.own, m.control_comm().ref(), c.rank, c.world_size, kCommitTag);
+    // Replicated state (the model, plain allreduce's optimizer state) stays
+    // here on every rank; only what this rank alone holds goes to its buddy,
+    // in the background: no rank waits for another at a commit.
+    c.own = optim::snapshot(model, opt, c.rank, true);
+    c.manifest = optim::describe(opt, c.world_size);
+    c.shift = std::make_unique<state::ShiftInFlight>(c.own.pack(c.rank, c.world_size, Part::own),
+                                                     m.control_comm().ref(), c.rank, c.world_size,
+                                                     kCommitTag);
     commits.push_back(std::move(c));
-    while (commits.size() > 2) commits.pop_front();
+    while (commits.size() > 3) commits.pop_front();  // two held, and one in flight
     steps_at_commit = opt.steps();
   }
 
@@ -223,23 +268,39 @@ struct Elastic::State {
           owners.insert(h.rank);
           saved_world = h.world_size;
         }
+    // Replicated state: each holder of the commit has its own copy; the
+    // new rank 0 sends it only when some member has none (a joining rank).
+    bool all_hold = true;
+    for (const Arrival& a : d.members) {
+      bool holds = false;
+      for (const Arrival::Held& h : a.held) holds = holds || h.id == d.target;
+      all_hold = all_hold && holds;
+    }
     std::vector<char> mine;
     if (c) {
-      if (rank == 0) put_piece(mine, -1, describe_commit(*c));
-      put_piece(mine, c->rank, c->own);
+      if (rank == 0) put_piece(mine, kDescriptionPiece, describe_commit(*c));
+      if (rank == 0 && !all_hold)
+        put_piece(mine, kReplicasPiece, c->own.pack(0, c->world_size, Part::replicas));
+      put_piece(mine, c->rank, c->own.pack(c->rank, c->world_size, Part::own));
       const int lent = (c->rank + c->world_size - 1) % c->world_size;
       if (c->world_size > 1 && !owners.count(lent)) put_piece(mine, lent, c->buddy);
     }
     auto all = state::allgather_bytes(std::move(mine), impl().control_comm().ref(), rank, world);
     std::vector<std::optional<state::ShardState>> shards(static_cast<size_t>(saved_world));
+    std::optional<state::ShardState> replicas;
     for (const auto& bytes : all)
       for (auto& [r, blob] : pieces_of(bytes)) {
-        if (r == -1 && !c) *desc = read_description(blob);
+        if (r == kDescriptionPiece && !c) *desc = read_description(blob);
+        if (r == kReplicasPiece && !c)
+          replicas = state::ShardState::unpack(blob, "the in-memory commit's replicated state", 0,
+                                               saved_world);
         if (r < 0 || r >= saved_world || shards[static_cast<size_t>(r)]) continue;
         shards[static_cast<size_t>(r)] =
-            state::ShardState::decode(blob, "the in-memory commit of rank " + std::to_string(r),
+            state::ShardState::unpack(blob, "the in-memory commit of rank " + std::to_string(r),
                                       static_cast<int>(r), saved_world);
       }
+    if (!c && !replicas)
+      throw ElasticError("elastic: the commit's replicated state did not arrive");
     std::vector<int> lost;
     for (int r = 0; r < saved_world; ++r)
       if (!shards[static_cast<size_t>(r)]) lost.push_back(r);
@@ -249,6 +310,8 @@ struct Elastic::State {
                          " was lost together with its buddy copy (held by rank (r + 1) mod " +
                          std::to_string(saved_world) +
                          "); restore from the disk checkpoint (distopt train --resume)");
+    // Rank 0's piece holds the replicated state, as in a checkpoint.
+    shards[0]->add_replicas_of(c ? c->own : *replicas);
     std::vector<state::ShardState> out;
     for (auto& s : shards) out.push_back(std::move(*s));
     return out;
@@ -280,7 +343,8 @@ struct Elastic::State {
     me.member = member;
     me.rank = impl().proc.rank;
     me.node = node;
-    for (const Commit& c : commits) me.held.push_back({c.id, c.rank, c.world_size});
+    for (const Commit& c : commits)
+      if (c.complete()) me.held.push_back({c.id, c.rank, c.world_size});
     return me;
   }
 
@@ -359,6 +423,7 @@ struct Elastic::State {
     take = all[0];
     before = all[1];
     if (take <= 0) return;
+    settle();  // the commit restored below must be held
     runtime::Admission a;
     a.generation = generation;
     a.members = members;
@@ -443,6 +508,7 @@ Elastic::Recovery Elastic::recover() {
   out.old_world_size = s.rt.world_size();
   out.old_rank = s.rt.rank();
   const std::vector<int64_t> old_members = s.members;
+  s.settle_or_drop();
   if (s.commits.empty())
     throw ElasticError(
         "elastic: rank " + std::to_string(out.old_rank) +
@@ -505,9 +571,14 @@ int64_t Elastic::committed_step() const {
   return s_->commits.empty() ? -1 : s_->commits.back().step;
 }
 
+bool Elastic::flush(double timeout_s) {
+  if (s_->commits.empty() || s_->commits.back().complete()) return true;
+  return s_->commits.back().shift->wait_sent(static_cast<int64_t>(timeout_s * 1000));
+}
+
 uint64_t Elastic::commit_bytes() const {
   uint64_t n = 0;
-  for (const Commit& c : s_->commits) n += c.own.size() + c.buddy.size();
+  for (const Commit& c : s_->commits) n += c.own.data_bytes(true) + c.buddy.size();
   return n;
 }
 

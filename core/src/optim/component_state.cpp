@@ -40,6 +40,7 @@ void require_state_api(DistributedOptimizer::Impl& m) {
 void snapshot_components(DistributedOptimizer::Impl& m, state::ShardState& s) {
   require_state_api(m);
   at::NoGradGuard no_grad;
+  if (!s.replicas_rule_set()) s.keep_replicas(false, m.build.common.rank);
   dopt_state_writer rw = s.writer(&kReducerPrefix);
   check_status(m.rvt->save_state(m.reducer, &rw), m.reducer_who, "save_state");
   dopt_state_writer aw = s.writer(&kAlgorithmPrefix);

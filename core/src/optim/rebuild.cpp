@@ -76,7 +76,7 @@ std::vector<state::ShardState> exchange_state(Impl& old, int rank, int world) {
   try {
     state::ShardState s;
     snapshot_components(old, s);
-    mine = s.encode(rank, world);
+    mine = s.pack(rank, world);
   } catch (const std::exception&) {
     failure = std::current_exception();
   }
@@ -89,7 +89,7 @@ std::vector<state::ShardState> exchange_state(Impl& old, int rank, int world) {
   }
   std::vector<state::ShardState> shards;
   for (int r = 0; r < world; ++r)
-    shards.push_back(state::ShardState::decode(
+    shards.push_back(state::ShardState::unpack(
         bytes[static_cast<size_t>(r)], "optimizer state of rank " + std::to_string(r), r, world));
   return shards;
 }

@@ -34,14 +34,6 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(torch::nn::Module&
   return out;
 }
 
-void put_whole(ShardState& s, const std::string& key, const at::Tensor& t) {
-  StateEntry e;
-  e.key = key;
-  e.shape.assign(t.sizes().begin(), t.sizes().end());
-  e.data = t.detach().to(at::kCPU).contiguous().reshape({-1}).clone();
-  s.add(std::move(e));
-}
-
 std::map<std::string, std::string> as_text(const Options* o) {
   std::map<std::string, std::string> out;
   if (!o) return out;
@@ -84,24 +76,35 @@ ComponentRecord record(const ComponentInfo& c, const Options* o) {
 
 }  // namespace
 
-ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int rank) {
+ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int rank,
+                    bool keep_replicas) {
   auto& m = Access::of(opt);
   require_state_api(m);
   at::NoGradGuard no_grad;
   ShardState s;
+  s.keep_replicas(keep_replicas, rank);
   // Local replicas (decentralized): the model saved is their mean, which
   // every rank must help compute; each replica is in its algorithm state.
   std::map<std::string, at::Tensor> mean;
   if (opt.replicas_differ())
     for (auto& [name, t] : opt.average_replicas().params) mean.emplace(name, t);
-  if (rank == 0) {
+  // The model and the masters are the same on every rank (the mean above
+  // included): replicated state.
+  if (rank == 0 || keep_replicas) {
+    auto put = [&](const std::string& key, const at::Tensor& t) {
+      StateEntry e;
+      e.key = key;
+      e.shape.assign(t.sizes().begin(), t.sizes().end());
+      e.data = t.detach().to(at::kCPU).contiguous().reshape({-1});
+      s.add_replicated(std::move(e));  // copies
+    };
     for (const auto& [name, t] : model_tensors(model)) {
       auto it = mean.find(name);
-      put_whole(s, kModel + name, it != mean.end() ? it->second : t);
+      put(kModel + name, it != mean.end() ? it->second : t);
     }
     if (m.masters)
       for (size_t i = 0; i < m.build.params.size(); ++i)
-        put_whole(s, kMaster + m.build.params[i].first, m.masters->master(i));
+        put(kMaster + m.build.params[i].first, m.masters->master(i));
   }
   snapshot_components(m, s);
   return s;

@@ -19,7 +19,12 @@ namespace distopt::optim {
 
 /// This rank's entries. Throws ComponentError(UNSUPPORTED) naming a plugin
 /// whose vtable predates ABI 1.1 (no save_state), or the plugin's own error.
-state::ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int rank);
+/// `keep_replicas`: state every rank holds whole (the model, the masters,
+/// what components put with put_replicated) is kept on every rank, marked
+/// replicated (an elastic commit); otherwise rank 0 alone keeps it (a
+/// checkpoint).
+state::ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int rank,
+                           bool keep_replicas = false);
 
 /// The manifest fields that describe the job (no shard records yet).
 checkpoint::Manifest describe(DistributedOptimizer& opt, int world_size);

@@ -191,6 +191,7 @@ std::unique_ptr<Communicator> create_communicator(const Runtime::Impl& m, const 
 void Runtime::Impl::disconnect() {
   control.reset();
   comm.reset();
+  keep_until_disconnect.clear();
 }
 
 void Runtime::Impl::reconnect(const ProcessInfo& p, const std::string& prefix) {

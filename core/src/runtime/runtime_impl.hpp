@@ -41,6 +41,10 @@ struct Runtime::Impl {
   bool joining = false;
   int initial_world_size = 1;   // the launcher's world size (elastic.max_ranks 0)
   runtime::Decision joined_by;  // joining: the membership that took it in
+  // Buffers of operations left in flight on the communicators (an elastic
+  // commit's buddy exchange when distopt::Elastic goes first): kept until
+  // the communicators are gone.
+  std::vector<std::shared_ptr<void>> keep_until_disconnect;
 
   /// The communicator for a collective on memory of `device_type`: the
   /// job's when it accepts it, else the control communicator (host memory).
@@ -62,6 +66,7 @@ struct Runtime::Impl {
   ~Impl() {
     control.reset();
     comm.reset();
+    keep_until_disconnect.clear();
   }
 };
 

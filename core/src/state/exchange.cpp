@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstring>
 #include <deque>
+#include <thread>
 
 #include "distopt/error.hpp"
 #include "distopt/host_communicator.hpp"
@@ -106,6 +108,115 @@ std::vector<char> shift_bytes(const std::vector<char>& mine, const dopt_comm_ref
   if (n_out > 0) q.wait();
   if (n_in > 0) r.wait();
   return theirs;
+}
+
+struct ShiftInFlight::Impl {
+  dopt_comm_ref comm;
+  int rank = 0, world = 1, tag = 0, next = 0, prev = 0;
+  std::vector<char> mine, theirs;
+  int64_t my_size = 0, their_size = 0, one = 1, n_out = 0, n_in = 0;
+  DLTensor size_out{}, size_in{}, bytes_out{}, bytes_in{};
+  CommRequest size_sent, size_received, bytes_sent, bytes_received;
+  bool finished = false;
+  std::string to, from;
+
+  // Everything posted completes (or fails) before the buffers go.
+  void wait_all() {
+    std::exception_ptr first;
+    for (CommRequest* r : {&size_received, &size_sent, &bytes_received, &bytes_sent}) try {
+        r->wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    if (first) std::rethrow_exception(first);
+  }
+};
+
+ShiftInFlight::ShiftInFlight(std::vector<char> mine, const dopt_comm_ref& comm, int rank, int world,
+                             int tag)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.comm = comm;
+  m.rank = rank;
+  m.world = world;
+  m.tag = tag;
+  m.mine = std::move(mine);
+  if (world <= 1) return;
+  m.next = (rank + 1) % world;
+  m.prev = (rank + world - 1) % world;
+  m.to = "send(commit to rank " + std::to_string(m.next) + ")";
+  m.from = "recv(commit from rank " + std::to_string(m.prev) + ")";
+  m.my_size = static_cast<int64_t>(m.mine.size());
+  m.n_out = m.my_size;
+  m.size_out = make_dltensor(&m.my_size, 1, DLDataType{kDLInt, 64, 1}, &m.one);
+  m.size_in = make_dltensor(&m.their_size, 1, DLDataType{kDLInt, 64, 1}, &m.one);
+  m.size_received = start(comm, m.from, [&](dopt_request** q) {
+    return comm.vt->recv(comm.comm, &m.size_in, m.prev, tag, q);
+  });
+  m.size_sent = start(comm, m.to, [&](dopt_request** q) {
+    return comm.vt->send(comm.comm, &m.size_out, m.next, tag, q);
+  });
+  if (m.n_out > 0) {
+    m.bytes_out = make_dltensor(m.mine.data(), m.n_out, DLDataType{kDLUInt, 8, 1}, &m.n_out);
+    m.bytes_sent = start(comm, m.to, [&](dopt_request** q) {
+      return comm.vt->send(comm.comm, &m.bytes_out, m.next, tag + 1, q);
+    });
+  }
+}
+
+std::vector<char> ShiftInFlight::finish() {
+  Impl& m = *impl_;
+  if (m.finished)
+    throw CommError(DOPT_ERR_INVALID_ARGUMENT, "host", "buddy exchange", "finished twice");
+  m.finished = true;
+  if (m.world <= 1) return std::move(m.mine);
+  try {
+    m.size_received.wait();
+    m.n_in = m.their_size;
+    m.theirs.resize(static_cast<size_t>(m.n_in));
+    if (m.n_in > 0) {
+      m.bytes_in = make_dltensor(m.theirs.data(), m.n_in, DLDataType{kDLUInt, 8, 1}, &m.n_in);
+      m.bytes_received = start(m.comm, m.from, [&](dopt_request** q) {
+        return m.comm.vt->recv(m.comm.comm, &m.bytes_in, m.prev, m.tag + 1, q);
+      });
+    }
+  } catch (...) {
+    try {
+      m.wait_all();
+    } catch (...) {
+    }
+    throw;
+  }
+  m.wait_all();
+  return std::move(m.theirs);
+}
+
+bool ShiftInFlight::wait_sent(int64_t timeout_ms) {
+  if (!impl_ || impl_->finished) return true;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (CommRequest* r : {&impl_->size_sent, &impl_->bytes_sent})
+    while (!r->test()) {
+      if (std::chrono::steady_clock::now() >= end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  return true;
+}
+
+std::shared_ptr<void> ShiftInFlight::abandon() {
+  if (!impl_ || impl_->finished) return nullptr;
+  impl_->finished = true;
+  for (CommRequest* r :
+       {&impl_->size_received, &impl_->size_sent, &impl_->bytes_received, &impl_->bytes_sent})
+    *r = CommRequest();  // request_free: the operation goes on
+  return std::shared_ptr<Impl>(std::move(impl_));
+}
+
+ShiftInFlight::~ShiftInFlight() {
+  if (!impl_ || impl_->finished) return;
+  try {
+    finish();
+  } catch (...) {
+  }
 }
 
 }  // namespace distopt::state

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,5 +38,36 @@ std::vector<std::vector<char>> allgather_bytes(std::optional<std::vector<char>> 
 /// Throws CommError.
 std::vector<char> shift_bytes(const std::vector<char>& mine, const dopt_comm_ref& comm, int rank,
                               int world, int tag);
+
+/// shift_bytes without a synchronisation point: the constructor posts this
+/// rank's size and bytes to rank (rank + 1) mod world and the receive of the
+/// size from rank (rank - 1) mod world, and returns; the communicator moves
+/// them while training goes on. finish() posts the receive of the bytes
+/// once the size is known and waits for everything. Tags `tag` and `tag` +
+/// 1: one exchange per tag pair in flight. Keeps `mine` until finished.
+/// Every rank must finish (or abandon) its own. The communicator must
+/// outlive this object; destroying it unfinished waits as finish() does
+/// (errors dropped). Not thread-safe. Throws CommError.
+class ShiftInFlight {
+ public:
+  ShiftInFlight(std::vector<char> mine, const dopt_comm_ref& comm, int rank, int world, int tag);
+  ShiftInFlight(const ShiftInFlight&) = delete;
+  ShiftInFlight& operator=(const ShiftInFlight&) = delete;
+  ~ShiftInFlight();
+  /// The bytes rank (rank - 1) mod world sent; blocks until every request
+  /// has completed. A second call throws CommError. world 1: `mine`.
+  std::vector<char> finish();
+  /// Wait at most timeout_ms until this rank's sends have completed (the
+  /// transport has taken the bytes). false on timeout; throws CommError.
+  bool wait_sent(int64_t timeout_ms);
+  /// Stop waiting: release the requests (the operations go on, their
+  /// results discarded) and return what owns the buffers they use, to keep
+  /// until the communicator is destroyed. Null when finished.
+  std::shared_ptr<void> abandon();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace distopt::state

@@ -59,9 +59,13 @@ extern "C" {
  *                                                           norm is known only inside
  *                                                           the algorithm, between
  *                                                           reduction and update
+ *   1.6      dopt_state_writer::put_replicated (state.h)    elastic commits: state
+ *                                                           every rank holds whole is
+ *                                                           kept by each rank, not
+ *                                                           sent to a buddy
  */
 #define DOPT_ABI_VERSION_MAJOR 1
-#define DOPT_ABI_VERSION_MINOR 5 /* 1.5: dopt_algorithm_v1::set_grad_clip */
+#define DOPT_ABI_VERSION_MINOR 6 /* 1.6: dopt_state_writer::put_replicated */
 
 /** Offset of the end of MEMBER in TYPE: the struct size a reader needs for it. */
 #define DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER) (offsetof(TYPE, MEMBER) + sizeof(((TYPE*)0)->MEMBER))

@@ -15,7 +15,9 @@
  *    ranks may overlap only where they hold equal values (e.g. a step counter
  *    kept by every owner of a split parameter); the reader then returns the
  *    lowest rank's. State every rank holds in full (plain allreduce) is put
- *    by one rank only, with offset 0 and numel = global_numel.
+ *    whole (offset 0, numel = global_numel) by every rank through
+ *    put_replicated (ABI 1.6; sdk::StateWriter::replicated), or by one rank
+ *    only through put.
  *  - DOPT_STATE_RANK_LOCAL: a value that differs per rank and has no global
  *    meaning of its own (error-feedback residuals, a rank's RNG state).
  *    Loaded into the same world size, rank r reads what rank r saved. Into
@@ -71,8 +73,20 @@ typedef struct dopt_state_writer {
    * (message names the key) for a duplicate key, an unknown kind, a piece
    * outside its logical tensor, a non-contiguous or non-CPU tensor. */
   dopt_status (*put)(void* ctx, const dopt_state_entry* entry);
+  /** ABI 1.6 (check DOPT_HAS_FIELD; absent in older hosts): put a value that
+   * every rank holds whole and equal (plain allreduce's optimizer state),
+   * from every rank. `entry` is DOPT_STATE_SHARDED with offset 0 and the
+   * whole logical tensor. The host keeps one copy, rank 0's, in a
+   * checkpoint, where it reads back as an ordinary SHARDED entry; for an
+   * elastic in-memory commit each rank keeps its own copy, which then needs
+   * no buddy copy. With an older host put it from rank 0 only, with put().
+   * Same errors as put(), and INVALID_ARGUMENT for a piece that is not the
+   * whole tensor. */
+  dopt_status (*put_replicated)(void* ctx, const dopt_state_entry* entry);
 } dopt_state_writer;
-#define DOPT_STATE_WRITER_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_state_writer, put)
+#define DOPT_STATE_WRITER_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_state_writer, put_replicated)
+/* Hosts of ABI 1.1 - 1.5. */
+#define DOPT_STATE_WRITER_V1_1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_state_writer, put)
 
 /** What a component's load_state reads from (implemented by the host). */
 typedef struct dopt_state_reader {

@@ -499,7 +499,7 @@ class Trainer {
   }
 
   // DISTOPT_FAULT_INJECT=exit:RANK:STEP (test-only).
-  void maybe_die() const {
+  void maybe_die() {
     // The rank the process started as: ranks are renumbered after a recovery.
     if (std::find(fault_.begin(), fault_.end(), std::make_pair(proc_.rank, global_step_)) ==
         fault_.end())
@@ -508,6 +508,9 @@ class Trainer {
                  "distopt train: DISTOPT_FAULT_INJECT: rank %d exits (137) at step %" PRId64 "\n",
                  proc_.rank, global_step_);
     std::fflush(stderr);
+    // As a crash during the step's compute: the last commit's bytes have
+    // left (they leave in the background, in well under a step).
+    if (elastic_) elastic_->flush(5.0);
     _exit(137);
   }
 

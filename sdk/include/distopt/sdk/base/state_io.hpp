@@ -41,9 +41,32 @@ class StateWriter {
   /// The C writer this wraps (to hand it on, e.g. to an inner reducer).
   const dopt_state_writer& c() const { return w_; }
 
+  /// A view for state that every rank holds whole and equal (plain
+  /// allreduce's optimizer state): call it on every rank and put whole
+  /// tensors (offset 0) with put_sharded. The host keeps rank 0's copy in a
+  /// checkpoint and each rank's own in an elastic commit (put_replicated,
+  /// ABI 1.6); with an older host only rank `rank`== 0 puts. put_local is
+  /// unchanged. Refers to the same C writer (borrowed like this one).
+  StateWriter replicated(int rank) const {
+    StateWriter r(w_);
+    r.replicated_ = true;
+    r.rank_ = rank;
+    return r;
+  }
+
  private:
   void put(const std::string& key, const DLTensor& t, int32_t kind, int64_t offset,
            const std::vector<int64_t>& shape) {
+    if (replicated_ && kind == DOPT_STATE_SHARDED) {
+      if (DOPT_HAS_FIELD(&w_, dopt_state_writer, put_replicated) && w_.put_replicated)
+        return put_with(w_.put_replicated, key, t, kind, offset, shape);
+      if (rank_ != 0) return;  // an older host: one copy is the whole state
+    }
+    put_with(w_.put, key, t, kind, offset, shape);
+  }
+  void put_with(dopt_status (*fn)(void*, const dopt_state_entry*), const std::string& key,
+                const DLTensor& t, int32_t kind, int64_t offset,
+                const std::vector<int64_t>& shape) {
     dopt_state_entry e{};
     e.struct_size = DOPT_STATE_ENTRY_STRUCT_SIZE;
     e.key = key.c_str();
@@ -52,9 +75,11 @@ class StateWriter {
     e.offset = offset;
     e.ndim = static_cast<int32_t>(shape.size());
     e.shape = shape.empty() ? nullptr : shape.data();
-    detail::check_host(w_.put(w_.ctx, &e), "state put '" + key + "'");
+    detail::check_host(fn(w_.ctx, &e), "state put '" + key + "'");
   }
   const dopt_state_writer& w_;
+  bool replicated_ = false;
+  int rank_ = 0;
 };
 
 /// What a saved logical tensor looks like (StateReader::find).

@@ -351,11 +351,16 @@ class P2PCommunicator : public Communicator {
   /// Give up an outstanding user send/recv whose peer failed or timed out
   /// (the default forgets it: the transport must then tolerate that).
   virtual void cancel(Handle) {}
+  /// Whether post_user takes a recv after the communicator failed, and
+  /// completes it from a message that arrived whole before the failure
+  /// (else fails it). Default false: such a recv fails at once.
+  virtual bool recv_after_failure() const { return false; }
   /// Start a user send/recv of `b` to/from `peer` with `tag`, completing
   /// `req`. The default queues it for the progress thread, which posts it
   /// on the transport tagged Tag::user(tag) (a tag < 0 is
   /// INVALID_ARGUMENT); a transport with its own channel for these
-  /// overrides it. Caller's thread; the communicator has not failed.
+  /// overrides it. Caller's thread; the communicator has not failed (but
+  /// see recv_after_failure).
   virtual void post_user(const std::shared_ptr<Completion>& req, bool is_send, int peer,
                          int32_t tag, const HostBuffer& b) {
     if (tag < 0)
@@ -427,7 +432,7 @@ class P2PCommunicator : public Communicator {
     auto req = std::make_shared<Completion>(name);
     dopt_status st = DOPT_OK;
     std::string cause;
-    if (failed(&st, &cause))
+    if (failed(&st, &cause) && (is_send || !recv_after_failure()))
       req->complete(st, std::string(name) + ": " + cause);
     else
       post_user(req, is_send, peer, tag, b);

@@ -20,7 +20,8 @@ class RankLocalWriter {
   RankLocalWriter(StateWriter& base, std::string prefix)
       : base_(base),
         prefix_(std::move(prefix)),
-        c_{DOPT_STATE_WRITER_STRUCT_SIZE, nullptr, this, &RankLocalWriter::put},
+        c_{DOPT_STATE_WRITER_STRUCT_SIZE, nullptr, this, &RankLocalWriter::put,
+           &RankLocalWriter::put},  // replicated or not: this rank's own copy
         writer_(c_) {}
   RankLocalWriter(const RankLocalWriter&) = delete;
   RankLocalWriter& operator=(const RankLocalWriter&) = delete;
