@@ -168,6 +168,61 @@ TEST_CASE("embedding: a new process (launch --elastic --join) joins 3 running ra
   }
 }
 
+TEST_CASE("embedding: a joined process that dies is recorded dead; the others recover at once") {
+  // world.timeout_s 120: an agreement that waited for the dead process
+  // instead of its launcher's record would outlast the hang guards (100 s).
+  TempDir t;
+  std::string cfg;
+  {
+    std::ofstream f(t.file("job.yaml"));
+    f << "world: {size: 3, timeout_s: 120}\n"
+      << "communicator: {name: tcp}\nreducer: {name: mean}\nalgorithm: {name: allreduce}\n"
+      << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
+      << "elastic: {enabled: true, min_ranks: 2, max_ranks: 4}\n";
+    cfg = t.file("job.yaml");
+  }
+  const std::string out = t.file("params.txt");
+  const int port = distopt::test::random_port();
+  const std::string token = "elastic-join-dies-" + std::to_string(port);
+  Background running({cli(), "launch", "--elastic", "-n", "3", "--master-port",
+                      std::to_string(port), "--rdzv-id", token, "--config", cfg, "--",
+                      DISTOPT_EMBED_RANK, out, std::to_string(kSteps), "-1", "-1", "3"});
+  ProcResult joined =
+      run_command({cli(), "launch", "--elastic", "--join", "-n", "1", "--master-port",
+                   std::to_string(port), "--rdzv-id", token, "--config", cfg, "--",
+                   DISTOPT_EMBED_RANK, out, std::to_string(kSteps), "-1", "-1", "3"},
+                  {"EMBED_EXIT_AFTER_JOIN=2"}, std::chrono::seconds(100));
+  INFO(joined.output);
+  const int code = running.wait(std::chrono::seconds(100));
+  INFO(running.output);
+  REQUIRE_FALSE(joined.timed_out);
+  CHECK(joined.output.find("rejoined as rank 3 of 4 at step ") != std::string::npos);
+  CHECK(joined.output.find("joined rank exits at step ") != std::string::npos);
+  CHECK(joined.exit_code == 1);  // its launcher: its only rank failed
+  REQUIRE(code == 0);
+  // The survivors' agreement closed on the launcher's record of the death
+  // (elastic/dead/<the joined process's member id>), not at world.timeout_s.
+  // (The first joining process's member id: 2000000000 + 1, see
+  // core/src/runtime/membership.hpp.)
+  CHECK(running.output.find("member(s) arrived, recorded dead: 2000000001; the others were "
+                            "recorded dead by the launcher") != std::string::npos);
+  CHECK(running.output.find("world.timeout_s passed") == std::string::npos);
+  CHECK(running.output.find("rank 0 done at step 12 as rank 0 of 3") != std::string::npos);
+  const std::string p0 = slurp(out + ".0");
+  REQUIRE_FALSE(p0.empty());
+  CHECK(slurp(out + ".1") == p0);
+  CHECK(slurp(out + ".2") == p0);
+  std::ifstream f(out + ".0");
+  std::vector<double> got;
+  for (double v; f >> v;) got.push_back(v);
+  const std::vector<double> want = reference();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("parameter element " << i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  }
+}
+
 TEST_CASE("embedding, allreduce: a rank killed at step 6 of 12; the 2 left end as one process") {
   killed_equals_reference("{name: allreduce}");
 }

@@ -57,8 +57,9 @@ constexpr const char* kHelp =
     "collective); Ctrl-C stops every local rank and exits 130; --timeout exits 124.\n"
     "--elastic: node 0's launcher serves the rendezvous store itself (it outlives rank 0);\n"
     "the ranks get DISTOPT_STORE_SERVED=1 and DISTOPT_ELASTIC=1. A rank that fails does not\n"
-    "stop the others: the launcher sets store key elastic/dead/<rank> to how it ended\n"
-    "(\"exit code 3\"), adds 1 to elastic/dead_count, restarts it while --max-restarts allows\n"
+    "stop the others: the launcher sets store key elastic/dead/<member> to how it ended\n"
+    "(\"exit code 3\"; the member id it gave the rank in DISTOPT_ELASTIC_MEMBER), adds 1 to\n"
+    "elastic/dead_count, restarts it while --max-restarts allows\n"
     "(DISTOPT_RESTART_COUNT=k in its k-th restart) and waits for every rank. It exits 0 when\n"
     "a rank exited 0 and none failed at or after the last such exit (ranks seen ending in\n"
     "the same 50 ms poll end together), else 1.\n\noptions";

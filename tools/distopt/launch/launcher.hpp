@@ -58,11 +58,14 @@ struct LaunchOptions {
   /// Node 0's launcher serves the store (StoreServer on master_addr:port,
   /// the job token) before starting its ranks; every rank of every node gets
   /// DISTOPT_STORE_SERVED=1 (rank 0 connects as a client only) and
-  /// DISTOPT_ELASTIC=1. For a local rank r (global number) that exits
-  /// non-zero or is killed, the launcher, as a store client, sets
-  /// "elastic/dead/<r>" to describe_status() ("exit code 3") and adds 1 to the
-  /// counter "elastic/dead_count", then says "rank r failed (exit code 3);
-  /// elastic: the other ranks go on" on stderr. It waits for every rank; see
+  /// DISTOPT_ELASTIC=1, and each process DISTOPT_ELASTIC_MEMBER, its member
+  /// id in the job's membership (its global rank + 1000000 per restart; with
+  /// `join`, 2000000000 + a number from the store counter elastic/join/ids,
+  /// taken before the process starts). For a local rank r (global number)
+  /// whose process exits non-zero or is killed, the launcher, as a store
+  /// client, sets "elastic/dead/<member>" to describe_status() ("exit code 3")
+  /// and adds 1 to the counter "elastic/dead_count", then says "rank r failed
+  /// (exit code 3); elastic: the other ranks go on" on stderr. It waits for every rank; see
   /// kExitOk for the exit code. Interrupts and timeout_s stop every rank as
   /// without elastic, and failure_wait_s is unused.
   bool elastic = false;
@@ -77,7 +80,8 @@ struct LaunchOptions {
   /// master_addr:port (whose token must be given): this launcher serves no
   /// store, and its ranks get DISTOPT_ELASTIC_JOIN=1, which makes the core
   /// ask the running ranks to take them in at their next commit (core's
-  /// Runtime::joining). Their global numbers are only names.
+  /// Runtime::joining). Their global numbers are only names. run() throws
+  /// std::runtime_error when the store cannot be reached within 60 s.
   bool join = false;
   std::string name = "distopt launch";  ///< prefix of the launcher's own messages
 };
