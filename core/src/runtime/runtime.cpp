@@ -314,6 +314,17 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   auto impl = std::make_shared<Impl>();
   Impl& m = *impl;
   m.cfg = cfg;
+  // `distopt launch --elastic --nnodes MIN:MAX`: the job may grow to MAX
+  // nodes' ranks (the job file's elastic.max_ranks wins when set).
+  if (const char* v = std::getenv("DISTOPT_ELASTIC_MAX_RANKS");
+      v && *v && cfg.elastic.enabled && cfg.elastic.max_ranks == 0) {
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (*end || x < 1 || x > (1 << 20))
+      throw ConfigError("DISTOPT_ELASTIC_MAX_RANKS='" + std::string(v) +
+                        "' is not a number of ranks in [1, 1048576]");
+    m.cfg.elastic.max_ranks = x;
+  }
   m.proc = proc;
   check_plugin_dirs(cfg);
   m.registry.discover(PluginRegistry::search_path(cfg.plugin_paths));

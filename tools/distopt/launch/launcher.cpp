@@ -23,8 +23,10 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "distopt/error.hpp"
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
 
@@ -255,7 +257,7 @@ ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
   // Several nodes: name this one for node-aware components (hierarchical),
   // unless the user did; the launcher's node index is what they mean by a node.
   const char* node_id = std::getenv("DISTOPT_NODE_ID");
-  const bool set_node = o.nnodes > 1 && !(node_id && *node_id);
+  const bool set_node = (o.nnodes > 1 || o.max_nodes > 0) && !(node_id && *node_id);
   const std::string host = o.master_addr.find(':') != std::string::npos && o.master_addr[0] != '['
                                ? "[" + o.master_addr + "]"
                                : o.master_addr;
@@ -662,7 +664,103 @@ std::pair<std::string, int> split_endpoint(const std::string& ep, const std::str
   return {host, static_cast<int>(p)};
 }
 
-int run(const LaunchOptions& o) {
+namespace {
+
+std::chrono::milliseconds millis(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+// The launcher serving the node rendezvous decides when the job starts and
+// with how many nodes (LaunchOptions::max_nodes); returns that number.
+int64_t decide_start(Store& store, const LaunchOptions& o) {
+  const auto deadline = Clock::now() + millis(o.rdzv_timeout_s);
+  auto settle_end = Clock::time_point::max();
+  for (;;) {
+    const int64_t n = store.add("elastic/nodes/arrived", 0);
+    const auto now = Clock::now();
+    if (n >= o.min_nodes && settle_end == Clock::time_point::max()) {
+      settle_end = now + millis(o.rdzv_settle_s);
+      message(o, "elastic nodes: " + std::to_string(n) + " of at least " +
+                     std::to_string(o.min_nodes) + " arrived; starting in " +
+                     seconds(o.rdzv_settle_s) + " s unless " + std::to_string(o.max_nodes) +
+                     " arrive sooner");
+    }
+    if (n >= o.max_nodes || now >= settle_end) break;
+    if (now >= deadline)
+      throw std::runtime_error("elastic nodes: " + std::to_string(n) + " of at least " +
+                               std::to_string(o.min_nodes) + " node(s) arrived at tcp://" +
+                               o.master_addr + ":" + std::to_string(o.port) + " within " +
+                               seconds(o.rdzv_timeout_s) + " s (--rdzv-timeout)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const int64_t started = std::min<int64_t>(store.add("elastic/nodes/arrived", 0), o.max_nodes);
+  store.set("elastic/nodes/started", std::to_string(started));
+  return started;
+}
+
+// Elastic nodes: the node rendezvous of LaunchOptions::max_nodes. Fills in
+// o.nnodes, o.node_rank, o.join and the ranks' DISTOPT_ELASTIC_MAX_RANKS;
+// returns the store server when this launcher serves it.
+std::unique_ptr<StoreServer> node_rendezvous(LaunchOptions& o) {
+  if (!o.elastic || o.join || o.port <= 0 || o.token.empty() || o.min_nodes < 1 ||
+      o.max_nodes < o.min_nodes)
+    throw std::runtime_error(
+        "elastic nodes need elastic, not join, a fixed port, a token and 1 <= min_nodes <= "
+        "max_nodes");
+  std::unique_ptr<StoreServer> server;
+  if (!o.node_rank_given || o.node_rank == 0) {
+    try {
+      server = StoreServer::start(o.master_addr, o.port, o.token);
+    } catch (const RendezvousError&) {
+      // The port is taken (another node's launcher on this host serves it)
+      // or the address is another host's: a client, unless named node 0.
+      if (o.node_rank_given) throw;
+    }
+  }
+  const std::string url = "tcp://" + o.master_addr + ":" + std::to_string(o.port);
+  StoreOptions so;
+  so.url = url;
+  so.token = o.token;
+  so.serve = false;
+  so.timeout = millis(o.rdzv_timeout_s);
+  std::shared_ptr<Store> store = make_store(so);
+  const int64_t arrival = store->add("elastic/nodes/arrived", 1);
+  message(o, "elastic nodes: arrived " + std::to_string(arrival) + (server ? "" : " at " + url) +
+                 (server ? " (serving the store at " + url + ")" : "") + "; the job starts with " +
+                 std::to_string(o.min_nodes) + ".." + std::to_string(o.max_nodes) + " node(s)");
+  const int64_t started = server ? decide_start(*store, o) : std::stoll([&] {
+    const auto v = store->get("elastic/nodes/started", millis(o.rdzv_timeout_s));
+    return std::string(v.begin(), v.end());
+  }());
+  if (arrival <= started) {
+    if (!o.node_rank_given) o.node_rank = static_cast<int>(arrival - 1);
+    if (o.node_rank >= started)
+      throw std::runtime_error("--node-rank " + std::to_string(o.node_rank) + ", but the job " +
+                               "started with " + std::to_string(started) + " node(s)");
+    o.nnodes = static_cast<int>(started);
+  } else {
+    // After the start: this node's ranks join the running job (their
+    // global numbers are only names).
+    if (!o.node_rank_given) o.node_rank = static_cast<int>(arrival - 1);
+    o.nnodes = o.node_rank + 1;
+    o.join = true;
+    message(o, "elastic nodes: the job started with " + std::to_string(started) +
+                   " node(s) before this one arrived: its ranks join the running job");
+  }
+  o.extra_env.emplace_back("DISTOPT_ELASTIC_MAX_RANKS",
+                           std::to_string(static_cast<int64_t>(o.max_nodes) * o.nprocs));
+  return server;
+}
+
+}  // namespace
+
+int run(const LaunchOptions& given) {
+  LaunchOptions o = given;
+  std::unique_ptr<StoreServer> server;
+  if (o.max_nodes > 0) {
+    if (o.nprocs < 1) throw std::runtime_error("the number of ranks must be at least 1");
+    server = node_rendezvous(o);
+  }
   if (o.nprocs < 1) throw std::runtime_error("the number of ranks must be at least 1");
   if (o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw std::runtime_error("node rank " + std::to_string(o.node_rank) + " is not in [0, " +
@@ -678,8 +776,7 @@ int run(const LaunchOptions& o) {
   const std::string token = o.token.empty() ? random_token() : o.token;
   // Elastic: node 0's launcher serves the store before any rank starts (a
   // port it picks itself is bound at once, so no other process can take it).
-  std::unique_ptr<StoreServer> server;
-  if (o.elastic && o.node_rank == 0 && !o.join)
+  if (o.elastic && o.node_rank == 0 && !o.join && o.max_nodes == 0)
     server = StoreServer::start(o.master_addr, o.port, token);
   const int port = server ? server->port() : o.port > 0 ? o.port : free_loopback_port();
   if (o.nnodes > 1)
