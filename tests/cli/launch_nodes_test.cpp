@@ -159,6 +159,29 @@ TEST_CASE("launch refuses inconsistent node options, naming them") {
     CHECK_MESSAGE(r.output.find(opt) != std::string::npos, opt);
 }
 
+TEST_CASE("launch --nnodes MIN:MAX: refused without --elastic, -n or a port, and when MIN > MAX") {
+  auto refused = [](std::vector<std::string> args, const std::string& names) {
+    std::vector<std::string> argv = {cli(), "launch"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--", "true"});
+    ProcResult r = run_command(argv);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(names) != std::string::npos);
+  };
+  refused({"--nnodes", "1:3", "-n", "1", "--master-port", "29999"}, "needs --elastic");
+  refused({"--elastic", "--join", "--nnodes", "1:3", "-n", "1", "--master-port", "29999",
+           "--rdzv-id", "x"},
+          "needs --elastic and no --join");
+  refused({"--elastic", "--nnodes", "3:2", "-n", "1", "--master-port", "29999"},
+          "MIN is above MAX");
+  refused({"--elastic", "--nnodes", "2:x", "-n", "1", "--master-port", "29999"}, "MIN:MAX");
+  refused({"--elastic", "--nnodes", "1:3", "--master-port", "29999"}, "give -n K");
+  refused({"--elastic", "--nnodes", "1:3", "-n", "1"}, "--master-port");
+  ProcResult r = run_command({cli(), "launch", "--help"});
+  CHECK(r.output.find("--rdzv-settle") != std::string::npos);
+}
+
 TEST_CASE("inside an sbatch script (no srun step): launch runs this node, train is refused") {
   const std::vector<std::string> batch = {"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_ID=4244",
                                           "SLURM_JOB_NODELIST=127.0.0.1"};

@@ -6,6 +6,8 @@
 // JOIN_STEP: see below).
 // Every rank writes its parameters to OUT.<its final rank>, one value per
 // line. Restarted (DISTOPT_RESTART_COUNT > 0), it joins the running ranks.
+// EMBED_EXIT_AFTER_JOIN=K in the environment: a process that joined a
+// running job exits (code 137) K steps after it was taken in.
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -58,12 +60,14 @@ int main(int argc, char** argv) {
     torch::nn::Linear model(4, 3);
     distopt::DistributedOptimizer opt = rt.make_optimizer(*model);
     distopt::Elastic elastic(rt, *model, opt);
-    int64_t step = 0;
+    int64_t step = 0, exit_at = -1;
     const char* restarted = std::getenv("DISTOPT_RESTART_COUNT");
+    const char* exit_after = std::getenv("EMBED_EXIT_AFTER_JOIN");
     if (elastic.rejoined()) {  // a restarted rank: taken in at the others' commit
       step = std::stoll(elastic.position().at("step"));
       std::cout << "rank " << first_rank << " rejoined as rank " << rt.rank() << " of "
                 << rt.world_size() << " at step " << step << std::endl;
+      if (exit_after) exit_at = step + std::stoll(exit_after);
     } else {
       elastic.commit({{"step", "0"}});
     }
@@ -72,6 +76,10 @@ int main(int argc, char** argv) {
         if (!restarted && first_rank == die_rank && step + 1 == die_step) {
           std::cerr << "rank " << first_rank << " exits before step " << die_step << std::endl;
           elastic.flush(5.0);  // dies in the step, after its commit's bytes left
+          _exit(137);
+        }
+        if (step == exit_at) {
+          std::cerr << "joined rank exits at step " << step << std::endl;
           _exit(137);
         }
         if (step == join_step && !elastic.rejoined())

@@ -168,6 +168,129 @@ TEST_CASE("embedding: a new process (launch --elastic --join) joins 3 running ra
   }
 }
 
+TEST_CASE("embedding: launch --elastic --nnodes 2:3: two nodes start, a third arrives and joins") {
+  // Three node launchers on loopback, one rank each. max_ranks 0: the
+  // launcher's MAX x K = 3 bounds the world (else the starting 2 would).
+  TempDir t;
+  const std::string cfg = job(t, "{name: allreduce}", "{enabled: true, min_ranks: 2}");
+  const std::string out = t.file("params.txt");
+  const int port = distopt::test::random_port();
+  const std::string token = "elastic-nodes-" + std::to_string(port);
+  const std::vector<std::string> node = {cli(),
+                                         "launch",
+                                         "--elastic",
+                                         "--nnodes",
+                                         "2:3",
+                                         "-n",
+                                         "1",
+                                         "--rdzv-settle",
+                                         "1",
+                                         "--master-port",
+                                         std::to_string(port),
+                                         "--rdzv-id",
+                                         token,
+                                         "--config",
+                                         cfg,
+                                         "--",
+                                         DISTOPT_EMBED_RANK,
+                                         out,
+                                         std::to_string(kSteps),
+                                         "-1",
+                                         "-1",
+                                         "3"};
+  Background a(node), b(node);
+  // The job has started once a launcher knows its node of 2; its ranks then
+  // wait before step 3 until a process asks to join.
+  const auto started = [](const std::string& o) {
+    return o.find(" of 2: ranks ") != std::string::npos;
+  };
+  REQUIRE(a.read_until(started, std::chrono::seconds(100)));
+  ProcResult c = run_command(node, {}, std::chrono::seconds(150));
+  INFO(c.output);
+  const int code_a = a.wait(std::chrono::seconds(150)), code_b = b.wait(std::chrono::seconds(30));
+  INFO(a.output);
+  INFO(b.output);
+  REQUIRE_FALSE(c.timed_out);
+  CHECK(c.output.find("the job started with 2 node(s) before this one arrived") !=
+        std::string::npos);
+  CHECK(c.output.find("rejoined as rank 2 of 3 at step ") != std::string::npos);
+  CHECK(c.exit_code == 0);
+  CHECK(code_a == 0);
+  CHECK(code_b == 0);
+  // Node ranks in arrival order: one launcher is node 0, the other node 1.
+  CHECK((a.output + b.output).find("node 0 of 2: ranks 0..0 of 2") != std::string::npos);
+  CHECK((a.output + b.output).find("node 1 of 2: ranks 1..1 of 2") != std::string::npos);
+  CHECK((a.output + b.output).find("taking in 1 rank(s) at optimizer step") != std::string::npos);
+  const std::string p0 = slurp(out + ".0");
+  REQUIRE_FALSE(p0.empty());
+  CHECK(slurp(out + ".1") == p0);
+  CHECK(slurp(out + ".2") == p0);  // the joined node's rank: bitwise the same
+  std::ifstream f(out + ".0");
+  std::vector<double> got;
+  for (double v; f >> v;) got.push_back(v);
+  const std::vector<double> want = reference();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("parameter element " << i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("embedding: a joined process that dies is recorded dead; the others recover at once") {
+  // world.timeout_s 120: an agreement that waited for the dead process
+  // instead of its launcher's record would outlast the hang guards (100 s).
+  TempDir t;
+  std::string cfg;
+  {
+    std::ofstream f(t.file("job.yaml"));
+    f << "world: {size: 3, timeout_s: 120}\n"
+      << "communicator: {name: tcp}\nreducer: {name: mean}\nalgorithm: {name: allreduce}\n"
+      << "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
+      << "elastic: {enabled: true, min_ranks: 2, max_ranks: 4}\n";
+    cfg = t.file("job.yaml");
+  }
+  const std::string out = t.file("params.txt");
+  const int port = distopt::test::random_port();
+  const std::string token = "elastic-join-dies-" + std::to_string(port);
+  Background running({cli(), "launch", "--elastic", "-n", "3", "--master-port",
+                      std::to_string(port), "--rdzv-id", token, "--config", cfg, "--",
+                      DISTOPT_EMBED_RANK, out, std::to_string(kSteps), "-1", "-1", "3"});
+  ProcResult joined =
+      run_command({cli(), "launch", "--elastic", "--join", "-n", "1", "--master-port",
+                   std::to_string(port), "--rdzv-id", token, "--config", cfg, "--",
+                   DISTOPT_EMBED_RANK, out, std::to_string(kSteps), "-1", "-1", "3"},
+                  {"EMBED_EXIT_AFTER_JOIN=2"}, std::chrono::seconds(100));
+  INFO(joined.output);
+  const int code = running.wait(std::chrono::seconds(100));
+  INFO(running.output);
+  REQUIRE_FALSE(joined.timed_out);
+  CHECK(joined.output.find("rejoined as rank 3 of 4 at step ") != std::string::npos);
+  CHECK(joined.output.find("joined rank exits at step ") != std::string::npos);
+  CHECK(joined.exit_code == 1);  // its launcher: its only rank failed
+  REQUIRE(code == 0);
+  // The survivors' agreement closed on the launcher's record of the death
+  // (elastic/dead/<the joined process's member id>), not at world.timeout_s.
+  // (The first joining process's member id: 2000000000 + 1, see
+  // core/src/runtime/membership.hpp.)
+  CHECK(running.output.find("member(s) arrived, recorded dead: 2000000001; the others were "
+                            "recorded dead by the launcher") != std::string::npos);
+  CHECK(running.output.find("world.timeout_s passed") == std::string::npos);
+  CHECK(running.output.find("rank 0 done at step 12 as rank 0 of 3") != std::string::npos);
+  const std::string p0 = slurp(out + ".0");
+  REQUIRE_FALSE(p0.empty());
+  CHECK(slurp(out + ".1") == p0);
+  CHECK(slurp(out + ".2") == p0);
+  std::ifstream f(out + ".0");
+  std::vector<double> got;
+  for (double v; f >> v;) got.push_back(v);
+  const std::vector<double> want = reference();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("parameter element " << i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  }
+}
+
 TEST_CASE("embedding, allreduce: a rank killed at step 6 of 12; the 2 left end as one process") {
   killed_equals_reference("{name: allreduce}");
 }

@@ -40,6 +40,8 @@ constexpr const char* kHelp =
     "       distopt launch --elastic [--max-restarts N] [-n N] ... -- PROGRAM ARGS...\n"
     "       distopt launch --nnodes N --node-rank R --nproc-per-node K --master-addr HOST\n"
     "                      --master-port P [--rdzv-id ID] -- PROGRAM ARGS...   (on each node)\n"
+    "       distopt launch --elastic --nnodes MIN:MAX -n K --master-addr HOST --master-port P\n"
+    "                      [--rdzv-id ID] [--rdzv-settle S] -- PROGRAM ARGS... (on each node)\n"
     "\n"
     "Start the ranks of PROGRAM on this node (torchrun's options and numbering): local rank\n"
     "i of node R is global rank R*K + i of N*K. Each gets DISTOPT_RANK, DISTOPT_WORLD_SIZE,\n"
@@ -57,11 +59,21 @@ constexpr const char* kHelp =
     "collective); Ctrl-C stops every local rank and exits 130; --timeout exits 124.\n"
     "--elastic: node 0's launcher serves the rendezvous store itself (it outlives rank 0);\n"
     "the ranks get DISTOPT_STORE_SERVED=1 and DISTOPT_ELASTIC=1. A rank that fails does not\n"
-    "stop the others: the launcher sets store key elastic/dead/<rank> to how it ended\n"
-    "(\"exit code 3\"), adds 1 to elastic/dead_count, restarts it while --max-restarts allows\n"
+    "stop the others: the launcher sets store key elastic/dead/<member> to how it ended\n"
+    "(\"exit code 3\"; the member id it gave the rank in DISTOPT_ELASTIC_MEMBER), adds 1 to\n"
+    "elastic/dead_count, restarts it while --max-restarts allows\n"
     "(DISTOPT_RESTART_COUNT=k in its k-th restart) and waits for every rank. It exits 0 when\n"
     "a rank exited 0 and none failed at or after the last such exit (ranks seen ending in\n"
-    "the same 50 ms poll end together), else 1.\n\noptions";
+    "the same 50 ms poll end together), else 1.\n"
+    "--elastic --nnodes MIN:MAX (torchrun's elastic nodes): the node launchers meet in the\n"
+    "store at HOST:P, served by the first launcher that can bind it (with --node-rank, node\n"
+    "0's). Once MIN have arrived it waits --rdzv-settle S (default 3) more seconds, or until\n"
+    "MAX have, and the job starts with the N nodes present: N*K ranks, node ranks in arrival\n"
+    "order unless --node-rank is given (then on every node, each below N). A launcher that\n"
+    "arrives after the start starts its K ranks as --join does: the running ranks take\n"
+    "them in at their next commit while the world stays within MAX*K ranks (or the job\n"
+    "file's elastic.max_ranks); beyond it they wait world.timeout_s and fail. The store\n"
+    "lives in its launcher: that launcher's end ends the job.\n\noptions";
 
 // A command-line mistake: "distopt launch: WHAT" on stderr, exit status 2.
 struct UsageError : std::runtime_error {
@@ -71,6 +83,8 @@ struct UsageError : std::runtime_error {
 // What the command line, and Slurm, say about this node's part of the job.
 struct NodeArgs {
   int nprocs = 0, nnodes = 1, node_rank = 0, port = 0;
+  std::string nnodes_arg;            // --nnodes: N, or MIN:MAX (elastic nodes)
+  int min_nodes = 0, max_nodes = 0;  // MIN:MAX, else 0
   std::string master_addr, endpoint;
   std::string token;  // --rdzv-id, else Slurm's, else $DISTOPT_JOB_TOKEN
 };
@@ -88,8 +102,10 @@ po::options_description launch_options(NodeArgs& n, launch::LaunchOptions& lo) {
   desc.add_options()("help,h", "show this help")(
       "nproc-per-node,n", po::value<int>(&n.nprocs),
       "ranks on this node (default: world.size of --config / --nnodes)")(
-      "nnodes", po::value<int>(&n.nnodes), "nodes in the job (default 1)")(
-      "node-rank", po::value<int>(&n.node_rank), "this node's index, 0..nnodes-1 (default 0)")(
+      "nnodes", po::value<std::string>(&n.nnodes_arg),
+      "nodes in the job (default 1); with --elastic, MIN:MAX: start with the nodes present "
+      "once MIN have arrived, later ones join")("node-rank", po::value<int>(&n.node_rank),
+                                                "this node's index, 0..nnodes-1 (default 0)")(
       "master-addr", po::value<std::string>(&n.master_addr),
       "address of node 0, where rank 0 serves the rendezvous (default 127.0.0.1)")(
       "master-port", po::value<int>(&n.port),
@@ -111,10 +127,42 @@ po::options_description launch_options(NodeArgs& n, launch::LaunchOptions& lo) {
       "a failed rank does not stop the others; the launcher serves the store")(
       "max-restarts", po::value<int>(&lo.max_restarts)->default_value(0),
       "with --elastic: restart failed ranks, at most N times in all on this node")(
+      "rdzv-settle", po::value<double>(&lo.rdzv_settle_s)->default_value(3),
+      "--nnodes MIN:MAX: seconds to wait for more nodes once MIN have arrived")(
+      "rdzv-timeout", po::value<double>(&lo.rdzv_timeout_s)->default_value(600),
+      "--nnodes MIN:MAX: give up when MIN nodes have not arrived within S seconds")(
       "join", po::bool_switch(&lo.join),
       "with --elastic: start ranks that join the running elastic job at --master-addr:"
       "--master-port (give its --rdzv-id); taken in at its next commit");
   return desc;
+}
+
+// --nnodes N, or MIN:MAX (elastic nodes: needs --elastic, not --join).
+void parse_nnodes(const po::variables_map& vm, NodeArgs& n, const launch::LaunchOptions& lo) {
+  if (!vm.count("nnodes")) return;
+  const std::string& a = n.nnodes_arg;
+  auto number = [&](const std::string& s) {
+    char* end = nullptr;
+    const long x = s.empty() ? -1 : std::strtol(s.c_str(), &end, 10);
+    if (x < 1 || x > 4096 || *end)
+      throw UsageError("--nnodes '" + a + "': give N or MIN:MAX, each between 1 and 4096");
+    return static_cast<int>(x);
+  };
+  const size_t colon = a.find(':');
+  if (colon == std::string::npos) {
+    n.nnodes = number(a);
+    return;
+  }
+  n.min_nodes = number(a.substr(0, colon));
+  n.max_nodes = number(a.substr(colon + 1));
+  if (n.min_nodes > n.max_nodes) throw UsageError("--nnodes " + a + ": MIN is above MAX");
+  if (!lo.elastic || lo.join)
+    throw UsageError("--nnodes " + a +
+                     " (MIN:MAX) needs --elastic and no --join (a node that "
+                     "arrives after the start joins by itself)");
+  if (lo.rdzv_settle_s < 0 || lo.rdzv_timeout_s <= 0)
+    throw UsageError("--rdzv-settle must not be negative, --rdzv-timeout must be positive");
+  n.nnodes = n.max_nodes;  // node ranks, if given, are below MAX
 }
 
 // --port, --master-port and --rdzv-endpoint: one rendezvous address.
@@ -196,8 +244,8 @@ void check_nodes(const NodeArgs& n) {
   if (n.node_rank < 0 || n.node_rank >= n.nnodes)
     throw UsageError("--node-rank must be in 0.." + std::to_string(n.nnodes - 1) + " (got " +
                      std::to_string(n.node_rank) + ")");
-  if (n.nnodes > 1 && n.port == 0)
-    throw UsageError("--nnodes " + std::to_string(n.nnodes) +
+  if ((n.nnodes > 1 || n.max_nodes > 0) && n.port == 0)
+    throw UsageError("--nnodes " + (n.max_nodes > 0 ? n.nnodes_arg : std::to_string(n.nnodes)) +
                      " needs --master-port P (or --rdzv-endpoint HOST:P): every node must "
                      "name the same rendezvous");
 }
@@ -212,7 +260,9 @@ void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n, launch::La
                         ? job.root["world"]["size"]
                         : YAML::Node();
   const bool job_sets_size = size.IsDefined() && !size.IsNull();
-  if (lo.join && !vm.count("nproc-per-node")) {
+  if (n.max_nodes > 0 && !vm.count("nproc-per-node")) {
+    throw UsageError("--nnodes " + n.nnodes_arg + ": give -n K (ranks per node)");
+  } else if (lo.join && !vm.count("nproc-per-node")) {
     n.nprocs = 1;  // --join: one rank more, unless -n says how many
   } else if (!vm.count("nproc-per-node")) {
     if (lo.config.empty())
@@ -222,7 +272,7 @@ void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n, launch::La
       throw UsageError(lo.config + ": world.size " + std::to_string(job.world_size) +
                        " is not a multiple of --nnodes " + std::to_string(n.nnodes) + "; give -n");
     n.nprocs = static_cast<int>(job.world_size / n.nnodes);
-  } else if (job_sets_size && !lo.join &&
+  } else if (job_sets_size && !lo.join && n.max_nodes == 0 &&
              job.world_size != static_cast<int64_t>(n.nprocs) * n.nnodes) {
     // (--join: these ranks are added to a running job of world.size.)
     // Two numbers of ranks: refuse rather than guess which one was meant.
@@ -258,12 +308,15 @@ void fill_launch_options(NodeArgs n, launch::LaunchOptions& lo) {
   lo.nprocs = n.nprocs;
   lo.nnodes = n.nnodes;
   lo.node_rank = n.node_rank;
+  lo.min_nodes = n.min_nodes;
+  lo.max_nodes = n.max_nodes;
   if (!n.master_addr.empty()) lo.master_addr = n.master_addr;
   lo.port = n.port;
   lo.token = !n.token.empty() || n.nnodes == 1
                  ? n.token
                  : "rdzv-" + lo.master_addr + ":" + std::to_string(n.port) + "-" +
-                       std::to_string(n.nnodes) + "x" + std::to_string(n.nprocs);
+                       (n.max_nodes > 0 ? n.nnodes_arg : std::to_string(n.nnodes)) + "x" +
+                       std::to_string(n.nprocs);
 }
 
 int cmd_launch(int argc, char** argv) {
@@ -297,6 +350,7 @@ int cmd_launch(int argc, char** argv) {
     return 2;
   }
   try {
+    parse_nnodes(vm, n, lo);
     resolve_endpoint(vm, n);
     try {  // a malformed Slurm variable is a usage error naming it
       const bool batch = slurm_batch_step(vm);
@@ -314,6 +368,7 @@ int cmd_launch(int argc, char** argv) {
     std::cerr << "distopt launch: " << e.what() << "\n";
     return 2;
   }
+  lo.node_rank_given = vm.count("node-rank") > 0;
   fill_launch_options(n, lo);
   std::cout.flush();
   return launch::run(lo);

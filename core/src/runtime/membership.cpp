@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "distopt/error.hpp"
+#include "distopt/host_services.hpp"
 
 namespace distopt::runtime {
 
@@ -23,6 +24,12 @@ std::string key_of(int64_t generation, const std::string& what) {
 }
 
 std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+std::string ids(const std::vector<int64_t>& v) {
+  std::string s;
+  for (int64_t x : v) s += (s.empty() ? "" : " ") + std::to_string(x);
+  return s;
+}
 
 Arrival parse_arrival(std::istream& in, const std::string& whole) {
   Arrival a;
@@ -62,22 +69,53 @@ CommitId common_commit(const std::vector<Arrival>& members) {
 void close_and_decide(Store& store, const AgreeOptions& o) {
   const auto start = Clock::now();
   const std::string arrived_key = key_of(o.generation, "arrived");
+  // Why it closed, for the log: an operator tells a prompt recovery from
+  // one that waited out world.timeout_s for a process nobody recorded dead.
+  std::string why;
+  std::vector<int64_t> dead;
+  // Agent: the members that arrived so far (a dead record of one of them,
+  // e.g. one written under a wrong id, must not stand for another member).
+  std::set<int64_t> arrived_members;
+  int64_t read = 0;
   for (;;) {
     const int64_t arrived = store.add(arrived_key, 0);
-    if (arrived >= o.old_world_size) break;
-    const auto waited = Clock::now() - start;
-    if (o.agent) {
-      int64_t dead = 0;
-      for (int64_t m : o.old_members)
-        if (store.check("elastic/dead/" + std::to_string(m))) ++dead;
-      if (arrived + dead >= o.old_world_size) break;
-    } else if (waited >= o.settle) {
+    if (arrived >= o.old_world_size) {
+      why = "every member arrived";
       break;
     }
-    if (waited >= o.timeout) break;
+    const auto waited = Clock::now() - start;
+    if (o.agent) {
+      for (; read < arrived; ++read)  // each arrival's record follows its count at once
+        arrived_members.insert(
+            Arrival::decode(
+                text(store.get(key_of(o.generation, "arrival/" + std::to_string(read + 1)),
+                               std::chrono::milliseconds(o.timeout))))
+                .member);
+      dead.clear();
+      for (int64_t m : o.old_members)
+        if (!arrived_members.count(m) && store.check("elastic/dead/" + std::to_string(m)))
+          dead.push_back(m);
+      if (static_cast<int64_t>(arrived_members.size() + dead.size()) >= o.old_world_size) {
+        why = "the others were recorded dead by the launcher";
+        break;
+      }
+    } else if (waited >= o.settle) {
+      why = "elastic.settle_s passed";
+      break;
+    }
+    if (waited >= o.timeout) {
+      why = "world.timeout_s passed, with members neither arrived nor recorded dead";
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   const int64_t closed = store.add(arrived_key, 0);
+  log(DOPT_LOG_INFO, "elastic",
+      "generation " + std::to_string(o.generation) + "'s membership closed after " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()) +
+          " ms with " + std::to_string(closed) + " of " + std::to_string(o.old_world_size) +
+          " member(s) arrived, recorded dead: " + (dead.empty() ? "none" : ids(dead)) + "; " + why);
   store.set(key_of(o.generation, "closed"), std::to_string(closed));
   Decision d;
   d.generation = o.generation + 1;

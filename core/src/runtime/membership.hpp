@@ -8,7 +8,11 @@
 //   closed             the number of arrivals the membership took
 //   decision           the new membership (Decision::encode)
 // and, set by the elastic launcher (launch --elastic) when a rank's process
-// ends: elastic/dead/<member> (the member is the process's first rank).
+// ends: elastic/dead/<member>. A member id names one process for the whole
+// job: a starting rank's is its first rank plus 1000000 per restart, a
+// process of `launch --elastic --join` (or started on a node that arrived
+// after the start) 2000000000 + n, n from the store counter elastic/join/ids.
+// The launcher chooses it and hands it over as DISTOPT_ELASTIC_MEMBER.
 #pragma once
 
 #include <chrono>
@@ -37,7 +41,7 @@ struct CommitId {
 
 /// What a survivor brings to the agreement.
 struct Arrival {
-  int64_t member = 0;  ///< stable id: the process's first rank
+  int64_t member = 0;  ///< stable id of the process (see the top of this file)
   int rank = 0;        ///< its rank in the generation being left
   std::string node;    ///< host identity (local ranks are counted per node)
   /// The commits it holds, with its rank and world size in each.

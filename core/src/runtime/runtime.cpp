@@ -230,6 +230,19 @@ int restart_count() {
   return v && *v ? std::max(0, std::atoi(v)) : 0;
 }
 
+// The member id the elastic launcher gave this process (it records the
+// process's death under it: elastic/dead/<member>), else -1.
+int64_t launcher_member() {
+  const char* v = std::getenv("DISTOPT_ELASTIC_MEMBER");
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  if (*end || x < 0)
+    throw ConfigError("DISTOPT_ELASTIC_MEMBER='" + std::string(v) +
+                      "' is not a member id (an integer >= 0)");
+  return x;
+}
+
 // A restarted rank joins the running job: it asks through the store, the
 // running ranks admit it at their next commit (runtime/membership.hpp),
 // and it arrives at that membership's agreement holding no commit.
@@ -302,6 +315,17 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   auto impl = std::make_shared<Impl>();
   Impl& m = *impl;
   m.cfg = cfg;
+  // `distopt launch --elastic --nnodes MIN:MAX`: the job may grow to MAX
+  // nodes' ranks (the job file's elastic.max_ranks wins when set).
+  if (const char* v = std::getenv("DISTOPT_ELASTIC_MAX_RANKS");
+      v && *v && cfg.elastic.enabled && cfg.elastic.max_ranks == 0) {
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (*end || x < 1 || x > (1 << 20))
+      throw ConfigError("DISTOPT_ELASTIC_MAX_RANKS='" + std::string(v) +
+                        "' is not a number of ranks in [1, 1048576]");
+    m.cfg.elastic.max_ranks = x;
+  }
   m.proc = proc;
   check_plugin_dirs(cfg);
   m.registry.discover(PluginRegistry::search_path(cfg.plugin_paths));
@@ -331,7 +355,8 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   so.token = proc.token;
   so.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
   m.store = make_store(so);
-  m.member = proc.rank + 1000000LL * restart_count();
+  const int64_t given_member = cfg.elastic.enabled ? launcher_member() : -1;
+  m.member = given_member >= 0 ? given_member : proc.rank + 1000000LL * restart_count();
   m.initial_world_size = proc.world_size;
   for (int r = 0; r < proc.world_size; ++r) m.members.push_back(r);
   const char* join_env = std::getenv("DISTOPT_ELASTIC_JOIN");
@@ -339,8 +364,10 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   if (cfg.elastic.enabled && (restart_count() > 0 || new_member)) {
     m.joining = true;
     // A process of `launch --elastic --join`: its launcher's numbers are
-    // only names; a unique id comes from the store.
-    if (new_member) m.member = 2000000000LL + m.store->add("elastic/join/ids", 1);
+    // only names; a unique id comes from the store (the launcher takes it
+    // there itself and hands it over, to record the process's death).
+    if (new_member && given_member < 0)
+      m.member = 2000000000LL + m.store->add("elastic/join/ids", 1);
     join_running_job(m);
     log(DOPT_LOG_INFO, "runtime",
         std::string(new_member ? "elastic: new rank " : "elastic: restarted rank ") +

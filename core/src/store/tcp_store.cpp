@@ -214,7 +214,9 @@ TcpStore::~TcpStore() {
 std::vector<uint8_t> TcpStore::call(const std::vector<uint8_t>& req, std::chrono::milliseconds wait,
                                     const std::string& what) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (fd_ < 0) throw RendezvousError("rendezvous store at " + where_ + ": connection is closed");
+  if (fd_ < 0)
+    throw RendezvousError("rendezvous store at " + where_ + ": connection is closed" +
+                          (closed_by_.empty() ? "" : " since " + closed_by_));
   std::string err;
   // The server answers a get within `wait`; allow for scheduling on top.
   auto deadline = Clock::now() + wait + std::max(timeout_, std::chrono::milliseconds(5000));
@@ -223,7 +225,8 @@ std::vector<uint8_t> TcpStore::call(const std::vector<uint8_t>& req, std::chrono
       rep.empty()) {
     close(fd_);
     fd_ = -1;
-    throw RendezvousError("rendezvous store at " + where_ + ": " + what + " failed: " + err);
+    closed_by_ = what + " failed: " + err;
+    throw RendezvousError("rendezvous store at " + where_ + ": " + closed_by_);
   }
   if (rep[0] == kBad || rep[0] == kRefused)
     throw RendezvousError("rendezvous store at " + where_ + ": " + what +

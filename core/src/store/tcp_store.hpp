@@ -67,6 +67,10 @@ class TcpStore : public Store {
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
   int fd_ = -1;
+  // The request that failed and closed the connection, so that every later
+  // request's error says why (a cut network times out once, then each
+  // request would only say "closed").
+  std::string closed_by_;
 };
 
 }  // namespace distopt::store

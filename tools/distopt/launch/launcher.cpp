@@ -23,8 +23,10 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "distopt/error.hpp"
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
 
@@ -82,7 +84,8 @@ struct Rank {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
-  int restarts = 0;  // elastic: times this rank was restarted
+  int restarts = 0;     // elastic: times this rank was restarted
+  int64_t member = -1;  // elastic: the current process's member id (DISTOPT_ELASTIC_MEMBER)
 };
 
 constexpr size_t kMaxLine = 64 * 1024;  // flush a line this long even without '\n'
@@ -239,9 +242,10 @@ struct ChildEnvironment {
   }
 };
 
-// The launcher's variables of local rank r; restarts > 0 adds DISTOPT_RESTART_COUNT.
+// The launcher's variables of local rank r; restarts > 0 adds DISTOPT_RESTART_COUNT,
+// member >= 0 (elastic) DISTOPT_ELASTIC_MEMBER.
 ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
-                                   const std::string& token, int restarts) {
+                                   const std::string& token, int restarts, int64_t member) {
   const int n = o.nprocs;
   const int world = o.nnodes * n;
   // Ranks sharing the host split its cores unless told otherwise (threads.hpp,
@@ -253,7 +257,7 @@ ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
   // Several nodes: name this one for node-aware components (hierarchical),
   // unless the user did; the launcher's node index is what they mean by a node.
   const char* node_id = std::getenv("DISTOPT_NODE_ID");
-  const bool set_node = o.nnodes > 1 && !(node_id && *node_id);
+  const bool set_node = (o.nnodes > 1 || o.max_nodes > 0) && !(node_id && *node_id);
   const std::string host = o.master_addr.find(':') != std::string::npos && o.master_addr[0] != '['
                                ? "[" + o.master_addr + "]"
                                : o.master_addr;
@@ -271,8 +275,9 @@ ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
   // Elastic: the launcher serves the store. Otherwise an elastic job's
   // variables inherited from an enclosing launch would leave rank 0 waiting
   // for a server nobody starts.
-  std::vector<std::string> drop = {"DISTOPT_RESTART_COUNT"};
+  std::vector<std::string> drop = {"DISTOPT_RESTART_COUNT", "DISTOPT_ELASTIC_MEMBER"};
   if (o.elastic) {
+    if (member >= 0) vars.emplace_back("DISTOPT_ELASTIC_MEMBER", std::to_string(member));
     vars.emplace_back("DISTOPT_STORE_SERVED", "1");
     vars.emplace_back("DISTOPT_ELASTIC", "1");
     if (restarts > 0) vars.emplace_back("DISTOPT_RESTART_COUNT", std::to_string(restarts));
@@ -326,7 +331,18 @@ class Supervisor {
         running_(0) {}
 
   void spawn() {
-    for (int r = 0; r < o_.nprocs; ++r) start(r);
+    for (int r = 0; r < o_.nprocs; ++r) {
+      if (o_.elastic) {
+        try {
+          assign_member(r);
+        } catch (const std::exception& e) {
+          stop_started();
+          throw std::runtime_error("elastic: no member id for rank " + std::to_string(base_ + r) +
+                                   " from the store at " + store_url() + ": " + e.what());
+        }
+      }
+      start(r);
+    }
     if (o_.timeout_s > 0) job_deadline_ = after(o_.timeout_s);
   }
 
@@ -373,7 +389,7 @@ class Supervisor {
   // Fork and exec local rank r (again, when it is restarted).
   void start(int r) {
     Rank& rk = ranks_[r];
-    ChildEnvironment env = child_environment(o_, r, port_, token_, rk.restarts);
+    ChildEnvironment env = child_environment(o_, r, port_, token_, rk.restarts, rk.member);
     std::vector<char*> envp = env.pointers();
     int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const pid_t launcher_pid = getpid();
@@ -400,11 +416,15 @@ class Supervisor {
       if (rk.running) ::kill(-rk.pid, sig);  // the rank's whole process group
   }
 
-  [[noreturn]] void abandon(const std::string& what) {
-    const int e = errno;
+  void stop_started() {
     signal_all(SIGKILL);
     for (auto& rk : ranks_)
       if (rk.running) waitpid(rk.pid, nullptr, 0);
+  }
+
+  [[noreturn]] void abandon(const std::string& what) {
+    const int e = errno;
+    stop_started();
     throw std::runtime_error(what + strerror(e));
   }
 
@@ -505,43 +525,70 @@ class Supervisor {
     const std::string who = std::to_string(base_ + r);
     message(o_, "rank " + who + " failed (" + describe_status(st) +
                     "); elastic: the other ranks go on");
-    // The store knows a process by its first rank plus 1000000 per restart
-    // (core's elastic member id), so a restarted rank's death is its own.
-    record_dead(base_ + r + 1000000LL * ranks_[r].restarts, describe_status(st));
+    // Under the member id the process was started with (assign_member), so
+    // the survivors' agreement counts exactly this process as gone.
+    record_dead(ranks_[r].member, describe_status(st));
     if (restarts_ >= o_.max_restarts) return;
-    ++restarts_;
     Rank& rk = ranks_[r];
     ::kill(-rk.pid, SIGKILL);  // what the dead process left in its group
     ++rk.restarts;
+    try {
+      assign_member(r);
+    } catch (const std::exception& e) {
+      store_.reset();
+      message(o_, "elastic: rank " + who + " is not restarted: no member id from the store at " +
+                      store_url() + ": " + e.what());
+      return;
+    }
+    ++restarts_;
     message(o_, "restarting rank " + who + " (DISTOPT_RESTART_COUNT=" +
                     std::to_string(rk.restarts) + "; restart " + std::to_string(restarts_) +
                     " of at most " + std::to_string(o_.max_restarts) + " on this node)");
     start(r);
   }
 
-  // "elastic/dead/<rank>" = how it ended, and the counter "elastic/dead_count",
-  // through a client connection to the store (node 0's launcher serves it).
-  void record_dead(int64_t rank, const std::string& how) {
-    const std::string url = "tcp://" + o_.master_addr + ":" + std::to_string(port_);
+  std::string store_url() const { return "tcp://" + o_.master_addr + ":" + std::to_string(port_); }
+
+  // The launcher's client connection to the job's store (node 0's launcher
+  // serves it), made at first use; throws RendezvousError.
+  Store& store() {
+    if (!store_) {
+      StoreOptions so;
+      so.url = store_url();
+      so.rank = base_;
+      so.world_size = o_.nnodes * o_.nprocs;
+      so.token = token_;
+      so.serve = false;
+      // Node 0's store is up before its ranks start; another node (or a
+      // joining launcher) waits this long for it, relaying no output.
+      so.timeout = std::chrono::seconds(o_.join ? 60 : 10);
+      store_ = make_store(so);
+    }
+    return *store_;
+  }
+
+  // Elastic: the member id the next process of local rank r is known by in
+  // the job's membership (core's runtime/membership.hpp), handed to it as
+  // DISTOPT_ELASTIC_MEMBER so that its death is recorded under that id. A
+  // starting rank: its global rank plus 1000000 per restart; a joining
+  // process (join): 2000000000 + a number unique in the job from the store
+  // counter elastic/join/ids (a restarted joining process gets a new one).
+  // Throws RendezvousError when the store cannot be reached for the number.
+  void assign_member(int r) {
+    Rank& rk = ranks_[r];
+    rk.member = o_.join ? 2000000000LL + store().add("elastic/join/ids", 1)
+                        : base_ + r + 1000000LL * rk.restarts;
+  }
+
+  // "elastic/dead/<member>" = how it ended, and the counter "elastic/dead_count".
+  void record_dead(int64_t member, const std::string& how) {
     try {
-      if (!store_) {
-        StoreOptions so;
-        so.url = url;
-        so.rank = base_;
-        so.world_size = o_.nnodes * o_.nprocs;
-        so.token = token_;
-        so.serve = false;
-        // Node 0's store is up before its ranks start; another node waits
-        // this long for it (relaying no output meanwhile).
-        so.timeout = std::chrono::seconds(10);
-        store_ = make_store(so);
-      }
-      store_->set("elastic/dead/" + std::to_string(rank), how);
-      store_->add("elastic/dead_count", 1);
+      store().set("elastic/dead/" + std::to_string(member), how);
+      store().add("elastic/dead_count", 1);
     } catch (const std::exception& e) {
       store_.reset();  // try to connect again at the next failure
-      message(o_, "elastic: cannot record rank " + std::to_string(rank) +
-                      "'s failure in the store at " + url + ": " + e.what());
+      message(o_, "elastic: cannot record member " + std::to_string(member) +
+                      "'s failure in the store at " + store_url() + ": " + e.what());
     }
   }
 
@@ -617,7 +664,103 @@ std::pair<std::string, int> split_endpoint(const std::string& ep, const std::str
   return {host, static_cast<int>(p)};
 }
 
-int run(const LaunchOptions& o) {
+namespace {
+
+std::chrono::milliseconds millis(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+// The launcher serving the node rendezvous decides when the job starts and
+// with how many nodes (LaunchOptions::max_nodes); returns that number.
+int64_t decide_start(Store& store, const LaunchOptions& o) {
+  const auto deadline = Clock::now() + millis(o.rdzv_timeout_s);
+  auto settle_end = Clock::time_point::max();
+  for (;;) {
+    const int64_t n = store.add("elastic/nodes/arrived", 0);
+    const auto now = Clock::now();
+    if (n >= o.min_nodes && settle_end == Clock::time_point::max()) {
+      settle_end = now + millis(o.rdzv_settle_s);
+      message(o, "elastic nodes: " + std::to_string(n) + " of at least " +
+                     std::to_string(o.min_nodes) + " arrived; starting in " +
+                     seconds(o.rdzv_settle_s) + " s unless " + std::to_string(o.max_nodes) +
+                     " arrive sooner");
+    }
+    if (n >= o.max_nodes || now >= settle_end) break;
+    if (now >= deadline)
+      throw std::runtime_error("elastic nodes: " + std::to_string(n) + " of at least " +
+                               std::to_string(o.min_nodes) + " node(s) arrived at tcp://" +
+                               o.master_addr + ":" + std::to_string(o.port) + " within " +
+                               seconds(o.rdzv_timeout_s) + " s (--rdzv-timeout)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const int64_t started = std::min<int64_t>(store.add("elastic/nodes/arrived", 0), o.max_nodes);
+  store.set("elastic/nodes/started", std::to_string(started));
+  return started;
+}
+
+// Elastic nodes: the node rendezvous of LaunchOptions::max_nodes. Fills in
+// o.nnodes, o.node_rank, o.join and the ranks' DISTOPT_ELASTIC_MAX_RANKS;
+// returns the store server when this launcher serves it.
+std::unique_ptr<StoreServer> node_rendezvous(LaunchOptions& o) {
+  if (!o.elastic || o.join || o.port <= 0 || o.token.empty() || o.min_nodes < 1 ||
+      o.max_nodes < o.min_nodes)
+    throw std::runtime_error(
+        "elastic nodes need elastic, not join, a fixed port, a token and 1 <= min_nodes <= "
+        "max_nodes");
+  std::unique_ptr<StoreServer> server;
+  if (!o.node_rank_given || o.node_rank == 0) {
+    try {
+      server = StoreServer::start(o.master_addr, o.port, o.token);
+    } catch (const RendezvousError&) {
+      // The port is taken (another node's launcher on this host serves it)
+      // or the address is another host's: a client, unless named node 0.
+      if (o.node_rank_given) throw;
+    }
+  }
+  const std::string url = "tcp://" + o.master_addr + ":" + std::to_string(o.port);
+  StoreOptions so;
+  so.url = url;
+  so.token = o.token;
+  so.serve = false;
+  so.timeout = millis(o.rdzv_timeout_s);
+  std::shared_ptr<Store> store = make_store(so);
+  const int64_t arrival = store->add("elastic/nodes/arrived", 1);
+  message(o, "elastic nodes: arrived " + std::to_string(arrival) + (server ? "" : " at " + url) +
+                 (server ? " (serving the store at " + url + ")" : "") + "; the job starts with " +
+                 std::to_string(o.min_nodes) + ".." + std::to_string(o.max_nodes) + " node(s)");
+  const int64_t started = server ? decide_start(*store, o) : std::stoll([&] {
+    const auto v = store->get("elastic/nodes/started", millis(o.rdzv_timeout_s));
+    return std::string(v.begin(), v.end());
+  }());
+  if (arrival <= started) {
+    if (!o.node_rank_given) o.node_rank = static_cast<int>(arrival - 1);
+    if (o.node_rank >= started)
+      throw std::runtime_error("--node-rank " + std::to_string(o.node_rank) + ", but the job " +
+                               "started with " + std::to_string(started) + " node(s)");
+    o.nnodes = static_cast<int>(started);
+  } else {
+    // After the start: this node's ranks join the running job (their
+    // global numbers are only names).
+    if (!o.node_rank_given) o.node_rank = static_cast<int>(arrival - 1);
+    o.nnodes = o.node_rank + 1;
+    o.join = true;
+    message(o, "elastic nodes: the job started with " + std::to_string(started) +
+                   " node(s) before this one arrived: its ranks join the running job");
+  }
+  o.extra_env.emplace_back("DISTOPT_ELASTIC_MAX_RANKS",
+                           std::to_string(static_cast<int64_t>(o.max_nodes) * o.nprocs));
+  return server;
+}
+
+}  // namespace
+
+int run(const LaunchOptions& given) {
+  LaunchOptions o = given;
+  std::unique_ptr<StoreServer> server;
+  if (o.max_nodes > 0) {
+    if (o.nprocs < 1) throw std::runtime_error("the number of ranks must be at least 1");
+    server = node_rendezvous(o);
+  }
   if (o.nprocs < 1) throw std::runtime_error("the number of ranks must be at least 1");
   if (o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw std::runtime_error("node rank " + std::to_string(o.node_rank) + " is not in [0, " +
@@ -633,8 +776,7 @@ int run(const LaunchOptions& o) {
   const std::string token = o.token.empty() ? random_token() : o.token;
   // Elastic: node 0's launcher serves the store before any rank starts (a
   // port it picks itself is bound at once, so no other process can take it).
-  std::unique_ptr<StoreServer> server;
-  if (o.elastic && o.node_rank == 0 && !o.join)
+  if (o.elastic && o.node_rank == 0 && !o.join && o.max_nodes == 0)
     server = StoreServer::start(o.master_addr, o.port, token);
   const int port = server ? server->port() : o.port > 0 ? o.port : free_loopback_port();
   if (o.nnodes > 1)

@@ -58,11 +58,14 @@ struct LaunchOptions {
   /// Node 0's launcher serves the store (StoreServer on master_addr:port,
   /// the job token) before starting its ranks; every rank of every node gets
   /// DISTOPT_STORE_SERVED=1 (rank 0 connects as a client only) and
-  /// DISTOPT_ELASTIC=1. For a local rank r (global number) that exits
-  /// non-zero or is killed, the launcher, as a store client, sets
-  /// "elastic/dead/<r>" to describe_status() ("exit code 3") and adds 1 to the
-  /// counter "elastic/dead_count", then says "rank r failed (exit code 3);
-  /// elastic: the other ranks go on" on stderr. It waits for every rank; see
+  /// DISTOPT_ELASTIC=1, and each process DISTOPT_ELASTIC_MEMBER, its member
+  /// id in the job's membership (its global rank + 1000000 per restart; with
+  /// `join`, 2000000000 + a number from the store counter elastic/join/ids,
+  /// taken before the process starts). For a local rank r (global number)
+  /// whose process exits non-zero or is killed, the launcher, as a store
+  /// client, sets "elastic/dead/<member>" to describe_status() ("exit code 3")
+  /// and adds 1 to the counter "elastic/dead_count", then says "rank r failed
+  /// (exit code 3); elastic: the other ranks go on" on stderr. It waits for every rank; see
   /// kExitOk for the exit code. Interrupts and timeout_s stop every rank as
   /// without elastic, and failure_wait_s is unused.
   bool elastic = false;
@@ -77,8 +80,30 @@ struct LaunchOptions {
   /// master_addr:port (whose token must be given): this launcher serves no
   /// store, and its ranks get DISTOPT_ELASTIC_JOIN=1, which makes the core
   /// ask the running ranks to take them in at their next commit (core's
-  /// Runtime::joining). Their global numbers are only names.
+  /// Runtime::joining). Their global numbers are only names. run() throws
+  /// std::runtime_error when the store cannot be reached within 60 s.
   bool join = false;
+  /// Elastic nodes (torchrun's --nnodes MIN:MAX), when max_nodes > 0:
+  /// elastic, port and token required, join false. Before starting its
+  /// ranks, each node's launcher takes part in a node rendezvous at
+  /// master_addr:port. It serves the store there itself when it can bind that
+  /// address (the first launcher on the master's host; with node_rank_given,
+  /// only node 0's, which must bind it), else it is a client. Each launcher
+  /// adds 1 to the store counter elastic/nodes/arrived (its arrival number
+  /// a, from 1); the one serving the store waits until min_nodes have
+  /// arrived, then rdzv_settle_s more seconds or until max_nodes have, and
+  /// sets elastic/nodes/started = N, the arrivals so far (at most max_nodes).
+  /// A launcher with a <= N runs node a - 1 (or node_rank, if given, which
+  /// must then be < N) of N; one with a > N (it came after the start) starts
+  /// its ranks with join, as node a - 1 (or node_rank). Every rank gets
+  /// DISTOPT_ELASTIC_MAX_RANKS = max_nodes * nprocs: the running ranks take
+  /// joining ones in up to that world size unless the job file sets
+  /// elastic.max_ranks. run() throws std::runtime_error when fewer than
+  /// min_nodes arrive, or no start is decided, within rdzv_timeout_s.
+  int min_nodes = 0, max_nodes = 0;
+  bool node_rank_given = false;  ///< node_rank was given (else: arrival order)
+  double rdzv_settle_s = 3;
+  double rdzv_timeout_s = 600;
   std::string name = "distopt launch";  ///< prefix of the launcher's own messages
 };
 
