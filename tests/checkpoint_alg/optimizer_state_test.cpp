@@ -93,7 +93,9 @@ struct Store {
     return DOPT_OK;
   }
 
-  dopt_state_writer writer() { return {DOPT_STATE_WRITER_STRUCT_SIZE, nullptr, this, &Store::put}; }
+  dopt_state_writer writer() {
+    return {DOPT_STATE_WRITER_V1_1_STRUCT_SIZE, nullptr, this, &Store::put, nullptr};  // a 1.5 host
+  }
   dopt_state_reader reader(int32_t saved_world) {
     return {DOPT_STATE_READER_STRUCT_SIZE, nullptr, this, saved_world, &Store::find, &Store::read};
   }

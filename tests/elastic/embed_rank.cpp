@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
       try {
         if (!restarted && first_rank == die_rank && step + 1 == die_step) {
           std::cerr << "rank " << first_rank << " exits before step " << die_step << std::endl;
-          elastic.flush(5.0);  // dies in the step, after its commit's bytes left
+          // Dies in the step, after its commit's bytes reached the buddy.
+          if (elastic.flush(5.0)) std::this_thread::sleep_for(std::chrono::seconds(1));
           _exit(137);
         }
         if (step == exit_at) {

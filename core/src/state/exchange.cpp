@@ -180,6 +180,7 @@ std::vector<char> ShiftInFlight::finish() {
         return m.comm.vt->recv(m.comm.comm, &m.bytes_in, m.prev, m.tag + 1, q);
       });
     }
+    m.bytes_received.wait();
   } catch (...) {
     try {
       m.wait_all();
@@ -187,7 +188,13 @@ std::vector<char> ShiftInFlight::finish() {
     }
     throw;
   }
-  m.wait_all();
+  // What this rank received is what counts: a send that failed went to a
+  // rank that died (its copy of this rank's state is not needed) or left a
+  // live one without it (that rank then fails its own receive).
+  try {
+    m.wait_all();
+  } catch (const std::exception&) {
+  }
   return std::move(m.theirs);
 }
 

@@ -55,7 +55,9 @@ class ShiftInFlight {
   ShiftInFlight& operator=(const ShiftInFlight&) = delete;
   ~ShiftInFlight();
   /// The bytes rank (rank - 1) mod world sent; blocks until every request
-  /// has completed. A second call throws CommError. world 1: `mine`.
+  /// has completed. Throws CommError when they did not arrive (a failed
+  /// send alone does not throw: the receiver's side decides). A second
+  /// call throws CommError. world 1: `mine`.
   std::vector<char> finish();
   /// Wait at most timeout_ms until this rank's sends have completed (the
   /// transport has taken the bytes). false on timeout; throws CommError.

@@ -504,13 +504,15 @@ class Trainer {
     if (std::find(fault_.begin(), fault_.end(), std::make_pair(proc_.rank, global_step_)) ==
         fault_.end())
       return;
+    // As a crash during the step's compute: the last commit's bytes have
+    // left (they leave in the background, in well under a step) and reached
+    // the buddy (an exit with unread input resets the connections, which
+    // drops what the kernel still holds for sending).
+    if (elastic_ && elastic_->flush(5.0)) std::this_thread::sleep_for(std::chrono::seconds(1));
     std::fprintf(stderr,
                  "distopt train: DISTOPT_FAULT_INJECT: rank %d exits (137) at step %" PRId64 "\n",
                  proc_.rank, global_step_);
     std::fflush(stderr);
-    // As a crash during the step's compute: the last commit's bytes have
-    // left (they leave in the background, in well under a step).
-    if (elastic_) elastic_->flush(5.0);
     _exit(137);
   }
 
