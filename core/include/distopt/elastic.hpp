@@ -61,19 +61,19 @@ class Elastic {
   /// decentralized), steps, learning rates, loss scale, schedule phase, and
   /// `position` (the application's data position, returned by recover()).
   /// State every rank holds whole (the model; plain allreduce's optimizer
-  /// state, put with ABI 1.6 put_replicated) stays on each rank; what this
-  /// rank alone holds (a ZeRO shard, error feedback) is also sent to its
+  /// state, put with ABI 1.6 put_replicated) is copied by ranks 0 and 1
+  /// only (both lost together: ElasticError); what this rank alone holds
+  /// (a ZeRO shard, error feedback) is also sent to its
   /// buddy, rank (r + 1) mod W, in the background over the control
   /// communicator: no rank waits for another here. A commit counts (is
   /// rolled back to) once its buddy copy has arrived, which the next
   /// commit or a recovery waits for; a rank that dies before its bytes
   /// have left rolls the job back one commit further. The two commits
   /// before the newest are kept, so that ranks that stopped a commit apart
-  /// still share one. Memory: up to 3 x (own state + the buddy's), host
-  /// memory. Throws CommError (a peer died: call recover()),
-  /// ComponentError (UNSUPPORTED naming a plugin without save_state).
-  /// Cost: a host copy of the state and the buddy's send (bench:
-  /// tools/bench/elastic.py).
+  /// still share one. Memory: up to 3 x (own state + the buddy's, and the
+  /// replicated state on ranks 0 and 1), host memory. Throws CommError (a peer died: call
+  /// recover()), ComponentError (UNSUPPORTED naming a plugin without save_state). Cost: a host copy
+  /// of the state and the buddy's send (bench: tools/bench/elastic.py).
   void commit(const CheckpointExtra& position = {});
   /// commit() when the optimizer has stepped elastic.commit_every times
   /// since the last commit. Returns whether it committed. Then, while the

@@ -50,6 +50,9 @@ constexpr int kCommitTag = 0x454c0000;
 constexpr int64_t kDescriptionPiece = -1;
 constexpr int64_t kReplicasPiece = -2;
 using Part = state::ShardState::Part;
+// Ranks that keep the replicated state in their commits (a rank and its
+// buddy, as for any shard; the others copy none of it).
+constexpr int kReplicaKeepers = 2;
 
 struct Commit {
   CommitId id;
@@ -182,7 +185,8 @@ struct Elastic::State {
 
   void commit(const CheckpointExtra& position) {
     Runtime::Impl& m = impl();
-    settle();
+    // The previous commit's bytes arrive while this one's snapshot is taken.
+    if (!commits.empty() && commits.back().shift) commits.back().shift->progress();
     Commit c;
     c.id = CommitId{generation, seq++};
     c.rank = m.proc.rank;
@@ -190,10 +194,11 @@ struct Elastic::State {
     c.step = opt.steps();
     c.position = position;
     // Replicated state (the model, plain allreduce's optimizer state) stays
-    // here on every rank; only what this rank alone holds goes to its buddy,
+    // here on ranks 0 and 1; what this rank alone holds goes to its buddy,
     // in the background: no rank waits for another at a commit.
-    c.own = optim::snapshot(model, opt, c.rank, true);
+    c.own = optim::snapshot(model, opt, c.rank, c.rank < kReplicaKeepers);
     c.manifest = optim::describe(opt, c.world_size);
+    settle();
     c.shift = std::make_unique<state::ShiftInFlight>(c.own.pack(c.rank, c.world_size, Part::own),
                                                      m.control_comm().ref(), c.rank, c.world_size,
                                                      kCommitTag);
@@ -268,18 +273,21 @@ struct Elastic::State {
           owners.insert(h.rank);
           saved_world = h.world_size;
         }
-    // Replicated state: each holder of the commit has its own copy; the
-    // new rank 0 sends it only when some member has none (a joining rank).
-    bool all_hold = true;
-    for (const Arrival& a : d.members) {
-      bool holds = false;
-      for (const Arrival::Held& h : a.held) holds = holds || h.id == d.target;
-      all_hold = all_hold && holds;
-    }
+    // Replicated state: ranks 0 and 1 of the commit's world kept it; the
+    // first of them that survives sends it to everyone.
+    int keeper = -1;
+    for (int r : owners)
+      if (r < kReplicaKeepers && (keeper < 0 || r < keeper)) keeper = r;
+    if (keeper < 0)
+      throw ElasticError(
+          "elastic: the replicated state (the model, plain allreduce's optimizer "
+          "state) of the in-memory commit was kept by ranks 0 and 1 of " +
+          std::to_string(saved_world) +
+          ", both lost; restore from the disk checkpoint (distopt train --resume)");
     std::vector<char> mine;
     if (c) {
       if (rank == 0) put_piece(mine, kDescriptionPiece, describe_commit(*c));
-      if (rank == 0 && !all_hold)
+      if (c->rank == keeper)
         put_piece(mine, kReplicasPiece, c->own.pack(0, c->world_size, Part::replicas));
       put_piece(mine, c->rank, c->own.pack(c->rank, c->world_size, Part::own));
       const int lent = (c->rank + c->world_size - 1) % c->world_size;
@@ -291,7 +299,7 @@ struct Elastic::State {
     for (const auto& bytes : all)
       for (auto& [r, blob] : pieces_of(bytes)) {
         if (r == kDescriptionPiece && !c) *desc = read_description(blob);
-        if (r == kReplicasPiece && !c)
+        if (r == kReplicasPiece && !(c && c->rank == keeper))
           replicas = state::ShardState::unpack(blob, "the in-memory commit's replicated state", 0,
                                                saved_world);
         if (r < 0 || r >= saved_world || shards[static_cast<size_t>(r)]) continue;
@@ -299,7 +307,8 @@ struct Elastic::State {
             state::ShardState::unpack(blob, "the in-memory commit of rank " + std::to_string(r),
                                       static_cast<int>(r), saved_world);
       }
-    if (!c && !replicas)
+    const bool keeps = c && c->rank == keeper;
+    if (!keeps && !replicas)
       throw ElasticError("elastic: the commit's replicated state did not arrive");
     std::vector<int> lost;
     for (int r = 0; r < saved_world; ++r)
@@ -311,7 +320,7 @@ struct Elastic::State {
                          std::to_string(saved_world) +
                          "); restore from the disk checkpoint (distopt train --resume)");
     // Rank 0's piece holds the replicated state, as in a checkpoint.
-    shards[0]->add_replicas_of(c ? c->own : *replicas);
+    shards[0]->add_replicas_of(keeps ? c->own : *replicas);
     std::vector<state::ShardState> out;
     for (auto& s : shards) out.push_back(std::move(*s));
     return out;

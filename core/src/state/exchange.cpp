@@ -114,11 +114,34 @@ struct ShiftInFlight::Impl {
   dopt_comm_ref comm;
   int rank = 0, world = 1, tag = 0, next = 0, prev = 0;
   std::vector<char> mine, theirs;
-  int64_t my_size = 0, their_size = 0, one = 1, n_out = 0, n_in = 0;
+  // The first message: [int64 size][the bytes, when at most kInline]; a
+  // larger piece follows as a second message.
+  static constexpr int64_t kInline = 4096;
+  std::vector<char> head_out = std::vector<char>(8 + kInline),
+                    head_in = std::vector<char>(8 + kInline);
+  int64_t my_size = 0, their_size = 0, head_len = 8 + kInline, n_out = 0, n_in = 0;
   DLTensor size_out{}, size_in{}, bytes_out{}, bytes_in{};
   CommRequest size_sent, size_received, bytes_sent, bytes_received;
-  bool finished = false;
+  bool finished = false, posted = false;
   std::string to, from;
+
+  // The receive of the bytes, once their size has arrived (once).
+  void post_bytes_recv() {
+    if (posted) return;
+    posted = true;
+    std::memcpy(&their_size, head_in.data(), sizeof their_size);
+    if (their_size < 0) throw CommError(DOPT_ERR_INTERNAL, "host", from, "bad size");
+    n_in = their_size;
+    theirs.resize(static_cast<size_t>(n_in));
+    if (n_in <= kInline) {
+      if (n_in > 0) std::memcpy(theirs.data(), head_in.data() + 8, static_cast<size_t>(n_in));
+      return;
+    }
+    bytes_in = make_dltensor(theirs.data(), n_in, DLDataType{kDLUInt, 8, 1}, &n_in);
+    bytes_received = start(comm, from, [&](dopt_request** q) {
+      return comm.vt->recv(comm.comm, &bytes_in, prev, tag + 1, q);
+    });
+  }
 
   // Everything posted completes (or fails) before the buffers go.
   void wait_all() {
@@ -148,15 +171,18 @@ ShiftInFlight::ShiftInFlight(std::vector<char> mine, const dopt_comm_ref& comm, 
   m.from = "recv(commit from rank " + std::to_string(m.prev) + ")";
   m.my_size = static_cast<int64_t>(m.mine.size());
   m.n_out = m.my_size;
-  m.size_out = make_dltensor(&m.my_size, 1, DLDataType{kDLInt, 64, 1}, &m.one);
-  m.size_in = make_dltensor(&m.their_size, 1, DLDataType{kDLInt, 64, 1}, &m.one);
+  std::memcpy(m.head_out.data(), &m.my_size, sizeof m.my_size);
+  if (m.n_out <= Impl::kInline && m.n_out > 0)
+    std::memcpy(m.head_out.data() + 8, m.mine.data(), m.mine.size());
+  m.size_out = make_dltensor(m.head_out.data(), m.head_len, DLDataType{kDLUInt, 8, 1}, &m.head_len);
+  m.size_in = make_dltensor(m.head_in.data(), m.head_len, DLDataType{kDLUInt, 8, 1}, &m.head_len);
   m.size_received = start(comm, m.from, [&](dopt_request** q) {
     return comm.vt->recv(comm.comm, &m.size_in, m.prev, tag, q);
   });
   m.size_sent = start(comm, m.to, [&](dopt_request** q) {
     return comm.vt->send(comm.comm, &m.size_out, m.next, tag, q);
   });
-  if (m.n_out > 0) {
+  if (m.n_out > Impl::kInline) {
     m.bytes_out = make_dltensor(m.mine.data(), m.n_out, DLDataType{kDLUInt, 8, 1}, &m.n_out);
     m.bytes_sent = start(comm, m.to, [&](dopt_request** q) {
       return comm.vt->send(comm.comm, &m.bytes_out, m.next, tag + 1, q);
@@ -172,14 +198,7 @@ std::vector<char> ShiftInFlight::finish() {
   if (m.world <= 1) return std::move(m.mine);
   try {
     m.size_received.wait();
-    m.n_in = m.their_size;
-    m.theirs.resize(static_cast<size_t>(m.n_in));
-    if (m.n_in > 0) {
-      m.bytes_in = make_dltensor(m.theirs.data(), m.n_in, DLDataType{kDLUInt, 8, 1}, &m.n_in);
-      m.bytes_received = start(m.comm, m.from, [&](dopt_request** q) {
-        return m.comm.vt->recv(m.comm.comm, &m.bytes_in, m.prev, m.tag + 1, q);
-      });
-    }
+    m.post_bytes_recv();
     m.bytes_received.wait();
   } catch (...) {
     try {
@@ -196,6 +215,11 @@ std::vector<char> ShiftInFlight::finish() {
   } catch (const std::exception&) {
   }
   return std::move(m.theirs);
+}
+
+void ShiftInFlight::progress() {
+  if (!impl_ || impl_->finished || impl_->world <= 1 || impl_->posted) return;
+  if (impl_->size_received.test()) impl_->post_bytes_recv();
 }
 
 bool ShiftInFlight::wait_sent(int64_t timeout_ms) {

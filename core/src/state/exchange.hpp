@@ -59,6 +59,9 @@ class ShiftInFlight {
   /// send alone does not throw: the receiver's side decides). A second
   /// call throws CommError. world 1: `mine`.
   std::vector<char> finish();
+  /// Non-blocking: post the receive of the bytes if their size has arrived
+  /// (so that finish() later finds them received). Throws CommError.
+  void progress();
   /// Wait at most timeout_ms until this rank's sends have completed (the
   /// transport has taken the bytes). false on timeout; throws CommError.
   bool wait_sent(int64_t timeout_ms);
