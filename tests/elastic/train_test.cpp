@@ -218,3 +218,56 @@ TEST_CASE("fewer survivors than elastic.min_ranks end the job naming the key") {
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("3 rank(s) survive, fewer than elastic.min_ranks = 4") != std::string::npos);
 }
+
+TEST_CASE("a 5th rank joins 4 (launch --elastic --join): bitwise a 5-rank resume from the join") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  TempDir t;
+  Job j;
+  j.algorithm = "{name: zero, options: {stage: 1}}";
+  j.elastic = "{enabled: true, max_ranks: 5}";
+  const std::string cfg = write_job(t, j, "job.yaml");
+  const int port = distopt::test::random_port();
+  const std::string token = "elastic-train-join-" + std::to_string(port);
+  // Every rank waits before step 6 until the 5th has asked: it is taken in
+  // at a commit by then, whatever the machine's speed.
+  const std::string wait = "DISTOPT_FAULT_INJECT=wait_join:6";
+  setenv("DISTOPT_FAULT_INJECT", "wait_join:6", 1);
+  Background running({cli(), "launch", "--elastic", "-n", "4", "--master-port",
+                      std::to_string(port), "--rdzv-id", token, "--", cli(), "train", cfg,
+                      "--checkpoint", t.file("e")});
+  unsetenv("DISTOPT_FAULT_INJECT");
+  ProcResult joined = run_command(
+      {cli(), "launch", "--elastic", "--join", "-n", "1", "--master-port", std::to_string(port),
+       "--rdzv-id", token, "--", cli(), "train", cfg, "--checkpoint", t.file("e")},
+      {wait}, std::chrono::seconds(240));
+  const int code = running.wait(std::chrono::seconds(240));
+  INFO(running.output);
+  INFO(joined.output);
+  REQUIRE(joined.exit_code == 0);
+  REQUIRE(code == 0);
+  const std::string taking = "taking in 1 rank(s) at optimizer step ";
+  const size_t at = running.output.find(taking);
+  REQUIRE(at != std::string::npos);
+  const int64_t step = std::stoll(running.output.substr(at + taking.size()));
+  CHECK(step <= 6);
+  CHECK(joined.output.find("joined as rank 4 of 5 at epoch 1 step " + std::to_string(step)) !=
+        std::string::npos);
+  CHECK(running.output.find("summary: 5 rank(s)") != std::string::npos);
+
+  // Reference: 4 ranks to that step (a disk checkpoint there), then 5.
+  ProcResult a = train(cfg, {"--checkpoint", t.file("a"), "--checkpoint-every",
+                             std::to_string(step), "--keep", std::to_string(kSteps)});
+  INFO(a.output);
+  REQUIRE(a.exit_code == 0);
+  char dir[32];
+  std::snprintf(dir, sizeof dir, "/step-%09lld", static_cast<long long>(step));
+  ProcResult b = train(
+      cfg, {"--world-size", "5", "--checkpoint", t.file("b"), "--resume-from", t.file("a") + dir});
+  INFO(b.output);
+  REQUIRE(b.exit_code == 0);
+  auto ce = consolidated(t.file("e"), t.file("e.pt"));
+  auto cb = consolidated(t.file("b"), t.file("b.pt"));
+  CHECK(ce.at("step").toInt() == kSteps);
+  check_equal_section(ce, cb, "model");
+  check_equal_section(ce, cb, "optimizer_state");  // the new rank's shard included
+}

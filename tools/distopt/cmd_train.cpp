@@ -66,7 +66,8 @@ po::options_description train_options(TrainArgs& a) {
       "`distopt launch` does); under a launcher (distopt launch, torchrun, srun, mpirun) it\n"
       "runs as the rank the environment names. Test-only: DISTOPT_FAULT_INJECT=exit:RANK:STEP "
       "makes\n"
-      "rank RANK exit with code 137 at global step STEP; DISTOPT_FAULT_INJECT=save:RANK:N\n"
+      "rank RANK exit with code 137 at global step STEP (wait_join:STEP: every rank waits there\n"
+      "until a process asks to join the elastic job); DISTOPT_FAULT_INJECT=save:RANK:N\n"
       "kills rank RANK halfway through writing its N-th checkpoint shard.\n\noptions");
   desc.add_options()("help,h", "show this help")(
       "data", po::value<std::string>(&a.data), "Fashion-MNIST directory (default: train.data_dir)")(

@@ -29,6 +29,7 @@
 #include "distopt/precision.hpp"
 #include "distopt/process.hpp"
 #include "distopt/runtime.hpp"
+#include "distopt/store.hpp"
 #include "distopt/threads.hpp"
 #include "train/dataset.hpp"
 #include "train/metrics.hpp"
@@ -46,6 +47,8 @@ double seconds_since(Clock::time_point t) {
 
 // DISTOPT_FAULT_INJECT=exit:RANK:STEP (test-only): {rank, step}, or {-1, -1}.
 // save:RANK:N is the core's (checkpoint.hpp), comm_exit:... the tcp plugin's.
+constexpr int kWaitJoin = -1;  // fault_injection()'s rank for wait_join:STEP
+
 std::vector<std::pair<int, int64_t>> fault_injection() {
   const char* v = std::getenv("DISTOPT_FAULT_INJECT");
   // A restarted rank does not die again at the same step.
@@ -66,10 +69,18 @@ std::vector<std::pair<int, int64_t>> fault_injection() {
     int rank = -1;
     long long step = -1;
     char tail = 0;
+    // wait_join:STEP: before global step STEP every rank waits until a
+    // process has asked to join (elastic; makes a join test deterministic).
+    if (std::sscanf(one.c_str(), "wait_join:%lld%c", &step, &tail) == 1 && step >= 1) {
+      out.emplace_back(kWaitJoin, step);
+      at = end + 1;
+      continue;
+    }
     if (std::sscanf(one.c_str(), "exit:%d:%lld%c", &rank, &step, &tail) != 2 || rank < 0 ||
         step < 1)
       throw ConfigError(std::string("DISTOPT_FAULT_INJECT='") + v +
-                        "' is not of the form exit:RANK:STEP[,exit:RANK:STEP...]");
+                        "' is not of the form exit:RANK:STEP[,exit:RANK:STEP...] (or "
+                        "wait_join:STEP)");
     out.emplace_back(rank, step);
     at = end + 1;
   }
@@ -500,6 +511,10 @@ class Trainer {
 
   // DISTOPT_FAULT_INJECT=exit:RANK:STEP (test-only).
   void maybe_die() {
+    if (elastic_ && std::find(fault_.begin(), fault_.end(),
+                              std::make_pair(kWaitJoin, global_step_)) != fault_.end())
+      for (int i = 0; i < 2400 && rt_->store().add("elastic/join/count", 0) < 1; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
     // The rank the process started as: ranks are renumbered after a recovery.
     if (std::find(fault_.begin(), fault_.end(), std::make_pair(proc_.rank, global_step_)) ==
         fault_.end())
