@@ -14,6 +14,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -65,12 +66,12 @@ Run train(const std::string& mode, int world, const std::string& dir) {
       world,
       [&](int rank) {
         torch::set_num_threads(1);
-        torch::manual_seed(1);
+        distopt::test::seed_cpu(1);
         Net net;
         auto rt = rank_runtime(yaml, rank, world);
         auto opt = rt.make_optimizer(*net);
         // Each rank its own data, shifted by rank: different statistics.
-        torch::manual_seed(100 + rank);
+        distopt::test::seed_cpu(100 + rank);
         for (int s = 0; s < kSteps; ++s) {
           auto x = torch::randn({16, 8}) + rank;
           auto y = torch::randint(0, 2, {16});

@@ -15,6 +15,7 @@
 #include "distopt/error.hpp"
 #include "multiproc.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -33,7 +34,7 @@ distopt::Runtime runtime() {
 }
 
 void train(torch::nn::Linear& net, distopt::DistributedOptimizer& opt, int steps, int seed) {
-  torch::manual_seed(seed);
+  distopt::test::seed_cpu(seed);
   for (int i = 0; i < steps; ++i) {
     auto x = torch::randn({8, 4});
     opt.zero_grad();
@@ -55,7 +56,7 @@ TEST_CASE("set_lr survives a resume; keep bounds the checkpoints; consolidate on
   auto rt = runtime();
 
   // Uninterrupted: 5 steps at lr 0.1, then lr 0.01 for 5 + 5 steps.
-  torch::manual_seed(1);
+  distopt::test::seed_cpu(1);
   torch::nn::Linear ref(4, 3);
   auto ref_opt = rt.make_optimizer(*ref);
   train(ref, ref_opt, 5, 10);
@@ -63,7 +64,7 @@ TEST_CASE("set_lr survives a resume; keep bounds the checkpoints; consolidate on
   train(ref, ref_opt, 5, 11);
   train(ref, ref_opt, 5, 12);
 
-  torch::manual_seed(1);
+  distopt::test::seed_cpu(1);
   torch::nn::Linear a(4, 3);
   auto opt_a = rt.make_optimizer(*a);
   train(a, opt_a, 5, 10);
@@ -80,7 +81,7 @@ TEST_CASE("set_lr survives a resume; keep bounds the checkpoints; consolidate on
   CHECK(found->optimizer == "sgd");
 
   // A fresh optimizer has the config's lr 0.1; the checkpoint's 0.01 wins.
-  torch::manual_seed(2);
+  distopt::test::seed_cpu(2);
   torch::nn::Linear b(4, 3);
   auto opt_b = rt.make_optimizer(*b);
   rt.load_checkpoint(dir, *b, opt_b);
@@ -122,7 +123,7 @@ TEST_CASE("a reducer built for ABI 1.0 trains, and checkpointing with it fails n
   distopt::ProcessInfo proc;
   proc.source = "test";
   auto rt = distopt::Runtime::from_config(distopt::parse_job_config(text, "job.yaml"), proc);
-  torch::manual_seed(1);
+  distopt::test::seed_cpu(1);
   torch::nn::Linear net(4, 3);
   auto opt = rt.make_optimizer(*net);
   auto before = net->weight.clone();
@@ -150,7 +151,7 @@ TEST_CASE("the manifest writes floating-point options so that they read back exa
                std::string("optimizer: {name: sgd, lr: 0.1, momentum: 0.9}").size(),
                "optimizer: {name: adam, lr: 0.001, eps: 1e-8, weight_decay: 0.3}");
   auto rt = distopt::Runtime::from_config(distopt::parse_job_config(text, "job.yaml"), proc);
-  torch::manual_seed(1);
+  distopt::test::seed_cpu(1);
   torch::nn::Linear net(4, 3);
   auto opt = rt.make_optimizer(*net);
   train(net, opt, 1, 2);

@@ -33,6 +33,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -83,7 +84,7 @@ at::Tensor loss_of(Net& net, const at::Tensor& x, const at::Tensor& y) {
 }
 
 std::pair<at::Tensor, at::Tensor> data() {
-  torch::manual_seed(kDataSeed);
+  distopt::test::seed_cpu(kDataSeed);
   return {at::randn({kGlobalBatch * kSteps, kIn}),
           at::randint(0, kClasses, {kGlobalBatch * kSteps})};
 }
@@ -96,7 +97,7 @@ std::vector<double> reference(const std::string& optimizer, const std::string& d
   auto codes = fork_ranks(1, [&](int) {
     torch::set_num_threads(1);
     auto [x, y] = data();
-    torch::manual_seed(kInitSeed);
+    distopt::test::seed_cpu(kInitSeed);
     Net net;
     write_doubles(dir + "/init.bin", flat_params(net));
     auto opt = reference_optimizer(optimizer, net);
@@ -143,7 +144,7 @@ std::vector<std::vector<double>> run_job(const Job& job, const std::string& opti
         auto [x, y] = data();
         // Another init than the reference's: a loaded run must take the
         // parameters from the checkpoint, a fresh one from rank 0's broadcast.
-        torch::manual_seed((phase.load ? 999 : kInitSeed) + 7 * rank);
+        distopt::test::seed_cpu((phase.load ? 999 : kInitSeed) + 7 * rank);
         Net net;
         auto rt = rank_runtime(text, rank, job.world);
         auto opt = rt.make_optimizer(*net);

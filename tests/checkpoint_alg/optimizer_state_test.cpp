@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "seed.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -106,12 +107,12 @@ struct Model {
   std::vector<at::Tensor> params;  // "w" (4 x 5), "b" (5)
   std::vector<std::string> names = {"w", "b"};
   Model() {
-    torch::manual_seed(3);
+    distopt::test::seed_cpu(3);
     params = {at::randn({4, 5}), at::randn({5})};
   }
 };
 at::Tensor grad_of(size_t param, int step, at::IntArrayRef shape) {
-  torch::manual_seed(100 + 10 * step + static_cast<int>(param));
+  distopt::test::seed_cpu(100 + 10 * step + static_cast<int>(param));
   return at::randn(shape);
 }
 

@@ -36,6 +36,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -122,11 +123,11 @@ int rank_main(const PhaseSpec& ps, int rank, int port) {
   const at::ScalarType dtype = low ? at::kBFloat16 : at::kFloat;
   // The same global batches in every phase; rank r of W takes slice
   // step * W + r.
-  torch::manual_seed(1234);
+  distopt::test::seed_cpu(1234);
   at::Tensor xs = at::randn({kSteps * j.world * kBatch, kIn});
   at::Tensor ys = at::randint(0, kClasses, {kSteps * j.world * kBatch});
   // A resumed model starts elsewhere: only the checkpoint can make it match.
-  torch::manual_seed(ps.phase == Phase::kFull || ps.phase == Phase::kSave ? 42 : 4242);
+  distopt::test::seed_cpu(ps.phase == Phase::kFull || ps.phase == Phase::kSave ? 42 : 4242);
   Net net;
   net->to(dtype);
   auto rt = rank_runtime(yaml_of(j, port), rank, j.world, "resume_test.yaml");

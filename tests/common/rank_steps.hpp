@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "distopt/distributed_optimizer.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 
 namespace distopt::test {
@@ -17,7 +18,7 @@ namespace distopt::test {
 /// 10000 * (rank + 1) + step, then step().
 inline void random_batch_step(Mlp3& net, distopt::DistributedOptimizer& opt, int rank, int step,
                               int64_t batch = 8) {
-  torch::manual_seed(10000 * (rank + 1) + step);
+  distopt::test::seed_cpu(10000 * (rank + 1) + step);
   opt.zero_grad();
   const int64_t in = net->fc1->options.in_features();
   const int64_t classes = net->fc3->options.out_features();

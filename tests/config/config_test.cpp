@@ -259,7 +259,7 @@ TEST_CASE("train.device: cpu, cuda, cuda:N; a GPU device needs CUDA, refused at 
     const std::string text = std::string("train:\n  device: '") + dev + "'\n";
     m = error_of([&] { distopt::parse_job_config(text, "d.yaml"); });
     if (torch::cuda::is_available()) {
-      CHECK(m.empty());
+      CHECK(m == "(no ConfigError)");
     } else {  // this machine: a CPU-only libtorch, or no GPU
       CHECK(m.rfind("d.yaml:2:11: train.device:", 0) == 0);
       CHECK(m.find("torch::cuda::is_available() is false") != std::string::npos);
@@ -740,6 +740,13 @@ TEST_CASE("the shipped example jobs pass distopt check against the project's plu
     if (!is_yaml(name)) continue;
     const std::string file = examples + "/" + name;
     CAPTURE(file);
+    // An example for a plugin this build lacks (ucx without UCX, nccl
+    // without CUDA) is checked where that plugin is built.
+    const distopt::JobConfig job = distopt::load_job_config(file);
+    if (!reg.find(DOPT_KIND_COMMUNICATOR, job.communicator.name)) {
+      MESSAGE(file << ": communicator '" << job.communicator.name << "' not built here; skipped");
+      continue;
+    }
     auto r = cli({"check", file, "--plugin-path", plugins});
     CAPTURE(r.output);
     CHECK(r.exit_code == 0);

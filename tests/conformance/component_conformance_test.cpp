@@ -30,6 +30,7 @@
 #include "distopt/runtime.hpp"
 #include "multiproc.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -54,7 +55,7 @@ struct Data {
   at::Tensor x, y;
 };
 Data make_data() {
-  torch::manual_seed(7);
+  distopt::test::seed_cpu(7);
   Data d;
   d.x = at::randn({kWorld * kBatch * 4, kIn});
   at::Tensor w = at::randn({kIn, kClasses});
@@ -116,7 +117,7 @@ std::vector<Report> train(const std::string& reducer, const std::string& algorit
         torch::set_num_threads(1);
         const Data d = make_data();
         const at::Tensor &x = d.x, &y = d.y;
-        torch::manual_seed(kInitSeed + rank);  // ranks start apart: make_optimizer syncs them
+        distopt::test::seed_cpu(kInitSeed + rank);  // ranks start apart: make_optimizer syncs them
         Net net;
         distopt::ProcessInfo proc;
         proc.rank = rank;
@@ -172,7 +173,7 @@ std::vector<float> reference_params() {
   auto codes = fork_ranks(1, [&](int) {
     torch::set_num_threads(1);
     const Data d = make_data();
-    torch::manual_seed(kInitSeed);
+    distopt::test::seed_cpu(kInitSeed);
     Net net;
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     const int64_t shards = d.x.size(0) / (kWorld * kBatch);

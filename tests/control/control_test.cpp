@@ -27,6 +27,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -78,7 +79,7 @@ std::vector<at::Tensor> state_of(Net& net) {
 
 void step(Net& net, distopt::DistributedOptimizer& opt, int rank, int k,
           const at::Tensor& extra = {}) {
-  torch::manual_seed(1000 * k + rank);  // each rank its own batch
+  distopt::test::seed_cpu(1000 * k + rank);  // each rank its own batch
   opt.zero_grad();
   at::Tensor loss = at::cross_entropy_loss(net->forward(at::randn({kBatch, kIn})),
                                            at::randint(0, kClasses, {kBatch}));
@@ -100,14 +101,14 @@ void run_job(const std::string& dir, int world, const std::string& components) {
       world,
       [&](int rank) {
         torch::set_num_threads(1);
-        torch::manual_seed(rank);  // unequal: make_optimizer must broadcast rank 0's
+        distopt::test::seed_cpu(rank);  // unequal: make_optimizer must broadcast rank 0's
         Net net;
         auto rt = rank_runtime(job, rank, world, "control.yaml");
         auto opt = rt.make_optimizer(*net);
         int k = 0;
         for (; k < 6; ++k) step(net, opt, rank, k);  // the schedule switches after step 3
         // add_param_group: agreement, then rank 0's values broadcast.
-        torch::manual_seed(77 + rank);
+        distopt::test::seed_cpu(77 + rank);
         at::Tensor extra = at::randn({3}, at::requires_grad());
         opt.add_param_group({{"extra", extra}}, 0.01, 0);
         for (; k < 8; ++k) step(net, opt, rank, k, extra);

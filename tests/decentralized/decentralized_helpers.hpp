@@ -20,6 +20,7 @@
 #include "rank_runtime.hpp"
 #include "rank_steps.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 
 namespace distopt::test {
@@ -48,7 +49,7 @@ inline std::string job_yaml(int world, const std::string& algorithm,
 /// Every rank starts from its own parameters (make_optimizer broadcast rank 0's).
 inline void scatter_replicas(Mlp3& net, int rank) {
   at::NoGradGuard ng;
-  torch::manual_seed(1000 + rank);
+  distopt::test::seed_cpu(1000 + rank);
   for (auto& p : net->parameters()) p.copy_(at::randn_like(p));
 }
 
@@ -69,7 +70,7 @@ struct LeastSquares {
 
   /// Rank r's (A_r, b_r), float32.
   static std::pair<at::Tensor, at::Tensor> data(int rank) {
-    torch::manual_seed(500 + rank);
+    distopt::test::seed_cpu(500 + rank);
     at::Tensor a = at::randn({kRows, kDim}) + 0.5 * rank;
     at::Tensor b = at::randn({kRows, 1}) + rank;
     return {a, b};
@@ -98,7 +99,7 @@ struct LeastSquares {
     auto codes = fork_ranks(kWorld, [&](int rank) {
       torch::set_num_threads(1);
       const auto [a, b] = data(rank);
-      torch::manual_seed(3);
+      distopt::test::seed_cpu(3);
       torch::nn::Linear lin(torch::nn::LinearOptions(kDim, 1).bias(false));
       auto rt = rank_runtime(job, rank, kWorld, "lsq.yaml");
       auto opt = rt.make_optimizer(*lin);
@@ -124,7 +125,7 @@ struct LeastSquares {
   /// float64 from the same initial weights and data: the replicas' mean
   /// followed by their consensus distance, as run() returns them.
   static std::vector<double> simulate_ring() {
-    torch::manual_seed(3);  // run()'s initial weights
+    distopt::test::seed_cpu(3);  // run()'s initial weights
     torch::nn::Linear lin(torch::nn::LinearOptions(kDim, 1).bias(false));
     const at::Tensor x0 = lin->weight.detach().to(at::kDouble).view({kDim, 1});
     std::vector<at::Tensor> a, b, x;

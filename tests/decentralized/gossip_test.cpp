@@ -19,6 +19,7 @@
 #include "rank_runtime.hpp"
 #include "rank_steps.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -42,7 +43,7 @@ Rounds gossip_rounds(int world, const std::string& algorithm, int rounds) {
   const std::string job = job_yaml(world, algorithm, "{name: sgd, lr: 0.1}");
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "gossip.yaml");
     auto opt = rt.make_optimizer(*net);
@@ -127,12 +128,12 @@ OneStep one_step(int world, const std::string& algorithm) {
   const std::string job = job_yaml(world, algorithm, "{name: sgd, lr: 0.1}");
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "onestep.yaml");
     auto opt = rt.make_optimizer(*net);
     scatter_replicas(net, rank);
-    torch::manual_seed(300 + rank);  // this rank's own batch
+    distopt::test::seed_cpu(300 + rank);  // this rank's own batch
     const at::Tensor x = at::randn({kBatch, kIn});
     const at::Tensor y = at::randint(0, kClasses, {kBatch});
     write_doubles(rank_file(dir, "before", rank), flat_params(net));
@@ -187,10 +188,10 @@ TrainRun train(int world, const std::string& algorithm, int steps) {
   const std::string job = job_yaml(world, algorithm);
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(99);
+    distopt::test::seed_cpu(99);
     const at::Tensor x = at::randn({steps * world * kBatch, kIn});
     const at::Tensor y = at::randint(0, kClasses, {steps * world * kBatch});
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "train.yaml");
     auto opt = rt.make_optimizer(*net);
@@ -312,7 +313,7 @@ TEST_CASE("checkpoints: every replica resumes bitwise; another world size starts
     const std::string job = job_yaml(world, "{name: decentralized, options: {topology: ring}}");
     auto codes = fork_ranks(world, [&](int rank) {
       torch::set_num_threads(1);
-      torch::manual_seed(7);
+      distopt::test::seed_cpu(7);
       Mlp3 net(kIn, kClasses);
       auto rt = rank_runtime(job, rank, world, "ckpt.yaml");
       auto opt = rt.make_optimizer(*net);

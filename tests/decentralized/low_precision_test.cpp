@@ -23,6 +23,7 @@
 #include "decentralized_helpers.hpp"
 #include "distopt/checkpoint.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -62,7 +63,7 @@ int compare_copies(int world, const std::string& algorithm, int steps,
       job_yaml(world, algorithm, "{name: sgd, lr: 0.05, momentum: 0.9}", reducer_options);
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "copies.yaml");
     auto opt = rt.make_optimizer(*net);
@@ -139,7 +140,7 @@ std::vector<std::vector<std::vector<double>>> gradient_free_rounds(int world,
   const std::string job = job_yaml(world, algorithm, "{name: sgd, lr: 0.1}");
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "consensus.yaml");
     auto opt = rt.make_optimizer(*net);
@@ -220,7 +221,7 @@ Bytes train_bytes(int world, const std::string& algorithm, int steps) {
   const std::string job = job_yaml(world, algorithm);
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "bytes.yaml");
     auto opt = rt.make_optimizer(*net);
@@ -292,7 +293,7 @@ TEST_CASE("checkpoints: copies resume bitwise; another layout or world size star
         job_yaml(world, alg, "{name: sgd, lr: 0.05, momentum: 0.9}", reducer_options);
     auto codes = fork_ranks(world, [&](int rank) {
       torch::set_num_threads(1);
-      torch::manual_seed(7);
+      distopt::test::seed_cpu(7);
       Mlp3 net(kIn, kClasses);
       auto rt = rank_runtime(job, rank, world, "ckpt.yaml");
       auto opt = rt.make_optimizer(*net);
@@ -387,7 +388,7 @@ TEST_CASE("kernels torch (the device codec) trains bitwise as the host codec; ch
                                      "{bucket_cap_mb: 0.002, align_bytes: 64}");
     auto codes = fork_ranks(4, [&](int rank) {
       torch::set_num_threads(1);
-      torch::manual_seed(7);
+      distopt::test::seed_cpu(7);
       Mlp3 net(kIn, kClasses);
       auto rt = rank_runtime(job, rank, 4, "kernels.yaml");
       auto opt = rt.make_optimizer(*net);

@@ -20,6 +20,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 #include "train_metrics.hpp"
@@ -45,7 +46,7 @@ std::string job_yaml(int world, const std::string& components) {
 
 // One step of `opt` on a random batch (the model is Mlp3).
 void train_step(Mlp3& net, distopt::DistributedOptimizer& opt, int seed) {
-  torch::manual_seed(seed);
+  distopt::test::seed_cpu(seed);
   opt.zero_grad();
   at::cross_entropy_loss(net->forward(at::randn({kBatch, kIn})), at::randint(0, kClasses, {kBatch}))
       .backward();
@@ -136,7 +137,7 @@ TEST_CASE("switch_to an algorithm that does not declare the parameters' device c
       kWorld,
       [&](int rank) {
         torch::set_num_threads(1);
-        torch::manual_seed(3);
+        distopt::test::seed_cpu(3);
         Mlp3 net(kIn, kClasses);
         auto rt = rank_runtime(job, rank, kWorld, "devrule.yaml");
         auto opt = rt.make_optimizer(*net);

@@ -11,6 +11,7 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/elastic.hpp"
 #include "distopt/runtime.hpp"
+#include "seed.hpp"
 #include "torch_doctest.hpp"
 // after doctest:
 #include "cli_util.hpp"
@@ -35,7 +36,7 @@ std::pair<torch::Tensor, torch::Tensor> batch(int64_t step) {  // as embed_rank.
 
 // The reference: one process, the whole global batch each step.
 std::vector<double> reference(int64_t steps = kSteps) {
-  torch::manual_seed(0);
+  distopt::test::seed_cpu(0);
   torch::nn::Linear model(4, 3);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   for (int64_t s = 0; s < steps; ++s) {

@@ -24,6 +24,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -67,10 +68,10 @@ std::vector<double> run_job(const Job& j) {
       j.world,
       [&](int rank) {
         torch::set_num_threads(1);
-        torch::manual_seed(1234);
+        distopt::test::seed_cpu(1234);
         at::Tensor X = at::randn({kSteps * j.world * kBatch, kIn});
         at::Tensor Y = at::randint(0, kClasses, {kSteps * j.world * kBatch});
-        torch::manual_seed(42);
+        distopt::test::seed_cpu(42);
         Net net;
         auto rt = rank_runtime(yaml, rank, j.world, "fused.yaml");
         // group 1: fc2 with its own lr and weight decay

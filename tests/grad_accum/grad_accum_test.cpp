@@ -21,6 +21,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -33,7 +34,7 @@ constexpr double kLr = 0.05;
 
 // This rank's batch of step `step` (the same in every run).
 std::pair<at::Tensor, at::Tensor> batch(int rank, int step) {
-  torch::manual_seed(10000 * (rank + 1) + step);
+  distopt::test::seed_cpu(10000 * (rank + 1) + step);
   at::Tensor x = at::randn({kBatch, kIn});
   return {x, at::randint(0, kClasses, {kBatch})};
 }
@@ -53,7 +54,7 @@ void run(const std::string& dir, const std::string& components, int micro) {
       kWorld,
       [&](int rank) {
         torch::set_num_threads(1);
-        torch::manual_seed(0);
+        distopt::test::seed_cpu(0);
         Mlp3 net(kIn, kClasses);
         auto rt = rank_runtime(job, rank, kWorld, "accum.yaml");
         auto opt = rt.make_optimizer(*net);
@@ -84,7 +85,7 @@ void run(const std::string& dir, const std::string& components, int micro) {
 
 // One process, plain libtorch SGD on both ranks' batches together.
 std::vector<double> reference() {
-  torch::manual_seed(0);
+  distopt::test::seed_cpu(0);
   Mlp3 net(kIn, kClasses);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(kLr));
   for (int s = 0; s < kSteps; ++s) {
@@ -154,7 +155,7 @@ TEST_CASE("without no_sync a second backward still fails; a step after no_sync s
       kWorld,
       [&](int rank) {
         torch::set_num_threads(1);
-        torch::manual_seed(0);
+        distopt::test::seed_cpu(0);
         Mlp3 net(kIn, kClasses);
         auto rt = rank_runtime(job, rank, kWorld, "accum.yaml");
         auto opt = rt.make_optimizer(*net);

@@ -15,6 +15,7 @@
 #include "rank_runtime.hpp"
 #include "rank_steps.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -44,7 +45,7 @@ std::vector<int> run(const std::string& dir, const std::string& ckpt,
   return fork_ranks(kWorld, [&](int rank) {
     setenv("DISTOPT_NODE_ID", nodes[rank].c_str(), 1);
     torch::set_num_threads(1);
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, kWorld, "ckpt.yaml");
     auto opt = rt.make_optimizer(*net);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "hybrid_helpers.hpp"
+#include "seed.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -50,7 +51,7 @@ std::vector<double> run(const Phase& ph, const std::string& dir) {
       ph.world,
       [&](int rank) {
         torch::set_num_threads(1);
-        torch::manual_seed(42);
+        distopt::test::seed_cpu(42);
         Mlp3 net;
         auto rt = rank_runtime(job, rank, ph.world, "hybrid.yaml");
         auto opt = make_hybrid_optimizer(rt, net);
@@ -217,7 +218,7 @@ void load_weights(Mlp3& net, Load how, const std::string& file, bool by_value) {
   }
   Mlp3 other{nullptr};
   if (how == Load::copy_in) {
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     other = Mlp3();
   } else {
     other = Mlp3();
@@ -237,7 +238,7 @@ std::vector<double> run_with_load(const std::string& algorithm, Load how, const 
   const std::string job = hybrid_job(2, random_port(), algorithm, "adam");
   auto codes = fork_ranks(2, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(42);
+    distopt::test::seed_cpu(42);
     Mlp3 net;
     const std::string file = rank_file(dir, "initial", rank);
     torch::save(net, file);
@@ -270,7 +271,7 @@ TEST_CASE("model weights loaded alone: the next hybrid step starts from them (Me
     // the way `how` does (torch::load, set_data) gives the same result.
     auto codes = fork_ranks(1, [&](int) {
       torch::set_num_threads(1);
-      torch::manual_seed(42);
+      distopt::test::seed_cpu(42);
       Mlp3 initial;
       const std::string file = dir + "/ref_initial.pt";
       torch::save(initial, file);

@@ -25,6 +25,7 @@
 #include "rank_runtime.hpp"
 #include "rank_steps.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"  // after libtorch
 
@@ -95,7 +96,7 @@ inline std::unique_ptr<torch::optim::Optimizer> reference_optimizer(const std::s
 inline std::vector<double> reference_run(
     const std::string& optimizer, const std::vector<int>& worlds,
     const std::function<void(int, Mlp3&)>& before = [](int, Mlp3&) {}) {
-  torch::manual_seed(42);
+  distopt::test::seed_cpu(42);
   Mlp3 net;
   auto opt = reference_optimizer(optimizer, net);
   for (int s = 0; s < static_cast<int>(worlds.size()); ++s) {
@@ -105,7 +106,7 @@ inline std::vector<double> reference_run(
     for (int r = 0; r < worlds[s]; ++r) {
       // random_batch_step's batch, drawn by the same expression: the order in
       // which its two arguments draw is the compiler's.
-      torch::manual_seed(10000 * (r + 1) + s);
+      distopt::test::seed_cpu(10000 * (r + 1) + s);
       at::nll_loss(at::log_softmax(net->forward(at::randn({8, 20})), 1), at::randint(0, 10, {8}))
           .backward();
     }
@@ -135,7 +136,7 @@ inline std::vector<Outcome> run_jobs(const std::vector<std::string>& jobs, int w
       [&](int rank) {
         torch::set_num_threads(1);
         for (size_t j = 0; j < jobs.size(); ++j) {
-          torch::manual_seed(42);
+          distopt::test::seed_cpu(42);
           Mlp3 net;
           auto rt = rank_runtime(jobs[j], rank, world, "hybrid.yaml");
           auto opt = make_hybrid_optimizer(rt, net);

@@ -21,6 +21,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -119,7 +120,7 @@ Outcome run(const Spec& s) {
   const std::string dir = make_temp_dir("distopt_join");
   const int world = s.world(), max_steps = s.max_steps();
   auto data = [&] {
-    torch::manual_seed(kDataSeed);
+    distopt::test::seed_cpu(kDataSeed);
     const int64_t n = static_cast<int64_t>(max_steps) * world * kBatch;
     return std::make_pair(at::randn({n, kIn}), at::randint(0, kClasses, {n}));
   };
@@ -127,7 +128,7 @@ Outcome run(const Spec& s) {
     auto codes = fork_ranks(1, [&](int) {
       torch::set_num_threads(1);
       auto [x, y] = data();
-      torch::manual_seed(kInitSeed);
+      distopt::test::seed_cpu(kInitSeed);
       Mlp3 net(kIn, kClasses);
       write_doubles(dir + "/init.bin", flat_params(net));
       auto opt = reference_optimizer(s, net);
@@ -162,7 +163,7 @@ Outcome run(const Spec& s) {
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
     auto [x, y] = data();
-    torch::manual_seed(kInitSeed);
+    distopt::test::seed_cpu(kInitSeed);
     Mlp3 net(kIn, kClasses);
     if (s.bf16) net->to(at::kBFloat16);
     auto rt = rank_runtime(job, rank, world, "join.yaml");
@@ -299,7 +300,7 @@ TEST_CASE("join() while a backward's buckets await step() is refused; after step
                           "communicator: {name: tcp}\noptimizer: {name: sgd, lr: 0.1}\n"
                           "join: {enabled: true}\n";
   auto codes = fork_ranks(2, [&](int rank) {
-    torch::manual_seed(kInitSeed);
+    distopt::test::seed_cpu(kInitSeed);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, 2, "join.yaml");
     auto opt = rt.make_optimizer(*net);

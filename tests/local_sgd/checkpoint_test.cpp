@@ -16,6 +16,7 @@
 #include "rank_runtime.hpp"
 #include "rank_steps.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -66,7 +67,7 @@ void run(const std::string& dir, const std::string& ckpt, int world, bool load, 
   const std::string job = y.str();
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "ckpt.yaml");
     auto opt = rt.make_optimizer(*net);

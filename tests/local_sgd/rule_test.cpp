@@ -17,6 +17,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -54,16 +55,16 @@ Run train(int world, const std::string& algorithm, const std::string& optimizer,
   const std::string job = job_yaml(world, algorithm, optimizer, communicator);
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(99);
+    distopt::test::seed_cpu(99);
     const at::Tensor x = at::randn({steps * world * kBatch, kIn});
     const at::Tensor y = at::randint(0, kClasses, {steps * world * kBatch});
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "local_sgd.yaml");
     auto opt = rt.make_optimizer(*net);
     if (replicas) {
       torch::NoGradGuard ng;
-      torch::manual_seed(1000 + rank);
+      distopt::test::seed_cpu(1000 + rank);
       for (auto& p : net->parameters()) p.copy_(torch::randn_like(p));
     }
     distopt::metrics_reset();  // forget the initial broadcast

@@ -33,6 +33,7 @@
 #include "optim/bucket_manager.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -66,7 +67,7 @@ struct Data {
   at::Tensor x, y;
 };
 Data make_data(int64_t n) {
-  torch::manual_seed(kDataSeed);
+  distopt::test::seed_cpu(kDataSeed);
   return {at::randn({n, kIn}), at::randint(0, kClasses, {n})};
 }
 
@@ -128,7 +129,7 @@ std::pair<std::vector<Result>, Result> run_case(const Spec& s) {
   auto ref_codes = fork_ranks(1, [&](int) {
     torch::set_num_threads(1);
     Data d = make_data(global * s.steps);
-    torch::manual_seed(kInitSeed);
+    distopt::test::seed_cpu(kInitSeed);
     Net net;
     auto opt = s.reference(net->parameters());
     for (int step = 0; step < s.steps; ++step) {
@@ -150,7 +151,7 @@ std::pair<std::vector<Result>, Result> run_case(const Spec& s) {
       [&](int rank) {
         torch::set_num_threads(1);
         Data d = make_data(global * s.steps);
-        torch::manual_seed(kInitSeed + 7 * rank);  // only rank 0 starts like the reference
+        distopt::test::seed_cpu(kInitSeed + 7 * rank);  // only rank 0 starts like the reference
         Net net;
         auto rt = rank_runtime(yaml, rank, s.world, "equivalence.yaml");
         auto opt = rt.make_optimizer(*net);

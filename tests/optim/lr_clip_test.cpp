@@ -27,6 +27,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -57,7 +58,7 @@ struct Data {
   at::Tensor x, y;
 };
 Data make_data(int64_t n) {
-  torch::manual_seed(kDataSeed);
+  distopt::test::seed_cpu(kDataSeed);
   return {at::randn({n, kIn}) * 3, at::randint(0, kClasses, {n})};
 }
 
@@ -103,7 +104,7 @@ std::vector<double> reference(const Job& j, double clip, const std::function<dou
     torch::set_num_threads(1);
     const int64_t global = int64_t(j.world) * kBatch;
     Data d = make_data(global * j.steps);
-    torch::manual_seed(kInitSeed);
+    distopt::test::seed_cpu(kInitSeed);
     Net net;
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     for (int k = 0; k < j.steps; ++k) {
@@ -137,7 +138,7 @@ std::vector<RankOut> run_job(const Job& j) {
         torch::set_num_threads(1);
         const int64_t global = int64_t(j.world) * kBatch;
         Data d = make_data(global * j.steps);
-        torch::manual_seed(kInitSeed + 3 * rank);  // rank 0's start is broadcast
+        distopt::test::seed_cpu(kInitSeed + 3 * rank);  // rank 0's start is broadcast
         Net net;
         auto rt = rank_runtime(yaml, rank, j.world, "lrclip.yaml");
         auto opt = rt.make_optimizer(*net);
@@ -245,7 +246,7 @@ TEST_CASE("grad_clip: decentralized and local_sgd clip each rank's own gradient"
     auto codes = fork_ranks(j.world, [&](int rank) {
       torch::set_num_threads(1);
       Data d = make_data(int64_t(j.world) * kBatch * j.steps);
-      torch::manual_seed(kInitSeed);
+      distopt::test::seed_cpu(kInitSeed);
       Net net;
       auto rt = rank_runtime(yaml, rank, j.world, "lrclip.yaml");
       auto opt = rt.make_optimizer(*net);
@@ -339,7 +340,7 @@ TEST_CASE("lr_schedule: a resumed checkpoint continues the schedule bitwise (zer
       torch::set_num_threads(1);
       const int64_t global = int64_t(j.world) * kBatch;
       Data d = make_data(global * j.steps);
-      torch::manual_seed(kInitSeed);
+      distopt::test::seed_cpu(kInitSeed);
       Net net;
       auto rt = rank_runtime(yaml, rank, j.world, "lrclip.yaml");
       auto opt = rt.make_optimizer(*net);

@@ -30,6 +30,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -133,7 +134,7 @@ at::Tensor loss_of(Net& net, const at::Tensor& x, const at::Tensor& y) {
 }
 
 std::pair<at::Tensor, at::Tensor> data() {
-  torch::manual_seed(kDataSeed);
+  distopt::test::seed_cpu(kDataSeed);
   return {at::randn({kGlobalBatch * kSteps, kIn}),
           at::randint(0, kClasses, {kGlobalBatch * kSteps})};
 }
@@ -143,7 +144,7 @@ std::pair<at::Tensor, at::Tensor> data() {
 Net seeded_model(at::Tensor& x, at::Tensor& y) {
   torch::set_num_threads(1);
   std::tie(x, y) = data();
-  torch::manual_seed(kInitSeed);
+  distopt::test::seed_cpu(kInitSeed);
   return Net();
 }
 

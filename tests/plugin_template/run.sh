@@ -24,6 +24,17 @@ test -x "$work/prefix/bin/distopt"
 
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
+# Where the project's own build found its dependencies (a PyTorch venv's
+# libtorch, unpacked Debian packages on the GPU machine): the template's
+# find_package(distopt) looks for the same ones.
+cache_var() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt" 2>/dev/null | head -1; }
+prefix_path="$work/prefix"
+parent_prefix=$(cache_var CMAKE_PREFIX_PATH)
+[[ -n $parent_prefix ]] && prefix_path="$prefix_path;$parent_prefix"
+for v in Torch_DIR DLPACK_INCLUDE_DIR; do
+  val=$(cache_var $v)
+  [[ -n $val && $val != *NOTFOUND ]] && gen+=("-D$v=$val")
+done
 
 if [[ "$flat_sdk_includes" == --flat-sdk-includes ]]; then
   echo "== every header of the flat SDK compiles by its flat path against the install"
@@ -46,7 +57,7 @@ find_package(distopt REQUIRED)
 distopt_add_plugin(flat_sdk_includes TORCH SOURCES all.cpp)
 CMAKE
   cmake -S "$work/includes" -B "$work/includes/build" "${gen[@]}" \
-    -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/includes.log" 2>&1 &&
+    -DCMAKE_PREFIX_PATH="$prefix_path" >"$work/includes.log" 2>&1 &&
     cmake --build "$work/includes/build" >>"$work/includes.log" 2>&1 ||
     { cat "$work/includes.log"; echo "FAIL: the flat SDK's include paths do not compile"; exit 1; }
 fi
@@ -54,7 +65,7 @@ fi
 echo "== build the template ($template) against the installed SDK"
 cp -r "$template" "$work/template"
 cmake -S "$work/template" -B "$work/template/build" "${gen[@]}" \
-  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >"$work/configure.log" ||
+  -DCMAKE_PREFIX_PATH="$prefix_path" -DCMAKE_BUILD_TYPE=Release >"$work/configure.log" ||
   { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/template/build" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 

@@ -24,6 +24,7 @@
 #include "optim/optimizer_impl.hpp"  // the fp32 masters (core/src)
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -92,10 +93,10 @@ std::vector<Result> run(const Spec& s) {
       2,
       [&](int rank) {
         torch::set_num_threads(1);
-        torch::manual_seed(1234);
+        distopt::test::seed_cpu(1234);
         at::Tensor xs = at::randn({s.steps * 2 * kBatch, kIn});
         at::Tensor ys = at::randint(0, kClasses, {s.steps * 2 * kBatch});
-        torch::manual_seed(42 + rank);  // rank 1 differs until make_optimizer broadcasts
+        distopt::test::seed_cpu(42 + rank);  // rank 1 differs until make_optimizer broadcasts
         Net net;
         net->to(s.dtype);
         auto rt = rank_runtime(yaml, rank, 2, "precision.yaml");
@@ -174,10 +175,10 @@ std::vector<double> bf16_reference(int steps) {
   const std::string dir = tmpdir();
   auto codes = fork_ranks(1, [&](int) {
     torch::set_num_threads(1);
-    torch::manual_seed(1234);
+    distopt::test::seed_cpu(1234);
     at::Tensor xs = at::randn({steps * 2 * kBatch, kIn});
     at::Tensor ys = at::randint(0, kClasses, {steps * 2 * kBatch});
-    torch::manual_seed(42);  // rank 0's weights: make_optimizer broadcasts them
+    distopt::test::seed_cpu(42);  // rank 0's weights: make_optimizer broadcasts them
     Net model;
     model->to(at::kBFloat16);
     Net masters;  // fp32

@@ -17,6 +17,7 @@
 #include "rank_runtime.hpp"
 #include "rank_steps.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -45,7 +46,7 @@ void run(const std::string& job, const std::string& dir, const std::string& tag,
          int steps, const std::string& load, const std::string& save) {
   auto codes = fork_ranks(kWorld, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, kWorld, "tune.yaml");
     auto opt = rt.make_optimizer(*net);
@@ -103,7 +104,7 @@ size_t fastest(const std::vector<Row>& rows, size_t n) {
 }
 
 size_t count_params() {
-  torch::manual_seed(7);
+  distopt::test::seed_cpu(7);
   Mlp3 net(kIn, kClasses);
   return flat_params(net).size();
 }

@@ -18,6 +18,7 @@
 #include "rank_runtime.hpp"
 #include "rank_steps.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -47,7 +48,7 @@ Trace run_trace(int world, const std::string& rest, int steps) {
   const std::string job = job_yaml(world, rest);
   auto codes = fork_ranks(world, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, world, "switch.yaml");
     auto opt = rt.make_optimizer(*net);
@@ -190,7 +191,7 @@ TEST_CASE("a checkpoint taken in phase 2 resumes in phase 2, every replica bitwi
   auto run = [&](bool load, const std::string& tag) {
     auto codes = fork_ranks(kWorld, [&](int rank) {
       torch::set_num_threads(1);
-      torch::manual_seed(7);
+      distopt::test::seed_cpu(7);
       Mlp3 net(kIn, kClasses);
       auto rt = rank_runtime(job, rank, kWorld, "ckpt.yaml");
       auto opt = rt.make_optimizer(*net);
@@ -239,7 +240,7 @@ TEST_CASE("switch_to: a bad call or ranks that disagree change nothing, on every
   const std::string job = job_yaml(kWorld, "algorithm: {name: allreduce}\n");
   auto codes = fork_ranks(kWorld, [&](int rank) {
     torch::set_num_threads(1);
-    torch::manual_seed(7);
+    distopt::test::seed_cpu(7);
     Mlp3 net(kIn, kClasses);
     auto rt = rank_runtime(job, rank, kWorld, "bad.yaml");
     auto opt = rt.make_optimizer(*net);

@@ -19,6 +19,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -54,7 +55,7 @@ std::vector<Sent> run(int world, const std::string& zero_options) {
       world,
       [&](int rank) {
         torch::set_num_threads(1);
-        torch::manual_seed(1234 + rank);
+        distopt::test::seed_cpu(1234 + rank);
         auto x = at::randn({kBatch, kIn});
         auto y = at::randint(0, kClasses, {kBatch});
         Net net;

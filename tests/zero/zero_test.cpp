@@ -24,6 +24,7 @@
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
+#include "seed.hpp"
 #include "test_net.hpp"
 #include "torch_doctest.hpp"
 
@@ -126,14 +127,14 @@ Outcome run_case(const Spec& s) {
   const std::string dir = make_temp_dir("distopt_zero");
   const int64_t global = static_cast<int64_t>(s.world) * s.batch;
   auto data = [&] {
-    torch::manual_seed(kDataSeed);
+    distopt::test::seed_cpu(kDataSeed);
     return std::make_pair(at::randn({global * s.steps, kIn}),
                           at::randint(0, kClasses, {global * s.steps}));
   };
   auto ref_codes = fork_ranks(1, [&](int) {
     torch::set_num_threads(1);
     auto [x, y] = data();
-    torch::manual_seed(kInitSeed);
+    distopt::test::seed_cpu(kInitSeed);
     Net net;
     write_doubles(dir + "/init.bin", flat_params(net));
     auto opt = reference(s, net);
@@ -165,7 +166,7 @@ Outcome run_case(const Spec& s) {
       [&](int rank) {
         torch::set_num_threads(1);
         auto [x, y] = data();
-        torch::manual_seed(kInitSeed + 7 * rank);  // rank 0's parameters are broadcast
+        distopt::test::seed_cpu(kInitSeed + 7 * rank);  // rank 0's parameters are broadcast
         Net net;
         auto rt = rank_runtime(job, rank, s.world, "zero.yaml");
         std::vector<distopt::ParamGroupSpec> groups;

@@ -8,18 +8,20 @@ when all ranks share a host) and TCP only (`shm: false`), and, when the
 one host, like tcp), and with `shm: false`: UCX's default transports, with
 UCX_TLS=tcp, and with `peer_errors: false` (UCX's shared-memory transports)
 -- and the same sizes through torch.distributed's gloo backend on
-127.0.0.1. The columns alternate within each repetition, in an order that
+127.0.0.1, and through Open MPI's MPI_Allreduce (tools/bench/mpi/mpi_allreduce.c,
+built here when `mpicc` and `mpirun` are found; --no-mpi leaves it out; its
+shared-memory BTL `vader` on one host). The columns alternate within each repetition, in an order that
 rotates from one repetition to the next, so that load drift on a shared
 machine hits them alike. Both sides warm up before timing (20 untimed
 iterations at the first size, 2 at the others) and time every iteration
 on its own (the slowest rank's); a run's figure per size is the median
 iteration. The table: size, each column's busbw (nccl-tests definition:
 algbw * 2(n-1)/n) as the median over the repetitions with their min-max,
-and the ratios of the medians to gloo.
+and the ratios of the medians to gloo and to Open MPI.
 
 usage: tools/bench/compare_pytorch.py [--distopt build/bin/distopt] [-n 2 4]
            [--min-bytes 4096] [--max-bytes 64M] [--communicator NAME] [--plugin-path DIR]
-           [--variant NAME=OPTIONS ...] [--repeat 3]
+           [--variant NAME=OPTIONS ...] [--repeat 3] [--no-mpi]
 --communicator NAME measures that communicator alone (its variants:
 --variant, else NAME={}, or tcp's two).
 Needs Debian's python3-torch (run with /usr/bin/python3).
@@ -96,6 +98,44 @@ def run_gloo(world, sizes):
     return rows
 
 
+def build_mpi():
+    """Compile the Open MPI anchor; None (with the reason printed) when it cannot."""
+    import shutil
+    if not shutil.which("mpicc") or not shutil.which("mpirun"):
+        print("# Open MPI: mpicc/mpirun not found (Debian: openmpi-bin libopenmpi-dev); no MPI column")
+        return None
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi", "mpi_allreduce.c")
+    exe = os.path.join(tempfile.mkdtemp(prefix="distopt_mpi_"), "mpi_allreduce")
+    res = subprocess.run(["mpicc", "-O2", "-o", exe, src], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    if res.returncode != 0:
+        print("# Open MPI: mpicc failed; no MPI column:\n" + res.stdout)
+        return None
+    return exe
+
+
+def mpi_version():
+    res = subprocess.run(["mpirun", "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return res.stdout.splitlines()[0] if res.stdout else "mpirun"
+
+
+def run_mpi(args, exe, world):
+    cmd = ["mpirun", "-np", str(world), "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [exe, "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes)]
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if res.returncode != 0:
+        sys.exit("Open MPI benchmark failed:\n" + res.stdout)
+    rows = []
+    for line in res.stdout.splitlines():
+        f = line.split()
+        if len(f) == 6 and not line.startswith("#") and f[0].isdigit():
+            rows.append({"bytes": int(f[0]), "time_us": float(f[2]), "algbw_gbs": float(f[4]),
+                         "busbw_gbs": float(f[5])})
+    return rows
+
+
 def run_distopt(args, world, communicator, options, env=None):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
@@ -132,7 +172,14 @@ def main():
                          "default for tcp: shm={} tcp-only={shm: false}, else %s={})")
     ap.add_argument("--repeat", type=int, default=3,
                     help="interleaved repetitions per world size; medians reported (3)")
+    ap.add_argument("--no-mpi", action="store_true", help="leave out the Open MPI column")
+    ap.add_argument("--no-gloo", action="store_true", help="leave out the gloo column")
     args = ap.parse_args()
+    mpi_exe = None if args.no_mpi else build_mpi()
+    # The anchors, after the distopt columns: (name, run(world, sizes)).
+    anchors = [] if args.no_gloo else [("gloo", lambda world, sizes: run_gloo(world, sizes))]
+    if mpi_exe:
+        anchors.append(("mpi", lambda world, sizes: run_mpi(args, mpi_exe, world)))
     # (column, communicator, options, extra environment)
     tcp = [("shm", "tcp", "{}", {}), ("tcp-only", "tcp", "{shm: false}", {})]
     ucx = [("ucx", "ucx", "{}", {}), ("ucx-noshm", "ucx", "{shm: false}", {}),
@@ -154,14 +201,15 @@ def main():
             os.path.exists(os.path.join(p, "libdistopt_ucx.so")) for p in args.plugin_path or [])
         variants = tcp + (ucx if has_ucx else [])
     for world in args.nranks:
-        # One list of runs per column (variants, then gloo); each repetition runs
-        # every column once, starting one column later than the repetition before.
-        runs = [[] for _ in range(len(variants) + 1)]
+        # One list of runs per column (variants, then the anchors); each
+        # repetition runs every column once, starting one column later than
+        # the repetition before.
+        runs = [[] for _ in range(len(variants) + len(anchors))]
         sizes = None
         for rep in range(max(1, args.repeat)):
             order = list(range(len(runs)))
             order = order[rep % len(order):] + order[:rep % len(order)]
-            if sizes is None and order[0] == len(variants):  # gloo needs distopt's sizes
+            while sizes is None and order[0] >= len(variants):  # the anchors need distopt's sizes
                 order = order[1:] + order[:1]
             for c in order:
                 if c < len(variants):
@@ -169,19 +217,28 @@ def main():
                     runs[c].append(run_distopt(args, world, comm, opts, env))
                     sizes = sizes or [r["bytes"] for r in runs[c][-1]]
                 else:
-                    runs[c].append(run_gloo(world, sizes))
+                    runs[c].append(anchors[c - len(variants)][1](world, sizes))
         cols = [(variants[c][0], runs[c]) for c in range(len(variants))]
         desc = ", ".join("%s=%s %s%s" % (n, c, o, "".join(" %s=%s" % kv for kv in e.items())) for n, c, o, e in variants)
-        print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt (%s) vs PyTorch %s gloo; busbw in "
+        anchor_desc = []
+        if not args.no_gloo:
+            anchor_desc.append("PyTorch %s gloo" % __import__("torch").__version__)
+        if mpi_exe:
+            anchor_desc.append(mpi_version() + " (btl self,vader)")
+        print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt (%s) vs %s; busbw in "
               "GB/s, median (min-max) of %d interleaved runs" %
-              (world, desc, __import__("torch").__version__, len(runs[-1])))
-        names = [name for name, _ in cols] + ["gloo"] + [name + "/gloo" for name, _ in cols]
+              (world, desc, " and ".join(anchor_desc) or "no anchor", len(runs[0])))
+        anames = [a[0] for a in anchors]
+        names = [name for name, _ in cols] + anames + [
+            name + "/" + a for a in anames for name, _ in cols]
         widths = [max(20, len(n)) for n in names[:len(runs)]] + [max(10, len(n)) for n in names[len(runs):]]
         print("# %12s" % "size(B)" + "".join(" %*s" % (w, n) for w, n in zip(widths, names)))
         for i, nbytes in enumerate(sizes):
             per = [[r[i]["busbw_gbs"] for r in col] for col in runs]
             vals = ["%.3f (%.3f-%.3f)" % (statistics.median(v), min(v), max(v)) for v in per]
-            vals += ["%.2f" % (statistics.median(v) / statistics.median(per[-1])) for v in per[:-1]]
+            for a in range(len(anchors)):
+                ref = statistics.median(per[len(variants) + a])
+                vals += ["%.2f" % (statistics.median(v) / ref) for v in per[:len(variants)]]
             print("  %12d" % nbytes + "".join(" %*s" % (w, v) for w, v in zip(widths, vals)))
         print()
         sys.stdout.flush()
