@@ -25,6 +25,8 @@ sdk::p2p::ShellSetup shell_setup() {
   s.fallback = "TCP";
   s.default_scope = "tcp";
   s.default_bind = "127.0.0.1";
+  // Its wait signals are atomic flags (add_wait_signals).
+  s.inline_shm_bytes = 256 << 10;
   return s;
 }
 }  // namespace

@@ -17,11 +17,15 @@ iterations at the first size, 2 at the others) and time every iteration
 on its own (the slowest rank's); a run's figure per size is the median
 iteration. The table: size, each column's busbw (nccl-tests definition:
 algbw * 2(n-1)/n) as the median over the repetitions with their min-max,
-and the ratios of the medians to gloo and to Open MPI.
+and the ratios of the medians to gloo and to Open MPI. At 2 ranks a
+`bound` column gives issue 23's memory bound for a shared-memory allreduce:
+the aggregate copy rate of 2 processes copying buffers of that size at once
+(tools/bench/mpi/membw.c, bytes read plus written) over the 3.5 bytes a
+rank moves per byte reduced, times 2 ranks (--no-bound leaves it out).
 
 usage: tools/bench/compare_pytorch.py [--distopt build/bin/distopt] [-n 2 4]
            [--min-bytes 4096] [--max-bytes 64M] [--communicator NAME] [--plugin-path DIR]
-           [--variant NAME=OPTIONS ...] [--repeat 3] [--no-mpi]
+           [--variant NAME=OPTIONS ...] [--repeat 3] [--no-mpi] [--no-gloo] [--no-bound]
 --communicator NAME measures that communicator alone (its variants:
 --variant, else NAME={}, or tcp's two).
 Needs Debian's python3-torch (run with /usr/bin/python3).
@@ -136,6 +140,41 @@ def run_mpi(args, exe, world):
     return rows
 
 
+def build_membw():
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        print("# memory bound: no C compiler; no bound column")
+        return None
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi", "membw.c")
+    exe = os.path.join(tempfile.mkdtemp(prefix="distopt_membw_"), "membw")
+    res = subprocess.run([cc, "-O2", "-o", exe, src], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    if res.returncode != 0:
+        print("# memory bound: cannot build membw.c; no bound column:\n" + res.stdout)
+        return None
+    return exe
+
+
+# Issue 23's model: a 2-rank shared-memory allreduce moves about 3.5 bytes
+# (read or written) per byte reduced, per rank.
+BYTES_PER_BYTE = 3.5
+
+
+def run_bound(exe, world, sizes):
+    rows = []
+    for nbytes in sizes:
+        iters = max(5, min(200, (256 << 20) // nbytes))
+        res = subprocess.run([exe, "--procs", str(world), "--bytes", str(nbytes), "--iters", str(iters),
+                              "--repeat", "3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if res.returncode != 0:
+            sys.exit("membw failed:\n" + res.stdout)
+        rate = float(res.stdout.split("GB/s=")[1].split()[0])
+        algbw = rate / (BYTES_PER_BYTE * world)
+        rows.append({"bytes": nbytes, "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (world - 1) / world})
+    return rows
+
+
 def run_distopt(args, world, communicator, options, env=None):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
@@ -174,7 +213,9 @@ def main():
                     help="interleaved repetitions per world size; medians reported (3)")
     ap.add_argument("--no-mpi", action="store_true", help="leave out the Open MPI column")
     ap.add_argument("--no-gloo", action="store_true", help="leave out the gloo column")
+    ap.add_argument("--no-bound", action="store_true", help="leave out the memory bound column (2 ranks)")
     args = ap.parse_args()
+    membw_exe = None if args.no_bound else build_membw()
     mpi_exe = None if args.no_mpi else build_mpi()
     # The anchors, after the distopt columns: (name, run(world, sizes)).
     anchors = [] if args.no_gloo else [("gloo", lambda world, sizes: run_gloo(world, sizes))]
@@ -200,7 +241,11 @@ def main():
         has_ucx = os.path.exists(os.path.join(plugin_dir, "libdistopt_ucx.so")) or any(
             os.path.exists(os.path.join(p, "libdistopt_ucx.so")) for p in args.plugin_path or [])
         variants = tcp + (ucx if has_ucx else [])
+    base_anchors = anchors
     for world in args.nranks:
+        anchors = list(base_anchors)
+        if membw_exe and world == 2:
+            anchors.append(("bound", lambda world, sizes: run_bound(membw_exe, world, sizes)))
         # One list of runs per column (variants, then the anchors); each
         # repetition runs every column once, starting one column later than
         # the repetition before.
@@ -225,6 +270,8 @@ def main():
             anchor_desc.append("PyTorch %s gloo" % __import__("torch").__version__)
         if mpi_exe:
             anchor_desc.append(mpi_version() + " (btl self,vader)")
+        if any(a[0] == "bound" for a in anchors):
+            anchor_desc.append("the memory bound (copy rate of 2 processes / (%.1f B/B x 2))" % BYTES_PER_BYTE)
         print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt (%s) vs %s; busbw in "
               "GB/s, median (min-max) of %d interleaved runs" %
               (world, desc, " and ".join(anchor_desc) or "no anchor", len(runs[0])))

@@ -39,10 +39,14 @@ int main(int argc, char** argv) {
   size_t min_bytes = 4096, max_bytes = 64u << 20;
   int iters_arg = 0, warmup_arg = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "--min-bytes")) min_bytes = parse_size(argv[i + 1]);
-    else if (!strcmp(argv[i], "--max-bytes")) max_bytes = parse_size(argv[i + 1]);
-    else if (!strcmp(argv[i], "--iters")) iters_arg = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--warmup")) warmup_arg = atoi(argv[i + 1]);
+    if (!strcmp(argv[i], "--min-bytes"))
+      min_bytes = parse_size(argv[i + 1]);
+    else if (!strcmp(argv[i], "--max-bytes"))
+      max_bytes = parse_size(argv[i + 1]);
+    else if (!strcmp(argv[i], "--iters"))
+      iters_arg = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--warmup"))
+      warmup_arg = atoi(argv[i + 1]);
     else {
       if (rank == 0) fprintf(stderr, "mpi_allreduce: unknown option %s\n", argv[i]);
       MPI_Abort(MPI_COMM_WORLD, 2);

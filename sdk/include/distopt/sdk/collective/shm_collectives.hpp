@@ -83,6 +83,26 @@ class Collectives {
   int world_size() const { return world_; }
   /// Bytes streamed per round (per rank).
   size_t slot_bytes() const { return slot_bytes_; }
+  /// Arrival for a collective on the calling thread (see
+  /// p2p::ShellSetup::inline_shm_bytes), any thread while no collective
+  /// runs: announce() says that this rank's caller is at the next
+  /// collective; peers_arrived() whether every peer's caller is too, or its
+  /// progress thread already runs it. A hint only: nobody waits on it
+  /// without a bound, so it cannot deadlock.
+  void announce() const {
+    Header* h = hdr(rank_);
+    h->arrived.store(round_ + 1, std::memory_order_release);
+  }
+  bool peers_arrived() const {
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      const Header* h = hdr(p);
+      if (h->arrived.load(std::memory_order_acquire) < round_ + 1 &&
+          h->ready.load(std::memory_order_acquire) < round_ + 1)
+        return false;
+    }
+    return true;
+  }
 
   /// recv[i] = op over ranks of send[i], i < count; send may equal recv.
   Result allreduce(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op,
@@ -277,12 +297,18 @@ inline Result Collectives::allreduce(const char* send, char* recv, size_t count,
   // slices peers reduced meanwhile), then reduces its slice of round i. A
   // rank then rarely blocks more than once per round, which matters when
   // ranks outnumber cores and every block is a context switch.
+  //
+  // Bytes: a rank's own slice never goes through its slot on the way in
+  // (the reduction reads it from `send`) nor on the way out (the reduction's
+  // result is copied to `recv` while it is still in cache), so per byte of
+  // the tensor a rank copies (W-1)/W in, reduces 1/W and copies (W-1)/W out
+  // instead of 1, 1/W and 1.
   auto gather = [&](size_t i) {
     const uint64_t r = first + i;
     const size_t m = elems(i);
-    for (int k = 0; k < n; ++k) {  // this rank's slice first: it is ready
+    for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
-      if (p != me && !wait(p, &Header::reduced, r, ctx, &res)) return false;
+      if (!wait(p, &Header::reduced, r, ctx, &res)) return false;
       const size_t plo = off(m, p), plen = off(m, p + 1) - plo;
       if (plen) std::memcpy(recv + i * per_round * esz + plo, slot(p, r) + plo, plen);
     }
@@ -295,20 +321,27 @@ inline Result Collectives::allreduce(const char* send, char* recv, size_t count,
     const size_t m = elems(i);
     if (!wait_slot_free(r, ctx, &res)) return res;
     char* mine = slot(me, r);
-    std::memcpy(mine, send + i * per_round * esz, m * esz);
+    const char* in = send + i * per_round * esz;
+    const size_t lo = off(m, me), len = off(m, me + 1) - lo;
+    // The peers' slices of this rank's input (around its own).
+    if (lo) std::memcpy(mine, in, lo);
+    if (lo + len < m * esz) std::memcpy(mine + lo + len, in + lo + len, m * esz - lo - len);
     publish_ready(r, m * esz, ctx);
     res.bytes_sent += m * esz;
     if (i > 0 && !gather(i - 1)) return res;
-    // Reduce this rank's slice in place in its own slot (peers read only
-    // their own slices of it until `reduced`).
-    const size_t lo = off(m, me), len = off(m, me + 1) - lo;
+    // Reduce this rank's slice into its own slot, where peers read it after
+    // `reduced` (they read only their own slices of it before).
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
       if (!wait(p, &Header::ready, r, ctx, &res)) return res;
       if (len)
-        reduce(dt, rop, mine + lo, mine + lo, slot(p, r) + lo, len / esz, k == n - 1 ? div : 1);
+        reduce(dt, rop, mine + lo, k == 1 ? in + lo : mine + lo, slot(p, r) + lo, len / esz,
+               k == n - 1 ? div : 1);
     }
+    if (n == 1 && len) std::memcpy(mine + lo, in + lo, len);
     publish_own(&Header::reduced, r);
+    // `in` is read for good now: the output may overwrite it (send == recv).
+    if (len) std::memcpy(recv + i * per_round * esz + lo, mine + lo, len);
   }
   if (rounds > 0) gather(rounds - 1);
   return res;

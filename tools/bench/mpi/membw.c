@@ -1,0 +1,83 @@
+/* Aggregate memory copy bandwidth of N concurrent processes: the memory
+ * bound that tools/bench/compare_pytorch.py sets beside a shared-memory
+ * allreduce (issue 23). Each of --procs processes (forked) copies its own
+ * --bytes buffer into another with memcpy --iters times after 2 untimed
+ * copies; all start together (a pipe barrier). Prints one line:
+ *   membw procs=N bytes=B GB/s=X
+ * where X counts bytes read plus bytes written by all processes over the
+ * slowest process's time, the median of --repeat runs.
+ * Build: cc -O2 -o membw membw.c */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp(const void* a, const void* b) {
+  const double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+int main(int argc, char** argv) {
+  int procs = 2, iters = 10, repeat = 5;
+  size_t bytes = 64u << 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--procs"))
+      procs = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--bytes"))
+      bytes = strtoull(argv[i + 1], NULL, 10);
+    else if (!strcmp(argv[i], "--iters"))
+      iters = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--repeat"))
+      repeat = atoi(argv[i + 1]);
+    else {
+      fprintf(stderr, "membw: unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  double* rates = calloc((size_t)repeat, sizeof(double));
+  for (int rep = 0; rep < repeat; ++rep) {
+    int go[2], back[2];
+    if (pipe(go) || pipe(back)) return 1;
+    for (int p = 0; p < procs; ++p) {
+      if (fork() == 0) {
+        char* a = malloc(bytes);
+        char* b = malloc(bytes);
+        memset(a, 1, bytes);
+        memset(b, 2, bytes);
+        memcpy(b, a, bytes);
+        memcpy(a, b, bytes);
+        char c;
+        if (read(go[0], &c, 1) != 1) _exit(1);
+        const double t0 = now();
+        for (int i = 0; i < iters; ++i) memcpy(i % 2 ? a : b, i % 2 ? b : a, bytes);
+        const double dt = now() - t0;
+        if (write(back[1], &dt, sizeof dt) != sizeof dt) _exit(1);
+        _exit(0);
+      }
+    }
+    usleep(200000); /* every child has warmed up */
+    for (int p = 0; p < procs; ++p)
+      if (write(go[1], "g", 1) != 1) return 1;
+    double slowest = 0;
+    for (int p = 0; p < procs; ++p) {
+      double dt = 0;
+      if (read(back[0], &dt, sizeof dt) != sizeof dt) return 1;
+      if (dt > slowest) slowest = dt;
+    }
+    while (wait(NULL) > 0) {
+    }
+    close(go[0]), close(go[1]), close(back[0]), close(back[1]);
+    rates[rep] = 2.0 * (double)bytes * iters * procs / slowest / 1e9;
+  }
+  qsort(rates, (size_t)repeat, sizeof(double), cmp);
+  printf("membw procs=%d bytes=%zu GB/s=%.2f\n", procs, bytes, rates[repeat / 2]);
+  return 0;
+}
