@@ -103,12 +103,14 @@ struct ShellSetup {
   bool poll_when_idle = false;
   /// A shared-memory allreduce of at most this many bytes runs on the
   /// calling thread when nothing is queued or running here and every peer
-  /// arrives at it within about 50 us (0: never); otherwise the progress
-  /// thread runs it as any other. Two thread hand-offs cost more than such
-  /// a collective (5-60 us on a VM against 1-2 us at 4 KiB, 2 ranks). Its
-  /// request is then complete on return. Only for a transport whose
-  /// add_wait_signals() reads nothing but atomics (tcp): the progress
-  /// thread keeps driving user send/recv beside it.
+  /// arrives at an allreduce of the same size within about 50 us (0:
+  /// never); otherwise the progress thread runs it as any other. Thread
+  /// hand-offs cost more than a small collective (5-60 us on a VM against
+  /// 1-2 us at 4 KiB, 2 ranks), and a progress thread woken next to its
+  /// caller shares that core with it (512 KiB-2 MiB at a third of the
+  /// rate). The request is then complete on return. Only for a transport
+  /// whose add_wait_signals() reads nothing but atomics (tcp): the
+  /// progress thread keeps driving user send/recv beside it.
   size_t inline_shm_bytes = 0;
 };
 
@@ -414,17 +416,17 @@ class P2PCommunicator : public Communicator {
                                                  std::to_string(world_) + ")");
   }
 
-  /// `may_inline`: the operation may run on the calling thread (see
-  /// ShellSetup::inline_shm_bytes) when nothing is queued or running.
+  /// `inline_bytes` > 0: a shared-memory allreduce of that many bytes that
+  /// may run on the calling thread (ShellSetup::inline_shm_bytes).
   std::unique_ptr<Request> enqueue(const std::string& name,
                                    std::function<Result(Clock::time_point)> body,
-                                   bool may_inline = false) {
+                                   uint64_t inline_bytes = 0) {
     auto req = std::make_shared<Completion>(name);
     dopt_status st = DOPT_OK;
     std::string cause;
     if (failed(&st, &cause)) {
       req->complete(st, name + ": " + cause);
-    } else if (may_inline && claim_idle()) {
+    } else if (inline_bytes > 0 && claim_idle(inline_bytes)) {
       // In order: nothing was queued or running, and operations issued
       // meanwhile wait in the queue until this one is done.
       Op op{req, std::move(body)};
@@ -468,18 +470,18 @@ class P2PCommunicator : public Communicator {
 
   /// Takes the operation slot when nothing is queued or running, then
   /// waits up to kArriveMicros for every shared-memory peer to arrive at
-  /// the same collective; gives the slot back if one does not.
-  bool claim_idle() {
+  /// an allreduce of the same `bytes`; gives the slot back if one does not.
+  bool claim_idle(uint64_t bytes) {
     {
       std::lock_guard<std::mutex> lk(qmu_);
       if (stopping_ || op_active_ || !queue_.empty()) return false;
       op_active_ = true;
     }
-    shm_->announce();
+    shm_->announce(bytes);
     constexpr int64_t kArriveMicros = 50;
     const auto until = Clock::now() + std::chrono::microseconds(kArriveMicros);
     for (int i = 0;; ++i) {
-      if (shm_->peers_arrived()) return true;
+      if (shm_->peers_arrived(bytes)) return true;
       if (i >= 64 && Clock::now() >= until) break;
       if (i < 64)
         shm::detail::cpu_relax();
@@ -647,7 +649,7 @@ inline std::unique_ptr<Request> P2PCommunicator::allreduce(const DLTensor& send,
         if (shm_) return shm_->allreduce(s.data, r.data, s.count, dt, op, wait_ctx(d));
         return over_transport([&] { coll_->allreduce(s.data, r.data, s.count, dt, op, d); });
       },
-      shm_ && world_ > 1 && s.count > 0 && s.bytes() <= setup_.inline_shm_bytes);
+      shm_ && world_ > 1 && s.count > 0 && s.bytes() <= setup_.inline_shm_bytes ? s.bytes() : 0);
 }
 
 inline std::unique_ptr<Request> P2PCommunicator::reduce_scatter(const DLTensor& send,

@@ -83,22 +83,24 @@ class Collectives {
   int world_size() const { return world_; }
   /// Bytes streamed per round (per rank).
   size_t slot_bytes() const { return slot_bytes_; }
-  /// Arrival for a collective on the calling thread (see
+  /// Arrival for an allreduce on the calling thread (see
   /// p2p::ShellSetup::inline_shm_bytes), any thread while no collective
-  /// runs: announce() says that this rank's caller is at the next
-  /// collective; peers_arrived() whether every peer's caller is too, or its
-  /// progress thread already runs it. A hint only: nobody waits on it
-  /// without a bound, so it cannot deadlock.
-  void announce() const {
+  /// runs: announce(bytes) says that this rank's caller is at the next
+  /// collective, an allreduce of `bytes`; peers_arrived(bytes) whether every
+  /// peer announced the same. A hint only: nobody waits on it without a
+  /// bound, so it cannot deadlock; a peer at another size is left to the
+  /// progress thread, where a stalled wait names the mismatch.
+  void announce(uint64_t bytes) const {
     Header* h = hdr(rank_);
+    h->arrived_bytes.store(bytes, std::memory_order_relaxed);
     h->arrived.store(round_ + 1, std::memory_order_release);
   }
-  bool peers_arrived() const {
+  bool peers_arrived(uint64_t bytes) const {
     for (int p = 0; p < world_; ++p) {
       if (p == rank_) continue;
       const Header* h = hdr(p);
-      if (h->arrived.load(std::memory_order_acquire) < round_ + 1 &&
-          h->ready.load(std::memory_order_acquire) < round_ + 1)
+      if (h->arrived.load(std::memory_order_acquire) != round_ + 1 ||
+          h->arrived_bytes.load(std::memory_order_relaxed) != bytes)
         return false;
     }
     return true;

@@ -48,8 +48,10 @@ struct Header {
   alignas(64) std::atomic<uint64_t> ready;    ///< this rank's input of round k is in its slot
   alignas(64) std::atomic<uint64_t> reduced;  ///< this rank's slice of round k is reduced
   alignas(64) std::atomic<uint64_t> done;  ///< this rank finished reading peers' slots of round k
-  alignas(
-      64) std::atomic<uint64_t> arrived;    ///< hint: this rank's caller is at round k's collective
+  /// Hints for an allreduce on the calling thread: this rank's caller is at
+  /// round k's collective, an allreduce of arrived_bytes.
+  alignas(64) std::atomic<uint64_t> arrived;
+  std::atomic<uint64_t> arrived_bytes;
   alignas(64) std::atomic<uint32_t> futex;  ///< bumped on every publish; waiters sleep on it
   std::atomic<uint32_t> waiters;  ///< ranks sleeping on `futex` (publisher skips the wake if 0)
 };
