@@ -5,8 +5,9 @@
 // once it has handed BYTES bytes of its OP-th collective (1-based, counted on
 // this communicator's progress thread) to its peers, on a socket or in
 // shared memory. Other DISTOPT_FAULT_INJECT values belong to the core.
-// Used by the tcp and ucx communicators. Thread safety: one thread (the
-// progress thread).
+// Used by the tcp and ucx communicators. Thread safety: one thread at a time
+// (the one running the collective: the progress thread, or the caller of a
+// calling-thread allreduce, p2p::ShellSetup::inline_shm_bytes).
 #pragma once
 
 #include <unistd.h>

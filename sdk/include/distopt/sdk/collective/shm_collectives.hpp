@@ -60,9 +60,11 @@ struct Result {
   uint64_t bytes_sent = 0, bytes_received = 0;  ///< bytes handed to / read from peers
 };
 
-/// The shared-memory collectives of one communicator. Not thread-safe:
-/// every call runs on the thread that runs the communicator's collectives
-/// (its progress thread), to completion, failure or ctx.deadline; every
+/// The shared-memory collectives of one communicator. Not thread-safe: one
+/// collective at a time, on the thread that runs it (the communicator's
+/// progress thread, or the caller of a calling-thread allreduce), to
+/// completion, failure or ctx.deadline; announce() and peers_arrived() only
+/// while none runs. Every
 /// rank must call them in the same order with matching arguments. Counts
 /// are elements of `dt`; arguments are validated by the caller. After a
 /// failure the object must not be used for collectives again (the ranks'
