@@ -121,6 +121,15 @@ ncclRedOp_t nccl_op(dopt_reduce_op op) {
   throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "unknown reduction " + std::to_string(op));
 }
 
+// The NCCL op for `op` in a world of `world` ranks. At one rank the average
+// is the sum: NCCL runs ncclAvg on floats as a pre-multiplied sum, a kernel
+// that reads and writes every element even in place (8 bytes per fp32
+// element per bucket on the H200, 2026-11-26), where an in-place ncclSum at
+// one rank launches nothing.
+ncclRedOp_t nccl_op(dopt_reduce_op op, int world) {
+  return op == DOPT_REDUCE_AVG && world == 1 ? ncclSum : nccl_op(op);
+}
+
 /// A checked tensor argument: its device pointer, element count and type.
 struct Buf {
   void* data;
@@ -182,7 +191,7 @@ std::unique_ptr<sdk::Request> NcclComm::allreduce(const DLTensor& send, DLTensor
   if (s.count != r.count)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: send has " + std::to_string(s.count) +
                                                     " elements, recv " + std::to_string(r.count));
-  const ncclRedOp_t nop = nccl_op(op);
+  const ncclRedOp_t nop = nccl_op(op, core_->world);
   Core& c = *core_;
   return c.launch(describe(c.next_name("allreduce"), s), [&](ncclComm_t nc, cudaStream_t st) {
     return c.a.ncclAllReduce(s.data, r.data, s.count, s.type, nop, nc, st);
@@ -199,7 +208,7 @@ std::unique_ptr<sdk::Request> NcclComm::reduce_scatter(const DLTensor& send, DLT
                      "reduce_scatter: send has " + std::to_string(s.count) +
                          " elements, not world_size * recv = " +
                          std::to_string(r.count * static_cast<size_t>(core_->world)));
-  const ncclRedOp_t nop = nccl_op(op);
+  const ncclRedOp_t nop = nccl_op(op, core_->world);
   Core& c = *core_;
   return c.launch(describe(c.next_name("reduce_scatter"), s), [&](ncclComm_t nc, cudaStream_t st) {
     return c.a.ncclReduceScatter(s.data, r.data, r.count, s.type, nop, nc, st);

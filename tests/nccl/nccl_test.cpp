@@ -226,6 +226,8 @@ TEST_CASE("world size 1 on the stand-in: each collective is a copy, ordered and 
     std::fill(b.begin(), b.end(), 0.f);
     c.reduce_scatter(ta, tb, DOPT_REDUCE_AVG).wait();
     if (b != a) return 3;
+    c.allreduce(tb, tb, DOPT_REDUCE_AVG).wait();  // in place: the bucket path
+    if (b != a) return 15;
     std::fill(b.begin(), b.end(), 0.f);
     c.allgather(ta, tb).wait();
     if (b != a) return 4;
@@ -284,6 +286,11 @@ TEST_CASE("world size 1 on the stand-in: each collective is a copy, ordered and 
   CHECK(field(splits[1], "color") == "-1");  // NCCL_SPLIT_NOCOLOR
   CHECK(lines_starting(log, "group sends=1 recvs=1").size() == 1);
   CHECK(lines_starting(log, "abort ").empty());
+  // At one rank the average goes to NCCL as ncclSum (0), never ncclAvg (4),
+  // which NCCL runs as a kernel over the whole buffer even in place.
+  CHECK(!lines_starting(log, "allreduce op=0 inplace=1").empty());  // and the barriers
+  CHECK(lines_starting(log, "allreduce op=4").empty());
+  CHECK(lines_starting(log, "reduce_scatter op=0").size() == 1);
 }
 
 TEST_CASE("a host-memory request's stream_wait waits like wait (tcp, ABI 1.4 glue)") {

@@ -5,7 +5,8 @@
 //   torch fused at::_fused_adam_ / _fused_adamw_ (what torch.optim.Adam(fused=True)
 //               runs), when this libtorch has it for the device
 //   fused       the `fused` algorithm through the real runtime and plugin (world
-//               size 1 over tcp on the CPU, nccl on CUDA)
+//               size 1 over tcp on the CPU, nccl on CUDA), step() after an
+//               untimed backward, as in training
 //   hybrid ...  (--hybrid) the `hybrid` algorithm at offload_fraction 0, 0.5
 //               and 1 with overlap_cpu_optimizer_d2h_h2d on and off
 // against the memory floor: bytes a step must move (Adam 28 B/element: read
@@ -33,6 +34,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distopt/config.hpp"
@@ -58,15 +60,19 @@ struct Timing {
 // One warm-up call (state allocation, page faults, kernel selection), then
 // `iters` timed calls; on CUDA the device is synchronised before the clock
 // starts and before it stops, so a row is the device time of the whole step.
-template <class F>
-Timing time_it(int iters, bool cuda, F&& f) {
+// `setup` runs before each call, outside the clock.
+template <class S, class F>
+Timing time_it(int iters, bool cuda, S&& setup, F&& f) {
   auto sync = [&] {
     if (cuda) torch::cuda::synchronize();
   };
   Timing t;
+  setup();
   f();
   sync();
   for (int i = 0; i < iters; ++i) {
+    setup();
+    sync();
     auto t0 = std::chrono::steady_clock::now();
     f();
     sync();
@@ -74,6 +80,11 @@ Timing time_it(int iters, bool cuda, F&& f) {
   }
   std::sort(t.s.begin(), t.s.end());
   return t;
+}
+template <class F>
+Timing time_it(int iters, bool cuda, F&& f) {
+  return time_it(
+      iters, cuda, [] {}, std::forward<F>(f));
 }
 
 // The command line, with the device-dependent defaults filled in.
@@ -230,8 +241,12 @@ Row time_torch_fused(const Bench& b) {
 }
 
 // An algorithm through the real runtime and plugin on fresh parameters
-// (world size 1: the mean reducer's bucket reduction is a no-op; step()
-// includes it).
+// (world size 1), timed as a training step pays for it: each step() follows
+// an untimed zero_grad() and backward that put fixed random gradients into
+// the buckets and launched them (at world size 1 the mean reducer's
+// allreduce is a no-op in place), so the row is the optimizer step alone, as
+// the libtorch rows are. Without the backward, step() would count every
+// gradient as missing and zero it first (an unused parameter's rule).
 Row time_algorithm(const Bench& b, const std::string& name, const std::string& algorithm) {
   const BenchArgs& a = b.a;
   std::ostringstream y;
@@ -249,8 +264,15 @@ Row time_algorithm(const Bench& b, const std::string& name, const std::string& a
     auto rt =
         distopt::Runtime::from_config(distopt::parse_job_config(y.str(), "bench-step.yaml"), proc);
     auto dopt = rt.make_optimizer(c);
-    for (auto& p : ps) p.grad().normal_();
-    r.t = time_it(a.iters, a.cuda, [&] { dopt.step(); });
+    std::vector<at::Tensor> gs;
+    for (auto& p : ps) gs.push_back(at::randn_like(p));
+    auto backward = [&] {
+      dopt.zero_grad();
+      at::Tensor loss = at::zeros({}, b.fopt);
+      for (size_t i = 0; i < ps.size(); ++i) loss = loss + (ps[i] * gs[i]).sum();
+      loss.backward();  // d loss / d p_i = g_i
+    };
+    r.t = time_it(a.iters, a.cuda, backward, [&] { dopt.step(); });
   } catch (const std::exception& e) {
     std::string what = e.what();
     r.note = "failed: " + what.substr(0, what.find('\n'));

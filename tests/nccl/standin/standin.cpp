@@ -272,14 +272,17 @@ STANDIN_EXPORT const char* ncclGetErrorString(ncclResult_t r) {
 STANDIN_EXPORT const char* ncclGetLastError(ncclComm_t) { return g_last_error.c_str(); }
 
 STANDIN_EXPORT ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t t,
-                                          ncclRedOp_t, ncclComm_t comm, cudaStream_t st) {
+                                          ncclRedOp_t op, ncclComm_t comm, cudaStream_t st) {
   if (ncclResult_t e = start_op(comm, st)) return e;
+  log_line("allreduce op=" + std::to_string(static_cast<int>(op)) +
+           (s == r ? " inplace=1" : " inplace=0"));
   copy(r, s, n * type_size(t));
   return ncclSuccess;
 }
 STANDIN_EXPORT ncclResult_t ncclReduceScatter(const void* s, void* r, size_t n, ncclDataType_t t,
-                                              ncclRedOp_t, ncclComm_t comm, cudaStream_t st) {
+                                              ncclRedOp_t op, ncclComm_t comm, cudaStream_t st) {
   if (ncclResult_t e = start_op(comm, st)) return e;
+  log_line("reduce_scatter op=" + std::to_string(static_cast<int>(op)));
   copy(r, s, n * type_size(t));
   return ncclSuccess;
 }
