@@ -7,6 +7,9 @@
 #   tools/gpu/build_and_test.sh test [ctest ...] # ctest in build-gpu (default: all)
 #   tools/gpu/build_and_test.sh all              # both
 #
+# DISTOPT_GPU_TARGETS="distopt tcp grad_accum_test" builds only those targets
+# (a short device session: one test and what it loads).
+#
 # The packages are unpacked with `dpkg -x` into /tmp/distopt-deps (never
 # into /); the Fashion-MNIST data is linked to the path the examples use when
 # that path is free. Results (logs) go to $OUT when it is set.
@@ -44,7 +47,9 @@ configure_and_build() {
     -DDLPACK_INCLUDE_DIR="$PREFIX/usr/include" 2>&1 | tee "$LOG_DIR/gpu-configure.log"
   # -k 0: build every target that can be built, so that one broken file
   # still leaves the CLI, the plugins and the other tests to run.
-  cmake --build "$BUILD" -j "$(nproc)" -- -k 0 2>&1 | tee "$LOG_DIR/gpu-build.log" | grep -E "error|warning: |FAILED|^\[[0-9]+/[0-9]+\] Linking" | tail -60
+  local targets=()
+  [[ -n ${DISTOPT_GPU_TARGETS:-} ]] && read -ra targets <<<"--target $DISTOPT_GPU_TARGETS"
+  cmake --build "$BUILD" -j "$(nproc)" "${targets[@]}" -- -k 0 2>&1 | tee "$LOG_DIR/gpu-build.log" | grep -E "error|warning: |FAILED|^\[[0-9]+/[0-9]+\] Linking" | tail -60
   test "${PIPESTATUS[0]}" -eq 0
 }
 
