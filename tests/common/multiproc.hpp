@@ -4,6 +4,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,11 +53,44 @@ inline int random_port() {
   }
 }
 
+/// Whether this process runs a thread whose name starts with `prefix`
+/// (/proc/self/task/*/comm).
+inline bool has_thread_named(const std::string& prefix) {
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return false;
+  bool found = false;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string path = std::string("/proc/self/task/") + e->d_name + "/comm";
+    if (FILE* f = fopen(path.c_str(), "r")) {
+      char name[64] = {0};
+      if (fgets(name, sizeof name, f) && std::string(name).rfind(prefix, 0) == 0) found = true;
+      fclose(f);
+    }
+    if (found) break;
+  }
+  closedir(d);
+  return found;
+}
+
 /// Fork `n` children; child r runs fn(r) and exits with its return value (an
 /// uncaught exception exits 99 after printing). Waits for all with a timeout
 /// (children still running are SIGKILLed and reported as -1).
+///
+/// Throws std::logic_error when the calling process already ran a backward
+/// on a machine with a GPU: libtorch's autograd engine then runs one thread
+/// per device ("pt_autograd_N"), which a forked child does not inherit, and
+/// a backward in the child waits for it forever (seen on the H200,
+/// grad_accum_test, 2026-11-26). Compute single-process references in a
+/// child too (fork_ranks(1, ...)), or after the last fork.
 inline std::vector<int> fork_ranks(int n, const std::function<int(int)>& fn,
                                    std::chrono::seconds timeout = std::chrono::seconds(120)) {
+  if (has_thread_named("pt_autograd_"))
+    throw std::logic_error(
+        "fork_ranks: this process already ran a backward with a GPU present (libtorch's "
+        "autograd device threads, pt_autograd_*, are running); a forked rank's backward would "
+        "wait for them forever. Run the single-process reference in a child (fork_ranks(1, "
+        "...)) or after the ranks");
   std::vector<pid_t> pids;
   // Unflushed parent output would otherwise be printed again by every child.
   fflush(stdout);

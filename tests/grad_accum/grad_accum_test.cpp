@@ -6,13 +6,17 @@
 // well; lossy ones see the accumulated gradient once, so they too match the
 // one-batch run to float tolerance), with the same bytes per step; and
 // without no_sync two backward passes still fail as before.
+#include <pthread.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "distopt/distributed_optimizer.hpp"
@@ -83,8 +87,10 @@ void run(const std::string& dir, const std::string& components, int micro) {
   for (int r = 0; r < kWorld; ++r) REQUIRE_MESSAGE(codes[r] == 0, "rank " << r);
 }
 
-// One process, plain libtorch SGD on both ranks' batches together.
-std::vector<double> reference() {
+// One process, plain libtorch SGD on both ranks' batches together, in a
+// forked child: a backward in this process would keep the ranks forked
+// later from running theirs where a GPU is present (fork_ranks).
+std::vector<double> reference_in_process() {
   distopt::test::seed_cpu(0);
   Mlp3 net(kIn, kClasses);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(kLr));
@@ -100,6 +106,20 @@ std::vector<double> reference() {
     sgd.step();
   }
   return flat_params(net);
+}
+
+std::vector<double> reference() {
+  TempDir dir("distopt_accum_ref");
+  const auto codes = fork_ranks(
+      1,
+      [&](int) {
+        torch::set_num_threads(1);
+        write_doubles(rank_file(dir.path, "ref", 0), reference_in_process());
+        return 0;
+      },
+      std::chrono::seconds(120));
+  REQUIRE(codes[0] == 0);
+  return read_doubles(rank_file(dir.path, "ref", 0));
 }
 
 struct Case {
@@ -226,4 +246,35 @@ TEST_CASE("distopt train: train.grad_accumulation 4 ends where 1 does, same byte
   // predictions may differ.
   CHECK(std::abs(std::stod(a1) - std::stod(a4)) <= 0.05);
   CHECK(after(one.output, "bytes sent per rank: ") == after(four.output, "bytes sent per rank: "));
+}
+
+TEST_CASE("fork_ranks refuses to fork once autograd device threads run (GPU machines)") {
+  // What a backward starts where a GPU is present: a thread named
+  // pt_autograd_<device>. Stand in for it with a named thread.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool named = false, done = false;
+  std::thread t([&] {
+    pthread_setname_np(pthread_self(), "pt_autograd_0");
+    std::unique_lock<std::mutex> lk(mu);
+    named = true;
+    cv.notify_all();
+    cv.wait(lk, [&] { return done; });
+  });
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return named; });
+  }
+  CHECK(has_thread_named("pt_autograd_"));
+  CHECK_THROWS_WITH_AS(fork_ranks(1, [](int) { return 0; }),
+                       doctest::Contains("a forked rank's backward would wait for them forever"),
+                       std::logic_error);
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    done = true;
+  }
+  cv.notify_all();
+  t.join();
+  CHECK(!has_thread_named("pt_autograd_"));
+  CHECK(fork_ranks(1, [](int) { return 0; })[0] == 0);
 }

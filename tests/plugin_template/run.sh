@@ -21,6 +21,12 @@ echo "== install into $work/prefix"
 cmake --install "$build" --prefix "$work/prefix" >"$work/install.log"
 test -f "$work/prefix/lib/cmake/distopt/distoptConfig.cmake"
 test -x "$work/prefix/bin/distopt"
+# The installed CLI and plugins start from the prefix alone: every library
+# they link resolves (libtorch from a PyTorch wheel lives on no loader path).
+for f in "$work/prefix/bin/distopt" $(find "$work/prefix" -name '*.so' -type f); do
+  missing=$(ldd "$f" 2>/dev/null | grep 'not found' || true)
+  [[ -z $missing ]] || { echo "FAIL: installed $f does not find: $missing" >&2; exit 1; }
+done
 
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
