@@ -24,6 +24,12 @@ std::string name_of(const dopt_param& p) { return p.name ? p.name : "?"; }
 std::vector<int64_t> shape_of(const DLTensor& t) {
   return std::vector<int64_t>(t.shape, t.shape + t.ndim);
 }
+// Each slot's optimizer state starts on a 64-byte boundary of its group's
+// buffers: PyTorch's multi-tensor kernels (_fused_adam_) take their
+// vectorised path only where every tensor of a chunk is 16-byte aligned, and
+// the host loops load whole cache lines.
+constexpr int64_t kStateAlign = 64 / sizeof(float);
+int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 // A non-owning 1-D fp32 tensor over n elements at p on device d.
 at::Tensor float_view(const float* p, int64_t n, const at::Device& d) {
   return at::from_blob(const_cast<float*>(p), {n}, at::TensorOptions().dtype(at::kFloat).device(d));
@@ -109,7 +115,8 @@ FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
       seen[en.param_index] = true;
       Slot s{&p,      flat + en.offset,    static_cast<int64_t>(en.numel),
              p.group, group_size[p.group], data_of(*p.data)};
-      group_size[p.group] += s.numel;
+      group_size[p.group] += round_up(s.numel, kStateAlign);
+      groups_[static_cast<size_t>(p.group)].elements += s.numel;
       slots_.push_back(s);
     }
   }
@@ -137,8 +144,9 @@ FusedAlgorithm::FusedAlgorithm(const dopt_algorithm_args& args)
 void FusedAlgorithm::flatten() {
   chunks_.clear();
   // do_flatten: one chunk per group, every slot at its group state offset.
-  // Otherwise a slot joins the previous chunk only when its parameter and
-  // gradient memory directly follow the previous slot's (same group).
+  // Otherwise a slot joins the previous chunk only when its parameter,
+  // gradient and state memory directly follow the previous slot's (same
+  // group).
   std::vector<int> chunk_of_group(groups_.size(), -1);
   for (const Slot& s : slots_) {
     float* param = static_cast<float*>(data_of(*s.param->data));
@@ -146,8 +154,11 @@ void FusedAlgorithm::flatten() {
     if (do_flatten_) {
       if (chunk_of_group[s.group] >= 0) c = &chunks_[chunk_of_group[s.group]];
     } else if (!chunks_.empty() && chunks_.back().group == s.group) {
-      const fused::Segment& last = chunks_.back().chunk.segments.back();
-      if (last.param + last.n == param && last.grad + last.n == s.grad) c = &chunks_.back();
+      const FusedChunk& prev = chunks_.back();
+      const fused::Segment& last = prev.chunk.segments.back();
+      if (last.param + last.n == param && last.grad + last.n == s.grad &&
+          prev.base + last.state_offset + last.n == s.state_offset)
+        c = &chunks_.back();
     }
     if (!c) {
       Group& g = groups_[s.group];
@@ -165,19 +176,20 @@ void FusedAlgorithm::flatten() {
       c = &chunks_.back();
     }
     fused::Chunk& ch = c->chunk;
-    // Slots are visited in state order, so a group's (or run's) state
-    // offsets tile [0, total) in visiting order.
-    const int64_t rel = ch.total;
+    // Slots are visited in state order: a chunk's segments are sorted by
+    // state offset, with alignment gaps between them (in no segment).
+    const int64_t rel = s.state_offset - c->base;
     if (!ch.segments.empty()) {
       fused::Segment& last = ch.segments.back();
-      if (last.param + last.n == param && last.grad + last.n == s.grad) {
+      if (last.param + last.n == param && last.grad + last.n == s.grad &&
+          last.state_offset + last.n == rel) {
         last.n += s.numel;  // adjacent parameter, gradient and state: one segment
-        ch.total += s.numel;
+        ch.total = rel + s.numel;
         continue;
       }
     }
     ch.segments.push_back({param, s.grad, s.numel, rel});
-    ch.total += s.numel;
+    ch.total = rel + s.numel;
   }
   if (torch_)
     for (FusedChunk& fc : chunks_) build_tensors(fc);
@@ -289,11 +301,12 @@ void FusedAlgorithm::set_lr(int32_t group, double lr) {
 uint64_t FusedAlgorithm::state_bytes() const {
   // Like sdk::optimizer_state_bytes: 0 before the first step (libtorch
   // creates its state lazily), then the state tensors' bytes.
+  // The parameters' elements only, not the alignment gaps between them.
   uint64_t n = 0;
   for (const Group& g : groups_)
     if (g.steps > 0)
       for (const at::Tensor& t : g.state)
-        if (t.defined()) n += static_cast<uint64_t>(t.numel());
+        if (t.defined()) n += static_cast<uint64_t>(g.elements);
   return n * sizeof(float);
 }
 

@@ -92,9 +92,10 @@ class FusedAlgorithm : public sdk::Algorithm {
   };
   struct Group {
     double lr, weight_decay;
-    int64_t steps = 0;    // steps taken with state (0: no state yet)
-    at::Tensor state[3];  // flat fp32 on device_ (undefined when not kept)
-    at::Tensor step;      // fp32 scalar on device_ (the torch kernels' step)
+    int64_t steps = 0;     // steps taken with state (0: no state yet)
+    int64_t elements = 0;  // trainable elements (the buffers also hold alignment gaps)
+    at::Tensor state[3];   // flat fp32 on device_ (undefined when not kept)
+    at::Tensor step;       // fp32 scalar on device_ (the torch kernels' step)
   };
   struct FusedChunk {
     int32_t group;

@@ -15,7 +15,8 @@
 // A Chunk is a set of Segments updated by one parallel loop: segment k
 // updates n elements of the parameter at `param` with the gradient at
 // `grad` and the state at offset `state_offset` of the chunk's state
-// buffers. Segments are sorted by state_offset and tile [0, total).
+// buffers. Segments are sorted by state_offset and lie in [0, total),
+// possibly with gaps between them (alignment padding, left untouched).
 // Thread safety: one call per chunk at a time; uses at::parallel_for.
 #pragma once
 
@@ -32,8 +33,8 @@ struct Segment {
 };
 
 struct Chunk {
-  std::vector<Segment> segments;  // sorted by state_offset, contiguous
-  int64_t total = 0;              // elements
+  std::vector<Segment> segments;  // sorted by state_offset
+  int64_t total = 0;              // elements: the end of the last segment
   float* state0 = nullptr;        // momentum buffer (SGD) or exp_avg (Adam)
   float* state1 = nullptr;        // exp_avg_sq (Adam)
   float* state2 = nullptr;        // max_exp_avg_sq (Adam with amsgrad)
