@@ -109,8 +109,18 @@ class Collectives {
   }
 
   /// recv[i] = op over ranks of send[i], i < count; send may equal recv.
+  /// From 3 ranks, up to kOnePhaseBytes (and one slot) in one phase: every
+  /// rank reduces the whole tensor from every rank's slot, in rank order.
   Result allreduce(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op,
                    const WaitCtx& ctx);
+  /// Largest allreduce (bytes) run in one phase. Two phases (reduce a 1/W
+  /// slice, then gather the others' slices) move fewer bytes but wait
+  /// twice; below this size the second wait costs more than reading W
+  /// slots (a context switch where ranks outnumber cores). Measured on 2
+  /// cores at 4-16 KiB (BENCHMARKS.md): 4 ranks, whose runs fall into a
+  /// slow and a fast mode either way, 1.15-1.25x (slow) and 1.55-1.8x
+  /// (fast); 2 ranks 0.7-0.8x, so 2 ranks keep two phases.
+  static constexpr size_t kOnePhaseBytes = 16 << 10;
   /// send holds world_size blocks of `count` elements; recv (count
   /// elements, not overlapping send) gets this rank's block, reduced.
   Result reduce_scatter(const char* send, char* recv, size_t count, DType dt, dopt_reduce_op op,
@@ -289,6 +299,26 @@ inline Result Collectives::allreduce(const char* send, char* recv, size_t count,
   const size_t esz = dtype_size(dt), per_round = slot_bytes_ / esz;
   const dopt_reduce_op rop = op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op;
   const int div = op == DOPT_REDUCE_AVG ? n : 1;
+  const size_t bytes = count * esz;
+  if (n > 2 && count > 0 && bytes <= kOnePhaseBytes && bytes <= slot_bytes_) {
+    // One phase: the whole input into this rank's slot; once every peer's
+    // is in theirs, reduce slot 0 op slot 1 op ... into recv. Every rank
+    // sums in the same order, so all end bitwise equal; this rank's own
+    // input is read from its slot too, as recv may be send.
+    const uint64_t r = ++round_;
+    Result res;
+    if (!wait_slot_free(r, ctx, &res)) return res;
+    std::memcpy(slot(me, r), send, bytes);
+    publish_ready(r, bytes, ctx);
+    res.bytes_sent += bytes;
+    for (int k = 1; k < n; ++k)
+      if (!wait((me + k) % n, &Header::ready, r, ctx, &res)) return res;
+    for (int p = 1; p < n; ++p)
+      reduce(dt, rop, recv, p == 1 ? slot(0, r) : recv, slot(p, r), count, p == n - 1 ? div : 1);
+    publish_own(&Header::done, r);
+    res.bytes_received += (n - 1) * bytes;
+    return res;
+  }
   const size_t rounds = (count + per_round - 1) / per_round;
   const uint64_t first = round_ + 1;
   round_ += rounds;
