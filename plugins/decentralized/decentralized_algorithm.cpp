@@ -116,7 +116,18 @@ void DecentralizedAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
   const size_t b = static_cast<size_t>(bucket.index);
   if (gossip_[b]->started())
     fail(DOPT_ERR_STATE, "bucket " + std::to_string(b) + " is ready twice in one step");
-  if (overlap_ && world_size_ > 1 && communicates()) start(b);
+  if (overlap_ && world_size_ > 1 && communicates()) {
+    start(b);
+    // Buckets whose neighbours are ready for them go out now, while the
+    // backward computes the next ones (the sends used to wait for step()).
+    try {
+      for (size_t k = 0; k <= b; ++k)
+        if (gossip_[k]->started()) gossip_[k]->send_cleared(false);
+    } catch (...) {
+      abandon_all();
+      throw;
+    }
+  }
 }
 
 void DecentralizedAlgorithm::step() {

@@ -52,13 +52,16 @@ uint64_t BucketGossip::start(sdk::CommView& comm, const MixingRow& row, int32_t 
   return bytes * links;
 }
 
-void BucketGossip::send_cleared() {
+void BucketGossip::send_cleared(bool block) {
   at::NoGradGuard ng;
   for (size_t i = 0; i < clear_.size(); ++i) {
+    if (!clear_[i].valid()) continue;  // sent already
+    if (!block && !clear_[i].test()) continue;
     clear_[i].wait();
+    clear_[i].reset();
     pending_.push_back(comm_->send(*wire_[0].get(), row_.links[i].peer, tag_));
   }
-  clear_.clear();
+  if (block) clear_.clear();
 }
 
 void BucketGossip::finish() {

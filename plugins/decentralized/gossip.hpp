@@ -38,11 +38,13 @@ class BucketGossip {
   /// Returns the bytes this rank sends (the 4-byte clear-to-sends left out).
   uint64_t start(sdk::CommView& comm, const MixingRow& row, int32_t tag);
   bool started() const { return started_; }
-  /// Block until every neighbour's clear-to-send arrived and post the bucket's
-  /// sends (once per round; finish() calls it if needed). Call it for every
-  /// bucket before finishing any, so that the buckets' sends overlap. Throws
-  /// the communicator's error (naming the peer) on failure.
-  void send_cleared();
+  /// Post the bucket's send to every neighbour whose clear-to-send arrived:
+  /// block = true waits for all of them (once per round; finish() calls it
+  /// if needed; call it for every bucket before finishing any, so that the
+  /// buckets' sends overlap), block = false posts only those already here
+  /// (during backward, so a bucket moves while later ones are computed).
+  /// Throws the communicator's error (naming the peer) on failure.
+  void send_cleared(bool block = true);
   /// Wait for the exchange and mix into the parameters. Throws the
   /// communicator's error (naming the peer) on failure.
   void finish();

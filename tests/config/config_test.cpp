@@ -212,7 +212,7 @@ TEST_CASE("defaults: an empty job, and sections left out") {
   // Bucketing options default when the reducer has no options at all.
   auto v = distopt::validate_job(cfg, mock_registry());
   CHECK(v.reducer.get_double("bucket_cap_mb") == 25);
-  CHECK(v.reducer.get_int("align_bytes") == 16);
+  CHECK(v.reducer.get_int("align_bytes") == 8);
   CHECK(v.reducer.get_bool("overlap") == true);
   CHECK(v.reducer.get_int("level") == 3);
   CHECK(v.optimizer.get_double("lr") == doctest::Approx(0.01));
@@ -379,7 +379,7 @@ TEST_CASE("bucket and optimizer option schemas") {
   CHECK(b[0].type == DOPT_OPTION_DOUBLE);
   CHECK(b[0].default_value.value_or("") == "25");
   CHECK(b[1].name == "align_bytes");
-  CHECK(b[1].default_value.value_or("") == "16");
+  CHECK(b[1].default_value.value_or("") == "8");
   CHECK(b[2].name == "overlap");
   CHECK(b[2].type == DOPT_OPTION_BOOL);
 

@@ -44,9 +44,11 @@ ROWS = [
 ]
 
 
-def job(ranks, algorithm, epochs):
+def job(ranks, algorithm, epochs, bucket_cap_mb=None):
+    reducer = ("{name: mean}" if bucket_cap_mb is None else
+               f"{{name: mean, options: {{bucket_cap_mb: {bucket_cap_mb}}}}}")
     return (f"world: {{size: {ranks}, timeout_s: 60}}\n"
-            f"algorithm: {algorithm}\nreducer: {{name: mean}}\n"
+            f"algorithm: {algorithm}\nreducer: {reducer}\n"
             "optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n"
             f"train: {{model: mlp, epochs: {epochs}, batch_size: 128, seed: 0, threads: 1}}\n")
 
@@ -131,6 +133,9 @@ def main():
     ap.add_argument("--netns-rate", metavar="RATE",
                     help="run the rows with one rank per network namespace over links "
                          "rate-limited with tc tbf to RATE (e.g. 1gbit); needs root")
+    ap.add_argument("--bucket-cap-mb", type=float, metavar="MB",
+                    help="reducer bucket_cap_mb for every row (default: 25, one bucket for "
+                         "the mlp's 2.1 MB)")
     ap.add_argument("--rows", metavar="REGEX",
                     help="only the rows whose label matches REGEX (e.g. 'allreduce|shift_one'); "
                          "leaves out the busbw line")
@@ -172,7 +177,7 @@ def table(a, ranks, tmp, hosts=None, link_bytes_s=None):
             if a.rows and not re.search(a.rows, label):
                 continue
             path = os.path.join(tmp, f"r{ranks}_{i}.yaml")
-            open(path, "w").write(job(ranks, alg, a.epochs))
+            open(path, "w").write(job(ranks, alg, a.epochs, a.bucket_cap_mb))
             results[label].append(run(a.cli, path, os.path.join(tmp, "m.jsonl"), hosts))
     for label, _ in ROWS:
         rs = results[label]

@@ -196,7 +196,7 @@ JobConfig parse_job_config(const std::string& yaml_text, const std::string& name
 void check_plugin_dirs(const JobConfig& cfg);
 
 /// Options every reducer accepts in addition to its own schema (core bucketing):
-/// bucket_cap_mb (double, 25), align_bytes (int, 16), overlap (bool, true).
+/// bucket_cap_mb (double, 25), align_bytes (int, 8), overlap (bool, true).
 const std::vector<OptionSpec>& bucket_option_specs();
 
 /// Options of the inner optimizer (`optimizer:` minus `name`) for each

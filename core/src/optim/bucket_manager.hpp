@@ -26,7 +26,7 @@ namespace distopt::optim {
 
 struct BucketOptions {
   double cap_bytes = 25.0 * 1024 * 1024;
-  size_t align_bytes = 16;
+  size_t align_bytes = 8;
   bool overlap = true;  ///< false: Bagua's delay_reduce, every bucket launched at finish()
   /// Bytes per element used to plan (cap and alignment) instead of each
   /// parameter's own; 0 = its own. Mixed precision plans with 4 (fp32), so
