@@ -25,6 +25,8 @@
 // Header-only, torch-free, Linux only (see shm_segment.hpp).
 #pragma once
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -153,6 +155,7 @@ class Collectives {
   }
 
   int rank_, world_;
+  WaitPolicy policy_;  ///< oversubscribed() when the ranks outnumber this process's CPUs
   size_t slot_bytes_;
   uint64_t round_ = 0;         ///< last round started
   std::vector<Segment> segs_;  ///< segs_[p]: rank p's segment (own included)
@@ -264,14 +267,20 @@ inline Collectives::Collectives(int rank, int world, size_t segment_bytes,
   slot_bytes_ = segment_bytes > kDataOffset ? (segment_bytes - kDataOffset) / 2 / 64 * 64 : 0;
   if (slot_bytes_ < static_cast<size_t>(world) * 8)
     throw std::runtime_error("shared-memory segment too small");
+  // Every rank of these collectives is on this host: more of them than the
+  // CPUs this process may run on means they take turns on cores.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && world > CPU_COUNT(&cpus))
+    policy_ = WaitPolicy::oversubscribed();
 }
 
 inline bool Collectives::wait(int peer, std::atomic<uint64_t> Header::*counter, uint64_t value,
                               const WaitCtx& ctx, Result* res) const {
   Header* h = hdr(peer);
   WaitError err;
-  const dopt_status st =
-      shm::wait(h, h->*counter, value, ctx, ctx.peer_left ? &ctx.peer_left[peer] : nullptr, &err);
+  const dopt_status st = shm::wait(h, h->*counter, value, ctx,
+                                   ctx.peer_left ? &ctx.peer_left[peer] : nullptr, &err, policy_);
   if (st == DOPT_OK) return true;
   res->status = st;
   if (st == DOPT_ERR_COMM) {

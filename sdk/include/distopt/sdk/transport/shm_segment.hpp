@@ -249,6 +249,19 @@ struct WaitError {
   std::string why;  ///< from WaitCtx::peer_failed; "" when the rank left (peer_left)
 };
 
+/// How a waiter gives its core away (wait()). The defaults suit ranks that
+/// each have a core; oversubscribed() is for more ranks than cores.
+struct WaitPolicy {
+  int spin = 256;                 ///< cpu_relax() rounds before the first yield
+  double yield_seconds = 200e-6;  ///< then sched_yield() for this long, then the futex
+  /// More ranks than cores: no spinning, and the futex after 20 us. A
+  /// yielding rank does not reliably hand its core to the peer it waits
+  /// for; 4 ranks on 2 cores ran 4-16 KiB allreduces about 1.4x faster
+  /// (median of 8 interleaved runs; BENCHMARKS.md). With a core per rank
+  /// the defaults stay: there a short yield phase made 8 KiB 0.65-0.9x.
+  static WaitPolicy oversubscribed() { return WaitPolicy{0, 20e-6}; }
+};
+
 /// Wait until `counter` (in peer header `h`) reaches `value`: spin briefly,
 /// then yield, then sleep on the header's futex in 2 ms slices so the
 /// deadline, the abort flag, `peer_left` (the waited-for rank's flag, may be
@@ -257,21 +270,20 @@ struct WaitError {
 /// non-null) or DOPT_ERR_TIMEOUT. One waiting thread per counter and rank.
 inline dopt_status wait(Header* h, const std::atomic<uint64_t>& counter, uint64_t value,
                         const WaitCtx& ctx, const std::atomic<bool>* peer_left = nullptr,
-                        WaitError* err = nullptr) {
+                        WaitError* err = nullptr, const WaitPolicy& policy = WaitPolicy{}) {
   // Brief spin: on an idle core the peer is usually microseconds away.
-  for (int i = 0; i < 256; ++i) {
+  for (int i = 0; i < policy.spin; ++i) {
     if (counter.load(std::memory_order_acquire) >= value) return DOPT_OK;
     detail::cpu_relax();
   }
   // Then give the core away: with more ranks than cores the peer we wait for
-  // may need this very core. Yields for up to kYieldSeconds, then sleep on
-  // the futex. The yield phase must outlast a futex wake-up (20-30 us on a
+  // may need this very core. Yields for up to policy.yield_seconds, then
+  // sleep on the futex. The yield phase must outlast a futex wake-up (20-30 us on a
   // VM): a rank that sleeps makes its peer wait that long, the peer then
   // sleeps in turn, and two ranks stay in that rhythm (seen: 4-256 KiB
   // allreduces at 20-50 us instead of 1-15).
-  constexpr double kYieldSeconds = 200e-6;
   const auto yield_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                              std::chrono::duration<double>(kYieldSeconds));
+                                              std::chrono::duration<double>(policy.yield_seconds));
   bool yielding = true;
   for (int i = 0;; ++i) {
     if (counter.load(std::memory_order_acquire) >= value) return DOPT_OK;
