@@ -11,11 +11,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 #include "multiproc.hpp"
+#include "result_files.hpp"
 
 using namespace distopt;
 using namespace distopt::test;
@@ -190,6 +192,52 @@ TEST_CASE("clients retry until the server is up, and give up after the timeout")
   StoreOptions o = tcp_opts(random_port(), 1, 2);
   o.timeout = 300ms;
   CHECK_THROWS_AS(make_store(o), RendezvousError);
+}
+
+TEST_CASE("rank 0 finishing first keeps serving the store until the others disconnect") {
+  // Rank 0 posts a last note and drops its store at once; rank 1 reads the
+  // note only afterwards (as peers read a failed rank's collective post).
+  int port = random_port();
+  const std::string dir = make_temp_dir("linger");
+  auto codes = fork_ranks(2, [&](int r) {
+    auto s = make_store(tcp_opts(port, r, 2));
+    s->barrier("up", 2, 30s);
+    if (r == 0) {
+      s->set("last-post", std::string("left 3"));
+      s.reset();  // blocks while rank 1 is connected
+      return 0;
+    }
+    s->get("last-post", 30s);
+    usleep(500 * 1000);  // rank 0 is in its destructor by now
+    if (s->get_string("last-post") != "left 3") return 1;
+    return 0;
+  });
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
+  // A rank that stays connected holds rank 0 for the bound, not forever.
+  port = random_port();
+  codes = fork_ranks(2, [&](int r) {
+    auto s = make_store(tcp_opts(port, r, 2));
+    s->barrier("up", 2, 30s);
+    if (r == 1) {
+      // Connected and silent until rank 0 has written how long it was held.
+      for (int i = 0; i < 600 && access((dir + "/held_silent").c_str(), F_OK) != 0; ++i)
+        usleep(100 * 1000);
+      return 0;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    s.reset();
+    const double held =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ofstream(dir + "/held_silent") << held;
+    return 0;
+  });
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
+  const double held_silent = std::stod(read_text(dir + "/held_silent"));
+  CHECK(held_silent >= 4.5);  // the bound is 5 s
+  CHECK(held_silent < 25);
+  remove_tree(dir);
 }
 
 TEST_CASE("bad rendezvous URLs are configuration errors") {

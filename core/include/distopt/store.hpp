@@ -58,7 +58,10 @@ struct StoreOptions {
 /// client presenting the token, retrying until `opts.timeout`. file://: a
 /// directory shared by the ranks. Throws RendezvousError (no server within
 /// the timeout, refused token, port in use) / ConfigError (bad URL, rank not
-/// in [0, world_size)).
+/// in [0, world_size)). On rank 0, destroying the last reference to a
+/// tcp:// store it serves blocks until the other ranks have disconnected,
+/// at most 5 s, so that a rank 0 which finishes or fails first does not cut
+/// the others off while they read its last posts.
 std::shared_ptr<Store> make_store(const StoreOptions& opts);
 
 /// A tcp:// store server on its own: serves the protocol the clients of

@@ -73,6 +73,7 @@ void TcpStoreServer::accept_loop() {
     if (fd < 0) continue;
     std::lock_guard<std::mutex> lk(mu_);
     client_fds_.push_back(fd);
+    ++live_;
     workers_.emplace_back([this, fd] { serve(fd); });
   }
 }
@@ -118,6 +119,14 @@ void TcpStoreServer::serve(int fd) {
   for (auto& c : client_fds_)
     if (c == fd) c = -1;
   close(fd);
+  --live_;
+  gone_cv_.notify_all();
+}
+
+int TcpStoreServer::linger(std::chrono::milliseconds bound) {
+  std::unique_lock<std::mutex> lk(mu_);
+  gone_cv_.wait_for(lk, bound, [&] { return live_ == 0; });
+  return live_;
 }
 
 std::vector<uint8_t> TcpStoreServer::handle(const std::vector<uint8_t>& req, bool* close_conn) {
@@ -208,6 +217,16 @@ TcpStore::TcpStore(const std::string& host, int port, const StoreOptions& opts)
 
 TcpStore::~TcpStore() {
   if (fd_ >= 0) close(fd_);
+  if (!server_) return;
+  // The hosting rank may finish first (or fail first) while the others
+  // still read what it left in the store: the posts that name a collective
+  // mismatch, its "left" post. Serve them until they disconnect, within a
+  // bound, instead of cutting them off mid-request.
+  const int still = server_->linger(kServerLinger);
+  if (still > 0)
+    log(DOPT_LOG_INFO, "store",
+        "closing the rendezvous store with " + std::to_string(still) +
+            " rank(s) still connected after " + std::to_string(kServerLinger.count()) + " ms");
   server_.reset();
 }
 

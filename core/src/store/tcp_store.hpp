@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -23,6 +24,9 @@ class TcpStoreServer {
   TcpStoreServer(const std::string& host, int port, std::string token);
   ~TcpStoreServer();
   int port() const { return port_; }
+  /// Blocks until no client is connected or `bound` has passed; returns how
+  /// many clients are still connected. Thread-safe.
+  int linger(std::chrono::milliseconds bound);
 
  private:
   void accept_loop();
@@ -40,8 +44,14 @@ class TcpStoreServer {
   std::condition_variable cv_;
   std::map<std::string, std::vector<uint8_t>> data_;
   std::vector<std::thread> workers_;
-  std::vector<int> client_fds_;
+  std::vector<int> client_fds_;  // -1 once that client's worker has ended
+  int live_ = 0;                 // clients whose worker has not ended
+  std::condition_variable gone_cv_;
 };
+
+/// How long the hosting rank's store outlives its own client while other
+/// ranks are still connected (see ~TcpStore).
+constexpr std::chrono::milliseconds kServerLinger{5000};
 
 /// A client connection (thread-safe: one request at a time under a mutex).
 class TcpStore : public Store {
@@ -49,6 +59,8 @@ class TcpStore : public Store {
   /// Connects to host:port, retrying until `timeout`; rank 0 also starts the
   /// server unless `opts.serve` is false.
   TcpStore(const std::string& host, int port, const StoreOptions& opts);
+  /// On the hosting rank, keeps serving until every other rank has
+  /// disconnected or kServerLinger has passed.
   ~TcpStore() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
