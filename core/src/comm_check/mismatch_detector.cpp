@@ -158,12 +158,15 @@ std::string MismatchDetector::explain_failure(const Fingerprint& mine,
     bool mismatch = false;
     int silent = 0;
     const std::string line = compare(mine, /*confirm=*/false, &mismatch, &silent);
-    if (mismatch) {
+    const bool late = std::chrono::steady_clock::now() >= deadline;
+    // A mismatch with a rank not posted yet: wait for its post (within the
+    // patience), so that the account names what every rank was doing.
+    if (mismatch && (silent == 0 || late)) {
       const std::string msg = message(line);
       write(prefix_ + "/mismatch", msg);
       return msg;
     }
-    if (silent == 0 || std::chrono::steady_clock::now() >= deadline) return "";
+    if (!mismatch && (silent == 0 || late)) return "";
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }

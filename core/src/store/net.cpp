@@ -108,10 +108,14 @@ bool read_all(int fd, void* p, size_t n, Clock::time_point deadline, std::string
 
 bool write_frame(int fd, const std::vector<uint8_t>& payload, Clock::time_point deadline,
                  std::string* err) {
-  uint32_t len = static_cast<uint32_t>(payload.size());
-  uint8_t hdr[4] = {uint8_t(len), uint8_t(len >> 8), uint8_t(len >> 16), uint8_t(len >> 24)};
-  return write_all(fd, hdr, 4, deadline, err) &&
-         write_all(fd, payload.data(), payload.size(), deadline, err);
+  // One buffer, one segment for a small frame (header and payload together).
+  const uint32_t len = static_cast<uint32_t>(payload.size());
+  std::vector<uint8_t> frame;
+  frame.reserve(4 + payload.size());
+  frame.insert(frame.end(),
+               {uint8_t(len), uint8_t(len >> 8), uint8_t(len >> 16), uint8_t(len >> 24)});
+  frame.insert(frame.end(), payload.begin(), payload.end());
+  return write_all(fd, frame.data(), frame.size(), deadline, err);
 }
 
 bool read_frame(int fd, std::vector<uint8_t>& payload, Clock::time_point deadline,
