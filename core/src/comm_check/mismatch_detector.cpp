@@ -123,6 +123,15 @@ std::string MismatchDetector::compare(const Fingerprint& mine, bool confirm, boo
   return line.str();
 }
 
+// A peer may have published its account while we read the posts (and then
+// left, so its post now reads "left"): every rank reports the first one.
+std::string MismatchDetector::publish(const std::string& msg) {
+  const std::string first = read(prefix_ + "/mismatch");
+  if (!first.empty()) return first;
+  write(prefix_ + "/mismatch", msg);
+  return msg;
+}
+
 std::string MismatchDetector::on_stall(const Fingerprint& mine) {
   std::lock_guard<std::mutex> lk(mu_);
   write(key(rank_), "wait " + std::to_string(++gen_) + " " + mine.encode());
@@ -133,9 +142,7 @@ std::string MismatchDetector::on_stall(const Fingerprint& mine) {
   int silent = 0;
   const std::string line = compare(mine, /*confirm=*/true, &mismatch, &silent);
   if (!mismatch) return "";
-  const std::string msg = message(line);
-  write(prefix_ + "/mismatch", msg);
-  return msg;
+  return publish(message(line));
 }
 
 void MismatchDetector::on_wait_done() {
@@ -161,11 +168,7 @@ std::string MismatchDetector::explain_failure(const Fingerprint& mine,
     const bool late = std::chrono::steady_clock::now() >= deadline;
     // A mismatch with a rank not posted yet: wait for its post (within the
     // patience), so that the account names what every rank was doing.
-    if (mismatch && (silent == 0 || late)) {
-      const std::string msg = message(line);
-      write(prefix_ + "/mismatch", msg);
-      return msg;
-    }
+    if (mismatch && (silent == 0 || late)) return publish(message(line));
     if (!mismatch && (silent == 0 || late)) return "";
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

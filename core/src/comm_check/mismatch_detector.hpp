@@ -55,6 +55,9 @@ class MismatchDetector {
   /// "rank r: <what it waits on>" for every rank, and whether they disagree.
   std::string compare(const Fingerprint& mine, bool confirm, bool* mismatch, int* silent);
   std::string message(const std::string& ranks_line) const;
+  /// Publish `msg` as the communicator's mismatch account unless a peer
+  /// published one first; returns the account that stands.
+  std::string publish(const std::string& msg);
 
   std::shared_ptr<Store> store_;
   std::string prefix_;
