@@ -22,6 +22,10 @@ and the ratios of the medians to gloo and to Open MPI. At 2 ranks a
 the aggregate copy rate of 2 processes copying buffers of that size at once
 (tools/bench/mpi/membw.c, bytes read plus written) over the 3.5 bytes a
 rank moves per byte reduced, times 2 ranks (--no-bound leaves it out).
+`bound-ab` adds a latency term to that bound's time: one one-way latency
+between two processes spinning on a shared cache line (membw --pingpong),
+the least any allreduce waits for its peer; below about 64 KiB the copies
+are in cache and that latency is most of the limit.
 
 usage: tools/bench/compare_pytorch.py [--distopt build/bin/distopt] [-n 2 4]
            [--min-bytes 4096] [--max-bytes 64M] [--communicator NAME] [--plugin-path DIR]
@@ -175,6 +179,24 @@ def run_bound(exe, world, sizes):
     return rows
 
 
+def run_bound_ab(exe, world, sizes):
+    """The memory bound with a latency term: one allreduce takes at least
+    one one-way latency between two processes (a peer must see what this
+    rank wrote; membw --pingpong) plus the bound's copy time."""
+    res = subprocess.run([exe, "--pingpong", "--iters", "20000", "--repeat", "5"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if res.returncode != 0:
+        sys.exit("membw --pingpong failed:\n" + res.stdout)
+    oneway = float(res.stdout.split("oneway_us=")[1].split()[0]) * 1e-6
+    rows = []
+    for r in run_bound(exe, world, sizes):
+        seconds = r["bytes"] / (r["algbw_gbs"] * 1e9) + oneway
+        algbw = r["bytes"] / seconds / 1e9
+        rows.append({"bytes": r["bytes"], "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (world - 1) / world,
+                     "oneway_us": oneway * 1e6})
+    return rows
+
+
 def run_distopt(args, world, communicator, options, env=None):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
@@ -246,6 +268,7 @@ def main():
         anchors = list(base_anchors)
         if membw_exe and world == 2:
             anchors.append(("bound", lambda world, sizes: run_bound(membw_exe, world, sizes)))
+            anchors.append(("bound-ab", lambda world, sizes: run_bound_ab(membw_exe, world, sizes)))
         # One list of runs per column (variants, then the anchors); each
         # repetition runs every column once, starting one column later than
         # the repetition before.
@@ -272,6 +295,8 @@ def main():
             anchor_desc.append(mpi_version() + " (btl self,vader)")
         if any(a[0] == "bound" for a in anchors):
             anchor_desc.append("the memory bound (copy rate of 2 processes / (%.1f B/B x 2))" % BYTES_PER_BYTE)
+            anchor_desc.append("bound-ab (the memory bound's time plus one one-way latency between two "
+                               "processes through a shared cache line)")
         print("# allreduce float32 sum, %d ranks on 127.0.0.1: distopt (%s) vs %s; busbw in "
               "GB/s, median (min-max) of %d interleaved runs" %
               (world, desc, " and ".join(anchor_desc) or "no anchor", len(runs[0])))

@@ -6,10 +6,17 @@
  *   membw procs=N bytes=B GB/s=X
  * where X counts bytes read plus bytes written by all processes over the
  * slowest process's time, the median of --repeat runs.
+ *
+ * --pingpong: instead, two processes pass a counter back and forth through
+ * one shared cache line (spinning, no system call) --iters times; prints
+ *   pingpong oneway_us=X
+ * half the median round trip: the least time in which one process can see
+ * what another wrote, the latency term of issue 23's bound.
  * Build: cc -O2 -o membw membw.c */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,11 +32,47 @@ static int cmp(const void* a, const void* b) {
   return (x > y) - (x < y);
 }
 
+/* Median one-way latency in seconds over `repeat` runs of `iters` round trips. */
+static double pingpong(int iters, int repeat) {
+  volatile long* flag = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (flag == MAP_FAILED) return -1;
+  double* t = calloc((size_t)repeat, sizeof(double));
+  for (int rep = 0; rep < repeat; ++rep) {
+    *flag = 0;
+    pid_t child = fork();
+    if (child == 0) { /* answers odd values with the next even one */
+      for (long i = 1; i < 2L * (iters + 10); i += 2) {
+        while (*flag != i) {
+        }
+        *flag = i + 1;
+      }
+      _exit(0);
+    }
+    double t0 = 0;
+    for (long i = 1; i < 2L * (iters + 10); i += 2) {
+      if (i == 21) t0 = now(); /* 10 untimed round trips */
+      *flag = i;
+      while (*flag != i + 1) {
+      }
+    }
+    t[rep] = (now() - t0) / iters / 2;
+    waitpid(child, NULL, 0);
+  }
+  qsort(t, (size_t)repeat, sizeof(double), cmp);
+  return t[repeat / 2];
+}
+
 int main(int argc, char** argv) {
-  int procs = 2, iters = 10, repeat = 5;
+  int procs = 2, iters = 10, repeat = 5, ping = 0;
   size_t bytes = 64u << 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "--procs"))
+  for (int i = 1; i < argc; i += 2) {
+    if (!strcmp(argv[i], "--pingpong")) {
+      ping = 1;
+      --i; /* takes no value */
+    } else if (i + 1 >= argc) {
+      fprintf(stderr, "membw: %s needs a value\n", argv[i]);
+      return 2;
+    } else if (!strcmp(argv[i], "--procs"))
       procs = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--bytes"))
       bytes = strtoull(argv[i + 1], NULL, 10);
@@ -41,6 +84,10 @@ int main(int argc, char** argv) {
       fprintf(stderr, "membw: unknown option %s\n", argv[i]);
       return 2;
     }
+  }
+  if (ping) {
+    printf("pingpong oneway_us=%.3f\n", pingpong(iters, repeat) * 1e6);
+    return 0;
   }
   double* rates = calloc((size_t)repeat, sizeof(double));
   for (int rep = 0; rep < repeat; ++rep) {
