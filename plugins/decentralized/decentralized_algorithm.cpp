@@ -75,6 +75,10 @@ DecentralizedAlgorithm::DecentralizedAlgorithm(const dopt_algorithm_args& args)
   const sdk::OptionsView opts(args.common->options);
   interval_ = opts.get_int("communication_interval");
   overlap_ = opts.get_bool("overlap");
+  const std::string schedule = opts.get_string("link_schedule");
+  round_.set_one_at_a_time(
+      schedule == "one_at_a_time" ||
+      (schedule == "auto" && args.common->local_world_size < args.common->world_size));
   low_precision_ = opts.get_bool("low_precision");
   if (args.num_buckets > 0 && args.buckets[0].flat)
     device_ = sdk::to_device(args.buckets[0].flat->device);
@@ -100,11 +104,13 @@ DecentralizedAlgorithm::~DecentralizedAlgorithm() { abandon_all(); }
 
 void DecentralizedAlgorithm::start(size_t b) {
   const MixingRow row = topology_.row(rank_, step_ / interval_);
-  bytes_ += gossip_[b]->start(comm_, row, static_cast<int32_t>(b));
+  bytes_ += gossip_[b]->start(comm_, row, static_cast<int32_t>(b), round_.one_at_a_time());
+  round_.add(*gossip_[b]);
 }
 
 void DecentralizedAlgorithm::abandon_all() {
   for (auto& g : gossip_) g->abandon();
+  round_.clear();
   for (auto& g : low_) g->abandon();
 }
 
@@ -117,12 +123,10 @@ void DecentralizedAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
   if (gossip_[b]->started())
     fail(DOPT_ERR_STATE, "bucket " + std::to_string(b) + " is ready twice in one step");
   if (overlap_ && world_size_ > 1 && communicates()) {
-    start(b);
-    // Buckets whose neighbours are ready for them go out now, while the
-    // backward computes the next ones (the sends used to wait for step()).
+    // The bucket's exchange starts, and the buckets whose neighbours are
+    // ready for them go out now, while the backward computes the next ones.
     try {
-      for (size_t k = 0; k <= b; ++k)
-        if (gossip_[k]->started()) gossip_[k]->send_cleared(false);
+      start(b);
     } catch (...) {
       abandon_all();
       throw;
@@ -141,8 +145,7 @@ void DecentralizedAlgorithm::step() {
     try {
       for (size_t b = 0; b < gossip_.size(); ++b)
         if (!gossip_[b]->started()) start(b);
-      for (auto& g : gossip_) g->send_cleared();  // every bucket's sends in flight together
-      for (auto& g : gossip_) g->finish();
+      round_.run();
     } catch (...) {
       abandon_all();
       throw;

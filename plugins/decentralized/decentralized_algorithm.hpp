@@ -104,6 +104,7 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   bool overlap_;
   int64_t step_ = 0;  // steps taken; communication round = step_ / interval_
   std::vector<std::unique_ptr<BucketGossip>> gossip_;
+  RoundSchedule round_;  // this round's started buckets: one flow per link direction
   bool low_precision_;
   bool copies_synced_ = false;  // low_precision: the copies hold x_hat
   bool agree_copies_ = false;   // loaded copies: every rank must have its own

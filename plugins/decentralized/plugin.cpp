@@ -18,6 +18,14 @@ constexpr dopt_option_spec kOptions[] = {
     sdk::option_bool("overlap", "true",
                      "start each bucket's exchange during backward, as soon as its gradients "
                      "are ready (same result; false: all exchanges in step())"),
+    sdk::option_string("link_schedule", "auto",
+                       "how a round's messages share the links: one_at_a_time (a rank receives "
+                       "from one neighbour and sends to one at a time, so each link direction "
+                       "carries one flow: ranks on several hosts), all_at_once (every send and "
+                       "receive in flight together: ranks on one host, where no link is shared), "
+                       "auto (one_at_a_time when some ranks run on other hosts); every rank "
+                       "must use the same")
+        .choices("auto|one_at_a_time|all_at_once"),
     sdk::option_bool("low_precision", "false",
                      "Bagua's low-precision decentralized SGD (DCD-PSGD): exchange 8-bit min-max "
                      "compressed differences (1024-element chunks, ~1/4 of float32's bytes) and "

@@ -207,6 +207,10 @@ std::vector<Row> bench_rank(const CommBenchArgs& a, int rank, const RankSite& si
       // iteration (what a job would see) by one MAX allreduce of all of them.
       std::vector<double> secs(static_cast<size_t>(iters));
       for (int i = 0; i < iters; ++i) {
+        // Point-to-point iterations start together: a send completes once
+        // it is in the socket, so unsynchronized ranks would run ahead and
+        // time each other's backlog instead of one exchange.
+        if (point_to_point(a.op)) comm.barrier().wait();
         auto t0 = std::chrono::steady_clock::now();
         once();
         secs[static_cast<size_t>(i)] =
