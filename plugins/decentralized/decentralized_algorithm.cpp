@@ -104,8 +104,7 @@ DecentralizedAlgorithm::~DecentralizedAlgorithm() { abandon_all(); }
 
 void DecentralizedAlgorithm::start(size_t b) {
   const MixingRow row = topology_.row(rank_, step_ / interval_);
-  bytes_ += gossip_[b]->start(comm_, row, static_cast<int32_t>(b), round_.one_at_a_time());
-  round_.add(*gossip_[b]);
+  bytes_ += gossip_[b]->start(comm_, row, static_cast<int32_t>(b), round_);
 }
 
 void DecentralizedAlgorithm::abandon_all() {
@@ -146,6 +145,7 @@ void DecentralizedAlgorithm::step() {
       for (size_t b = 0; b < gossip_.size(); ++b)
         if (!gossip_[b]->started()) start(b);
       round_.run();
+      for (auto& g : gossip_) g->finish();
     } catch (...) {
       abandon_all();
       throw;
@@ -163,8 +163,9 @@ void DecentralizedAlgorithm::low_precision_round(bool sync) {
   try {
     for (size_t b = 0; b < low_.size(); ++b) {
       const int32_t tag = static_cast<int32_t>(b);
-      bytes_ += sync ? low_[b]->start_sync(comm_, tag) : low_[b]->start(comm_, tag);
+      bytes_ += sync ? low_[b]->start_sync(comm_, tag, round_) : low_[b]->start(comm_, tag, round_);
     }
+    round_.run();
     for (auto& g : low_) g->finish();
   } catch (...) {
     abandon_all();

@@ -48,28 +48,24 @@ uint64_t LowPrecisionGossip::state_bytes() const {
 }
 
 void LowPrecisionGossip::start_exchange(sdk::CommView& comm, const at::Tensor& send,
-                                        std::vector<at::Tensor>& recv, int32_t tag) {
-  wire_.clear();
-  wire_.reserve(1 + recv.size());
-  wire_.emplace_back(send);
-  const DLTensor& s = *wire_[0].get();
+                                        std::vector<at::Tensor>& recv, int32_t tag,
+                                        RoundSchedule& round) {
+  std::vector<int32_t> peers;
+  for (const Link& l : row_.links) peers.push_back(l.peer);
   started_ = true;
-  for (size_t i = 0; i < row_.links.size(); ++i) {
-    wire_.emplace_back(recv[i]);
-    pending_.push_back(comm.send(s, row_.links[i].peer, tag));
-    pending_.push_back(comm.recv(*wire_.back().get(), row_.links[i].peer, tag));
-  }
+  links_.start(comm, peers, send, recv, tag, round.one_at_a_time());
+  round.add(links_);
 }
 
-uint64_t LowPrecisionGossip::start_sync(sdk::CommView& comm, int32_t tag) {
+uint64_t LowPrecisionGossip::start_sync(sdk::CommView& comm, int32_t tag, RoundSchedule& round) {
   at::NoGradGuard ng;
   params_.pack_into(self_);
   compressed_ = false;
-  start_exchange(comm, self_, copies_, tag);
+  start_exchange(comm, self_, copies_, tag, round);
   return static_cast<uint64_t>(self_.numel()) * sizeof(float) * row_.links.size();
 }
 
-uint64_t LowPrecisionGossip::start(sdk::CommView& comm, int32_t tag) {
+uint64_t LowPrecisionGossip::start(sdk::CommView& comm, int32_t tag, RoundSchedule& round) {
   at::NoGradGuard ng;
   z_.zero_();             // padding stays 0
   params_.pack_into(z_);  // x'_i
@@ -81,19 +77,18 @@ uint64_t LowPrecisionGossip::start(sdk::CommView& comm, int32_t tag) {
     minmax_uint8_encode(z_.data_ptr<float>(), static_cast<size_t>(z_.numel()), kMinMaxChunk,
                         send_.data_ptr<uint8_t>());
   compressed_ = true;
-  start_exchange(comm, send_, recv_, tag);
+  start_exchange(comm, send_, recv_, tag, round);
   return message_bytes() * row_.links.size();
 }
 
 void LowPrecisionGossip::finish() {
   at::NoGradGuard ng;
   try {
-    for (auto& h : pending_) h.wait();
+    links_.wait();
   } catch (...) {
     abandon();
     throw;
   }
-  pending_.clear();
   started_ = false;
   if (!compressed_) return;  // sync: the copies were received in place
   const size_t n = static_cast<size_t>(self_.numel());
@@ -110,7 +105,7 @@ void LowPrecisionGossip::finish() {
 }
 
 void LowPrecisionGossip::abandon() {
-  pending_.clear();
+  links_.abandon();
   started_ = false;
 }
 

@@ -38,6 +38,7 @@
 #include "distopt/sdk/base/tensor.hpp"
 #include "distopt/sdk/optim/bucket_params.hpp"
 #include "distopt/sdk/sdk.hpp"
+#include "link_exchange.hpp"
 #include "topology.hpp"
 
 namespace distopt::plugins::decentralized {
@@ -56,12 +57,13 @@ class LowPrecisionGossip {
 
   /// Start the float32 round: x_hat_i = the parameters, sent to every
   /// neighbour, their x_hat_j received into the copies. Returns the bytes
-  /// this rank sends. `tag` identifies the bucket on the wire.
-  uint64_t start_sync(sdk::CommView& comm, int32_t tag);
+  /// this rank sends. `tag` identifies the bucket on the wire; the messages
+  /// go out as `round` schedules them (link_exchange.hpp).
+  uint64_t start_sync(sdk::CommView& comm, int32_t tag, RoundSchedule& round);
   /// Start a compressed round from the (stepped) parameters: encode z_i,
   /// send it, receive the neighbours'. Returns the bytes this rank sends.
-  uint64_t start(sdk::CommView& comm, int32_t tag);
-  /// Wait for the started round and apply it (compressed: the decoded
+  uint64_t start(sdk::CommView& comm, int32_t tag, RoundSchedule& round);
+  /// Wait for the started round (after round.run()) and apply it (compressed: the decoded
   /// differences to the copies, then x_i = x_hat_i). Throws the
   /// communicator's error (naming the peer) on failure.
   void finish();
@@ -89,7 +91,7 @@ class LowPrecisionGossip {
  private:
   at::Tensor layout() const;
   void start_exchange(sdk::CommView& comm, const at::Tensor& send, std::vector<at::Tensor>& recv,
-                      int32_t tag);
+                      int32_t tag, RoundSchedule& round);
 
   const dopt_bucket* bucket_;
   sdk::BucketParams params_;  // the bucket's parameters, packed and unpacked
@@ -99,8 +101,7 @@ class LowPrecisionGossip {
   at::Tensor z_, decoded_;          // float32 work buffers
   at::Tensor send_;                 // uint8 message
   std::vector<at::Tensor> recv_;    // uint8 messages, per link
-  std::vector<sdk::DLView> wire_;   // DLTensors of the pending operations
-  std::vector<sdk::CommHandle> pending_;
+  LinkExchange links_;
   bool torch_codec_ = false;
   bool compressed_ = false;  // what the started round is
   bool started_ = false;

@@ -127,6 +127,12 @@ TEST_CASE("every rank's copy of a neighbour is bitwise the neighbour's own x_hat
                                "{bucket_cap_mb: 0.001, align_bytes: 64}");
   CHECK(n > 4 * 3);
   CHECK(n % (4 * 3) == 0);
+  // The same with one message per link direction at a time (the schedule
+  // ranks on several hosts get; these share one), over a ring's two links.
+  const int m = compare_copies(4, low_precision("topology: ring, link_schedule: one_at_a_time"), 4,
+                               "{bucket_cap_mb: 0.001, align_bytes: 64}");
+  CHECK(m > 4 * 2);
+  CHECK(m % (4 * 2) == 0);
 }
 
 namespace {

@@ -86,7 +86,8 @@ TEST_CASE("a rank killed during the neighbour exchange is named, and the job fai
   const std::string dir = distopt::test::make_temp_dir("distopt_dkill");
   for (const char* algorithm :
        {"{name: decentralized}", "{name: decentralized, options: {link_schedule: one_at_a_time}}",
-        "{name: decentralized, options: {low_precision: true}}"}) {
+        "{name: decentralized, options: {low_precision: true}}",
+        "{name: decentralized, options: {low_precision: true, link_schedule: one_at_a_time}}"}) {
     CAPTURE(algorithm);
     distopt::test::check_killed_rank_named(write_job(dir, "job.yaml", 2, algorithm));
   }
