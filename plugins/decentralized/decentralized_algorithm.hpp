@@ -14,6 +14,13 @@
 // autograd thread) and step() only waits for it; overlap: false starts
 // every exchange in step(). Both compute the same values bitwise.
 //
+// link_schedule (link_exchange.hpp): every message goes out on the
+// receiver's clear-to-send; one_at_a_time (auto when some ranks run on
+// other hosts) also gives each link direction one message at a time, a
+// rank granting one (bucket, neighbour) and keeping one send in flight at a
+// time; all_at_once (auto on one host) sends everything at once. Same
+// values bitwise either way; every rank must use the same.
+//
 // Checkpoints (ABI 1.2 trait DOPT_TRAIT_LOCAL_REPLICAS): the host saves the
 // replicas' mean as the model; this algorithm puts its own replica under
 // replica/<param> and its inner-optimizer state under local/optimizer/...
