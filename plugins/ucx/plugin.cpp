@@ -29,7 +29,9 @@ constexpr dopt_option_spec kOptions[] = {
                      "endpoints report a dead peer (UCP_ERR_HANDLING_MODE_PEER: operations fail "
                      "with COMM naming it). UCX 1.13 then cannot use its shared-memory "
                      "transports (no peer failure handler) and moves data on one host over TCP "
-                     "and CMA; false lets it use them, and a dead peer is seen only as TIMEOUT"),
+                     "and CMA, and sends rendezvous data as active messages that the receiver "
+                     "copies into place; false lets it use them (and put the data in place), "
+                     "and a dead peer is seen only as TIMEOUT"),
     sdk::option_bool("source_filter", "true",
                      "admit connections to UCX's listening sockets only from the job's hosts' "
                      "addresses (a BPF filter; see GUIDE.md on the job token). false where "
