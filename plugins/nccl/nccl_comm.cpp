@@ -117,6 +117,8 @@ ncclRedOp_t nccl_op(dopt_reduce_op op) {
       return ncclMin;
     case DOPT_REDUCE_MAX:
       return ncclMax;
+    default:
+      break;
   }
   throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "unknown reduction " + std::to_string(op));
 }

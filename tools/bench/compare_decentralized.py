@@ -15,6 +15,13 @@ opt.step() (communication backward did not hide, plus the update), the time
 the bytes of a step take at the link rate (a floor on communication), the
 `distopt bench comm` allreduce busbw over the same links, and the
 point-to-point TCP bandwidth of one link, all measured in the same run.
+With 4 or more ranks (an even number) each gossip row also gets its
+anchor, measured in the same namespaces after the rows: plain TCP sockets
+doing only that row's exchange with its bytes (tools/bench/gossip_sockets.py:
+the ring's two neighbours one at a time, shift_one's rotating partner),
+the mean ms of 20 rounds ("sockets ms"), and that time over the row's
+ms/step ("of sockets"): how close the step comes to what the links give
+plain sockets.
 
     tools/bench/compare_decentralized.py [--repeat 3] [--epochs 2] [--ranks 2 4]
     tools/bench/compare_decentralized.py --netns-rate 1gbit [--ranks 2 4]
@@ -32,6 +39,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools", "netns"))
 import hosts as netns_hosts  # noqa: E402  (tools/netns/hosts.py)
+sys.path.insert(0, os.path.join(ROOT, "tools", "bench"))
+import gossip_sockets  # noqa: E402  (the plain-socket anchor of the gossip rows)
 ROWS = [
     ("allreduce", "{name: allreduce}"),
     ("decentralized ring", "{name: decentralized, options: {topology: ring}}"),
@@ -42,6 +51,19 @@ ROWS = [
      "{name: decentralized, options: {topology: ring, low_precision: true}}"),
     ("local_sgd period 4", "{name: local_sgd, options: {period: 4}}"),
 ]
+
+
+# The gossip rows' exchange pattern for the plain-socket anchor
+# (gossip_sockets.py) and the messages a rank sends per round in it: the
+# ring's two neighbours one at a time (link_schedule auto across hosts),
+# shift_one's one partner.
+ANCHOR = {
+    "decentralized ring": ("ring_one_at_a_time", 2),
+    "decentralized shift_one": ("shift_one", 1),
+    "decentralized ring, no overlap": ("ring_one_at_a_time", 2),
+    "decentralized low_precision": ("ring_one_at_a_time", 2),
+}
+ANCHOR_ROUNDS = 20
 
 
 def job(ranks, algorithm, epochs, bucket_cap_mb=None):
@@ -150,7 +172,8 @@ def main():
               "and direction; rank 0 prints, medians of --repeat runs")
     print(f"{'ranks':>5}  {'algorithm':<32}{'samples/s':>10}{'MB/step/rank':>14}"
           f"{'accuracy %':>11}{'consensus':>11}" +
-          (f"{'ms/step':>9}{'in step':>9}{'link ms':>9}" if a.netns_rate else ""))
+          (f"{'ms/step':>9}{'in step':>9}{'link ms':>9}{'sockets ms':>11}{'of sockets':>11}"
+           if a.netns_rate else ""))
     for ranks in a.ranks:
         if a.netns_rate:
             with netns_hosts.Hosts(ranks, rate=a.netns_rate) as hosts:
@@ -170,6 +193,7 @@ def main():
 def table(a, ranks, tmp, hosts=None, link_bytes_s=None):
     """The rows on `ranks` ranks (in `hosts`' namespaces when given), printed."""
     results = {label: [] for label, _ in ROWS}
+    sockets_ms = {}  # (pattern, bytes per message): the anchor's mean ms per round
     for _ in range(a.repeat):
         for i, (label, alg) in enumerate(ROWS):
             if "shift_one" in label and ranks % 2:
@@ -189,6 +213,16 @@ def table(a, ranks, tmp, hosts=None, link_bytes_s=None):
             step_ms = 1e3 * 128 * ranks / med("sps")
             extra = (f"{step_ms:>9.1f}{med('wait_ms'):>9.1f}"
                      f"{1e3 * med('bytes_step') / link_bytes_s:>9.1f}")
+            # The anchor: plain sockets doing only this row's exchange, with
+            # its bytes, in the same namespaces (mean round time).
+            anchor = ANCHOR.get(label) if ranks >= 4 and ranks % 2 == 0 else None
+            if anchor:
+                pattern, messages = anchor
+                key = (pattern, round(med("bytes_step") / messages))
+                if key not in sockets_ms:
+                    sockets_ms[key] = statistics.mean(
+                        gossip_sockets.measure(hosts, pattern, key[1], ANCHOR_ROUNDS))
+                extra += f"{sockets_ms[key]:>11.1f}{sockets_ms[key] / step_ms:>11.0%}"
         print(f"{ranks:>5}  {label:<32}{med('sps'):>10.0f}{med('bytes_step') / 1e6:>14.2f}"
               f"{100 * med('acc'):>11.2f}{med('consensus'):>11.3g}" + extra, flush=True)
 

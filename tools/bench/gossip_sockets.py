@@ -113,6 +113,31 @@ def rank_main(rank, n, addrs, pattern, nbytes, rounds):
         print(" ".join(f"{x:.2f}" for x in times), flush=True)
 
 
+def measure(hosts, pattern, nbytes, rounds):
+    """Run `pattern` with `nbytes` per message for `rounds` rounds between
+    the ranks of `hosts` (a tools/netns/hosts.py Hosts, one rank per
+    namespace, already up): rank 0's round times in ms, sorted. Exits
+    naming the pattern when rank 0 fails."""
+    n = len(hosts.addr)
+    procs = [subprocess.Popen(hosts.argv(i, [sys.executable, os.path.abspath(__file__),
+                                             "--bytes", str(nbytes), "--rank-main", str(i),
+                                             str(n), ",".join(hosts.addr), pattern,
+                                             str(rounds)]),
+                              stdout=subprocess.PIPE if i == 0 else subprocess.DEVNULL,
+                              text=True) for i in range(n)]
+    out = procs[0].communicate(timeout=600)[0]
+    for p in procs[1:]:
+        p.wait(timeout=60)
+    if procs[0].returncode != 0 or not out.strip():
+        sys.exit(f"{pattern}: rank 0 failed (exit {procs[0].returncode})")
+    return sorted(float(x) for x in out.split())
+
+
+def floor_ms(pattern, nbytes, rate_bits_s):
+    """The bytes a rank sends in one round of `pattern`, at the link rate, in ms."""
+    return nbytes * (2 if pattern.startswith("ring") else 1) * 8 / rate_bits_s * 1e3
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=4)
@@ -140,20 +165,8 @@ def main():
           f"{'floor/mean':>10}")
     for pattern in a.patterns:
         with netns_hosts.Hosts(a.ranks, rate=a.rate) as h:
-            procs = [subprocess.Popen(h.argv(i, [sys.executable, os.path.abspath(__file__),
-                                                 "--bytes", str(a.bytes), "--rank-main", str(i),
-                                                 str(a.ranks), ",".join(h.addr), pattern,
-                                                 str(a.rounds)]),
-                                      stdout=subprocess.PIPE if i == 0 else subprocess.DEVNULL,
-                                      text=True) for i in range(a.ranks)]
-            out = procs[0].communicate(timeout=600)[0]
-            for p in procs[1:]:
-                p.wait(timeout=60)
-            if procs[0].returncode != 0 or not out.strip():
-                sys.exit(f"{pattern}: rank 0 failed (exit {procs[0].returncode})")
-        t = sorted(float(x) for x in out.split())
-        sent = a.bytes * (2 if pattern.startswith("ring") else 1)
-        floor = sent * 8 / rate * 1e3
+            t = measure(h, pattern, a.bytes, a.rounds)
+        floor = floor_ms(pattern, a.bytes, rate)
         mean = statistics.mean(t)
         print(f"{pattern:20} {statistics.median(t):10.1f} {mean:8.1f} "
               f"{t[int(0.9 * (len(t) - 1))]:8.1f} {floor:9.1f} {floor / mean:9.0%}")

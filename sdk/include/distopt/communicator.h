@@ -67,6 +67,10 @@ typedef enum {
   DOPT_REDUCE_AVG = 1, /* sum divided by the communicator's world size */
   DOPT_REDUCE_MIN = 2,
   DOPT_REDUCE_MAX = 3,
+  /* Not an operation (Vulkan's *_MAX_ENUM): it makes every int32 a value of
+   * this type, so that a component handed an unknown op by another build
+   * refuses it (INVALID_ARGUMENT) without undefined behaviour in C++. */
+  DOPT_REDUCE_OP_MAX_ENUM = 0x7FFFFFFF
 } dopt_reduce_op;
 
 typedef struct dopt_communicator_v1 {
