@@ -45,7 +45,8 @@ std::string MismatchDetector::message(const std::string& ranks_line) const {
          "rank-dependent branch?";
 }
 
-// Posts: "wait GEN SEQ KIND_SEQ SIGNATURE", "left ISSUED [LAST]", or "" (not
+// Posts: "wait GEN SEQ KIND_SEQ SIGNATURE", "left ISSUED [LAST]", "failed
+// ISSUED [LAST]" (left after a collective of its own failed), or "" (not
 // waiting). The same position with another shape is a mismatch at once.
 // `confirm` (stalls): another position, or a rank that left before issuing
 // ours, counts once seen unchanged twice, and only while no rank is silent:
@@ -72,18 +73,22 @@ std::string MismatchDetector::compare(const Fingerprint& mine, bool confirm, boo
     std::string tag;
     in >> tag;
     bool differs = false;
-    if (tag == "left") {
+    if (tag == "left" || tag == "failed") {
       uint64_t issued = 0;
       in >> issued;
       std::string rest;
       std::getline(in, rest);
       auto last = Fingerprint::decode(rest);
-      line << "left the communicator after " << issued << " collective(s)";
+      line << (tag == "failed" ? "failed and left" : "left") << " the communicator after " << issued
+           << " collective(s)";
       if (last) line << ", the last " << last->describe();
       // Its last collective was ours with another shape: the transport let
-      // it complete on its side, and ours can never complete.
+      // it complete (or fail) on its side, and ours can never complete.
       if (last && last->seq == mine.seq && last->signature() != mine.signature()) *mismatch = true;
-      differs = issued < mine.seq;
+      // A rank that left after a failure of its own stopped in the failure's
+      // cascade (a cut link: a ring neighbour may already be one collective
+      // ahead), not because it issued fewer collectives.
+      differs = tag == "left" && issued < mine.seq;
     } else if (tag == "wait") {
       uint64_t gen = 0;
       in >> gen;
@@ -105,7 +110,8 @@ std::string MismatchDetector::compare(const Fingerprint& mine, bool confirm, boo
       ++*silent;
     }
     // Without a stall to confirm it, another position proves nothing (ranks
-    // failing in a cascade stop at different collectives); a departure does.
+    // failing in a cascade stop at different collectives); a clean departure
+    // does.
     if (!differs || (!confirm && tag != "left")) continue;
     if (!confirm) {
       *mismatch = true;
@@ -155,6 +161,7 @@ void MismatchDetector::on_wait_done() {
 std::string MismatchDetector::explain_failure(const Fingerprint& mine,
                                               std::chrono::milliseconds patience) {
   std::lock_guard<std::mutex> lk(mu_);
+  failed_ = true;
   // Published first, so peers whose collective failed too can name ours.
   write(key(rank_), "wait " + std::to_string(++gen_) + " " + mine.encode());
   posted_ = true;
@@ -176,7 +183,8 @@ std::string MismatchDetector::explain_failure(const Fingerprint& mine,
 
 void MismatchDetector::on_leave(uint64_t issued, const Fingerprint& last) {
   std::lock_guard<std::mutex> lk(mu_);
-  write(key(rank_), "left " + std::to_string(issued) + (last.seq ? " " + last.encode() : ""));
+  write(key(rank_), std::string(failed_ ? "failed " : "left ") + std::to_string(issued) +
+                        (last.seq ? " " + last.encode() : ""));
 }
 
 }  // namespace distopt::comm_check

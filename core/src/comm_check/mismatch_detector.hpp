@@ -45,7 +45,10 @@ class MismatchDetector {
   /// "" if none shows. Blocks at most `patience` plus store round trips.
   std::string explain_failure(const Fingerprint& mine, std::chrono::milliseconds patience);
   /// This rank destroys the communicator after issuing `issued` collectives,
-  /// the last one `last` (a default Fingerprint when none).
+  /// the last one `last` (a default Fingerprint when none). Peers read a
+  /// departure before their collective as a mismatch (fewer collectives
+  /// issued) unless one of this rank's collectives failed first
+  /// (explain_failure ran): then it is posted as "failed".
   void on_leave(uint64_t issued, const Fingerprint& last);
 
  private:
@@ -66,6 +69,7 @@ class MismatchDetector {
   std::mutex mu_;
   uint64_t gen_ = 0;  // posts by this rank, so peers can tell a fresh post from an old one
   bool posted_ = false;
+  bool failed_ = false;  // a collective of this rank failed: its departure proves nothing
   struct Seen {
     std::string post;  // the peer's post when first seen disagreeing
     uint64_t my_seq = 0;
