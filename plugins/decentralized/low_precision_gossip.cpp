@@ -31,7 +31,7 @@ LowPrecisionGossip::LowPrecisionGossip(const dopt_bucket& bucket,
   const at::TensorOptions f32 = flat.options().dtype(at::kFloat);
   self_ = at::zeros({flat.numel()}, f32);
   z_ = at::empty_like(self_);
-  decoded_ = at::empty_like(self_);
+  if (torch_codec_) decoded_ = at::empty_like(self_);  // the host codec adds in place
   send_ = at::empty({static_cast<int64_t>(message_bytes())}, flat.options().dtype(at::kByte));
   for (size_t i = 0; i < row_.links.size(); ++i) {
     copies_.push_back(at::zeros_like(self_));
@@ -92,12 +92,16 @@ void LowPrecisionGossip::finish() {
   started_ = false;
   if (!compressed_) return;  // sync: the copies were received in place
   const size_t n = static_cast<size_t>(self_.numel());
+  // Exact float adds of the decoded bytes: the same on every holder, with
+  // either codec (the host one decodes and adds in one pass).
   auto apply = [&](const at::Tensor& message, at::Tensor& copy) {
-    if (torch_codec_)
+    if (torch_codec_) {
       minmax_uint8_decode_torch(message, static_cast<int64_t>(kMinMaxChunk), decoded_);
-    else
-      minmax_uint8_decode(message.data_ptr<uint8_t>(), n, kMinMaxChunk, decoded_.data_ptr<float>());
-    copy.add_(decoded_);  // exact float adds: the same on every holder
+      copy.add_(decoded_);
+    } else {
+      minmax_uint8_decode_add(message.data_ptr<uint8_t>(), n, kMinMaxChunk,
+                              copy.data_ptr<float>());
+    }
   };
   apply(send_, self_);
   for (size_t i = 0; i < copies_.size(); ++i) apply(recv_[i], copies_[i]);

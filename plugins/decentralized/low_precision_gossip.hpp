@@ -98,7 +98,7 @@ class LowPrecisionGossip {
   MixingRow row_;
   at::Tensor self_;                 // x_hat_i
   std::vector<at::Tensor> copies_;  // x_hat_j, per link of row_
-  at::Tensor z_, decoded_;          // float32 work buffers
+  at::Tensor z_, decoded_;          // float32 work buffers (decoded_: torch codec only)
   at::Tensor send_;                 // uint8 message
   std::vector<at::Tensor> recv_;    // uint8 messages, per link
   LinkExchange links_;

@@ -47,4 +47,9 @@ void minmax_uint8_encode(const float* x, size_t n, size_t chunk, uint8_t* out);
 /// chunk == 0. Thread-safe (distinct buffers).
 void minmax_uint8_decode(const uint8_t* in, size_t n, size_t chunk, float* x);
 
+/// x[i] += the decoded value, for i in [0, n): bitwise what decoding into a
+/// buffer and adding it would give (one float add per element), in one
+/// pass. Errors and thread safety as minmax_uint8_decode.
+void minmax_uint8_decode_add(const uint8_t* in, size_t n, size_t chunk, float* x);
+
 }  // namespace distopt::plugins::decentralized

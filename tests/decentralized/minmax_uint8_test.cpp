@@ -138,3 +138,50 @@ TEST_CASE("decoding the same bytes anywhere in memory gives the same floats bitw
   minmax_uint8_encode(x.data(), n, chunk, again.data());
   CHECK(again == bytes);
 }
+
+TEST_CASE("decode_add is decoding into a buffer and adding it, bitwise") {
+  for (size_t chunk : {7u, 256u, 1000u}) {  // below 256 no level table; 1000: a lane tail
+    for (size_t n : {1u, 999u, 3001u}) {
+      CAPTURE(chunk);
+      CAPTURE(n);
+      auto x = random_floats(n, 21, 0.02f);
+      if (n > 2 * chunk) x[chunk + 3] = std::numeric_limits<float>::quiet_NaN();  // a NaN chunk
+      std::vector<uint8_t> bytes(minmax_uint8_bytes(n, chunk));
+      minmax_uint8_encode(x.data(), n, chunk, bytes.data());
+      const auto base = random_floats(n, 22, 1.0f);
+      std::vector<float> decoded(n), want(n), got = base;
+      minmax_uint8_decode(bytes.data(), n, chunk, decoded.data());
+      for (size_t i = 0; i < n; ++i) want[i] = base[i] + decoded[i];
+      minmax_uint8_decode_add(bytes.data(), n, chunk, got.data());
+      CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("min, max and non-finite values are found anywhere in a long chunk") {
+  // chunk 1000 = 62 vector steps of 16 lanes and a tail of 8: the extremes
+  // and the non-finite values sit in the lanes and in the tail.
+  const size_t chunk = 1000, n = 4000;
+  auto x = random_floats(n, 31, 0.01f);
+  x[5] = std::numeric_limits<float>::quiet_NaN();          // chunk 0, a lane
+  x[1000 + 995] = -std::numeric_limits<float>::infinity();  // chunk 1, the tail
+  x[2000 + 17] = -3.0f;                                     // chunk 2's min in a lane
+  x[2000 + 998] = 2.0f;                                     // and its max in the tail
+  x[3000 + 999] = -1.0f;                                    // chunk 3's min, the last element
+  x[3000 + 0] = 1.5f;                                       // and its max, the first
+  std::vector<uint8_t> bytes(minmax_uint8_bytes(n, chunk));
+  minmax_uint8_encode(x.data(), n, chunk, bytes.data());
+  float header[4][2];
+  std::memcpy(header, bytes.data(), sizeof(header));
+  CHECK(std::isnan(header[0][0]));
+  CHECK(std::isnan(header[1][1]));
+  CHECK(header[2][0] == -3.0f);
+  CHECK(header[2][1] == 2.0f);
+  CHECK(header[3][0] == -1.0f);
+  CHECK(header[3][1] == 1.5f);
+  std::vector<float> y(n);
+  minmax_uint8_decode(bytes.data(), n, chunk, y.data());
+  CHECK(y[2000 + 17] == -3.0f);  // the ends decode exactly
+  CHECK(y[2000 + 998] == 2.0f);
+  CHECK(y[3000 + 999] == -1.0f);
+}
