@@ -99,8 +99,7 @@ void LowPrecisionGossip::finish() {
       minmax_uint8_decode_torch(message, static_cast<int64_t>(kMinMaxChunk), decoded_);
       copy.add_(decoded_);
     } else {
-      minmax_uint8_decode_add(message.data_ptr<uint8_t>(), n, kMinMaxChunk,
-                              copy.data_ptr<float>());
+      minmax_uint8_decode_add(message.data_ptr<uint8_t>(), n, kMinMaxChunk, copy.data_ptr<float>());
     }
   };
   apply(send_, self_);

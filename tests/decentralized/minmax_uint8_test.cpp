@@ -163,7 +163,7 @@ TEST_CASE("min, max and non-finite values are found anywhere in a long chunk") {
   // and the non-finite values sit in the lanes and in the tail.
   const size_t chunk = 1000, n = 4000;
   auto x = random_floats(n, 31, 0.01f);
-  x[5] = std::numeric_limits<float>::quiet_NaN();          // chunk 0, a lane
+  x[5] = std::numeric_limits<float>::quiet_NaN();           // chunk 0, a lane
   x[1000 + 995] = -std::numeric_limits<float>::infinity();  // chunk 1, the tail
   x[2000 + 17] = -3.0f;                                     // chunk 2's min in a lane
   x[2000 + 998] = 2.0f;                                     // and its max in the tail
