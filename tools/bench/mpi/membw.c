@@ -12,6 +12,15 @@
  *   pingpong oneway_us=X
  * half the median round trip: the least time in which one process can see
  * what another wrote, the latency term of issue 23's bound.
+ *
+ * --handoff: instead, two processes take turns through one shared buffer of
+ * --bytes: one copies its own buffer in, the other copies it out into its
+ * own, then the roles swap (spinning on a shared flag, 20 untimed turns,
+ * then --iters timed ones); prints
+ *   handoff bytes=B GB/s=X
+ * X = bytes handed over per second, the median of --repeat runs: what one
+ * process can pass to another through shared memory when nothing else runs
+ * (a copy in and a copy out in series, across cores).
  * Build: cc -O2 -o membw membw.c */
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,12 +71,51 @@ static double pingpong(int iters, int repeat) {
   return t[repeat / 2];
 }
 
+/* Median bytes per second over `repeat` runs of `iters` handoffs of `bytes`. */
+static double handoff(size_t bytes, int iters, int repeat) {
+  char* shared = mmap(NULL, bytes + 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) return -1;
+  volatile long* turn = (volatile long*)(shared + bytes);
+  double* t = calloc((size_t)repeat, sizeof(double));
+  for (int rep = 0; rep < repeat; ++rep) {
+    *turn = 0;
+    pid_t child = fork();
+    const int me = child == 0; /* turn k: process k % 2 writes, the other reads */
+    char* own = malloc(bytes);
+    memset(own, me + 1, bytes);
+    double t0 = 0;
+    for (long k = 0; k < iters + 20; ++k) {
+      if (k == 20) t0 = now();
+      if ((k & 1) == me) {
+        while (*turn != 2 * k) {
+        }
+        memcpy(shared, own, bytes);
+        __sync_synchronize();
+        *turn = 2 * k + 1;
+      } else {
+        while (*turn != 2 * k + 1) {
+        }
+        memcpy(own, shared, bytes);
+        __sync_synchronize();
+        *turn = 2 * k + 2;
+      }
+    }
+    if (me) _exit(0);
+    t[rep] = (double)bytes * iters / (now() - t0);
+    waitpid(child, NULL, 0);
+    free(own);
+  }
+  qsort(t, (size_t)repeat, sizeof(double), cmp);
+  return t[repeat / 2];
+}
+
 int main(int argc, char** argv) {
-  int procs = 2, iters = 10, repeat = 5, ping = 0;
+  int procs = 2, iters = 10, repeat = 5, ping = 0, hand = 0;
   size_t bytes = 64u << 20;
   for (int i = 1; i < argc; i += 2) {
-    if (!strcmp(argv[i], "--pingpong")) {
-      ping = 1;
+    if (!strcmp(argv[i], "--pingpong") || !strcmp(argv[i], "--handoff")) {
+      ping = !strcmp(argv[i], "--pingpong");
+      hand = !ping;
       --i; /* takes no value */
     } else if (i + 1 >= argc) {
       fprintf(stderr, "membw: %s needs a value\n", argv[i]);
@@ -87,6 +135,10 @@ int main(int argc, char** argv) {
   }
   if (ping) {
     printf("pingpong oneway_us=%.3f\n", pingpong(iters, repeat) * 1e6);
+    return 0;
+  }
+  if (hand) {
+    printf("handoff bytes=%zu GB/s=%.2f\n", bytes, handoff(bytes, iters, repeat) / 1e9);
     return 0;
   }
   double* rates = calloc((size_t)repeat, sizeof(double));
