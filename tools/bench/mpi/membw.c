@@ -73,7 +73,8 @@ static double pingpong(int iters, int repeat) {
 
 /* Median bytes per second over `repeat` runs of `iters` handoffs of `bytes`. */
 static double handoff(size_t bytes, int iters, int repeat) {
-  char* shared = mmap(NULL, bytes + 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  char* shared =
+      mmap(NULL, bytes + 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shared == MAP_FAILED) return -1;
   volatile long* turn = (volatile long*)(shared + bytes);
   double* t = calloc((size_t)repeat, sizeof(double));
