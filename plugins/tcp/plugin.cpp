@@ -13,6 +13,7 @@ constexpr dopt_option_spec kOptions[] = {
     sdk::p2p::timeout_option(),
     sdk::p2p::shm_option(),
     sdk::p2p::shm_bytes_option(),
+    sdk::p2p::shm_stores_option(),
     sdk::option_int("chunk_bytes", "262144",
                     "pipeline grain of the TCP ring: segment bytes the SDK's p2p ring sends, "
                     "receives into a cache-sized window and reduces at a time")

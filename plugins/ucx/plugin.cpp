@@ -16,6 +16,7 @@ constexpr dopt_option_spec kOptions[] = {
     sdk::p2p::timeout_option(),
     sdk::p2p::shm_option(),
     sdk::p2p::shm_bytes_option(),
+    sdk::p2p::shm_stores_option(),
     sdk::option_int("small_bytes", "65536",
                     "allreduce and broadcast up to this many bytes use the latency-bound "
                     "algorithms (recursive doubling / direct exchange / direct send); above, "

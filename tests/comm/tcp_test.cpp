@@ -274,6 +274,20 @@ void run_ranks(int n, const std::function<std::string(Endpoint&, int)>& fn,
   }
 }
 
+// Allreduce of `count` random real values (fval(seed, me, .)) with `op`, in
+// place or not; returns this rank's result bytes.
+std::vector<char> allreduce_random(Communicator& comm, const TypeInfo& t, size_t count,
+                                   dopt_reduce_op op, bool inplace, uint64_t seed, int me) {
+  std::vector<char> send(count * t.size), recv(count * t.size);
+  for (size_t i = 0; i < count; ++i) put(t, send.data(), i, fval(seed, me, i));
+  int64_t s1, s2;
+  DLTensor st = make_dltensor(send.data(), static_cast<int64_t>(count), t.dl, &s1);
+  DLTensor rt =
+      make_dltensor(inplace ? send.data() : recv.data(), static_cast<int64_t>(count), t.dl, &s2);
+  comm.allreduce(st, rt, op).wait();
+  return inplace ? send : recv;
+}
+
 // The two transports: shared memory with 64 KiB segments (2 x ~30 KiB slots,
 // so the larger counts take many double-buffered rounds), and TCP only.
 const char* const kTransports[] = {"{shm_bytes: 65536}", "{shm: false}"};
@@ -341,16 +355,10 @@ TEST_CASE("allreduce: every rank ends bitwise equal (random floats, one phase an
             for (const auto& t : {kTypes[0], kTypes[2], kTypes[3]})
               for (size_t count : {size_t(5), size_t(1003), size_t(100003)})
                 for (bool inplace : {false, true}) {
-                  std::vector<char> send(count * t.size), recv(count * t.size);
-                  for (size_t i = 0; i < count; ++i) put(t, send.data(), i, fval(seed, me, i));
-                  ++seed;
-                  int64_t s1, s2;
-                  DLTensor st = make_dltensor(send.data(), static_cast<int64_t>(count), t.dl, &s1);
-                  DLTensor rt = make_dltensor(inplace ? send.data() : recv.data(),
-                                              static_cast<int64_t>(count), t.dl, &s2);
-                  ep.comm->allreduce(st, rt, DOPT_REDUCE_AVG).wait();
+                  const std::vector<char> mine =
+                      allreduce_random(*ep.comm, t, count, DOPT_REDUCE_AVG, inplace, seed++, me);
                   // Rank 0's result to everyone, compared byte for byte.
-                  std::vector<char> mine(inplace ? send : recv), r0(mine);
+                  std::vector<char> r0(mine);
                   int64_t s3;
                   DLTensor bt = make_dltensor(r0.data(), static_cast<int64_t>(count), t.dl, &s3);
                   ep.comm->broadcast(bt, 0).wait();
@@ -560,6 +568,87 @@ TEST_CASE(
     CAPTURE(r);
     CHECK(codes[r] == 0);
   }
+}
+
+TEST_CASE("shm_stores: plain, streaming and mixed ranks give the same bits in every collective") {
+  // Streaming stores change how a rank writes into its segment, never what:
+  // the results of one set of inputs must be bitwise equal whichever way
+  // each rank stores (the reduced slice goes through an L1 stage when
+  // streaming). 1 MiB segments: the large tensors take several rounds.
+  const int n = 3;
+  const char* const kModes[][n] = {{"plain", "plain", "plain"},
+                                   {"streaming", "streaming", "streaming"},
+                                   {"streaming", "plain", "auto"}};
+  const size_t kCombos = sizeof kModes / sizeof kModes[0];
+  // One FNV-1a hash per combo and rank, written by the ranks (forked).
+  auto* hashes =
+      static_cast<uint64_t*>(mmap(nullptr, sizeof(uint64_t) * kCombos * n, PROT_READ | PROT_WRITE,
+                                  MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(hashes != MAP_FAILED);
+  for (size_t c = 0; c < kCombos; ++c) {
+    CAPTURE(c);
+    const int port = free_port();
+    auto codes = fork_ranks(n, [&](int me) {
+      auto ep =
+          make_endpoint("tcp", me, n, port, std::string("{shm_stores: ") + kModes[c][me] + "}");
+      uint64_t h = 1469598103934665603ull;
+      auto mix = [&](const std::vector<char>& v) {
+        for (char b : v) h = (h ^ static_cast<unsigned char>(b)) * 1099511628211ull;
+      };
+      uint64_t seed = 5;
+      for (const auto& t : {kTypes[0], kTypes[2], kTypes[1]})
+        for (size_t count : {size_t(100003), size_t(3 * 65536 + 5), size_t(600000)})
+          for (auto op : {DOPT_REDUCE_SUM, DOPT_REDUCE_AVG})
+            for (bool inplace : {false, true})
+              mix(allreduce_random(*ep->comm, t, count, op, inplace, seed++, me));
+      // reduce_scatter, allgather and broadcast write only the copy in.
+      const size_t block = 200001;
+      std::vector<char> rs_send(block * 4 * n), rs_recv(block * 4), ag_recv(block * 4 * n);
+      for (size_t i = 0; i < block * n; ++i) put(kTypes[0], rs_send.data(), i, fval(99, me, i));
+      int64_t s1, s2, s3;
+      DLTensor a =
+          make_dltensor(rs_send.data(), static_cast<int64_t>(block * n), kTypes[0].dl, &s1);
+      DLTensor b = make_dltensor(rs_recv.data(), static_cast<int64_t>(block), kTypes[0].dl, &s2);
+      DLTensor g =
+          make_dltensor(ag_recv.data(), static_cast<int64_t>(block * n), kTypes[0].dl, &s3);
+      ep->comm->reduce_scatter(a, b, DOPT_REDUCE_SUM).wait();
+      mix(rs_recv);
+      ep->comm->allgather(b, g).wait();
+      mix(ag_recv);
+      ep->comm->broadcast(a, 1).wait();
+      mix(rs_send);
+      hashes[c * n + me] = h;
+      return 0;
+    });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CHECK(codes[r] == 0);
+    }
+  }
+  // The same on every rank (allreduce, allgather, broadcast agree; the
+  // reduce_scatter blocks differ, so compare combos rank by rank).
+  for (int r = 0; r < n; ++r)
+    for (size_t c = 1; c < kCombos; ++c) {
+      CAPTURE(r);
+      CAPTURE(c);
+      CHECK(hashes[c * n + r] == hashes[r]);
+    }
+  munmap(hashes, sizeof(uint64_t) * kCombos * n);
+}
+
+TEST_CASE("shm_stores: a value other than auto, plain or streaming is refused, naming it") {
+  const int port = free_port();
+  auto codes = fork_ranks(1, [&](int) {
+    try {
+      auto ep = make_endpoint("tcp", 0, 1, port, "{shm_stores: fast}");
+    } catch (const std::exception& e) {
+      const std::string w = e.what();
+      return w.find("shm_stores") != std::string::npos && w.find("fast") != std::string::npos ? 0
+                                                                                              : 2;
+    }
+    return 1;
+  });
+  CHECK(codes[0] == 0);
 }
 
 TEST_CASE("split: a rank that never calls it is named once timeout_s has passed") {

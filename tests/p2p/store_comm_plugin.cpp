@@ -120,7 +120,8 @@ class StoreComm final : public P2PCommunicator {
   StoreTransport t_;
 };
 
-constexpr dopt_option_spec kOptions[] = {timeout_option(), shm_option(), shm_bytes_option()};
+constexpr dopt_option_spec kOptions[] = {timeout_option(), shm_option(), shm_bytes_option(),
+                                         shm_stores_option()};
 
 }  // namespace
 

@@ -15,7 +15,7 @@
 //   - the first-failure state (every later operation fails with it at once),
 //     abort of pending work on destruction, split through the store, the
 //     comm.* metrics, and the option specs the shell reads (timeout_s, shm,
-//     shm_bytes).
+//     shm_bytes, shm_stores).
 // The virtual hooks below let a transport add what only it knows (a side
 // channel that names a dead peer, a wake-up fd, progress while idle).
 // Header-only, torch-free.
@@ -50,11 +50,13 @@ struct ShellConfig {
   double timeout_s = 60;        ///< seconds any operation (and connecting) may take
   bool shm = true;              ///< shared-memory collectives when all ranks share a host
   int64_t shm_bytes = 1 << 20;  ///< per-rank shared segment (two slots)
+  shm::Stores shm_stores = shm::Stores::automatic;  ///< how a rank writes into its segment
 };
 
 /// The component's Config from the host's args: the schema's defaults
 /// without an options object, else the shell's keys (timeout_s, shm,
-/// shm_bytes: the option specs below) and Config::read_own's. Checks first
+/// shm_bytes, shm_stores: the option specs below; shm_stores is "auto" where
+/// the schema lacks it) and Config::read_own's. Checks first
 /// that the args are at least ABI 1.0's. Throws sdk::Error(INVALID_ARGUMENT).
 template <class Config>
 Config config_of(const dopt_create_args& args) {
@@ -66,6 +68,16 @@ Config config_of(const dopt_create_args& args) {
   c.timeout_s = o.get_double("timeout_s");
   c.shm = o.get_bool("shm");
   c.shm_bytes = o.get_int("shm_bytes");
+  // Optional in a schema: components built on SDKs before it list only the
+  // three above.
+  std::string stores = "auto";
+  try {
+    stores = o.get_string("shm_stores");
+  } catch (const Error&) {
+  }
+  if (!shm::parse_stores(stores, &c.shm_stores))
+    throw Error(DOPT_ERR_INVALID_ARGUMENT,
+                "option 'shm_stores': '" + stores + "' is not one of auto, plain, streaming");
   c.read_own(o);
   return c;
 }
@@ -89,6 +101,13 @@ constexpr OptionDecl shm_bytes_option() {
   return option_int("shm_bytes", "1048576",
                     "shared-memory segment per rank (two slots that tensors stream through)")
       .range(65536, 1 << 30);
+}
+constexpr OptionDecl shm_stores_option() {
+  return option_string("shm_stores", "auto",
+                       "how a rank writes tensors into its shared-memory segment: plain stores "
+                       "(peers read them from its cache), streaming (non-temporal) stores, or "
+                       "auto: whichever has copied faster lately, measured as it runs")
+      .choices("auto|plain|streaming");
 }
 
 /// What the shell needs to know of the component.
@@ -209,6 +228,7 @@ class P2PCommunicator : public Communicator {
       ss.store = store_;
       ss.scope = prefix_;
       ss.segment_bytes = static_cast<size_t>(cfg_.shm_bytes);
+      ss.stores = cfg_.shm_stores;
       ss.timeout_s = cfg_.timeout_s;
       ss.component = setup_.component;
       ss.fallback = setup_.fallback;

@@ -18,9 +18,16 @@
 // A rank overwrites its slot for round k only after every peer is done with
 // round k-2, the previous use of that slot.
 //
+// A rank writes into its own slot with plain or streaming (non-temporal)
+// stores, as Setup::stores and its WriteTuner decide (shm_segment.hpp):
+// where writing a line that a peer still caches is slow (some VM core
+// placements: 5-10x), streaming stores avoid it; elsewhere plain stores let
+// peers read from this core's cache.
+//
 // Every rank ends with bitwise identical results (each slice is reduced by
-// one rank, in a fixed order). AVG is SUM then a division by the world size
-// in the last reduction step (integers truncate).
+// one rank, in a fixed order, whichever stores it used). AVG is SUM then a
+// division by the world size in the last reduction step (integers
+// truncate).
 //
 // Header-only, torch-free, Linux only (see shm_segment.hpp).
 #pragma once
@@ -52,6 +59,7 @@ struct Setup {
   double timeout_s = 60;                 ///< for each store read of the handshake, seconds
   std::string component = "shm";         ///< log prefix ("tcp", "ucx")
   std::string fallback = "the network";  ///< named in the log when shm is not used ("TCP")
+  Stores stores = Stores::automatic;     ///< how this rank writes into its segment (WriteTuner)
 };
 
 /// How a collective ended.
@@ -134,11 +142,19 @@ class Collectives {
   Result broadcast(char* buf, size_t bytes, int root, const WaitCtx& ctx);
 
  private:
-  Collectives(int rank, int world, size_t segment_bytes, std::vector<Segment> segs);
+  Collectives(int rank, int world, size_t segment_bytes, std::vector<Segment> segs, Stores stores);
   char* slot(int peer, uint64_t round) const {
     return segs_[peer].slot(static_cast<int>(round & 1), slot_bytes_);
   }
   Header* hdr(int peer) const { return segs_[peer].header(); }
+  /// The WriteTuner for copies into this rank's slots in an operation of
+  /// `bytes` (its whole tensor): one per power of two from 64 KiB, as
+  /// whether streaming stores pay depends on how much stays in cache.
+  WriteTuner& tuner(size_t bytes) {
+    size_t c = 0;
+    while (c + 1 < kTuners && (WriteTuner::kMinBytes << (c + 1)) <= bytes) ++c;
+    return tuners_[c];
+  }
   /// Wait for peer's `counter` to reach value; on failure fills res and returns false.
   bool wait(int peer, std::atomic<uint64_t> Header::*counter, uint64_t value, const WaitCtx& ctx,
             Result* res) const;
@@ -157,7 +173,13 @@ class Collectives {
   int rank_, world_;
   WaitPolicy policy_;  ///< oversubscribed() when the ranks outnumber this process's CPUs
   size_t slot_bytes_;
-  uint64_t round_ = 0;         ///< last round started
+  uint64_t round_ = 0;                   ///< last round started
+  static constexpr size_t kTuners = 12;  ///< 64 KiB .. 128 MiB and up
+  WriteTuner tuners_[kTuners];
+  /// Where a streaming allreduce reduces a piece of its slice (in L1), to
+  /// copy it to the slot with streaming stores and to recv.
+  static constexpr size_t kStageBytes = 16 << 10;
+  std::vector<char> stage_ = std::vector<char>(kStageBytes);
   std::vector<Segment> segs_;  ///< segs_[p]: rank p's segment (own included)
 };
 
@@ -251,7 +273,8 @@ inline std::unique_ptr<Collectives> Collectives::create(const Setup& s) {
                "collectives over " + s.fallback + ": a rank could not set up shared memory");
     return nullptr;
   }
-  std::unique_ptr<Collectives> t(new Collectives(me, n, s.segment_bytes, std::move(segs)));
+  std::unique_ptr<Collectives> t(
+      new Collectives(me, n, s.segment_bytes, std::move(segs), s.stores));
   if (me == 0)
     log_info(component, "collectives over shared memory: " + std::to_string(n) +
                             " ranks on one host, 2 slots of " +
@@ -260,8 +283,9 @@ inline std::unique_ptr<Collectives> Collectives::create(const Setup& s) {
 }
 
 inline Collectives::Collectives(int rank, int world, size_t segment_bytes,
-                                std::vector<Segment> segs)
+                                std::vector<Segment> segs, Stores stores)
     : rank_(rank), world_(world), segs_(std::move(segs)) {
+  for (WriteTuner& t : tuners_) t = WriteTuner(stores);
   // Cache-line multiple: slices of neighbouring ranks start on their own
   // lines only by chance, but slot starts always do.
   slot_bytes_ = segment_bytes > kDataOffset ? (segment_bytes - kDataOffset) / 2 / 64 * 64 : 0;
@@ -367,13 +391,34 @@ inline Result Collectives::allreduce(const char* send, char* recv, size_t count,
     const char* in = send + i * per_round * esz;
     const size_t lo = off(m, me), len = off(m, me + 1) - lo;
     // The peers' slices of this rank's input (around its own).
-    if (lo) std::memcpy(mine, in, lo);
-    if (lo + len < m * esz) std::memcpy(mine + lo + len, in + lo + len, m * esz - lo - len);
+    WriteTuner& wt = tuner(bytes);
+    if (lo) wt.copy(mine, in, lo);
+    if (lo + len < m * esz) wt.copy(mine + lo + len, in + lo + len, m * esz - lo - len);
+    const bool streaming = wt.streaming();
     publish_ready(r, m * esz, ctx);
     res.bytes_sent += m * esz;
     if (i > 0 && !gather(i - 1)) return res;
     // Reduce this rank's slice into its own slot, where peers read it after
     // `reduced` (they read only their own slices of it before).
+    char* out = recv + i * per_round * esz + lo;
+    if (streaming && n > 1) {
+      // As the copy in: the slice goes to the slot with streaming stores,
+      // through a stage in L1 that also feeds recv. Same order of
+      // operands, so the same bits as below.
+      for (int k = 1; k < n; ++k)
+        if (!wait((me + k) % n, &Header::ready, r, ctx, &res)) return res;
+      char* stage = stage_.data();
+      for (size_t c = 0; c < len; c += kStageBytes) {
+        const size_t cl = std::min(kStageBytes, len - c);
+        for (int k = 1; k < n; ++k)
+          reduce(dt, rop, stage, k == 1 ? in + lo + c : stage, slot((me + k) % n, r) + lo + c,
+                 cl / esz, k == n - 1 ? div : 1);
+        stream_copy(mine + lo + c, stage, cl);
+        std::memcpy(out + c, stage, cl);  // `in` + lo + c is read for good: send may be recv
+      }
+      publish_own(&Header::reduced, r);
+      continue;
+    }
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
       if (!wait(p, &Header::ready, r, ctx, &res)) return res;
@@ -384,7 +429,7 @@ inline Result Collectives::allreduce(const char* send, char* recv, size_t count,
     if (n == 1 && len) std::memcpy(mine + lo, in + lo, len);
     publish_own(&Header::reduced, r);
     // `in` is read for good now: the output may overwrite it (send == recv).
-    if (len) std::memcpy(recv + i * per_round * esz + lo, mine + lo, len);
+    if (len) std::memcpy(out, mine + lo, len);
   }
   if (rounds > 0) gather(rounds - 1);
   return res;
@@ -405,8 +450,9 @@ inline Result Collectives::reduce_scatter(const char* send, char* recv, size_t c
     if (!wait_slot_free(r, ctx, &res)) return res;
     char* mine = slot(me, r);
     // Peers need the blocks they own; this rank's own block is read from send.
+    WriteTuner& wt = tuner(count * esz * static_cast<size_t>(n));
     for (int q = 0; q < n; ++q)
-      if (q != me) std::memcpy(mine + q * mb, send + (q * count + b0) * esz, mb);
+      if (q != me) wt.copy(mine + q * mb, send + (q * count + b0) * esz, mb);
     publish_ready(r, mb * static_cast<size_t>(n - 1), ctx);
     char* dst = recv + b0 * esz;
     const char* own = send + (me * count + b0) * esz;
@@ -433,7 +479,7 @@ inline Result Collectives::allgather(const char* send, char* recv, size_t bytes,
     const size_t m = std::min(slot_bytes_, bytes - b0);
     const uint64_t r = ++round_;
     if (!wait_slot_free(r, ctx, &res)) return res;
-    std::memcpy(slot(me, r), own + b0, m);
+    tuner(bytes * static_cast<size_t>(n)).copy(slot(me, r), own + b0, m);
     publish_ready(r, m, ctx);
     for (int k = 1; k < n; ++k) {
       const int p = (me + k) % n;
@@ -455,7 +501,7 @@ inline Result Collectives::broadcast(char* buf, size_t bytes, int root, const Wa
     const uint64_t r = ++round_;
     if (me == root) {
       if (!wait_slot_free(r, ctx, &res)) return res;
-      std::memcpy(slot(me, r), buf + b0, m);
+      tuner(bytes).copy(slot(me, r), buf + b0, m);
       publish_ready(r, m, ctx);
       res.bytes_sent += m;
     } else {

@@ -19,6 +19,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -33,6 +34,11 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__))
+#include <emmintrin.h>
+#define DOPT_SHM_STREAM_STORES 1
+#endif
 
 #include "distopt/abi.h"
 #include "distopt/sdk/base/fault_point.hpp"
@@ -224,6 +230,140 @@ inline void publish(Header* h, std::atomic<uint64_t>& counter, uint64_t value) {
   h->futex.fetch_add(1, std::memory_order_seq_cst);
   if (h->waiters.load(std::memory_order_seq_cst) > 0) detail::futex_wake_all(&h->futex);
 }
+
+/// Copy `n` bytes to `dst` in shared memory with non-temporal (streaming)
+/// stores where the CPU has them (x86-64: SSE2 movntdq), then a store
+/// fence, so a release store published after it orders them too. Streaming
+/// stores skip the read-for-ownership of each line and take it out of every
+/// cache: slower than memcpy when the peers would have read the lines from
+/// a neighbouring cache, much faster when writing a line a peer still
+/// caches is expensive (seen on a 2-vCPU KVM guest: a 1 MiB 2-rank
+/// allreduce at 0.55-0.65 ms against 0.13 ms, in periods that come and go;
+/// BENCHMARKS.md). Elsewhere a plain memcpy. Any thread; no alignment
+/// needed.
+inline void stream_copy(char* dst, const char* src, size_t n) {
+#ifdef DOPT_SHM_STREAM_STORES
+  size_t i = std::min(n, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+  std::memcpy(dst, src, i);
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, n - i);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+/// How a rank writes into its own segment (the shm_stores option).
+enum class Stores {
+  automatic,  ///< whichever of plain and streaming has copied faster lately (WriteTuner)
+  plain,      ///< memcpy: peers read the lines from this core's cache
+  streaming,  ///< stream_copy: the lines go to memory, out of every cache
+};
+
+/// Parses "auto", "plain" or "streaming"; false for anything else.
+inline bool parse_stores(const std::string& s, Stores* out) {
+  if (s == "auto")
+    *out = Stores::automatic;
+  else if (s == "plain")
+    *out = Stores::plain;
+  else if (s == "streaming")
+    *out = Stores::streaming;
+  else
+    return false;
+  return true;
+}
+
+/// How a rank writes its input into its own segment: plain stores
+/// (memcpy) or streaming ones (stream_copy). With Stores::automatic,
+/// whichever has copied faster lately: which one is faster depends on where
+/// the host placed the cores, and on a VM it changes over time, so the
+/// tuner measures instead of guessing. It times every copy of at least
+/// kMinBytes, keeps a moving average of seconds per byte for each way, and
+/// uses the other way for one copy in every kExplore to keep that average
+/// current. The choice is local to a rank (peers read the data the same
+/// either way) and never changes the bytes. Not thread-safe: one per
+/// Collectives per size class.
+class WriteTuner {
+ public:
+  /// Copies below this run as memcpy, untimed (Stores::automatic):
+  /// cache-resident, and a clock read would be a visible part of them.
+  static constexpr size_t kMinBytes = 64 << 10;
+  /// One timed copy in this many goes the way not in use.
+  static constexpr unsigned kExplore = 16;
+  /// Streaming is chosen only below this fraction of plain's time. Its cost
+  /// to the peers (their reads come from memory, not from this core's
+  /// cache) is not in its own time: at 128-256 KiB, where plain copies
+  /// measured up to 2.9x streaming's from noise alone, streaming made the
+  /// allreduce 1.2-1.7x slower. The slow placements it is for put plain
+  /// at 6-15x.
+  static constexpr double kMargin = 0.25;
+
+  explicit WriteTuner(Stores mode = Stores::automatic) : mode_(mode) {}
+
+  /// Copy `n` bytes from `src` (private memory) to `dst` (this rank's
+  /// segment); peers see the data after a release store that follows
+  /// (publish()).
+  void copy(char* dst, const char* src, size_t n) {
+    if (mode_ != Stores::automatic || n < kMinBytes) {
+      if (mode_ == Stores::streaming)
+        stream_copy(dst, src, n);
+      else
+        std::memcpy(dst, src, n);
+      return;
+    }
+    const int way = next_way();
+    const auto t0 = Clock::now();
+    if (way == 1)
+      stream_copy(dst, src, n);
+    else
+      std::memcpy(dst, src, n);
+    record(way, std::chrono::duration<double>(Clock::now() - t0).count() / n);
+  }
+  /// Whether this rank's other writes into its segment (an allreduce's
+  /// reduced slice) should stream too: the mode, or the current choice.
+  bool streaming() const {
+    return mode_ == Stores::streaming || (mode_ == Stores::automatic && best() == 1);
+  }
+
+  /// The way (0 plain, 1 streaming) for the next timed copy: each way twice
+  /// first (the first copy of a way pays for page faults and cold caches and
+  /// is not counted), then the faster, and the other now and then.
+  int next_way() {
+#ifdef DOPT_SHM_STREAM_STORES
+    if (measured_[0] < 2) return 0;
+    if (measured_[1] < 2) return 1;
+    return ++copies_ % kExplore == 0 ? 1 - best() : best();
+#else
+    return 0;
+#endif
+  }
+  /// Count a timed copy: `seconds_per_byte` for way 0 (plain) or 1.
+  void record(int way, double seconds_per_byte) {
+    if (measured_[way]++ == 0) return;
+    double& a = avg_[way];
+    // A copy preempted midway says nothing about the stores: at most 4x.
+    a = a == 0 ? seconds_per_byte : 0.75 * a + 0.25 * std::min(seconds_per_byte, 4 * a);
+  }
+  /// Moving average of seconds per byte for way 0 (plain) or 1 (0: none yet).
+  double seconds_per_byte(int way) const { return avg_[way]; }
+
+ private:
+  int best() const { return avg_[1] > 0 && avg_[0] > 0 && avg_[1] < kMargin * avg_[0] ? 1 : 0; }
+
+  Stores mode_;
+  double avg_[2] = {0, 0};
+  unsigned measured_[2] = {0, 0};  ///< timed copies per way, the first included
+  unsigned copies_ = 0;
+};
 
 /// How long a wait may go on, and what ends it early.
 struct WaitCtx {
