@@ -11,8 +11,10 @@ UCX_TLS=tcp, and with `peer_errors: false` (UCX's shared-memory transports)
 127.0.0.1, and through Open MPI's MPI_Allreduce (tools/bench/mpi/mpi_allreduce.c,
 built here when `mpicc` and `mpirun` are found; --no-mpi leaves it out; its
 shared-memory BTL `vader` on one host). The columns alternate within each repetition, in an order that
-rotates from one repetition to the next, so that load drift on a shared
-machine hits them alike. Both sides warm up before timing (20 untimed
+changes from one repetition to the next (a Williams design: each column
+runs first, and after each other column, equally often), so that load
+drift on a shared machine, and what one run leaves behind for the next,
+hit them alike. Both sides warm up before timing (20 untimed
 iterations at the first size, 2 at the others) and time every iteration
 on its own (the slowest rank's); a run's figure per size is the median
 iteration. The table: size, each column's busbw (nccl-tests definition:
@@ -197,6 +199,31 @@ def run_bound_ab(exe, world, sizes):
     return rows
 
 
+def run_order(n, rep):
+    """The order of the n columns in repetition `rep`: row rep of a Williams
+    design. Over n repetitions (2n when n is odd) every column runs first
+    once and right after every other column equally often. A run leaves
+    the machine changed for the next one (caches, a vCPU the host moved):
+    session 21 saw the column that ran second get the better median at
+    sizes where two columns ran the same code, under a plain rotation,
+    where each column always follows the same one.
+
+    >>> [run_order(4, r) for r in range(4)]
+    [[0, 1, 3, 2], [1, 2, 0, 3], [2, 3, 1, 0], [3, 0, 2, 1]]
+    >>> [run_order(3, r) for r in range(6)]
+    [[0, 1, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0], [0, 2, 1], [1, 0, 2]]
+    """
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    row = [(c + rep) % n for c in first]
+    return row[::-1] if n % 2 and rep % (2 * n) >= n else row
+
+
 def run_distopt(args, world, communicator, options, env=None):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
@@ -270,15 +297,15 @@ def main():
             anchors.append(("bound", lambda world, sizes: run_bound(membw_exe, world, sizes)))
             anchors.append(("bound-ab", lambda world, sizes: run_bound_ab(membw_exe, world, sizes)))
         # One list of runs per column (variants, then the anchors); each
-        # repetition runs every column once, starting one column later than
-        # the repetition before.
+        # repetition runs every column once, in the order of a Williams
+        # design (run_order).
         runs = [[] for _ in range(len(variants) + len(anchors))]
         sizes = None
         for rep in range(max(1, args.repeat)):
-            order = list(range(len(runs)))
-            order = order[rep % len(order):] + order[:rep % len(order)]
-            while sizes is None and order[0] >= len(variants):  # the anchors need distopt's sizes
-                order = order[1:] + order[:1]
+            order = run_order(len(runs), rep)
+            if sizes is None and order[0] >= len(variants):  # the anchors need distopt's sizes
+                first = next(c for c in order if c < len(variants))
+                order = [first] + [c for c in order if c != first]
             for c in order:
                 if c < len(variants):
                     name, comm, opts, env = variants[c]
