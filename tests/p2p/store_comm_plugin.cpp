@@ -120,8 +120,9 @@ class StoreComm final : public P2PCommunicator {
   StoreTransport t_;
 };
 
-constexpr dopt_option_spec kOptions[] = {timeout_option(), shm_option(), shm_bytes_option(),
-                                         shm_stores_option()};
+// Without shm_stores_option(), as components written before it: the shell
+// must read that schema too (shm_stores then defaults to auto).
+constexpr dopt_option_spec kOptions[] = {timeout_option(), shm_option(), shm_bytes_option()};
 
 }  // namespace
 

@@ -74,6 +74,7 @@ Config config_of(const dopt_create_args& args) {
   try {
     stores = o.get_string("shm_stores");
   } catch (const Error&) {
+    set_error("");  // the host recorded the failed lookup; it is no error here
   }
   if (!shm::parse_stores(stores, &c.shm_stores))
     throw Error(DOPT_ERR_INVALID_ARGUMENT,
