@@ -66,3 +66,16 @@ TEST_CASE("bench step --device: cuda runs or is refused with the reason, others 
   CHECK(bad.exit_code != 0);
   CHECK(bad.output.find("--device must be cpu or cuda, got 'tpu'") != std::string::npos);
 }
+
+TEST_CASE("bench step --align-bytes: one more fused row per alignment; a bad one is refused") {
+  ProcResult r =
+      bench({"--total", "1", "--tensors", "16", "--iters", "2", "--align-bytes", "16", "64"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(count(r.output, std::string(R"(\nfused)") + kTimed) == 1);
+  CHECK(count(r.output, std::string(R"(\nfused a=16)") + kTimed) == 1);
+  CHECK(count(r.output, std::string(R"(\nfused a=64)") + kTimed) == 1);
+  ProcResult bad = bench({"--total", "1", "--align-bytes", "0"});
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.output.find("--align-bytes must be >= 1, got 0") != std::string::npos);
+}

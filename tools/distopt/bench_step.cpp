@@ -94,6 +94,7 @@ struct BenchArgs {
   std::string optimizer = "adam", plugin_dir, device_name = "cpu", communicator;
   bool hybrid = false;
   bool cuda = false;
+  std::vector<int> align_bytes;  // extra `fused` rows, one per reducer align_bytes
 };
 
 // Parses and checks the options; nullopt after --help.
@@ -114,7 +115,10 @@ std::optional<BenchArgs> parse_bench_args(int argc, char** argv) {
       "communicator", po::value(&a.communicator),
       "communicator of the runtime rows (default: tcp on cpu, nccl on cuda)")(
       "hybrid", po::bool_switch(&a.hybrid),
-      "also time the hybrid algorithm at offload_fraction 0, 0.5, 1, overlap on and off");
+      "also time the hybrid algorithm at offload_fraction 0, 0.5, 1, overlap on and off")(
+      "align-bytes", po::value(&a.align_bytes)->multitoken(),
+      "also time `fused` with the mean reducer's align_bytes at each N (bytes; the default "
+      "row uses 8): e.g. --align-bytes 16 64");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   po::notify(vm);
@@ -133,6 +137,9 @@ std::optional<BenchArgs> parse_bench_args(int argc, char** argv) {
   if (!vm.count("total")) a.total_m = a.cuda ? 1000 : 25;
   if (a.communicator.empty()) a.communicator = a.cuda ? "nccl" : "tcp";
   if (a.tensors < 1 || a.total_m <= 0 || a.iters < 1) throw distopt::Error("bench step: bad sizes");
+  for (int al : a.align_bytes)
+    if (al < 1)
+      throw distopt::Error("bench step: --align-bytes must be >= 1, got " + std::to_string(al));
   if (a.optimizer != "adam" && a.optimizer != "adamw" && a.optimizer != "sgd")
     throw distopt::Error("bench step: --optimizer must be adam, adamw or sgd");
   return a;
@@ -247,12 +254,13 @@ Row time_torch_fused(const Bench& b) {
 // allreduce is a no-op in place), so the row is the optimizer step alone, as
 // the libtorch rows are. Without the backward, step() would count every
 // gradient as missing and zero it first (an unused parameter's rule).
-Row time_algorithm(const Bench& b, const std::string& name, const std::string& algorithm) {
+Row time_algorithm(const Bench& b, const std::string& name, const std::string& algorithm,
+                   const std::string& reducer = "{name: mean}") {
   const BenchArgs& a = b.a;
   std::ostringstream y;
   y << "plugins: {paths: [" << (a.plugin_dir.empty() ? "" : "'" + a.plugin_dir + "'") << "]}\n"
-    << "world: {size: 1}\ncommunicator: {name: " << a.communicator << "}\nreducer: {name: mean}\n"
-    << "algorithm: " << algorithm << "\noptimizer: {name: " << a.optimizer << ", lr: 1.0e-3"
+    << "world: {size: 1}\ncommunicator: {name: " << a.communicator << "}\nreducer: " << reducer
+    << "\nalgorithm: " << algorithm << "\noptimizer: {name: " << a.optimizer << ", lr: 1.0e-3"
     << (a.optimizer == "sgd" ? ", momentum: 0.9" : "") << "}\n";
   Row r{name, std::nullopt, ""};
   try {
@@ -343,6 +351,10 @@ int distopt_bench_step(int argc, char** argv) {
   rows.push_back(time_unfused(b));
   rows.push_back(time_torch_fused(b));
   rows.push_back(time_algorithm(b, "fused", "{name: fused}"));
+  for (int al : b.a.align_bytes)
+    rows.push_back(
+        time_algorithm(b, "fused a=" + std::to_string(al), "{name: fused}",
+                       "{name: mean, options: {align_bytes: " + std::to_string(al) + "}}"));
   if (b.a.hybrid)
     for (const char* f : {"0", "0.5", "1"})
       for (const char* overlap : {"false", "true"})

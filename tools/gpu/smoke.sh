@@ -15,6 +15,8 @@
 #                              build/ (tests the script on a CPU machine;
 #                              rows that need a GPU say UNSUPPORTED)
 #   DISTOPT_SMOKE_ROWS=REGEX   only the rows whose name matches
+#   DISTOPT_SMOKE_SKIP=REGEX   not the rows whose name matches (e.g. ctest,
+#                              when tools/gpu/one_call.sh runs it beside)
 #   DISTOPT_SMOKE_BUDGET_S     whole budget in seconds (default 360; cpu 600)
 #   DISTOPT_BUILD_DIR          build folder (default build-gpu; build for cpu)
 # Exit status: 0 when no row FAILed, 1 otherwise, 2 when it cannot start.
@@ -30,6 +32,7 @@ esac
 [[ $BUILD == /* ]] || BUILD=$SRC/$BUILD
 BUDGET=${DISTOPT_SMOKE_BUDGET_S:-$([[ $MODE == cpu ]] && echo 600 || echo 360)}
 ONLY=${DISTOPT_SMOKE_ROWS:-.}
+SKIP=${DISTOPT_SMOKE_SKIP:-}
 LOG_DIR=${OUT:-$(mktemp -d /tmp/distopt-smoke-XXXXXX)}
 mkdir -p "$LOG_DIR"
 WORK=$(mktemp -d /tmp/distopt-smoke-work-XXXXXX)
@@ -87,6 +90,8 @@ record() {  # name status accuracy sps seconds note
   [[ $2 == FAIL ]] && FAILED=1
   printf 'smoke: %-26s %s %s\n' "$1" "$2" "$6" >&2
 }
+# wanted NAME: the row is in DISTOPT_SMOKE_ROWS and not in DISTOPT_SMOKE_SKIP.
+wanted() { [[ $1 =~ $ONLY ]] && ! [[ -n $SKIP && $1 =~ $SKIP ]]; }
 elapsed() { echo $(($(date +%s) - T0)); }
 
 # run NAME TIMEOUT CMD...: output to $WORK/out (and the rows log); sets RC, SECS.
@@ -154,7 +159,7 @@ EOF
 train_row() {
   local name=$1 sections=$2
   shift 2
-  [[ $name =~ $ONLY ]] || return 0
+  wanted "$name" || return 0
   local y=$WORK/$name.yaml m=$WORK/$name.jsonl
   job "$y" 1 "$sections"
   run "$name" "$ROW_T" "$CLI" train "$y" --metrics "$m" "$@"
@@ -183,7 +188,7 @@ ADAM="reducer: {name: mean}
 optimizer: {name: adam, lr: 3.0e-3}"
 
 # 1. plugins
-if [[ plugins =~ $ONLY ]]; then
+if wanted plugins; then
   run plugins 30 "$CLI" plugins -P "$PLUGINS"
   if ((RC == 0)) && grep -qw "$COMM" "$WORK/out"; then
     record plugins PASS - - "$SECS" "$(grep -cE '^\s+(communicator|reducer|algorithm)' "$WORK/out" || true) components; $COMM listed"
@@ -196,7 +201,7 @@ fi
 
 # 2. nccl at world 1: the plugin's own suite (real library on a GPU, stand-in
 # for the rest); the communicator conformance suite is host-memory only.
-if [[ nccl =~ $ONLY ]]; then
+if wanted nccl; then
   if [[ -x $BUILD/bin/nccl_test ]]; then
     # The real-library case only (create at world 1 on the GPU); ctest runs the rest.
     run nccl_test 60 env DISTOPT_BUILD_DIR="$BUILD" DISTOPT_SOURCE_DIR="$SRC" \
@@ -251,7 +256,7 @@ precision: {dtype: $d}"
 done
 
 # 4. checkpoint at the end of epoch 1, resume for epoch 2, consolidate.
-if [[ checkpoint =~ $ONLY ]]; then
+if wanted checkpoint; then
   y=$WORK/ckpt.yaml y2=$WORK/ckpt2.yaml ck=$WORK/ckpt
   job "$y" 1 "$SGD
 algorithm: {name: allreduce}" 1
@@ -282,7 +287,7 @@ algorithm: {name: allreduce}" 2
 fi
 
 # 5. two ranks on one GPU: NCCL refuses them; each rank must say so, fast.
-if [[ "2 ranks 1 GPU" =~ $ONLY ]]; then
+if wanted "2 ranks 1 GPU"; then
   if [[ $MODE == cuda ]]; then
     y=$WORK/dup.yaml
     job "$y" 2 "$SGD
@@ -306,28 +311,31 @@ fi
 bench_row() {  # name timeout args...
   local name=$1 t=$2
   shift 2
-  [[ $name =~ $ONLY ]] || return 0
+  wanted "$name" || return 0
   run "$name" "$t" "$CLI" bench step --device "$DEVICE" -P "$PLUGINS" "$@"
   { echo "===== $name"; cat "$WORK/out"; } >>"$BENCH_LOG"
   if ((RC != 0)); then
     record "$name" FAIL - - "$SECS" "$(why)"
     return
   fi
-  local fused torch unfused note
+  local fused torch unfused a16 note
   unfused=$(awk '$1=="unfused"{print $2}' "$WORK/out")
-  fused=$(awk '$1=="fused"{print $2}' "$WORK/out")
+  fused=$(awk '$1=="fused" && $2 ~ /^[0-9]/{print $2}' "$WORK/out")
+  a16=$(awk '$1=="fused" && $2=="a=16"{print $3}' "$WORK/out")
   torch=$(awk '$1=="torch" && $2=="fused" && $3!="-"{print $3}' "$WORK/out")
   note="ms/step: unfused ${unfused:-?}, fused ${fused:-?}, torch fused ${torch:-n/a}"
   [[ -n $torch && -n $fused ]] &&
     note="$note (fused/torch x$(python3 -c "print(f'{$fused/$torch:.2f}')"), target <= 1.1)"
+  [[ -n $a16 ]] && note="$note; align_bytes 16: fused ${a16}$([[ -n $torch ]] &&
+    python3 -c "print(f' (x{$a16/$torch:.2f})')")"
   grep -q '^hybrid f=' "$WORK/out" && note="$note; $(grep -c '^hybrid f=.*\.\.' "$WORK/out") hybrid rows"
   grep -q 'failed:' "$WORK/out" && note="$note; some rows failed (see smoke-bench.log)"
   record "$name" PASS - - "$SECS" "$note"
 }
-bench_row "bench step" 120 --total "$BENCH_TOTAL"
-bench_row "bench step hybrid" 120 --total "$HYBRID_TOTAL" --hybrid --iters 5
+bench_row "bench step" 120 --total "$BENCH_TOTAL" --align-bytes 16
+bench_row "bench step hybrid" 120 --total "$HYBRID_TOTAL" --hybrid --iters 5 --align-bytes 16
 
-if [[ "train vs pytorch" =~ $ONLY ]]; then
+if wanted "train vs pytorch"; then
   run "train vs pytorch" 150 "$PY" tools/bench/train_vs_pytorch.py --device "$DEVICE" \
     --distopt "$CLI" --plugins "$PLUGINS" --communicator "$COMM" --width "$VS_WIDTH" \
     --steps "$VS_STEPS" --batch "$BATCH" --size "$SIZE" --threads "$THREADS"
@@ -343,7 +351,7 @@ if [[ "train vs pytorch" =~ $ONLY ]]; then
 fi
 
 # 7. ctest in what is left of the budget (at most 16 in parallel).
-if [[ ctest =~ $ONLY ]]; then
+if wanted ctest; then
   left=$((BUDGET - $(elapsed) - 10))
   ((left < 10)) && left=10  # run() then reports "not run" if even that does not fit
   if [[ $MODE == cpu ]]; then
