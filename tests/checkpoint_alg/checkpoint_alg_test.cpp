@@ -331,6 +331,6 @@ TEST_CASE("a checkpoint of another optimizer does not load: sgd into adam, named
         CHECK(msg.find("momentum_buffer") != std::string::npos);
       }
     }
-    std::system(("rm -rf '" + dir.path + "/ckpt'").c_str());
+    distopt::test::remove_tree(dir.path + "/ckpt");
   }
 }

@@ -88,3 +88,29 @@ TEST_CASE("smoke.sh cpu mode: plugins, a training row and checkpoint/resume/cons
   CHECK(files.size() <= 8);
   CHECK(std::find(files.begin(), files.end(), "smoke-table.txt") != files.end());
 }
+
+TEST_CASE(
+    "smoke.sh cpu mode: bench step with --align-bytes and train vs pytorch; SKIP drops rows") {
+  OutDir out;
+  ProcResult r = run_command(
+      {"bash", script()},
+      {"DISTOPT_SMOKE_DEVICE=cpu", "DISTOPT_SMOKE_ROWS=^(plugins|bench step|train vs pytorch)$",
+       "DISTOPT_SMOKE_SKIP=^plugins$", "OUT=" + out.path},
+      std::chrono::seconds(300));
+  INFO(r.output);
+  if (r.output.find("No module named 'torch'") != std::string::npos) {
+    MESSAGE("no python3 with torch here: train_vs_pytorch.py cannot run");
+    return;
+  }
+  REQUIRE(r.exit_code == 0);
+  CHECK_FALSE(std::regex_search(r.output, std::regex(R"(\nplugins\s+PASS)")));
+  // The default fused row and the 16-byte one, each parsed into the note.
+  CHECK(std::regex_search(
+      r.output,
+      std::regex(R"(\nbench step\s+PASS\s.*fused [0-9.]+,.*align_bytes 16: fused [0-9.]+)")));
+  // train vs pytorch: both sides trained, the steady epoch compared.
+  CHECK(std::regex_search(
+      r.output,
+      std::regex(R"(\ntrain vs pytorch\s+PASS\s+0\.\d{4}\s+\d+\s+\d+\s+pytorch: \d+ samples/s)")));
+  CHECK(r.output.find("FAIL") == std::string::npos);
+}

@@ -21,6 +21,7 @@
 #include "comm_helpers.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
+#include "result_files.hpp"
 
 namespace {
 
@@ -198,7 +199,7 @@ std::vector<RankResult> run(const std::string& name, const std::string& options,
     in.read(reinterpret_cast<char*>(&res[static_cast<size_t>(r)].bytes_sent), sizeof(double));
     REQUIRE(in.good());
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
   return res;
 }
 

@@ -104,7 +104,7 @@ std::vector<Report> train(const std::string& reducer, const std::string& algorit
   const std::string dir = "/tmp/distopt_conformance_" + std::to_string(getpid());
   const char* comm = std::getenv("DISTOPT_CONFORMANCE_COMM");
   const std::string communicator = comm && *comm ? comm : "tcp";
-  std::system(("mkdir -p '" + dir + "'").c_str());
+  distopt::test::make_dirs(dir);
   const std::string yaml =
       "plugins: {paths: ['" + plugins + "']}\n" +
       "world: {size: 2, rendezvous: 'tcp://127.0.0.1:" + std::to_string(random_port()) +
@@ -160,7 +160,7 @@ std::vector<Report> train(const std::string& reducer, const std::string& algorit
     REQUIRE(codes[r] == 0);
     out.push_back(read_report(dir + "/rank" + std::to_string(r) + ".bin"));
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
   return out;
 }
 

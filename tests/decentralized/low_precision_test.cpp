@@ -432,5 +432,5 @@ TEST_CASE("kernels torch (the device codec) trains bitwise as the host codec; ch
     CHECK(max_abs_diff(read_doubles(rank_file(dir, "host_half", r)), host) > 1e-4);
     if (r > 0) CHECK(max_abs_diff(read_doubles(rank_file(dir, "host", 0)), host) > 1e-6);
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
 }

@@ -105,7 +105,7 @@ std::vector<double> run_job(const Job& j) {
   auto p0 = read_doubles(dir + "/rank0.bin");
   for (int r = 1; r < j.world; ++r)
     CHECK(diff(read_doubles(dir + "/rank" + std::to_string(r) + ".bin"), p0) <= 1e-6);
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
   return p0;
 }
 
@@ -207,5 +207,5 @@ TEST_CASE("a checkpoint saved by one update code resumes in the other") {
       CHECK(diff(run_job(b), whole) <= 1e-6);
     }
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
 }

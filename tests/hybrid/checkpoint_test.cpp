@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "hybrid_helpers.hpp"
+#include "result_files.hpp"
 #include "seed.hpp"
 #include "torch_doctest.hpp"
 
@@ -128,7 +129,7 @@ TEST_CASE("a hybrid checkpoint resumes bitwise and reshards across fractions, wo
     save.algorithm = saved_with;
     save.save = dir + "/other";
     save.to = kSaveAt;
-    std::system(("rm -rf '" + save.save + "'").c_str());
+    distopt::test::remove_tree(save.save);
     run(save, dir);
     for (double fraction : {0.3, 1.0}) {
       CAPTURE(fraction);
@@ -138,7 +139,7 @@ TEST_CASE("a hybrid checkpoint resumes bitwise and reshards across fractions, wo
       CHECK(max_abs_diff(run(p, dir), uninterrupted) <= 1e-6);
     }
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("a sharded hybrid checkpoint loads into 3 ranks, zero, allreduce, and back") {
@@ -180,7 +181,7 @@ TEST_CASE("a sharded hybrid checkpoint loads into 3 ranks, zero, allreduce, and 
     save.algorithm = saved_with;
     save.save = dir + "/other";
     save.to = kSaveAt;
-    std::system(("rm -rf '" + save.save + "'").c_str());
+    distopt::test::remove_tree(save.save);
     run(save, dir);
     for (int world : {2, 3}) {
       CAPTURE(world);
@@ -190,7 +191,7 @@ TEST_CASE("a sharded hybrid checkpoint loads into 3 ranks, zero, allreduce, and 
       CHECK(max_abs_diff(run(p, dir), world == 2 ? uninterrupted : ref3) <= 1e-6);
     }
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
 }
 
 namespace {
@@ -309,5 +310,5 @@ TEST_CASE("model weights loaded alone: the next hybrid step starts from them (Me
                            how, dir),
                        ref) > 1e-2);
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hybrid_helpers.hpp"
+#include "result_files.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -50,7 +51,7 @@ void check_world(const std::string& optimizer, int world) {
     if (!overlap)  // the same work in the same order: bitwise the overlapped result
       CHECK(max_abs_diff(outcomes[j - 1].params[0], outcomes[j].params[0]) == 0);
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "hybrid_helpers.hpp"
+#include "result_files.hpp"
 #include "torch_doctest.hpp"
 
 namespace {
@@ -55,7 +56,7 @@ void check_world(const std::string& optimizer, int world) {
     const double chunk = static_cast<double>((kNumel + world - 1) / world);
     CHECK(*std::max_element(o.state_bytes.begin(), o.state_bytes.end()) <= per_elem * chunk);
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
 }
 
 }  // namespace
@@ -91,5 +92,5 @@ TEST_CASE("hybrid shard takes another reducer's gradients: equal to allreduce wi
   });
   REQUIRE(ref[0] == 0);
   CHECK(max_abs_diff(o[1].params[0], read_doubles(dir + "/ref.bin")) > 1e-3);
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
 }

@@ -178,7 +178,7 @@ std::pair<std::vector<Result>, Result> run_case(const Spec& s) {
   for (int r = 0; r < s.world; ++r)
     ranks.push_back(read_result(dir + "/rank" + std::to_string(r) + ".bin"));
   Result ref = read_result(dir + "/ref.bin");
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
   return {ranks, ref};
 }
 
@@ -342,7 +342,7 @@ TEST_CASE("misuse fails loudly: zero_grad mid-step, bad group, second backward")
     return failures;
   });
   CHECK(codes[0] == 0);
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
 }
 
 TEST_CASE("a bad optimizer option fails make_optimizer with the plugin's message") {

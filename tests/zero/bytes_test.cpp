@@ -87,7 +87,7 @@ std::vector<Sent> run(int world, const std::string& zero_options) {
     CHECK(s.optimizer == s.reducer + s.algorithm);
     out.push_back(s);
   }
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
   return out;
 }
 

@@ -198,7 +198,7 @@ Outcome run_case(const Spec& s) {
   }
   o.ref = read_doubles(dir + "/ref.bin");
   o.init = read_doubles(dir + "/init.bin");
-  std::system(("rm -rf '" + dir + "'").c_str());
+  distopt::test::remove_tree(dir);
   return o;
 }
 

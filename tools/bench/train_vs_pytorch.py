@@ -15,14 +15,24 @@ test split.
         --plugins build/plugins --width 4 --steps 20 --batch 32 --size 12
     tools/bench/train_vs_pytorch.py --device cuda --communicator nccl ...
 
-Prints a table and, last, two lines `distopt SAMPLES/S ACCURACY` and
-`pytorch SAMPLES/S ACCURACY` (tools/gpu/smoke.sh reads them). Needs python3-torch
-(1.13 from Debian here, 2.x with CUDA on the GPU machine).
+Steady state: each side runs --epochs epochs (default 2) of --steps steps
+and the figure compared is the last epoch's samples/s. The first epoch also
+pays for one-time work (CUDA context and library handles, cuDNN/cuBLAS
+algorithm choice, lazy kernel loading, the caching allocator's first
+blocks), which varies from process to process; it is printed beside. With
+--repeat R the pair runs R times, the order alternating (distopt first, then
+pytorch first, ...), and the medians are compared.
+
+Prints a table and, last, two lines `distopt SAMPLES/S ACCURACY ...` and
+`pytorch SAMPLES/S ACCURACY ...` (tools/gpu/smoke.sh reads the first two
+fields). Needs python3-torch (1.13 from Debian here, 2.x with CUDA on the GPU
+machine).
 """
 import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -193,25 +203,27 @@ def sync(dev):
 
 
 def pytorch_run(a, dev):
-    """The loop of trainer.cpp in plain PyTorch: (samples/s, test accuracy)."""
+    """The loop of trainer.cpp in plain PyTorch: ([samples/s per epoch], test accuracy)."""
     torch.manual_seed(a.seed)
     model = ResNet(3, a.classes, a.width).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     data = Synthetic(a.seed, 3, a.size, a.size, a.classes, a.noise)
     n = a.steps * a.batch
-    perm = torch.tensor(epoch_permutation(n, a.seed, 1), dtype=torch.long)
-    model.train()
-    sync(dev)
-    t0 = time.perf_counter()
-    for step in range(a.steps):
-        x, y = data.batch(perm[step * a.batch:(step + 1) * a.batch].to(dev), False)
-        opt.zero_grad()
-        loss = F.nll_loss(F.log_softmax(model(x).float(), 1), y)
-        loss.backward()
-        opt.step()
-        loss.item()  # as the trainer: the loss is read back every step
-    sync(dev)
-    train_s = time.perf_counter() - t0
+    sps = []
+    for epoch in range(1, a.epochs + 1):
+        perm = torch.tensor(epoch_permutation(n, a.seed, epoch), dtype=torch.long)
+        model.train()
+        sync(dev)
+        t0 = time.perf_counter()
+        for step in range(a.steps):
+            x, y = data.batch(perm[step * a.batch:(step + 1) * a.batch].to(dev), False)
+            opt.zero_grad()
+            loss = F.nll_loss(F.log_softmax(model(x).float(), 1), y)
+            loss.backward()
+            opt.step()
+            loss.item()  # as the trainer: the loss is read back every step
+        sync(dev)
+        sps.append(n / (time.perf_counter() - t0))
     model.eval()
     correct = 0
     with torch.no_grad():
@@ -219,7 +231,7 @@ def pytorch_run(a, dev):
             idx = torch.arange(lo, min(a.test, lo + 1000), device=dev)
             x, y = data.batch(idx, True)
             correct += (model(x).argmax(1) == y).sum().item()
-    return n / train_s, correct / a.test
+    return sps, correct / a.test
 
 
 def distopt_run(a, tmp):
@@ -239,7 +251,7 @@ train:
   synthetic: {{train_samples: {a.steps * a.batch}, test_samples: {a.test}, channels: 3,
               height: {a.size}, width: {a.size}, classes: {a.classes}, noise: {a.noise}}}
   device: {a.device}
-  epochs: 1
+  epochs: {a.epochs}
   batch_size: {a.batch}
   seed: {a.seed}
   threads: {a.threads}
@@ -248,10 +260,14 @@ train:
     r = subprocess.run([a.distopt, "train", job, "--metrics", metrics], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
-        sys.stdout.write(r.stdout)
+        sys.stdout.write(r.stdout if r.stdout.endswith("\n") else r.stdout + "\n")
         raise SystemExit(f"distopt train failed (exit {r.returncode})")
-    summary = [json.loads(l) for l in open(metrics) if l.strip()][-1]
-    return summary["samples_per_s"], summary["final_test_accuracy"]
+    events = [json.loads(l) for l in open(metrics) if l.strip()]
+    sps = [e["samples_per_s"] for e in events if e.get("event") == "epoch"]
+    summary = [e for e in events if e.get("event") == "summary"][-1]
+    if len(sps) != a.epochs:
+        raise SystemExit(f"distopt train wrote {len(sps)} epoch event(s), expected {a.epochs}")
+    return sps, summary["final_test_accuracy"]
 
 
 def main():
@@ -261,7 +277,11 @@ def main():
     p.add_argument("--plugins", default="build/plugins")
     p.add_argument("--communicator", default=None, help="default: tcp on cpu, nccl on cuda")
     p.add_argument("--width", type=int, default=None, help="resnet width (default 8 cpu, 64 cuda)")
-    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--steps", type=int, default=50, help="steps per epoch")
+    p.add_argument("--epochs", type=int, default=2,
+                   help="epochs per run; the last one's samples/s is compared (default 2)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of the pair, order alternating; medians compared (default 1)")
     p.add_argument("--batch", type=int, default=None, help="default 32 cpu, 256 cuda")
     p.add_argument("--size", type=int, default=None, help="image side (default 16 cpu, 32 cuda)")
     p.add_argument("--test", type=int, default=2000, help="test samples")
@@ -277,23 +297,47 @@ def main():
         raise SystemExit("train_vs_pytorch: --device cuda but torch.cuda.is_available() is false")
     if a.device not in ("cpu", "cuda"):
         raise SystemExit("train_vs_pytorch: --device must be cpu or cuda")
+    # The job file lives in a temporary folder and distopt reads its paths
+    # relative to it: pass absolute ones.
+    a.plugins = os.path.abspath(a.plugins)
+    if os.sep in a.distopt:
+        a.distopt = os.path.abspath(a.distopt)
     a.communicator = a.communicator or ("nccl" if cuda else "tcp")
     a.width = a.width or (64 if cuda else 8)
     a.batch = a.batch or (256 if cuda else 32)
     a.size = a.size or (32 if cuda else 16)
     threads = a.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
+    if a.epochs < 1 or a.repeat < 1 or a.steps < 1:
+        raise SystemExit("train_vs_pytorch: --epochs, --repeat and --steps must be >= 1")
     dev = torch.device("cuda:0" if cuda else "cpu")
+    runs = {"distopt": [], "pytorch": []}  # (samples/s per epoch, accuracy) per run
     with tempfile.TemporaryDirectory(prefix="distopt-vs-pytorch-") as tmp:
-        d_sps, d_acc = distopt_run(a, tmp)
-    p_sps, p_acc = pytorch_run(a, dev)
+        for r in range(a.repeat):
+            order = ["distopt", "pytorch"] if r % 2 == 0 else ["pytorch", "distopt"]
+            for side in order:
+                if side == "distopt":
+                    run_dir = os.path.join(tmp, f"run{r}")
+                    os.makedirs(run_dir)
+                    runs[side].append(distopt_run(a, run_dir))
+                else:
+                    runs[side].append(pytorch_run(a, dev))
     print(f"train vs pytorch: resnet width {a.width} on synthetic 3x{a.size}x{a.size}, "
-          f"{a.steps} steps of {a.batch} on {a.device} ({threads} CPU threads), "
-          f"torch {torch.__version__}, SGD lr {a.lr} momentum 0.9")
-    print(f"{'':8} {'samples/s':>10} {'accuracy':>9}")
-    print(f"distopt {d_sps:10.0f} {d_acc:9.4f}")
-    print(f"pytorch {p_sps:10.0f} {p_acc:9.4f}")
-    print(f"ratio distopt/pytorch samples/s: {d_sps / p_sps:.2f} (target >= 1.0 at the same accuracy)")
+          f"{a.epochs} epoch(s) of {a.steps} steps of {a.batch} on {a.device} ({threads} CPU "
+          f"threads), torch {torch.__version__}, SGD lr {a.lr} momentum 0.9, {a.repeat} run(s) "
+          "in alternating order; samples/s of the last epoch (median over runs), the first "
+          "epoch's beside")
+    print(f"{'':8} {'samples/s':>10} {'accuracy':>9} {'epoch 1':>10}  runs (last epoch)")
+    med = {}
+    for side in ("distopt", "pytorch"):
+        last = [sps[-1] for sps, _ in runs[side]]
+        first = statistics.median(sps[0] for sps, _ in runs[side])
+        acc = statistics.median(acc for _, acc in runs[side])
+        med[side] = statistics.median(last)
+        print(f"{side:8} {med[side]:10.0f} {acc:9.4f} {first:10.0f}  "
+              + " ".join(f"{v:.0f}" for v in last))
+    print(f"ratio distopt/pytorch samples/s: {med['distopt'] / med['pytorch']:.2f} "
+          "(target >= 1.0 at the same accuracy)")
 
 
 if __name__ == "__main__":

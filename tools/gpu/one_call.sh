@@ -6,12 +6,16 @@
 #
 #   tools/gpu/one_call.sh      # with .gpu-deps/ carried (tools/gpu/fetch_deps.sh)
 #
-# Order: tools/gpu/build_and_test.sh build; then, at once,
-#   - tools/gpu/smoke.sh without its ctest row (the GPU rows and benchmarks);
-#   - ctest on DISTOPT_GPU_FIRST (default: the tests never yet rerun on a
-#     GPU), then on the rest of `-LE accuracy` in what time is left.
-# ctest runs on CPU cores beside the smoke's GPU rows; the benchmark rows
-# compare variants within one run, so they stay comparable, but say so.
+# Order: tools/gpu/build_and_test.sh build; then the smoke's benchmark rows
+# alone (bench step, bench step hybrid, train vs pytorch: timings want an
+# otherwise idle machine; a hybrid row beside 8 ctest processes ran 8x
+# slower on 2026-11-27); then, side by side,
+#   - the smoke's other rows (training to an accuracy floor, the refusals);
+#   - ctest on DISTOPT_GPU_FIRST (default: the tests that changed for or
+#     failed on a GPU before), then on the rest of `-LE accuracy` in what
+#     time is left.
+# DISTOPT_ONE_CALL_DRY=1 rehearses it here, on a CPU machine: no build (it
+# uses build/), the smoke in its cpu mode, the same ctest calls.
 #
 # Environment: DISTOPT_GPU_DEADLINE_S (default 570: seconds from the start
 # to the last log), DISTOPT_GPU_FIRST (a ctest -R regex). Logs in $OUT (at
@@ -28,20 +32,35 @@ left() { echo $((DEADLINE - ($(date +%s) - T0))); }
 SUMMARY=$OUT/one-call.log
 say() { echo "[$(($(date +%s) - T0)) s] $*" | tee -a "$SUMMARY"; }
 
+BUILD=build-gpu
+SMOKE_ENV=()  # for the smoke only: ctest's own tests must not see it
+if [[ -n ${DISTOPT_ONE_CALL_DRY:-} ]]; then
+  BUILD=build
+  SMOKE_ENV=(DISTOPT_SMOKE_DEVICE=cpu "DISTOPT_BUILD_DIR=$PWD/build")
+fi
 say "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores, $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 # The build leaves ~200 s for the rest at the least.
-timeout -k 5 $(($(left) - 200)) tools/gpu/build_and_test.sh build >>"$SUMMARY" 2>&1
-say "build: exit $?"
-rm -f "$OUT/gpu-configure.log"  # its tail is in one-call.log; keeps $OUT at 8 files
-if [[ ! -x build-gpu/bin/distopt ]]; then
-  say "no build-gpu/bin/distopt: stopping"
+if [[ -z ${DISTOPT_ONE_CALL_DRY:-} ]]; then
+  timeout -k 5 $(($(left) - 200)) tools/gpu/build_and_test.sh build >>"$SUMMARY" 2>&1
+  say "build: exit $?"
+  rm -f "$OUT/gpu-configure.log"  # its tail is in one-call.log; keeps $OUT at 8 files
+fi
+if [[ ! -x $BUILD/bin/distopt ]]; then
+  say "no $BUILD/bin/distopt: stopping"
   exit 1
 fi
+
+BENCH_ROWS='^(bench step|bench step hybrid|train vs pytorch)$'
+SMOKE_A=$OUT/smoke-bench-rows SMOKE_B=$OUT/smoke-other-rows
+mkdir -p "$SMOKE_A" "$SMOKE_B"
+env "${SMOKE_ENV[@]}" OUT="$SMOKE_A" DISTOPT_SMOKE_ROWS="$BENCH_ROWS" \
+  DISTOPT_SMOKE_BUDGET_S=$(($(left) - 190)) tools/gpu/smoke.sh >>"$SUMMARY" 2>&1
+say "smoke benchmark rows: exit $?"
 
 ARCH_LIB=${DISTOPT_DEPS_PREFIX:-/tmp/distopt-deps}/usr/lib/x86_64-linux-gnu
 (
   export LD_LIBRARY_PATH="$ARCH_LIB:${LD_LIBRARY_PATH:-}"
-  cd build-gpu || exit 2
+  cd "$BUILD" || exit 2
   t=$(($(left) - 15))
   timeout -k 5 "$t" ctest -j 8 --timeout 240 --output-on-failure -R "$FIRST" >"$OUT/ctest-first.log" 2>&1
   echo "ctest first (-R '$FIRST', ${t} s box): exit $?" >>"$OUT/ctest-first.log"
@@ -54,9 +73,15 @@ ARCH_LIB=${DISTOPT_DEPS_PREFIX:-/tmp/distopt-deps}/usr/lib/x86_64-linux-gnu
 ) &
 CTEST_PID=$!
 
-DISTOPT_SMOKE_SKIP='^ctest$' DISTOPT_SMOKE_BUDGET_S=$(($(left) - 10)) tools/gpu/smoke.sh >>"$SUMMARY" 2>&1
-say "smoke: exit $?"
+env "${SMOKE_ENV[@]}" OUT="$SMOKE_B" DISTOPT_SMOKE_SKIP="$BENCH_ROWS|^ctest\$" \
+  DISTOPT_SMOKE_BUDGET_S=$(($(left) - 10)) tools/gpu/smoke.sh >>"$SUMMARY" 2>&1
+say "smoke other rows (beside ctest): exit $?"
 wait "$CTEST_PID"
+# One table and one log of each kind (the device call returns at most 8 files).
+for f in smoke-table.txt smoke-rows.log smoke-bench.log; do
+  cat "$SMOKE_A/$f" "$SMOKE_B/$f" >"$OUT/$f" 2>/dev/null
+done
+rm -rf "$SMOKE_A" "$SMOKE_B"
 for f in ctest-first ctest-rest; do
   [[ -f $OUT/$f.log ]] && say "$f: $(grep -E 'tests passed|^ctest ' "$OUT/$f.log" | tr '\n' ' ')"
   [[ -f $OUT/$f.log ]] && grep -E '^\s*[0-9]+ - |\*\*\*' "$OUT/$f.log" | head -30 >>"$SUMMARY"

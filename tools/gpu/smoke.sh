@@ -59,7 +59,7 @@ if [[ $MODE == cuda ]]; then
   # Rows: ResNet-18 layout at width 16 on 3x32x32 images (64 steps of 256);
   # the throughput comparison uses the full width 64.
   WIDTH=16 SAMPLES=25600 TEST=2048 SIZE=32 BATCH=256 ACC_FLOOR=0.30 THREADS=0
-  ROW_T=60 BENCH_TOTAL=1000 HYBRID_TOTAL=200 VS_WIDTH=64 VS_STEPS=100
+  ROW_T=60 BENCH_TOTAL=1000 HYBRID_TOTAL=200 VS_WIDTH=64 VS_STEPS=100 VS_REPEAT=3
   # SGD at lr 0.02, momentum 0.9 is bimodal on this task: 2 of 6 seeds stay
   # at chance on the CPU (same sizes), and on the H200 (2026-11-26) so did
   # decentralized, local_sgd and nearly the fp16 reducer at world 1, which
@@ -70,7 +70,7 @@ else
   # One thread per rank: OpenMP teams on a loaded shared machine wait on
   # descheduled threads (10x slower).
   WIDTH=4 SAMPLES=3200 TEST=256 SIZE=8 BATCH=32 ACC_FLOOR=0.20 THREADS=1
-  ROW_T=60 BENCH_TOTAL=2 HYBRID_TOTAL=2 VS_WIDTH=4 VS_STEPS=100
+  ROW_T=60 BENCH_TOTAL=2 HYBRID_TOTAL=2 VS_WIDTH=4 VS_STEPS=50 VS_REPEAT=1
   SGD_LR=0.02
 fi
 if [[ ! -x $CLI ]]; then
@@ -338,7 +338,8 @@ bench_row "bench step hybrid" 120 --total "$HYBRID_TOTAL" --hybrid --iters 5 --a
 if wanted "train vs pytorch"; then
   run "train vs pytorch" 150 "$PY" tools/bench/train_vs_pytorch.py --device "$DEVICE" \
     --distopt "$CLI" --plugins "$PLUGINS" --communicator "$COMM" --width "$VS_WIDTH" \
-    --steps "$VS_STEPS" --batch "$BATCH" --size "$SIZE" --threads "$THREADS"
+    --steps "$VS_STEPS" --epochs 2 --repeat "$VS_REPEAT" --batch "$BATCH" --size "$SIZE" \
+    --threads "$THREADS"
   { echo "===== train vs pytorch"; cat "$WORK/out"; } >>"$BENCH_LOG"
   line=$(grep -m1 '^distopt ' "$WORK/out")
   pyline=$(grep -m1 '^pytorch ' "$WORK/out")
