@@ -47,6 +47,9 @@ TEST_CASE("bench step on cpu: unfused, torch fused, fused and hybrid rows with t
   // torch's fused Adam: timed, or its absence said (libtorch < 2.4 has no CPU kernel).
   CHECK(count(r.output, std::string(R"(\ntorch fused()") + kTimed +
                             R"(|\s+-\s+unsupported by this libtorch))") == 1);
+  // The same kernel over the fused plugin's layout: timed, or absent the same way.
+  CHECK(count(r.output, std::string(R"(\ntorch fused lay()") + kTimed +
+                            R"(|\s+-\s+unsupported by this libtorch))") == 1);
   CHECK(count(r.output, std::string(R"(\nhybrid f=(0|0\.5|1) (ovl|seq))") + kTimed) == 6);
 }
 
@@ -61,6 +64,7 @@ TEST_CASE("bench step --device: cuda runs or is refused with the reason, others 
     CHECK(count(r.output, R"(bench step: adam on cuda)") == 1);
     CHECK(count(r.output, std::string(R"(\nunfused)") + kTimed) == 1);
     CHECK(count(r.output, std::string(R"(\ntorch fused)") + kTimed) == 1);
+    CHECK(count(r.output, std::string(R"(\ntorch fused lay)") + kTimed) == 1);
   }
   ProcResult bad = bench({"--device", "tpu"});
   CHECK(bad.exit_code != 0);

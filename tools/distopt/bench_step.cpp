@@ -209,26 +209,60 @@ Row time_unfused(const Bench& b) {
 }
 
 // torch's fused multi-tensor Adam, as torch.optim.Adam(fused=True) calls it.
-Row time_torch_fused(const Bench& b) {
+// plugin_layout: the same kernel over the memory as the `fused` plugin lays
+// it out (gradients packed in one buffer in reverse order at 8-byte
+// offsets, as the buckets hold them; moments in two buffers at 64-byte
+// offsets; one 0-dim step tensor shared by every parameter). Beside the
+// other two rows it tells whether a gap between `fused` and `torch fused`
+// is the layout or the runtime around the kernel.
+Row time_torch_fused(const Bench& b, bool plugin_layout) {
   const std::string& optimizer = b.a.optimizer;
-  Row r{"torch fused", std::nullopt, ""};
+  Row r{plugin_layout ? "torch fused lay" : "torch fused", std::nullopt, ""};
   if (optimizer == "sgd") {
     r.note = "no fused SGD baseline here";
   } else if (optimizer == "adamw" && TORCH_VERSION_MAJOR < 2) {
     r.note = "at::_fused_adamw_ needs libtorch >= 2 (this is " TORCH_VERSION ")";
   } else {
     try {
-      auto ps = b.make_params(true);
+      auto ps = b.make_params(!plugin_layout);
       std::vector<at::Tensor> gs, ms, vs, steps;
-      for (auto& p : ps) {
-        gs.push_back(p.grad());
-        ms.push_back(at::zeros_like(p));
-        vs.push_back(at::zeros_like(p));
-        steps.push_back(at::zeros({1}, b.fopt));  // float step counts on the device, as torch's
+      at::Tensor step0 = at::zeros({}, b.fopt);
+      if (plugin_layout) {
+        auto up = [](int64_t n, int64_t a) { return (n + a - 1) / a * a; };
+        const size_t np = ps.size();
+        std::vector<int64_t> goff(np), soff(np);
+        int64_t gtotal = 0, stotal = 0;
+        for (size_t k = np; k-- > 0;) {  // buckets fill in backward order
+          goff[k] = up(gtotal, 2);       // 8 bytes: the reducer's default align_bytes
+          gtotal = goff[k] + ps[k].numel();
+        }
+        for (size_t k = 0; k < np; ++k) {
+          soff[k] = stotal;
+          stotal += up(ps[k].numel(), 16);  // 64 bytes, as fused's kStateAlign
+        }
+        at::Tensor gflat = at::randn({gtotal}, b.fopt);
+        at::Tensor mflat = at::zeros({stotal}, b.fopt), vflat = at::zeros({stotal}, b.fopt);
+        for (size_t k = 0; k < np; ++k) {
+          gs.push_back(gflat.narrow(0, goff[k], ps[k].numel()));
+          ms.push_back(mflat.narrow(0, soff[k], ps[k].numel()));
+          vs.push_back(vflat.narrow(0, soff[k], ps[k].numel()));
+          steps.push_back(step0);
+        }
+      } else {
+        for (auto& p : ps) {
+          gs.push_back(p.grad());
+          ms.push_back(at::zeros_like(p));
+          vs.push_back(at::zeros_like(p));
+          steps.push_back(at::zeros({1}, b.fopt));  // float step counts on the device, as torch's
+        }
       }
+      double k = 0;
       auto step = [&] {
         at::NoGradGuard ng;
-        at::_foreach_add_(steps, 1);
+        if (plugin_layout)
+          step0.fill_(++k);  // as fused_torch.cpp
+        else
+          at::_foreach_add_(steps, 1);
         if (optimizer == "adam")
           at::_fused_adam_(ps, gs, ms, vs, {}, steps, 1e-3, 0.9, 0.999, 0, 1e-8, false, false);
 #if TORCH_VERSION_MAJOR >= 2
@@ -321,6 +355,9 @@ void print_report(const BenchArgs& a, int64_t n, std::vector<double> copy_s,
                 bytes_per * n / t / 1e9, t / floor_s, t_unfused / t, r.t->min() * 1e3,
                 r.t->max() * 1e3, t < floor_s ? "  BELOW FLOOR" : "");
   }
+  std::printf(
+      "torch fused lay: torch's kernel over the fused plugin's memory layout (gradients packed "
+      "as in buckets, moments at 64-byte offsets, one shared step tensor)\n");
   if (below)
     std::printf(
         "note: a row below the floor moved fewer bytes than counted (caches hold part of the "
@@ -349,7 +386,8 @@ int distopt_bench_step(int argc, char** argv) {
   time_copy(b, n, copy_s);
   std::vector<Row> rows;
   rows.push_back(time_unfused(b));
-  rows.push_back(time_torch_fused(b));
+  rows.push_back(time_torch_fused(b, false));
+  rows.push_back(time_torch_fused(b, true));
   rows.push_back(time_algorithm(b, "fused", "{name: fused}"));
   for (int al : b.a.align_bytes)
     rows.push_back(

@@ -318,14 +318,16 @@ bench_row() {  # name timeout args...
     record "$name" FAIL - - "$SECS" "$(why)"
     return
   fi
-  local fused torch unfused a16 note
+  local fused torch lay unfused a16 note
   unfused=$(awk '$1=="unfused"{print $2}' "$WORK/out")
   fused=$(awk '$1=="fused" && $2 ~ /^[0-9]/{print $2}' "$WORK/out")
   a16=$(awk '$1=="fused" && $2=="a=16"{print $3}' "$WORK/out")
-  torch=$(awk '$1=="torch" && $2=="fused" && $3!="-"{print $3}' "$WORK/out")
+  torch=$(awk '$1=="torch" && $2=="fused" && $3 ~ /^[0-9]/{print $3}' "$WORK/out")
+  lay=$(awk '$1=="torch" && $2=="fused" && $3=="lay" && $4 ~ /^[0-9]/{print $4}' "$WORK/out")
   note="ms/step: unfused ${unfused:-?}, fused ${fused:-?}, torch fused ${torch:-n/a}"
   [[ -n $torch && -n $fused ]] &&
     note="$note (fused/torch x$(python3 -c "print(f'{$fused/$torch:.2f}')"), target <= 1.1)"
+  [[ -n $lay ]] && note="$note; torch fused on fused's layout ${lay}"
   [[ -n $a16 ]] && note="$note; align_bytes 16: fused ${a16}$([[ -n $torch ]] &&
     python3 -c "print(f' (x{$a16/$torch:.2f})')")"
   grep -q '^hybrid f=' "$WORK/out" && note="$note; $(grep -c '^hybrid f=.*\.\.' "$WORK/out") hybrid rows"
