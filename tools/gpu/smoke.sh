@@ -17,6 +17,9 @@
 #   DISTOPT_SMOKE_ROWS=REGEX   only the rows whose name matches
 #   DISTOPT_SMOKE_SKIP=REGEX   not the rows whose name matches (e.g. ctest,
 #                              when tools/gpu/one_call.sh runs it beside)
+#   DISTOPT_SMOKE_THREADS=N    train.threads of the training rows (default: all
+#                              cores on cuda, 1 on cpu); fewer when something
+#                              else shares the cores (one_call.sh's ctest)
 #   DISTOPT_SMOKE_BUDGET_S     whole budget in seconds (default 360; cpu 600)
 #   DISTOPT_BUILD_DIR          build folder (default build-gpu; build for cpu)
 # Exit status: 0 when no row FAILed, 1 otherwise, 2 when it cannot start.
@@ -73,6 +76,7 @@ else
   ROW_T=60 BENCH_TOTAL=2 HYBRID_TOTAL=2 VS_WIDTH=4 VS_STEPS=50 VS_REPEAT=1
   SGD_LR=0.02
 fi
+THREADS=${DISTOPT_SMOKE_THREADS:-$THREADS}
 if [[ ! -x $CLI ]]; then
   echo "smoke: $CLI missing: build first (tools/gpu/build_and_test.sh build)" >&2
   exit 2
