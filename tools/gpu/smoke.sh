@@ -62,7 +62,9 @@ if [[ $MODE == cuda ]]; then
   # Rows: ResNet-18 layout at width 16 on 3x32x32 images (64 steps of 256);
   # the throughput comparison uses the full width 64.
   WIDTH=16 SAMPLES=25600 TEST=2048 SIZE=32 BATCH=256 ACC_FLOOR=0.30 THREADS=0
-  ROW_T=60 BENCH_TOTAL=1000 HYBRID_TOTAL=200 VS_WIDTH=64 VS_STEPS=100 VS_REPEAT=3
+  # ROW_T: rows take 3-14 s alone; hybrid at offload 0.5 took 53 s beside
+  # 8 ctest processes (2026-11-27), so a row gets 90 s before it FAILs.
+  ROW_T=90 BENCH_TOTAL=1000 HYBRID_TOTAL=200 VS_WIDTH=64 VS_STEPS=100 VS_REPEAT=3
   # SGD at lr 0.02, momentum 0.9 is bimodal on this task: 2 of 6 seeds stay
   # at chance on the CPU (same sizes), and on the H200 (2026-11-26) so did
   # decentralized, local_sgd and nearly the fp16 reducer at world 1, which
