@@ -44,7 +44,12 @@ if [[ -n ${DISTOPT_ONE_CALL_DRY:-} ]]; then
   SMOKE_ENV=(DISTOPT_SMOKE_DEVICE=cpu "DISTOPT_BUILD_DIR=$PWD/build")
   BESIDE_CTEST=()  # the cpu mode's 1 thread per row
 fi
-say "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores, $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+# The copied .git may be older than the tree it came with: name the tree
+# itself (compare with `git rev-parse COMMIT^{tree}` at home).
+IDX=$(mktemp -u /tmp/distopt-index-XXXXXX)
+TREE=$(GIT_INDEX_FILE=$IDX git add -A 2>/dev/null && GIT_INDEX_FILE=$IDX git write-tree 2>/dev/null)
+rm -f "$IDX"
+say "tree ${TREE:-?} (.git's HEAD $(git rev-parse --short HEAD 2>/dev/null || echo '?')), $(nproc) cores, $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 # The build leaves ~200 s for the rest at the least.
 if [[ -z ${DISTOPT_ONE_CALL_DRY:-} ]]; then
   timeout -k 5 $(($(left) - 200)) tools/gpu/build_and_test.sh build >>"$SUMMARY" 2>&1
