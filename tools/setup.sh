@@ -13,6 +13,7 @@ PACKAGES=(
                          # OpenMP build shares libtorch's libgomp pool (see below)
   dataset-fashion-mnist
   python3-torch          # tests: consolidated checkpoints must load with torch.load
+  python3-matplotlib     # tools/plot_metrics.py (and its test)
 )
 # Extra packages for the benchmark comparisons (PyTorch gloo / DDP): opt-in.
 if [[ "${DISTOPT_SETUP_BENCH:-0}" == 1 ]]; then

@@ -57,11 +57,16 @@ std::string write_job(const TempDir& t, const Job& j, const std::string& name = 
   return distopt::test::write_job(t.file(name), y);
 }
 
+// The epoch and summary records of a metrics file (the per-step records,
+// one per train.log_every steps, left out).
 std::vector<json> read_metrics(const std::string& path) {
   std::vector<json> out;
   std::ifstream f(path);
-  for (std::string line; std::getline(f, line);)
-    if (!line.empty()) out.push_back(json::parse(line));
+  for (std::string line; std::getline(f, line);) {
+    if (line.empty()) continue;
+    json j = json::parse(line);
+    if (j["event"] != "step") out.push_back(std::move(j));
+  }
   return out;
 }
 

@@ -27,6 +27,11 @@ std::string job_with(const std::string& path, const std::string& key, const std:
   const std::string kv = "{" + key + ": " + value + "}";
   if (path == "the top level") return key + ": " + value + "\n";
   if (path == "train.synthetic") return "train: {synthetic: " + kv + "}\n";
+  if (path == "train.model") return "train: {model: " + kv + "}\n";
+  if (path == "train.tensors") return "train: {dataset: tensors, tensors: " + kv + "}\n";
+  // `dataset: tensors` needs its files named (the parser checks no file).
+  if (path == "train" && key == "dataset" && value == "tensors")
+    return "train: {dataset: tensors, tensors: {train: a.pt, test: b.pt}}\n";
   if (path == "reducer.inner") return "reducer: {name: hierarchical, inner: " + kv + "}\n";
   // Only the last phase may leave out a bound: this one gets one.
   if (path == "schedule[k]") return "schedule: [" + kv + ", {}]\n";
@@ -41,10 +46,10 @@ std::string job_with(const std::string& path, const std::string& key, const std:
         {"end_factor", "linear"},    {"total_steps", "one_cycle"},      {"pct_start", "one_cycle"},
         {"div_factor", "one_cycle"}, {"final_div_factor", "one_cycle"}, {"anneal", "one_cycle"}};
     std::string body;
-    if (key == "kind")
-      body = "{kind: " + value + (value == "multi_step" ? ", milestones: [1]" : "") + "}";
+    if (key == "kind" || key == "name")
+      body = "{" + key + ": " + value + (value == "multi_step" ? ", milestones: [1]" : "") + "}";
     else
-      body = "{kind: " + kind_of.at(key) + ", " + key + ": " + value +
+      body = "{name: " + kind_of.at(key) + ", " + key + ": " + value +
              (key != "milestones" && kind_of.at(key) == "multi_step" ? ", milestones: [1]" : "") +
              "}";
     return "optimizer: {name: sgd, lr_schedule: " + body + "}\n";

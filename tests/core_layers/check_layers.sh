@@ -29,7 +29,7 @@ for i in "${!layers[@]}"; do rank[${layers[$i]}]=$i; done
 declare -A public=(
   [error]=api
   [host_services]=host
-  [blas]=machine [process]=machine [slurm]=machine [threads]=machine
+  [blas]=machine [process]=machine [slurm]=machine [threads]=machine [watchdog]=machine
   [component_options]=options
   [store]=store
   [registry]=registry [host_api]=registry

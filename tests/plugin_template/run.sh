@@ -28,6 +28,14 @@ for f in "$work/prefix/bin/distopt" $(find "$work/prefix" -name '*.so' -type f);
   [[ -z $missing ]] || { echo "FAIL: installed $f does not find: $missing" >&2; exit 1; }
 done
 
+echo "== the install ships the plugins of plugins/ only (no test plugin)"
+for f in "$work/prefix/lib/distopt/plugins"/*.so; do
+  n=$(basename "$f" .so)
+  n=${n#libdistopt_}
+  [[ -f "$src/plugins/$n/CMakeLists.txt" ]] ||
+    { echo "FAIL: the install ships $f, which is no plugin of $src/plugins" >&2; exit 1; }
+done
+
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 # Where the project's own build found its dependencies (a PyTorch venv's
@@ -66,6 +74,26 @@ CMAKE
     -DCMAKE_PREFIX_PATH="$prefix_path" >"$work/includes.log" 2>&1 &&
     cmake --build "$work/includes/build" >>"$work/includes.log" 2>&1 ||
     { cat "$work/includes.log"; echo "FAIL: the flat SDK's include paths do not compile"; exit 1; }
+fi
+
+if [[ -z "$flat_sdk_includes" ]]; then
+  # The README's one-liner, distopt_add_plugin(NAME SOURCES ...) without the
+  # TORCH keyword, against the build tree's package (no install).
+  echo "== build the template against the build tree (-Ddistopt_DIR=$build), no TORCH keyword"
+  cp -r "$template" "$work/from_build"
+  sed -i 's/distopt_add_plugin(template TORCH SOURCES/distopt_add_plugin(template SOURCES/' \
+    "$work/from_build/CMakeLists.txt"
+  grep -q 'distopt_add_plugin(template SOURCES' "$work/from_build/CMakeLists.txt" ||
+    { echo "FAIL: the template's distopt_add_plugin line changed; update this test" >&2; exit 1; }
+  { cmake -S "$work/from_build" -B "$work/from_build/build" "${gen[@]}" -Ddistopt_DIR="$build" \
+      -DCMAKE_BUILD_TYPE=Release && cmake --build "$work/from_build/build"; } \
+    >"$work/from_build.log" 2>&1 ||
+    { cat "$work/from_build.log"; echo "FAIL: the template does not build against the build tree"; exit 1; }
+  mkdir -p "$work/from_build/plugins"
+  cp "$work/from_build/build/libdistopt_template.so" "$work/from_build/plugins/"
+  listed=$("$build/bin/distopt" plugins --plugin-path "$work/from_build/plugins")
+  echo "$listed" | grep -qE "reducer +template_mean" ||
+    { echo "$listed"; echo "FAIL: the build-tree plugin is not listed by the build's distopt plugins"; exit 1; }
 fi
 
 echo "== build the template ($template) against the installed SDK"

@@ -256,10 +256,7 @@ void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n, launch::La
   JobConfig job;
   const bool have_job = !lo.config.empty() && std::ifstream(lo.config).good();
   if (have_job) job = load_job_config(lo.config);
-  YAML::Node size = have_job && job.root.IsMap() && job.root["world"].IsMap()
-                        ? job.root["world"]["size"]
-                        : YAML::Node();
-  const bool job_sets_size = size.IsDefined() && !size.IsNull();
+  const bool job_sets_size = have_job && job.world_size_set;
   if (n.max_nodes > 0 && !vm.count("nproc-per-node")) {
     throw UsageError("--nnodes " + n.nnodes_arg + ": give -n K (ranks per node)");
   } else if (lo.join && !vm.count("nproc-per-node")) {
@@ -279,7 +276,7 @@ void resolve_ranks_per_node(const po::variables_map& vm, NodeArgs& n, launch::La
     // (A file this host cannot read is the program's business.)
     throw UsageError((n.nnodes > 1 ? std::to_string(n.nnodes) + " nodes x " : "") + "-n " +
                      std::to_string(n.nprocs) + " but " + lo.config + ":" +
-                     std::to_string(size.Mark().line + 1) + ": world.size is " +
+                     std::to_string(job.world_size_mark.line + 1) + ": world.size is " +
                      std::to_string(job.world_size) + "; give the same number, or leave out -n");
   }
   if (n.nprocs < 1 || n.nprocs > 4096)

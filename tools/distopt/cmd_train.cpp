@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,8 @@ po::options_description train_options(TrainArgs& a) {
       "[--max-steps N] [--threads N] [--world-size N]\n"
       "       [--checkpoint DIR [--checkpoint-every N] [--keep N] [--resume | --resume-from "
       "STEP]]\n\n"
-      "Train the job's model on Fashion-MNIST with its distributed optimizer. Started without a\n"
+      "Train the job's model (train.model: mlp, cnn, resnet) on its dataset (train.dataset:\n"
+      "fashion-mnist, or synthetic images) with its distributed optimizer. Started without a\n"
       "launcher and with world.size > 1, it starts world.size local ranks itself (as\n"
       "`distopt launch` does); under a launcher (distopt launch, torchrun, srun, mpirun) it\n"
       "runs as the rank the environment names. Test-only: DISTOPT_FAULT_INJECT=exit:RANK:STEP "
@@ -72,9 +74,10 @@ po::options_description train_options(TrainArgs& a) {
   desc.add_options()("help,h", "show this help")(
       "data", po::value<std::string>(&a.data), "Fashion-MNIST directory (default: train.data_dir)")(
       "metrics", po::value<std::string>(&a.metrics),
-      "write per-epoch and summary metrics as JSON lines")(
-      "plugin-path,P", po::value<std::vector<std::string>>(&a.plugin_paths)->composing(),
-      "extra plugin directory, searched before plugins.paths (repeatable)")(
+      "write per-epoch and summary metrics as JSON lines (appended to with --resume or "
+      "--resume-from)")("plugin-path,P",
+                        po::value<std::vector<std::string>>(&a.plugin_paths)->composing(),
+                        "extra plugin directory, searched before plugins.paths (repeatable)")(
       "epochs", po::value<int64_t>(&a.epochs), "override train.epochs")(
       "max-steps", po::value<int64_t>(&a.max_steps),
       "override train.max_steps (steps per epoch, 0 = all)")(
@@ -174,11 +177,12 @@ JobConfig job_with_overrides(const TrainArgs& a) {
 
 // No launcher around us: be the launcher, one re-executed `distopt train`
 // (with this command line) per rank; returns the launcher's exit code.
-int launch_local_ranks(const JobConfig& cfg, int argc, char** argv) {
+int launch_local_ranks(const JobConfig& cfg, int argc, char** argv,
+                       const std::string& command = "train") {
   launch::LaunchOptions lo;
-  lo.name = "distopt train";
+  lo.name = "distopt " + command;
   lo.nprocs = static_cast<int>(cfg.world_size);
-  lo.argv = {self_exe(), "train"};
+  lo.argv = {self_exe(), command};
   // Survivors of a failed rank get time to explain it: the collective
   // check waits up to min(collective_check_s, 3 s) for a dead peer.
   lo.failure_wait_s = 1.0 + std::min(cfg.collective_check_s, 3.0);
@@ -222,10 +226,81 @@ int cmd_train(int argc, char** argv) {
   return train::train_rank(cfg, a.topts);
 }
 
+// `distopt eval JOB.yaml --checkpoint DIR [--step N]`: the job's model from
+// a checkpoint, evaluated on the job's test set; nothing is trained.
+int cmd_eval(int argc, char** argv) {
+  TrainArgs a;
+  std::optional<int64_t> step;
+  po::options_description desc(
+      "usage: distopt eval JOB.yaml --checkpoint DIR [--step N] [--data DIR] [--metrics FILE]\n"
+      "       [--plugin-path DIR]... [--world-size N] [--threads N]\n\n"
+      "Evaluate the model of a checkpoint of `distopt train JOB.yaml --checkpoint DIR` on the\n"
+      "job's test set, with the job's ranks (world.size, or --world-size: any number of ranks\n"
+      "restores any checkpoint), and print its test loss and accuracy. Nothing is trained or\n"
+      "saved. DIR may also be a step directory (DIR/step-000000117).\n\noptions");
+  desc.add_options()("help,h", "show this help")(
+      "checkpoint", po::value<std::string>(&a.topts.checkpoint_dir),
+      "the checkpoint directory (its newest checkpoint), or one step directory")(
+      "step", po::value<int64_t>(), "evaluate the checkpoint of global step N in DIR")(
+      "data", po::value<std::string>(&a.data), "Fashion-MNIST directory (default: train.data_dir)")(
+      "metrics", po::value<std::string>(&a.metrics),
+      "append the evaluation to FILE as a JSON line")(
+      "plugin-path,P", po::value<std::vector<std::string>>(&a.plugin_paths)->composing(),
+      "extra plugin directory, searched before plugins.paths (repeatable)")(
+      "threads", po::value<int64_t>(&a.threads),
+      "override train.threads (intra-op threads per rank, 0 = auto)")(
+      "world-size", po::value<int64_t>(&a.world_size), "override world.size");
+  po::options_description hidden;
+  hidden.add_options()("config", po::value<std::string>(&a.config), "");
+  po::options_description all;
+  all.add(desc).add(hidden);
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), a.vm);
+    po::notify(a.vm);
+  } catch (const po::error& e) {
+    std::cerr << "distopt eval: " << e.what() << "\n" << desc << "\n";
+    return 2;
+  }
+  if (a.vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  if (a.config.empty() || a.topts.checkpoint_dir.empty()) {
+    std::cerr << "distopt eval: give a job file and --checkpoint DIR\n" << desc << "\n";
+    return 2;
+  }
+  if (a.vm.count("step")) step = a.vm["step"].as<int64_t>();
+  if (step && *step < 0) {
+    std::cerr << "distopt eval: --step must not be negative\n";
+    return 2;
+  }
+  if (a.vm.count("world-size") && (a.world_size < 1 || a.world_size > 4096)) {
+    std::cerr << "distopt eval: --world-size must be in 1..4096\n";
+    return 2;
+  }
+  train::TrainOptions& t = a.topts;
+  t.resume_from = step ? checkpoint_step_path(t.checkpoint_dir, *step) : t.checkpoint_dir;
+  if (!find_checkpoint(t.resume_from))
+    throw CheckpointError(t.resume_from + ": no checkpoint to evaluate");
+  t.resume = true;
+  t.evaluate_only = true;
+  t.checkpoint_dir.clear();  // nothing is saved
+  t.metrics_path = a.metrics;
+  const JobConfig cfg = job_with_overrides(a);
+  const ProcessInfo proc = detect_process_info();
+  if (proc.source == "default" && cfg.world_size > 1)
+    return launch_local_ranks(cfg, argc, argv, "eval");
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  return train::train_rank(cfg, t);
+}
+
 }  // namespace
 
+DISTOPT_REGISTER_COMMAND("eval", "evaluate a checkpoint's model on the job's test set", cmd_eval);
 DISTOPT_REGISTER_COMMAND("train",
-                         "train a model on Fashion-MNIST with the job's distributed optimizer",
+                         "train the job's model on its dataset with its distributed optimizer",
                          cmd_train);
 
 }  // namespace distopt::cli

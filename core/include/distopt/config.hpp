@@ -41,12 +41,18 @@ struct SyntheticConfig {
 };
 
 struct TrainConfig {
-  std::string model = "mlp";  ///< mlp | cnn | resnet
+  std::string model = "mlp";  ///< mlp | cnn | resnet | torchscript
+  /// train.model: {torchscript: PATH}: the TorchScript file (resolved
+  /// against the job file's directory); model is then "torchscript".
+  std::string torchscript;
   /// train.model_width: resnet's base channel count; 0 = 8 on the CPU, 64
   /// (ResNet-18) on a GPU.
   int64_t model_width = 0;
-  std::string dataset = "fashion-mnist";  ///< fashion-mnist | synthetic
+  std::string dataset = "fashion-mnist";  ///< fashion-mnist | synthetic | tensors
   SyntheticConfig synthetic;
+  /// train.tensors: {train: PATH, test: PATH} of `dataset: tensors` (files of
+  /// Python's torch.save; resolved against the job file's directory).
+  std::string train_tensors, test_tensors;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int64_t epochs = 2;
   int64_t batch_size = 256;  ///< per rank
@@ -98,13 +104,23 @@ struct JobConfig {
     YAML::Mark mark;
   };
   std::vector<PluginDir> plugin_dirs;
-  int64_t world_size = 1;                            ///< world.size
+  int64_t world_size = 1;       ///< world.size
+  bool world_size_set = false;  ///< the file writes world.size (else the default 1)
+  YAML::Mark world_size_mark;   ///< where world.size is written (world_size_set)
   std::string rendezvous = "tcp://127.0.0.1:29500";  ///< world.rendezvous
   double timeout_s = 60;  ///< world.timeout_s: rendezvous and default op timeout
   /// world.collective_check_s: a collective wait this long (seconds) makes
   /// the ranks compare what they wait on and fail naming a mismatch
   /// (host_communicator.hpp, CollectiveCheck); 0 turns the check off.
   double collective_check_s = 2;
+  /// world.watchdog_s: a call into a component (an algorithm's step, a
+  /// communicator's collective) that has not returned after this many
+  /// seconds ends the rank with a message naming the rank, the component
+  /// and the operation (host/watchdog.hpp), as a dead peer ends the job.
+  /// 0 (the default): twice world.timeout_s, so a collective's own timeout,
+  /// which names the peer, fires first. watchdog_seconds() resolves it.
+  double watchdog_s = 0;
+  double watchdog_seconds() const { return watchdog_s > 0 ? watchdog_s : 2 * timeout_s; }
   ComponentConfig communicator{"tcp", {}, {}, {}, nullptr};
   /// `control_communicator:` the host-memory communicator for the host's own
   /// collectives (evaluation sums, inf/NaN and join flags, checkpoint,

@@ -7,6 +7,8 @@
 // than cores per host (oversubscription) is always slower.
 #pragma once
 
+#include <string>
+
 namespace distopt {
 
 /// Cores this process may run on (sched_getaffinity, so taskset, cgroup
@@ -18,9 +20,21 @@ int available_cores();
 int default_threads_per_rank(int local_world_size);
 
 /// The threads per rank the user asked for: `configured` if > 0, else
-/// $OMP_NUM_THREADS if set to a positive integer, else 0 (nothing asked).
-/// Thread-safe.
+/// $OMP_NUM_THREADS if set to a positive integer by the user, else 0
+/// (nothing asked). An OMP_NUM_THREADS that `distopt launch` chose itself
+/// (it then sets DISTOPT_THREADS_AUTO=1 beside it) is not a request: it
+/// counts only the launcher's own ranks. Thread-safe.
 int requested_threads_per_rank(int configured);
+
+/// Identifies the cores this process runs on: the kernel's boot id and the
+/// process's CPU affinity mask. Ranks with equal ids share the same cores,
+/// whoever started them (two launchers on one host, a joining rank), so
+/// they split them (threads_for_ranks_sharing_cores). Never throws.
+std::string core_set_id();
+
+/// max(1, available_cores() / ranks), the threads per rank when `ranks`
+/// processes share this process's cores (ranks >= 1). Thread-safe.
+int threads_for_ranks_sharing_cores(int ranks);
 
 /// requested_threads_per_rank(configured) if > 0, else
 /// default_threads_per_rank(local_world_size). Thread-safe.

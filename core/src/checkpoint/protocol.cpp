@@ -54,10 +54,15 @@ void remove_old(const std::string& dir, const std::string& latest, int keep) {
   for (const std::string& n : pfs::list_dir(dir))
     if (n.rfind("step-", 0) == 0 && pfs::is_directory(pfs::join(dir, n))) names.push_back(n);
   std::sort(names.begin(), names.end());  // zero-padded steps: name order is age order
-  int older_kept = 0;                     // besides `latest`; newer names are stale (crashed saves)
+  // Besides `latest`, only lower steps are kept: one at `latest`'s step or
+  // above is stale (a crashed save, or the abandoned future of a run resumed
+  // from an earlier step: --resume-from replaces the newer ones).
+  auto step_of = [](const std::string& n) { return std::strtoll(n.c_str() + 5, nullptr, 10); };
+  const long long latest_step = step_of(latest);
+  int older_kept = 0;
   for (auto it = names.rbegin(); it != names.rend(); ++it) {
     if (*it == latest) continue;
-    if (*it < latest && older_kept < keep - 1) {
+    if (step_of(*it) < latest_step && older_kept < keep - 1) {
       ++older_kept;
       continue;
     }

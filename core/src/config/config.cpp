@@ -208,6 +208,10 @@ class Parser {
     if (!s.IsDefined() || s.IsNull()) return;
     check_keys(s, "world", config_keys("world"));
     get_int(s, "size", "world.size", 1, 1 << 20, cfg.world_size);
+    if (YAML::Node n = s["size"]; n.IsDefined() && !n.IsNull()) {
+      cfg.world_size_set = true;
+      cfg.world_size_mark = mark_of(n);
+    }
     get_string(s, "rendezvous", "world.rendezvous", cfg.rendezvous);
     if (YAML::Node r = s["rendezvous"]; r.IsDefined()) check_rendezvous(cfg.rendezvous, mark_of(r));
     if (YAML::Node t = s["timeout_s"]; t.IsDefined()) {
@@ -227,6 +231,14 @@ class Parser {
             file_, mark_of(t),
             "world.collective_check_s: expected seconds in [0, 1e9] (0 = off), got " + describe(t));
       cfg.collective_check_s = *v;
+    }
+    if (YAML::Node t = s["watchdog_s"]; t.IsDefined()) {
+      auto v = to_double(t);
+      if (!v || !(*v >= 0 && *v <= 1e9))
+        fail(file_, mark_of(t),
+             "world.watchdog_s: expected seconds in [0, 1e9] (0 = twice world.timeout_s), got " +
+                 describe(t));
+      cfg.watchdog_s = *v;
     }
   }
 
@@ -356,9 +368,32 @@ class Parser {
   void parse_train(const YAML::Node& s, TrainConfig& t) {
     if (!s.IsDefined() || s.IsNull()) return;
     check_keys(s, "train", config_keys("train"));
-    get_string(s, "model", "train.model", t.model, {"mlp", "cnn", "resnet"});
+    if (YAML::Node m = child(s, "model"); m.IsDefined() && m.IsMap()) {
+      check_keys(m, "train.model", config_keys("train.model"));
+      get_string(m, "torchscript", "train.model.torchscript", t.torchscript);
+      if (t.torchscript.empty())
+        fail(file_, mark_of(m),
+             "train.model: a map names a TorchScript file: {torchscript: PATH}; or give a "
+             "built-in model: mlp, cnn, resnet");
+      t.torchscript = resolve(t.torchscript);
+      t.model = "torchscript";
+    } else {
+      get_string(s, "model", "train.model", t.model, {"mlp", "cnn", "resnet"});
+    }
     get_int(s, "model_width", "train.model_width", 0, 4096, t.model_width);
-    get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist", "synthetic"});
+    get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist", "synthetic", "tensors"});
+    if (YAML::Node y = child(s, "tensors"); y.IsDefined() && !y.IsNull()) {
+      if (!y.IsMap()) fail(file_, mark_of(y), "train.tensors: expected a map, got " + describe(y));
+      check_keys(y, "train.tensors", config_keys("train.tensors"));
+      get_string(y, "train", "train.tensors.train", t.train_tensors);
+      get_string(y, "test", "train.tensors.test", t.test_tensors);
+      t.train_tensors = resolve(t.train_tensors);
+      t.test_tensors = resolve(t.test_tensors);
+    }
+    if (t.dataset == "tensors" && (t.train_tensors.empty() || t.test_tensors.empty()))
+      fail(file_, mark_of(child(s, "dataset")),
+           "train.dataset: tensors needs train.tensors: {train: PATH, test: PATH} (files of "
+           "Python's torch.save)");
     if (YAML::Node y = child(s, "synthetic"); y.IsDefined() && !y.IsNull()) {
       if (!y.IsMap())
         fail(file_, mark_of(y), "train.synthetic: expected a map, got " + describe(y));

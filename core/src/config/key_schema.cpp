@@ -70,6 +70,9 @@ std::vector<SectionSchema> job_sections() {
             "rendezvous and default operation timeout, seconds"},
            {"collective_check_s", "double", "2", "[0, 1e9]",
             "a collective waiting this long makes the ranks compare what they wait on (0 = off)"},
+           {"watchdog_s", "double", "0", "[0, 1e9]",
+            "a call into a component (a step, a collective) running this long ends the rank, "
+            "naming the component and the operation (0 = twice timeout_s)"},
        }},
   };
 }
@@ -124,7 +127,7 @@ std::vector<SectionSchema> optimizer_sections() {
        {
            {"name", "string", "sgd", "sgd|adam|adamw|adagrad|rmsprop",
             "the inner update rule (libtorch's optimizer of that name)"},
-           {"lr_schedule", "map or kind", "(none: constant)", "",
+           {"lr_schedule", "map or name", "(none: constant)", "",
             "learning-rate schedule, each group's lr x factor(step) (optimizer.lr_schedule "
             "below; lr-schedule-and-clipping.md)"},
            {"grad_clip", "double", "0", "[0, inf)",
@@ -132,11 +135,13 @@ std::vector<SectionSchema> optimizer_sections() {
             "(0 = off; torch.nn.utils.clip_grad_norm_)"},
        }},
       {"optimizer.lr_schedule",
-       "`{kind, <its keys>}` or the kind alone (`lr_schedule: cosine`); units are optimizer steps",
+       "`{name, <its keys>}` or the name alone (`lr_schedule: cosine`); units are optimizer steps",
        {
-           {"kind", "string", "constant", "constant|step|multi_step|cosine|linear|one_cycle",
+           {"name", "string", "constant", "constant|step|multi_step|cosine|linear|one_cycle",
             "the factor's shape (PyTorch's StepLR, MultiStepLR, CosineAnnealingLR, LinearLR, "
             "OneCycleLR)"},
+           {"kind", "string", "constant", "constant|step|multi_step|cosine|linear|one_cycle",
+            "alias of name (the older spelling)"},
            {"warmup_steps", "int", "0", "[0, " DOPT_HUGE "]",
             "step, multi_step, cosine, linear: linear warm-up steps first"},
            {"warmup_start_factor", "double", "0", "[0, 1]", "the factor at step 0 of the warm-up"},
@@ -162,12 +167,16 @@ std::vector<SectionSchema> train_sections() {
       {"train",
        "`distopt train`'s model, data and loop (a program that embeds the runtime ignores it)",
        {
-           {"model", "string", "mlp", "mlp|cnn|resnet", "the built-in model (Models below)"},
+           {"model", "string", "mlp", "mlp|cnn|resnet",
+            "a built-in model (Models below), or `{torchscript: PATH}` (train.model below)"},
            {"model_width", "int", "0", "[0, 4096]",
             "resnet's base channels; 0 = 8 on the CPU, 64 (ResNet-18) on a GPU"},
-           {"dataset", "string", "fashion-mnist", "fashion-mnist|synthetic",
-            "fashion-mnist from data_dir, or images generated from their index"},
+           {"dataset", "string", "fashion-mnist", "fashion-mnist|synthetic|tensors",
+            "fashion-mnist from data_dir, images generated from their index, or tensors saved "
+            "from Python (train.tensors)"},
            {"synthetic", "map", "(every default)", "", "the generated dataset's size and shape"},
+           {"tensors", "map", "(required by dataset: tensors)", "",
+            "the files of `dataset: tensors` (train.tensors below)"},
            {"data_dir", "string", "/usr/share/datasets/fashion-mnist", "",
             "directory of the Fashion-MNIST IDX files (gzip'd or not)"},
            {"epochs", "int", "2", "[1, " DOPT_HUGE "]", "passes over the training set"},
@@ -188,6 +197,23 @@ std::vector<SectionSchema> train_sections() {
             "where model, batches and buckets live; cuda = the GPU of the local rank"},
            {"grad_accumulation", "int", "1", "[1, " DOPT_HUGE "]",
             "micro-batches per step (gradients reduced once per step)"},
+       }},
+      {"train.model",
+       "`model: {torchscript: PATH}`: your own model, exported from Python with "
+       "torch.jit.script or torch.jit.trace and torch.jit.save; forward(inputs) returns logits "
+       "[B, classes]; its parameters and buffers train, checkpoint and consolidate under "
+       "their PyTorch names",
+       {
+           {"torchscript", "string", "(required)", "",
+            "the TorchScript file (relative: to the job file's directory)"},
+       }},
+      {"train.tensors",
+       "`dataset: tensors`: files written by Python's torch.save, each a dict {'inputs': "
+       "tensor [N, ...], 'labels': int tensor [N]} or a tuple (inputs, labels); inputs reach "
+       "the model as they are, in the compute dtype",
+       {
+           {"train", "string", "(required)", "", "the training set (relative: to the job file)"},
+           {"test", "string", "(required)", "", "the test set (relative: to the job file)"},
        }},
       {"train.synthetic",
        "`dataset: synthetic`: each class an oriented sine texture under a random phase, plus "

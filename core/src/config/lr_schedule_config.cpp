@@ -16,7 +16,7 @@ using namespace yaml;
 
 const std::string kPath = "optimizer.lr_schedule";
 
-// Keys each kind accepts besides `kind`.
+// Keys each kind accepts besides `name` (alias `kind`).
 std::vector<std::string> keys_of(LrScheduleKind k) {
   const std::vector<std::string> warmup = {"warmup_steps", "warmup_start_factor"};
   auto with_warmup = [&](std::vector<std::string> v) {
@@ -43,11 +43,11 @@ std::vector<std::string> keys_of(LrScheduleKind k) {
 LrScheduleKind kind_of(const YAML::Node& n, const std::string& file) {
   const auto v = to_string(n);
   if (!v || n.IsNull() || !n.IsScalar())
-    fail(file, mark_of(n), kPath + ".kind: expected a name, got " + describe(n));
+    fail(file, mark_of(n), kPath + ".name: expected a name, got " + describe(n));
   const auto& names = lr_schedule_kind_names();
   for (size_t i = 0; i < names.size(); ++i)
     if (names[i] == *v) return static_cast<LrScheduleKind>(i);
-  std::string msg = kPath + ".kind: unknown schedule '" + *v + "'; valid: " + join(names);
+  std::string msg = kPath + ".name: unknown schedule '" + *v + "'; valid: " + join(names);
   if (const std::string best = closest_match(*v, names); !best.empty())
     msg += " (did you mean '" + best + "'?)";
   fail(file, mark_of(n), msg);
@@ -63,19 +63,24 @@ LrSchedule parse_lr_schedule(const YAML::Node& node, const std::string& file) {
   }
   if (!node.IsMap())
     fail(file, mark_of(node), kPath + ": expected a kind name or a map, got " + describe(node));
-  const YAML::Node kind = node["kind"];
-  if (!kind.IsDefined()) fail(file, mark_of(node), kPath + ": missing required key 'kind'");
-  s.kind = kind_of(kind, file);
+  // `name:` as every other section names its choice; `kind:` (the older
+  // spelling) is kept as its alias.
+  const YAML::Node name = node["name"], kind = node["kind"];
+  if (name.IsDefined() && kind.IsDefined())
+    fail(file, mark_of(kind), kPath + ": give 'name' or its alias 'kind', not both");
+  if (!name.IsDefined() && !kind.IsDefined())
+    fail(file, mark_of(node), kPath + ": missing required key 'name'");
+  s.kind = kind_of(name.IsDefined() ? name : kind, file);
   const std::vector<std::string> valid = keys_of(s.kind);
   for (const auto& kv : node) {
     const YAML::Node k = kv.first, v = kv.second;
     if (!k.IsScalar()) fail(file, mark_of(k), kPath + ": keys must be strings, got " + describe(k));
     const std::string& key = k.Scalar();
     const std::string path = kPath + "." + key;
-    if (key == "kind") continue;
+    if (key == "kind" || key == "name") continue;
     if (std::find(valid.begin(), valid.end(), key) == valid.end()) {
       std::vector<std::string> all = valid;
-      all.insert(all.begin(), "kind");
+      all.insert(all.begin(), "name");
       fail(file, mark_of(k),
            unknown_key_message(key, kPath + " (kind " + lr_schedule_kind_name(s.kind) + ")", all));
     }

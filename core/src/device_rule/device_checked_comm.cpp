@@ -8,10 +8,47 @@
 #include "comm_wrap/forwarding_comm.hpp"
 #include "distopt/device_rule.hpp"
 #include "distopt/registry.hpp"
+#include "distopt/watchdog.hpp"
 #include "host/services.hpp"
 
 namespace distopt {
 namespace {
+
+const char* op_name(comm_wrap::OpKind k) {
+  using K = comm_wrap::OpKind;
+  switch (k) {
+    case K::kAllreduce:
+      return "allreduce";
+    case K::kReduceScatter:
+      return "reduce_scatter";
+    case K::kAllgather:
+      return "allgather";
+    case K::kBroadcast:
+      return "broadcast";
+    case K::kBarrier:
+      return "barrier";
+    case K::kSend:
+      return "send";
+    case K::kRecv:
+      return "recv";
+  }
+  return "operation";
+}
+
+// A request whose wait the watchdog watches (distopt/watchdog.hpp): this
+// wrapper is outermost, so the host's and the plugins' waits pass here.
+class WatchedRequest final : public comm_wrap::ForwardedRequest {
+ public:
+  WatchedRequest(const std::string& comm, const char* op) : comm_(comm), op_(op) {}
+  dopt_status wait(int64_t timeout_ms) override {
+    const WatchdogScope watched("communicator", comm_, op_);
+    return ForwardedRequest::wait(timeout_ms);
+  }
+
+ private:
+  const std::string comm_;  // a copy: a request may outlive its communicator
+  const char* op_;
+};
 
 class DevComm final : public comm_wrap::ForwardingComm {
  public:
@@ -29,6 +66,11 @@ class DevComm final : public comm_wrap::ForwardingComm {
       return DOPT_ERR_UNSUPPORTED;
     }
     return DOPT_OK;
+  }
+
+  std::unique_ptr<comm_wrap::ForwardedRequest> prepare(const comm_wrap::Issue& is) override {
+    if (watchdog_seconds() <= 0) return std::make_unique<comm_wrap::ForwardedRequest>();
+    return std::make_unique<WatchedRequest>(name_, op_name(is.kind));
   }
 
   dopt_comm_ref wrap_child(dopt_comm_ref child, int32_t) override {

@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
 #include <thread>
 
 namespace distopt {
@@ -24,6 +27,7 @@ int default_threads_per_rank(int local_world_size) {
 
 int requested_threads_per_rank(int configured) {
   if (configured > 0) return configured;
+  if (const char* a = std::getenv("DISTOPT_THREADS_AUTO"); a && std::strcmp(a, "1") == 0) return 0;
   const char* v = std::getenv("OMP_NUM_THREADS");
   if (!v || !*v) return 0;
   char* end = nullptr;
@@ -35,6 +39,23 @@ int choose_threads_per_rank(int configured, int local_world_size) {
   const int asked = requested_threads_per_rank(configured);
   return asked > 0 ? asked : default_threads_per_rank(local_world_size);
 }
+
+std::string core_set_id() {
+  std::string id;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, id);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::string mask;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    // The mask as a string of CPU numbers: "0,1,2,3".
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) mask += (mask.empty() ? "" : ",") + std::to_string(c);
+  }
+  return id + "|" + mask;
+}
+
+int threads_for_ranks_sharing_cores(int ranks) { return default_threads_per_rank(ranks); }
 
 void set_threads_per_rank(int n) {
   n = std::max(1, n);

@@ -15,6 +15,7 @@
 #include "distopt/reducer.h"
 #include "distopt/sdk/base/tensor.hpp"
 #include "distopt/sdk/base/traffic.hpp"
+#include "distopt/watchdog.hpp"
 #include "host/services.hpp"
 #include "optim/autotune.hpp"
 #include "optim/buffer_sync.hpp"
@@ -33,6 +34,8 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   m.world_size = b.common.world_size;
   m.reducer_who = b.reducer.plugin_name + "/" + b.reducer.name;
   m.algorithm_who = b.algorithm.plugin_name + "/" + b.algorithm.name;
+  // Quoted by the watchdog as "algorithm '<this>'": the reducer runs inside its calls.
+  m.watched_as = b.algorithm.name + "' with reducer '" + b.reducer.name;
   check_param_devices(b);  // ABI 1.4: before any hook or instance exists
 
   // Parameter groups: spec k is group k; parameters no spec names go to group 0.
@@ -201,6 +204,7 @@ void DistributedOptimizer::Impl::launch(const dopt_bucket& bucket) {
   launched = true;
   ensure_join_notified();
   if (grad_scale != 1) sdk::as_tensor(*bucket.flat).mul_(grad_scale);
+  const WatchdogScope watched("algorithm", watched_as, "on_bucket_ready of bucket", bucket.index);
   check_status(avt->on_bucket_ready(algorithm, &bucket), algorithm_who,
                "on_bucket_ready(bucket " + std::to_string(bucket.index) + ")");
 }
@@ -220,7 +224,10 @@ void DistributedOptimizer::Impl::mixed_precision_step() {
   }
   const dopt_bucket* descs = masters->buckets();
   for (size_t b = 0; b < masters->num_buckets(); ++b) launch(descs[b]);
-  check_status(avt->step(algorithm), algorithm_who, "step");
+  {
+    const WatchdogScope watched("algorithm", watched_as, "step");
+    check_status(avt->step(algorithm), algorithm_who, "step");
+  }
   masters->copy_to_model();
   scaler->update(/*found_inf=*/false);
   ++steps;
@@ -295,7 +302,10 @@ void one_step(DistributedOptimizer::Impl& m) {
       d->byte_offset = 0;
     }
   }
-  check_status(m.avt->step(m.algorithm), m.algorithm_who, "step");
+  {
+    const WatchdogScope watched("algorithm", m.watched_as, "step");
+    check_status(m.avt->step(m.algorithm), m.algorithm_who, "step");
+  }
   ++m.steps;
   m.sync_buffers();
   m.check_reducer_used();

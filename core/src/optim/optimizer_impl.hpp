@@ -34,6 +34,7 @@ struct DistributedOptimizer::Impl {
   const dopt_algorithm_v1* avt = nullptr;
   dopt_algorithm* algorithm = nullptr;
   std::string reducer_who, algorithm_who;
+  std::string watched_as;  // "ALG' with reducer 'RED": how the watchdog names the algorithm
   int world_size = 1;
   int64_t steps = 0;
   int64_t epoch = 0;           // the last set_epoch (schedule bounds)

@@ -2,6 +2,7 @@
 // distributed optimizers built on them.
 #include "distopt/runtime.hpp"
 
+#include <ATen/Parallel.h>
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -25,6 +26,7 @@
 #include "distopt/sdk/base/tensor.hpp"
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
+#include "distopt/watchdog.hpp"
 #include "host/services.hpp"
 #include "optim/autotune.hpp"
 #include "optim/optimizer_builder.hpp"
@@ -127,11 +129,15 @@ namespace {
 // The rendezvous proper: every rank checks in through the store and waits,
 // within world.timeout_s in all, for the others, so a rank that never
 // started is named here rather than as a communicator's socket timeout.
-void wait_for_every_rank(Store& store, const ProcessInfo& proc, const std::string& url,
-                         double timeout_s) {
-  if (proc.world_size <= 1) return;
+// Returns the number of ranks that share this rank's cores (core_set_id(),
+// exchanged in the same keys), itself included.
+int wait_for_every_rank(Store& store, const ProcessInfo& proc, const std::string& url,
+                        double timeout_s) {
+  if (proc.world_size <= 1) return 1;
   auto key = [](int r) { return "rendezvous/joined/" + std::to_string(r); };
-  store.set(key(proc.rank), std::vector<uint8_t>{1});
+  const std::string cores = core_set_id();
+  store.set(key(proc.rank), std::vector<uint8_t>(cores.begin(), cores.end()));
+  int sharing = 1;
   using Clock = std::chrono::steady_clock;
   const auto deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -141,21 +147,54 @@ void wait_for_every_rank(Store& store, const ProcessInfo& proc, const std::strin
     for (int r = 0; r < proc.world_size; ++r) {
       if (r == proc.rank) continue;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      store.get(key(r), std::max(left, std::chrono::milliseconds(1)));
+      const auto v = store.get(key(r), std::max(left, std::chrono::milliseconds(1)));
+      if (std::string(v.begin(), v.end()) == cores) ++sharing;
     }
-    return;
+    return sharing;
   } catch (const RendezvousError&) {
   }
   std::vector<int> missing;
   for (int r = 0; r < proc.world_size; ++r)
     if (r != proc.rank && !store.check(key(r))) missing.push_back(r);
-  if (missing.empty()) return;  // they arrived just now
+  if (missing.empty()) return wait_for_every_rank(store, proc, url, timeout_s);  // just now
   std::string names;
   for (int r : missing) names += (names.empty() ? "" : ", ") + std::to_string(r);
   throw RendezvousError(
       "rendezvous " + url + ": rank " + std::to_string(proc.rank) + " of " +
       std::to_string(proc.world_size) + " waited world.timeout_s = " + std::to_string(timeout_s) +
       " s, and rank(s) " + names + " never joined (not started, or at another rendezvous address)");
+}
+
+// The ranks of a new membership (elastic) that share this rank's cores,
+// itself included: each publishes core_set_id() under `prefix`. Collective.
+int ranks_sharing_cores(Store& store, const std::string& prefix, int rank, int world,
+                        double timeout_s) {
+  if (world <= 1) return 1;
+  const std::string cores = core_set_id();
+  store.set(prefix + "/cores/" + std::to_string(rank),
+            std::vector<uint8_t>(cores.begin(), cores.end()));
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  int sharing = 1;
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) continue;
+    const auto v = store.get(prefix + "/cores/" + std::to_string(r), timeout);
+    if (std::string(v.begin(), v.end()) == cores) ++sharing;
+  }
+  return sharing;
+}
+
+// Intra-op threads by the ranks that share this rank's cores, whoever
+// started them (two launchers on one host, a rank that joined): unless the
+// user chose (train.threads, an OMP_NUM_THREADS of their own).
+void size_threads_by_sharing(const JobConfig& cfg, int sharing, int rank) {
+  if (requested_threads_per_rank(static_cast<int>(cfg.train.threads)) > 0) return;
+  const int n = threads_for_ranks_sharing_cores(sharing);
+  if (n == at::get_num_threads()) return;
+  set_threads_per_rank(n);
+  log(DOPT_LOG_DEBUG, "runtime",
+      "rank " + std::to_string(rank) + ": " + std::to_string(sharing) +
+          " rank(s) share this rank's " + std::to_string(available_cores()) +
+          " core(s): " + std::to_string(n) + " intra-op thread(s) per rank");
 }
 }  // namespace
 
@@ -211,6 +250,10 @@ void Runtime::Impl::reconnect(const ProcessInfo& p, const std::string& prefix) {
     validated.phases[k].reducer = v.phases[k].reducer;
     validated.phases[k].algorithm = v.phases[k].algorithm;
   }
+  size_threads_by_sharing(
+      cfg, ranks_sharing_cores(*store, prefix, proc.rank, proc.world_size, cfg.timeout_s),
+      proc.rank);
+  set_watchdog(cfg.watchdog_seconds(), proc.rank);  // the rank's new number
   CollectiveCheck check{
       store, std::chrono::milliseconds(static_cast<int64_t>(cfg.collective_check_s * 1000)),
       std::chrono::milliseconds(cfg.elastic.enabled ? 0 : -1)};
@@ -306,8 +349,11 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   if (proc.world_size < 1 || proc.rank < 0 || proc.rank >= proc.world_size)
     throw ConfigError("rank " + std::to_string(proc.rank) + " is not in [0, " +
                       std::to_string(proc.world_size) + ")");
-  if (proc.source != "default" && proc.rank == 0 && cfg.root.IsMap() && cfg.root["world"].IsMap() &&
-      cfg.root["world"]["size"].IsDefined() && cfg.world_size != proc.world_size)
+  // A rank of `launch --elastic --join` is started alone and joins a larger job.
+  const char* join_env = std::getenv("DISTOPT_ELASTIC_JOIN");
+  const bool new_member = join_env && std::string(join_env) == "1";
+  if (proc.source != "default" && proc.rank == 0 && cfg.world_size_set && !new_member &&
+      cfg.world_size != proc.world_size)
     log(DOPT_LOG_WARN, "runtime",
         cfg.path + ": world.size is " + std::to_string(cfg.world_size) + ", but the launcher (" +
             proc.source + ") started " + std::to_string(proc.world_size) + " ranks: running with " +
@@ -359,8 +405,6 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   m.member = given_member >= 0 ? given_member : proc.rank + 1000000LL * restart_count();
   m.initial_world_size = proc.world_size;
   for (int r = 0; r < proc.world_size; ++r) m.members.push_back(r);
-  const char* join_env = std::getenv("DISTOPT_ELASTIC_JOIN");
-  const bool new_member = join_env && std::string(join_env) == "1";
   if (cfg.elastic.enabled && (restart_count() > 0 || new_member)) {
     m.joining = true;
     // A process of `launch --elastic --join`: its launcher's numbers are
@@ -376,7 +420,9 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
             ")");
     return Runtime(std::move(impl));
   }
-  wait_for_every_rank(*m.store, proc, m.rendezvous, cfg.timeout_s);
+  size_threads_by_sharing(cfg, wait_for_every_rank(*m.store, proc, m.rendezvous, cfg.timeout_s),
+                          proc.rank);
+  set_watchdog(cfg.watchdog_seconds(), proc.rank);
 
   CollectiveCheck check{
       m.store, std::chrono::milliseconds(static_cast<int64_t>(cfg.collective_check_s * 1000)),

@@ -271,7 +271,12 @@ ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
   };
   if (set_node) vars.emplace_back("DISTOPT_NODE_ID", "node" + std::to_string(o.node_rank));
   if (!o.config.empty()) vars.emplace_back("DISTOPT_CONFIG", o.config);
-  if (set_omp) vars.emplace_back("OMP_NUM_THREADS", omp_threads);
+  if (set_omp) {
+    // The launcher's guess (its own ranks only): distopt ranks size their
+    // threads again by the ranks that share the cores once all have met.
+    vars.emplace_back("OMP_NUM_THREADS", omp_threads);
+    vars.emplace_back("DISTOPT_THREADS_AUTO", "1");
+  }
   // Elastic: the launcher serves the store. Otherwise an elastic job's
   // variables inherited from an enclosing launch would leave rank 0 waiting
   // for a server nobody starts.
@@ -786,6 +791,11 @@ int run(const LaunchOptions& given) {
                    std::to_string(o.nnodes * o.nprocs) + ", rendezvous tcp://" + o.master_addr +
                    ":" + std::to_string(port));
   const std::string url = "tcp://" + o.master_addr + ":" + std::to_string(port);
+  // An elastic job's first launcher: what a rank started later needs to join.
+  if (o.elastic && o.node_rank == 0 && !o.join && o.max_nodes == 0)
+    message(o, "elastic: more ranks join with `distopt launch --elastic --join --master-addr " +
+                   o.master_addr + " --master-port " + std::to_string(port) + " --rdzv-id " +
+                   token + " -- PROGRAM...`");
   if (!o.config_rendezvous.empty() && o.config_rendezvous != url)
     message(o, o.config_rendezvous_where + ": world.rendezvous '" + o.config_rendezvous +
                    "' is not used: the launched ranks meet at " + url +

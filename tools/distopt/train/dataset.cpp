@@ -123,6 +123,18 @@ std::string fashion_mnist_missing(const std::string& dir) {
   return "";
 }
 
+int64_t fashion_mnist_train_count(const std::string& dir) {
+  const std::string path = locate(dir, "train-images-idx3-ubyte");
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) throw DataError("cannot open data file " + path + ": " + std::strerror(errno));
+  unsigned char h[8] = {};
+  const int n = gzread(f, h, sizeof h);
+  gzclose(f);
+  if (n != static_cast<int>(sizeof h) || h[0] != 0 || h[1] != 0 || h[2] != 8 || h[3] != 3)
+    throw DataError("malformed data file " + path + ": no IDX3 header");
+  return (int64_t{h[4]} << 24) | (int64_t{h[5]} << 16) | (int64_t{h[6]} << 8) | int64_t{h[7]};
+}
+
 FashionMnist load_fashion_mnist(const std::string& dir) {
   FashionMnist ds;
   // Located one by one so the first missing file (in this order) is reported.

@@ -56,4 +56,9 @@ FashionMnist load_fashion_mnist(const std::string& dir = kDefaultFashionMnistDir
 /// nothing.
 std::string fashion_mnist_missing(const std::string& dir);
 
+/// The number of images in Fashion-MNIST's training split in `dir`, read
+/// from the IDX header of train-images-idx3-ubyte[.gz] alone (for `distopt
+/// check`, which loads no data). Throws DataError naming the file.
+int64_t fashion_mnist_train_count(const std::string& dir);
+
 }  // namespace distopt::train

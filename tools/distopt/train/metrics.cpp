@@ -9,8 +9,8 @@
 
 namespace distopt::train {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  out_.open(path, std::ios::out | std::ios::trunc);
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+  out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
   if (!out_) throw Error("cannot open metrics file " + path + ": " + std::strerror(errno));
 }
 

@@ -9,13 +9,15 @@
 
 namespace distopt::train {
 
-/// Appends one JSON object per line to a file (truncated on open). A
-/// default-constructed writer is disabled and ignores writes. Not thread-safe.
+/// Writes one JSON object per line to a file (truncated on open, or
+/// appended to: a resumed run continues its history). A default-constructed
+/// writer is disabled and ignores writes. Not thread-safe.
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  /// Open (create / truncate) `path`. Throws distopt::Error naming the file.
-  explicit MetricsWriter(const std::string& path);
+  /// Open `path`: create or truncate it, or (append) create it or append to
+  /// it. Throws distopt::Error naming the file.
+  explicit MetricsWriter(const std::string& path, bool append = false);
   bool enabled() const { return out_.is_open(); }
   /// Write `obj` as one line and flush, so a crash later keeps what was written.
   /// Throws distopt::Error if the write fails.

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@
 #include "train/metrics.hpp"
 #include "train/models.hpp"
 #include "train/synthetic.hpp"
+#include "train/user_model.hpp"
 
 namespace distopt::train {
 namespace {
@@ -145,6 +147,10 @@ struct EvalResult {
 class Data {
  public:
   explicit Data(const TrainConfig& tc) {
+    if (tc.dataset == "tensors") {
+      load_tensors(tc);
+      return;
+    }
     if (tc.dataset == "synthetic") {
       SyntheticSpec s;
       s.train_samples = tc.synthetic.train_samples;
@@ -178,6 +184,9 @@ class Data {
   // labels on `device`.
   std::pair<at::Tensor, at::Tensor> train_batch(const at::Tensor& index, const at::Device& device,
                                                 at::ScalarType dtype) const {
+    if (tensors_)
+      return {tensors_->first.inputs.index_select(0, index).to(device).to(dtype),
+              tensors_->first.labels.index_select(0, index).to(device)};
     if (syn_) {
       auto [x, y] = syn_->batch(index.to(device), /*test=*/false);
       return {x.to(dtype), y};
@@ -189,6 +198,9 @@ class Data {
   // Test samples lo..hi-1, as train_batch.
   std::pair<at::Tensor, at::Tensor> test_batch(int64_t lo, int64_t hi, const at::Device& device,
                                                at::ScalarType dtype) const {
+    if (tensors_)
+      return {tensors_->second.inputs.slice(0, lo, hi).to(device).to(dtype),
+              tensors_->second.labels.slice(0, lo, hi).to(device)};
     if (syn_) {
       auto [x, y] = syn_->batch(at::arange(lo, hi, at::TensorOptions(at::kLong).device(device)),
                                 /*test=*/true);
@@ -202,8 +214,32 @@ class Data {
   std::string description;
 
  private:
+  // dataset: tensors: (train, test) as torch.save wrote them.
+  void load_tensors(const TrainConfig& tc) {
+    TensorSet tr = load_tensor_set(tc.train_tensors), te = load_tensor_set(tc.test_tensors);
+    if (tr.inputs.sizes().slice(1) != te.inputs.sizes().slice(1))
+      throw DataError("train.tensors: the train inputs are " + c10::str(tr.inputs.sizes()) +
+                      " but the test inputs are " + c10::str(te.inputs.sizes()) +
+                      " (one sample shape for both)");
+    train_count = tr.inputs.size(0), test_count = te.inputs.size(0);
+    if (train_count < 1 || test_count < 1)
+      throw DataError("train.tensors: the train and test sets need at least one sample each");
+    classes = std::max(tr.labels.max().item<int64_t>(), te.labels.max().item<int64_t>()) + 1;
+    // The built-in models' view of a sample: [C, H, W], [H, W] or [F].
+    const auto shape = tr.inputs.sizes().slice(1);
+    channels = shape.size() == 3 ? shape[0] : 1;
+    rows = shape.size() >= 2 ? shape[shape.size() - 2] : 1;
+    cols = shape.empty() ? 1 : shape.back();
+    description = tc.train_tensors + " (" + std::to_string(train_count) + ") + " + tc.test_tensors +
+                  " (" + std::to_string(test_count) + "), inputs " + c10::str(shape) + " " +
+                  std::string(c10::toString(tr.inputs.scalar_type())) + ", " +
+                  std::to_string(classes) + " classes";
+    tensors_.emplace(std::move(tr), std::move(te));
+  }
+
   FashionMnist ds_;
   std::optional<SyntheticData> syn_;
+  std::optional<std::pair<TensorSet, TensorSet>> tensors_;
   at::Tensor train_x_, train_y_, test_x_, test_y_;
 };
 
@@ -235,11 +271,42 @@ EvalResult evaluate(Runtime& rt, Classifier& model, const Data& data, at::Scalar
 }  // namespace
 
 // Up-front checks of the train: section that the schema cannot express.
+namespace {
+
+// A whole run's optimizer steps: train.epochs x the steps per epoch (whole
+// global batches, plus the partial one unless drop_last; max_steps caps an
+// epoch), at least one per epoch.
+int64_t run_optimizer_steps(const TrainConfig& tc, int64_t train_count, int64_t global_batch) {
+  int64_t per_epoch =
+      train_count / global_batch + (!tc.drop_last && train_count % global_batch > 0 ? 1 : 0);
+  if (tc.max_steps > 0) per_epoch = std::min(per_epoch, tc.max_steps);
+  return std::max<int64_t>(1, per_epoch) * tc.epochs;
+}
+
+void check_warmup_within_run(const JobConfig& cfg, int64_t total_steps) {
+  if (total_steps <= cfg.lr_schedule->warmup_steps)
+    throw ConfigError(cfg.path + ": optimizer.lr_schedule.warmup_steps (" +
+                      std::to_string(cfg.lr_schedule->warmup_steps) + ") must be below the run's " +
+                      std::to_string(total_steps) +
+                      " optimizer steps (train.epochs x steps per epoch)");
+}
+
+}  // namespace
+
 void check_train_config(const JobConfig& cfg) {
   const TrainConfig& tc = cfg.train;
-  if (tc.dataset != "fashion-mnist" && tc.dataset != "synthetic")
+  if (tc.dataset != "fashion-mnist" && tc.dataset != "synthetic" && tc.dataset != "tensors")
     throw ConfigError(cfg.path + ": train.dataset '" + tc.dataset +
-                      "' is not supported (known: fashion-mnist, synthetic)");
+                      "' is not supported (known: fashion-mnist, synthetic, tensors)");
+  // Your own model and data: the files must be there before any rank starts.
+  for (const auto& [key, path] :
+       {std::pair<const char*, std::string>{"train.model.torchscript", tc.torchscript},
+        {"train.tensors.train", tc.dataset == "tensors" ? tc.train_tensors : std::string()},
+        {"train.tensors.test", tc.dataset == "tensors" ? tc.test_tensors : std::string()}}) {
+    struct stat st {};
+    if (!path.empty() && (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)))
+      throw ConfigError(cfg.path + ": " + key + ": '" + path + "' is not a file");
+  }
   if (tc.batch_size < 1) throw ConfigError(cfg.path + ": train.batch_size must be at least 1");
   if (tc.epochs < 1) throw ConfigError(cfg.path + ": train.epochs must be at least 1");
   if (cfg.elastic.enabled && !tc.drop_last)
@@ -251,6 +318,19 @@ void check_train_config(const JobConfig& cfg) {
   if (tc.dataset == "fashion-mnist")
     if (std::string missing = fashion_mnist_missing(tc.data_dir); !missing.empty())
       throw ConfigError(cfg.path + ": train.data_dir '" + tc.data_dir + "': " + missing);
+  // optimizer.lr_schedule without total_steps: its warm-up must end within
+  // the run (the run's length: train.epochs x steps per epoch).
+  if (cfg.lr_schedule && cfg.lr_schedule->needs_total_steps() && cfg.lr_schedule->total_steps < 0) {
+    const int64_t count = tc.dataset == "synthetic" ? tc.synthetic.train_samples
+                          : tc.dataset == "tensors"
+                              ? load_tensor_set(tc.train_tensors).labels.size(0)
+                              : fashion_mnist_train_count(tc.data_dir);
+    // The launcher's ranks when started by one, else world.size.
+    const ProcessInfo proc = detect_process_info();
+    const int64_t world = proc.source == "default" ? cfg.world_size : proc.world_size;
+    const int64_t global = tc.global_batch_size > 0 ? tc.global_batch_size : tc.batch_size * world;
+    check_warmup_within_run(cfg, run_optimizer_steps(tc, count, global));
+  }
   // A phase bounded by an epoch the job never reaches ends the schedule there.
   for (size_t k = 0; k + 1 < cfg.schedule.size(); ++k) {
     const int64_t until = cfg.schedule[k].until_epoch;
@@ -273,11 +353,11 @@ class Trainer {
         opts_(opts),
         fault_(fault_injection()),
         data_(tc_),  // a missing file fails every rank at once, before rendezvous
-        proc_(detect_process_info()),
-        // Runtime::from_config applies the same choice; known here for the log.
-        threads_(choose_threads_per_rank(static_cast<int>(tc_.threads), proc_.local_world_size)) {
+        proc_(detect_process_info()) {
     // Opened before the rendezvous, so a bad path fails before the other ranks wait.
-    if (proc_.rank == 0 && !opts.metrics_path.empty()) metrics_ = MetricsWriter(opts.metrics_path);
+    // A resumed run appends to the history its first run wrote.
+    if (proc_.rank == 0 && !opts.metrics_path.empty())
+      metrics_ = MetricsWriter(opts.metrics_path, /*append=*/opts.resume);
   }
 
   int run() {
@@ -285,6 +365,8 @@ class Trainer {
     plan_epochs();
     print_header();
     if (!rt_->joining()) resume();  // a joining rank takes the job's state from its peers
+    if (opts_.evaluate_only) return report_evaluation("evaluated");
+    if (first_epoch_ > tc_.epochs) return report_evaluation("complete");
     const auto t_loop = Clock::now();
     if (cfg_.elastic.enabled) {
       elastic_.emplace(*rt_, *model_, *opt_);
@@ -361,10 +443,13 @@ class Trainer {
   // Rendezvous, model (in the compute dtype), distributed optimizer.
   void connect() {
     rt_.emplace(Runtime::from_config(with_schedule_length(cfg_)));
+    // As Runtime sized them: by the ranks that share this rank's cores.
+    threads_ = at::get_num_threads();
     // resnet's width by default: small on the CPU, ResNet-18's on a GPU.
     const int64_t width = tc_.model_width > 0 ? tc_.model_width : tc_.device == "cpu" ? 8 : 64;
-    model_ = make_model(tc_.model, data_.channels, data_.rows, data_.cols, data_.classes, tc_.seed,
-                        width);
+    model_ = tc_.model == "torchscript" ? load_torchscript_model(tc_.torchscript)
+                                        : make_model(tc_.model, data_.channels, data_.rows,
+                                                     data_.cols, data_.classes, tc_.seed, width);
     // Mixed precision: the model computes in the low dtype; the optimizer
     // keeps fp32 masters (made from these parameters in make_optimizer).
     dtype_ = precision_scalar_type(cfg_.precision.dtype);
@@ -398,17 +483,9 @@ class Trainer {
     if (!out.lr_schedule || !out.lr_schedule->needs_total_steps() ||
         out.lr_schedule->total_steps >= 0)
       return out;
-    const int64_t global = global_batch_size(proc_.world_size);
-    int64_t per_epoch =
-        data_.train_count / global + (!tc_.drop_last && data_.train_count % global > 0 ? 1 : 0);
-    if (tc_.max_steps > 0) per_epoch = std::min(per_epoch, tc_.max_steps);
-    out.lr_schedule->total_steps = std::max<int64_t>(1, per_epoch) * tc_.epochs;
-    if (out.lr_schedule->total_steps <= out.lr_schedule->warmup_steps)
-      throw ConfigError(cfg.path + ": optimizer.lr_schedule.warmup_steps (" +
-                        std::to_string(out.lr_schedule->warmup_steps) +
-                        ") must be below the run's " +
-                        std::to_string(out.lr_schedule->total_steps) +
-                        " optimizer steps (train.epochs x steps per epoch)");
+    out.lr_schedule->total_steps =
+        run_optimizer_steps(tc_, data_.train_count, global_batch_size(proc_.world_size));
+    check_warmup_within_run(out, out.lr_schedule->total_steps);
     return out;
   }
 
@@ -458,6 +535,7 @@ class Trainer {
     const std::string& from = opts_.resume_from.empty() ? opts_.checkpoint_dir : opts_.resume_from;
     if (!opts_.resume || from.empty()) return;
     if (!find_checkpoint(from)) {
+      if (opts_.evaluate_only) throw CheckpointError(from + ": no checkpoint to evaluate");
       if (lead())
         std::cout << "resume: no checkpoint in " << from << ", starting afresh" << std::endl;
       return;
@@ -472,11 +550,23 @@ class Trainer {
     };
     first_epoch_ = num("epoch");
     const int64_t samples = num("samples_in_epoch");
+    if (lead() && !opts_.evaluate_only)
+      metrics_.write({{"event", "resume"},
+                      {"checkpoint", ck.path},
+                      {"step", ck.step},
+                      {"world_size", rt_->world_size()},
+                      {"saved_by_world_size", ck.world_size}});
     first_step_ = samples / global_batch_;
     global_step_ = num("global_step");
     // The saved position may be past this job's epoch (train.max_steps, or a
     // larger global batch after a world-size change): the next epoch then.
     const bool epoch_done = first_step_ >= steps_per_epoch_;
+    if (opts_.evaluate_only) {
+      if (lead())
+        std::cout << "eval: " << ck.path << " (step " << ck.step << ", saved by " << ck.world_size
+                  << " rank(s))" << std::endl;
+      return;
+    }
     if (lead()) {
       std::cout << "resume: " << ck.path << " (step " << ck.step << ", saved by " << ck.world_size
                 << " rank(s)): ";
@@ -598,10 +688,21 @@ class Trainer {
       if (lead() && log_every > 0 &&
           ((step + 1) % log_every == 0 || step + 1 == steps_per_epoch_)) {
         const double dt = seconds_since(t_log);
+        const double sps = dt > 0 ? steps_since_log * global_batch_ / dt : 0.0;
         std::cout << "epoch " << epoch << "/" << tc_.epochs << " step " << (step + 1) << "/"
                   << steps_per_epoch_ << " loss " << fmt("%.4f", loss) << " lr "
                   << fmt("%.4g", opt_->lr()) << grad_norm_since_log() << " samples/s "
-                  << fmt("%.0f", dt > 0 ? steps_since_log * global_batch_ / dt : 0.0) << std::endl;
+                  << fmt("%.0f", sps) << std::endl;
+        // The same figures per train.log_every steps, for tools/plot_metrics.py.
+        metrics_.write({{"event", "step"},
+                        {"epoch", epoch},
+                        {"step_in_epoch", step + 1},
+                        {"global_step", global_step_},
+                        {"loss", loss},
+                        {"lr", opt_->lr()},
+                        {"samples_per_s", sps},
+                        {"bytes_sent", static_cast<double>(opt_->bytes_sent())},
+                        {"loss_scale", opt_->loss_scale()}});
         t_log = Clock::now();
         steps_since_log = 0;
       }
@@ -646,6 +747,7 @@ class Trainer {
               << fmt("%.0f", samples / epoch_time) << " samples/s" << std::endl;
     nlohmann::json event = {{"event", "epoch"},
                             {"epoch", epoch},
+                            {"global_step", global_step_},
                             {"steps", epoch_steps},
                             {"samples", static_cast<int64_t>(samples)},
                             {"train_loss", last_train_loss_},
@@ -692,6 +794,32 @@ class Trainer {
     return r;
   }
 
+  // Nothing to train: `distopt eval`, or --resume of a run whose last epoch
+  // is saved. The restored model's test figures, so the user sees what the
+  // checkpoint holds.
+  int report_evaluation(const std::string& why) {
+    model_->eval();
+    last_eval_ = evaluate_model();
+    if (lead()) {
+      if (why == "complete")
+        std::cout << "resume: the run is complete (train.epochs = " << tc_.epochs
+                  << ", optimizer step " << global_step_
+                  << "); nothing to train. Raise train.epochs (or --epochs) to train on.\n";
+      std::cout << "  restored model (optimizer step " << global_step_ << "): test loss "
+                << fmt("%.4f", last_eval_.loss) << ", test accuracy "
+                << fmt("%.2f", 100 * last_eval_.accuracy) << "% (" << last_eval_.count << " images)"
+                << std::endl;
+      metrics_.write({{"event", "evaluation"},
+                      {"reason", why == "complete" ? "resumed a complete run" : "distopt eval"},
+                      {"global_step", global_step_},
+                      {"test_loss", last_eval_.loss},
+                      {"test_accuracy", last_eval_.accuracy},
+                      {"test_images", last_eval_.count}});
+    }
+    rt_->barrier();
+    return 0;
+  }
+
   // Per-rank byte and state counts (collective), then rank 0's summary.
   void summarize(double wall) {
     auto& opt = *opt_;
@@ -727,7 +855,7 @@ class Trainer {
                     {"global_step", global_step_},
                     {"batch_size", tc_.batch_size},
                     {"global_batch", global_batch_},
-                    {"threads_per_rank", threads_},
+                    {"threads_per_rank", static_cast<int64_t>(at::get_num_threads())},
                     {"samples", static_cast<int64_t>(samples_run_)},
                     {"train_time_s", train_time_},
                     {"wall_time_s", wall},
@@ -753,7 +881,7 @@ class Trainer {
   const Clock::time_point t_start_ = Clock::now();
   Data data_;
   const ProcessInfo proc_;
-  const int64_t threads_;
+  int64_t threads_ = 1;  // intra-op threads per rank (connect())
   MetricsWriter metrics_;
   std::optional<Runtime> rt_;
   std::shared_ptr<Classifier> model_;

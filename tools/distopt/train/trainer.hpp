@@ -56,6 +56,9 @@ struct TrainOptions {
   /// With `resume`: the checkpoint to continue from (a step directory, or a
   /// checkpoint directory's newest) instead of checkpoint_dir's newest.
   std::string resume_from;
+  /// `distopt eval`: restore resume_from's model, evaluate it on the test
+  /// set, report, and train nothing (no checkpoint is written).
+  bool evaluate_only = false;
 };
 int train_rank(const JobConfig& cfg, const TrainOptions& opts);
 
