@@ -271,3 +271,30 @@ TEST_CASE(
   CHECK(std::regex_search(r.output, std::regex(R"(distopt: rank [01]: watchdog)")));
   CHECK(seconds < 170);
 }
+
+TEST_CASE("on a terminal the step lines are one progress line per epoch; in a pipe, lines") {
+  if (run_command({"sh", "-c", "command -v script"}).exit_code != 0)
+    DISTOPT_SKIP_TEST_CASE("no script(1) to give the run a terminal (bsdutils)");
+  TempDir t;
+  for (const std::string world : {"{size: 2}", "{size: 1}"}) {
+    CAPTURE(world);
+    const std::string job = write(t, "job.yaml", job_text(world));
+    // script(1): the command's stdout is a pseudo-terminal, as in a shell.
+    ProcResult tty = run_command({"script", "-qec", cli() + " train " + job, "/dev/null"}, {},
+                                 std::chrono::seconds(240));
+    INFO(tty.output);
+    CHECK(tty.exit_code == 0);
+    const std::string prefix = world == "{size: 2}" ? "[rank 0] " : "";
+    // Each step line is drawn over the last, the epoch's result over it.
+    CHECK(contains(tty.output, "\r\x1b[K" + prefix + "epoch 1/1 step 3/6 loss"));
+    CHECK(contains(tty.output, "\r\x1b[K" + prefix + "epoch 1/1 step 6/6 loss"));
+    CHECK(contains(tty.output, "\r\x1b[K" + prefix + "epoch 1/1: train loss"));
+    CHECK(std::regex_search(tty.output, std::regex(R"(step 3/6 loss .* eta \d+ s)")));
+    ProcResult pipe = run_command({cli(), "train", job}, {}, std::chrono::seconds(240));
+    INFO(pipe.output);
+    CHECK(pipe.exit_code == 0);
+    CHECK(contains(pipe.output, prefix + "epoch 1/1 step 3/6 loss"));
+    CHECK(!contains(pipe.output, "\r"));
+    CHECK(!contains(pipe.output, "\x1b["));
+  }
+}

@@ -90,6 +90,15 @@ struct Rank {
 
 constexpr size_t kMaxLine = 64 * 1024;  // flush a line this long even without '\n'
 
+// A rank's progress line begins with '\r' (distopt train's step lines when
+// DISTOPT_PROGRESS=1). On a terminal the launcher draws it over the last
+// progress line instead of scrolling, and the next ordinary line (the
+// epoch's result) replaces it; elsewhere the '\r' is dropped, so logs stay
+// line-based. One terminal line for all ranks: the launcher's own.
+bool g_stdout_tty = false;     // the launcher's stdout is a terminal
+bool g_stderr_tty = false;     // and its stderr
+bool g_progress_open = false;  // a progress line is on the terminal, not ended
+
 void emit(int rank, Stream& s, bool final) {
   std::string prefix = "[rank " + std::to_string(rank) + "] ";
   std::string out;
@@ -97,8 +106,18 @@ void emit(int rank, Stream& s, bool final) {
   for (;;) {
     size_t nl = s.partial.find('\n', start);
     if (nl == std::string::npos) break;
+    const bool tty = s.out_fd == 1 ? g_stdout_tty : g_stderr_tty;
+    const bool progress = s.partial[start] == '\r';
+    if (progress) ++start;
+    if (tty && (progress || g_progress_open)) out += "\r\x1b[K";
     out += prefix;
-    out.append(s.partial, start, nl - start + 1);
+    if (progress && tty) {
+      out.append(s.partial, start, nl - start);  // no newline: the next line overwrites it
+      g_progress_open = true;
+    } else {
+      out.append(s.partial, start, nl - start + 1);
+      g_progress_open = false;
+    }
     start = nl + 1;
   }
   s.partial.erase(0, start);
@@ -270,6 +289,8 @@ ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
       {"DISTOPT_JOB_TOKEN", token},
   };
   if (set_node) vars.emplace_back("DISTOPT_NODE_ID", "node" + std::to_string(o.node_rank));
+  // distopt train draws its step lines as one progress line (emit()).
+  vars.emplace_back("DISTOPT_PROGRESS", g_stdout_tty ? "1" : "0");
   if (!o.config.empty()) vars.emplace_back("DISTOPT_CONFIG", o.config);
   if (set_omp) {
     // The launcher's guess (its own ranks only): distopt ranks size their
@@ -804,6 +825,8 @@ int run(const LaunchOptions& given) {
   std::vector<char*> argv;
   for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  g_stdout_tty = ::isatty(1) == 1;
+  g_stderr_tty = ::isatty(2) == 1;
   Supervisor supervisor(o, port, token, std::move(argv));
   supervisor.spawn();
   supervisor.supervise();

@@ -596,7 +596,7 @@ class Trainer {
                           {"seed", std::to_string(tc_.seed)}};
     CheckpointInfo ck =
         rt_->save_checkpoint(opts_.checkpoint_dir, *model_, *opt_, extra, opts_.keep);
-    if (lead()) std::cout << "checkpoint: " << ck.path << std::endl;
+    if (lead()) std::cout << end_progress() << "checkpoint: " << ck.path << std::endl;
   }
 
   // DISTOPT_FAULT_INJECT=exit:RANK:STEP (test-only).
@@ -689,10 +689,15 @@ class Trainer {
           ((step + 1) % log_every == 0 || step + 1 == steps_per_epoch_)) {
         const double dt = seconds_since(t_log);
         const double sps = dt > 0 ? steps_since_log * global_batch_ / dt : 0.0;
-        std::cout << "epoch " << epoch << "/" << tc_.epochs << " step " << (step + 1) << "/"
-                  << steps_per_epoch_ << " loss " << fmt("%.4f", loss) << " lr "
-                  << fmt("%.4g", opt_->lr()) << grad_norm_since_log() << " samples/s "
-                  << fmt("%.0f", sps) << std::endl;
+        // The epoch's time left, at the epoch's mean step time so far.
+        const double eta = seconds_since(t_epoch) / static_cast<double>(steps_done) *
+                           static_cast<double>(steps_per_epoch_ - step - 1);
+        std::ostringstream line;
+        line << "epoch " << epoch << "/" << tc_.epochs << " step " << (step + 1) << "/"
+             << steps_per_epoch_ << " loss " << fmt("%.4f", loss) << " lr "
+             << fmt("%.4g", opt_->lr()) << grad_norm_since_log() << " samples/s "
+             << fmt("%.0f", sps) << " eta " << fmt("%.0f", eta) << " s";
+        progress_line(line.str());
         // The same figures per train.log_every steps, for tools/plot_metrics.py.
         metrics_.write({{"event", "step"},
                         {"epoch", epoch},
@@ -715,6 +720,33 @@ class Trainer {
     save(epoch, steps_per_epoch_);
     end_epoch(epoch, start, loss_sum / static_cast<double>(std::max<int64_t>(1, steps_done)),
               epoch_time);
+  }
+
+  // A step line: on a terminal, one progress line redrawn in place (the
+  // epoch's result replaces it); elsewhere an ordinary line. Under a
+  // launcher, DISTOPT_PROGRESS=1 (its stdout is a terminal) marks the line
+  // with a leading '\r' and the launcher draws it; alone, this rank draws.
+  void progress_line(const std::string& text) {
+    if (progress_ == Progress::kLauncher) {
+      std::cout << '\r' << text << std::endl;
+    } else if (progress_ == Progress::kTerminal) {
+      std::cout << "\r\x1b[K" << text << std::flush;
+      progress_open_ = true;
+    } else {
+      std::cout << text << std::endl;
+    }
+  }
+  // What an ordinary line starts with: the erasure of an open progress line.
+  const char* end_progress() {
+    if (!progress_open_) return "";
+    progress_open_ = false;
+    return "\r\x1b[K";
+  }
+  enum class Progress { kLines, kLauncher, kTerminal };
+  static Progress progress_mode() {
+    const char* p = std::getenv("DISTOPT_PROGRESS");
+    if (p) return std::string(p) == "1" ? Progress::kLauncher : Progress::kLines;
+    return ::isatty(1) == 1 ? Progress::kTerminal : Progress::kLines;
   }
 
   // " grad_norm X": the mean pre-clip global gradient norm (this rank's
@@ -740,7 +772,7 @@ class Trainer {
         std::min(steps_per_epoch_ * global_batch_, data_.train_count) - start * global_batch_);
     samples_run_ += samples;
     if (!lead()) return;
-    std::cout << "epoch " << epoch << "/" << tc_.epochs << ": train loss "
+    std::cout << end_progress() << "epoch " << epoch << "/" << tc_.epochs << ": train loss "
               << fmt("%.4f", last_train_loss_) << ", test loss " << fmt("%.4f", last_eval_.loss)
               << ", test accuracy " << fmt("%.2f", 100 * last_eval_.accuracy) << "% ("
               << last_eval_.count << " images), " << fmt("%.2f", epoch_time) << " s, "
@@ -882,6 +914,8 @@ class Trainer {
   Data data_;
   const ProcessInfo proc_;
   int64_t threads_ = 1;  // intra-op threads per rank (connect())
+  const Progress progress_ = progress_mode();
+  bool progress_open_ = false;  // kTerminal: a progress line is drawn, not ended
   MetricsWriter metrics_;
   std::optional<Runtime> rt_;
   std::shared_ptr<Classifier> model_;
