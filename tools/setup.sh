@@ -14,6 +14,7 @@ PACKAGES=(
   dataset-fashion-mnist
   python3-torch          # tests: consolidated checkpoints must load with torch.load
   python3-matplotlib     # tools/plot_metrics.py (and its test)
+  python3-dev pybind11-dev python3-pytest  # the Python package `distopt` and its tests
 )
 # Extra packages for the benchmark comparisons (PyTorch gloo / DDP): opt-in.
 if [[ "${DISTOPT_SETUP_BENCH:-0}" == 1 ]]; then

@@ -1,0 +1,91 @@
+"""distopt's Python optimizers on 2 real ranks (`distopt launch -n 2 --
+python3 worker.py`) against a single-process PyTorch optimizer on the
+global batch, to float tolerance; checkpoints and consolidate from Python;
+refusals with clear errors. ctest runs it with DISTOPT_CLI and PYTHONPATH set."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import distopt
+from common import BATCHES, make_model, data
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLI = os.environ.get("DISTOPT_CLI")
+
+
+def reference(optimizer_factory):
+    """Plain PyTorch on the whole global batch: the parameters after BATCHES steps."""
+    torch.set_num_threads(1)
+    model = make_model()
+    opt = optimizer_factory(model.parameters())
+    xs, ys = data()
+    for step in range(BATCHES):
+        opt.zero_grad()
+        F.cross_entropy(model(xs[step]), ys[step]).backward()
+        opt.step()
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def run_ranks(case, tmp_path):
+    assert CLI, "DISTOPT_CLI is not set (run through ctest)"
+    r = subprocess.run([CLI, "launch", "-n", "2", "--", sys.executable,
+                        os.path.join(HERE, "worker.py"), case, str(tmp_path)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout
+    return [torch.load(tmp_path / f"params_{rank}.pt") for rank in range(2)]
+
+
+def check_close(got, ref, rtol=1e-5, atol=1e-6):
+    assert got.keys() == ref.keys()
+    for n in ref:
+        assert torch.allclose(got[n], ref[n], rtol=rtol, atol=atol), \
+            f"{n}: max |diff| {(got[n] - ref[n]).abs().max().item()}"
+
+
+CASES = {
+    "allreduce_sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "no_sync": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "zero_adam": lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.9, 0.99)),
+    "zero2_adamw": lambda p: torch.optim.AdamW(p, lr=0.01),
+    "fused_adam": lambda p: torch.optim.Adam(p, lr=0.01),
+    "hybrid_adam": lambda p: torch.optim.Adam(p, lr=0.01),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_single_process_pytorch(case, tmp_path):
+    ranks = run_ranks(case, tmp_path)
+    ref = reference(CASES[case])
+    for got in ranks:
+        check_close(got, ref)
+    # Both ranks hold the same model.
+    check_close(ranks[0], ranks[1], rtol=0, atol=0)
+    if case == "allreduce_sgd":
+        # consolidate() on rank 0, and load_checkpoint() over a perturbed model.
+        whole = torch.load(tmp_path / "consolidated.pt")
+        check_close({n: whole[f"model/{n}"] for n in ref}, ranks[0], rtol=0, atol=0)
+        for rank in range(2):
+            check_close(torch.load(tmp_path / f"restored_{rank}.pt"), ranks[rank], rtol=0, atol=0)
+        # The CLI consolidates the same checkpoint for torch.load.
+        r = subprocess.run([CLI, "checkpoint", "consolidate", str(tmp_path / "ck"),
+                            str(tmp_path / "out.pt")], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        model = make_model()
+        model.load_state_dict(torch.load(tmp_path / "out.pt")["model"], strict=True)
+        check_close({n: p.detach() for n, p in model.named_parameters()}, ranks[0], rtol=0, atol=0)
+
+
+def test_refusals_name_what_is_wrong():
+    model = make_model()
+    with pytest.raises(distopt.Error, match="betas"):
+        # Not PyTorch's name in a job: the job's key is beta1/beta2.
+        distopt.DistributedOptimizer(model, {"optimizer": {"name": "adam", "betas": [0.9, 0.9]}})
+    with pytest.raises(distopt.Error, match="LBFGS"):
+        distopt.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.LBFGS)
+    with pytest.raises(TypeError):
+        distopt.DistributedOptimizer(model, 42)

@@ -1,0 +1,300 @@
+"""distopt from PyTorch scripts: every algorithm plugin behind an optimizer.
+
+    import distopt
+    opt = distopt.DistributedOptimizer(model, "job.yaml")   # or YAML text, or a dict
+    for x, y in loader:                                     # this rank's shard
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()   # buckets are reduced as backward fills them
+        opt.step()                        # the job's algorithm: allreduce, zero, fused, ...
+
+`job` has the keys of a `distopt train` job file (communicator, reducer,
+algorithm, optimizer with lr_schedule and grad_clip, precision, buffers,
+join, ...; the train: section is not used). Rank and world size come from
+the launcher's environment (`distopt launch -n N -- python3 train.py`,
+torchrun, Slurm, Open MPI), as for a C++ program that embeds the runtime.
+
+Shaped as the originals:
+- ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, **defaults):
+  PyTorch's, running the `zero` plugin (stage 1; stage=2 shards gradients too);
+- fuse_optimizer(optimizer): Bagua's, running the `fused` plugin;
+- HybridDeviceOptimizer(params, offload_fraction=0.5, ...): Megatron's,
+  running the `hybrid` plugin.
+They reduce the gradients themselves: use them without DDP.
+
+Errors from distopt (a bad job, a dead peer, a refused tensor) raise
+distopt.Error, whose text names the file and key, or the peer.
+"""
+
+import contextlib
+import json
+import os
+
+import torch
+
+from ._distopt import DistributedOptimizer as _Optimizer
+from ._distopt import Error, Runtime
+
+__all__ = [
+    "DistributedOptimizer",
+    "Error",
+    "HybridDeviceOptimizer",
+    "Runtime",
+    "ZeroRedundancyOptimizer",
+    "fuse_optimizer",
+    "init",
+    "runtime",
+]
+
+_runtime = None
+_runtime_job = None
+
+
+def _job_text(job):
+    """(YAML text, name for messages) of a path, YAML text or dict."""
+    if isinstance(job, dict):
+        return json.dumps(job), "<dict>"  # JSON is YAML
+    if isinstance(job, (str, os.PathLike)) and os.path.isfile(job):
+        return None, os.fspath(job)
+    if isinstance(job, str):
+        return job, "<string>"
+    raise TypeError(f"distopt: job must be a YAML file, YAML text or a dict, got {type(job)!r}")
+
+
+def init(job=None):
+    """The process's runtime (rendezvous, plugins, communicator), created once.
+
+    `job`: a job file's path, YAML text or a dict (default: the file that
+    $DISTOPT_CONFIG names, else a job of every default). Collective: every
+    rank calls it. A second call returns the same runtime; with another job
+    it raises distopt.Error (one runtime per process).
+    """
+    global _runtime, _runtime_job
+    key = json.dumps(job, sort_keys=True) if isinstance(job, dict) else job
+    if _runtime is not None:
+        if job is not None and key != _runtime_job:
+            raise Error("distopt.init: this process already has a runtime for another job "
+                        "(one runtime per process)")
+        return _runtime
+    if job is None:
+        job = os.environ.get("DISTOPT_CONFIG") or {}
+    text, name = _job_text(job)
+    _runtime = Runtime.from_yaml(name) if text is None else Runtime.from_text(text, name)
+    _runtime_job = key
+    return _runtime
+
+
+def runtime():
+    """The runtime init() created (None before)."""
+    return _runtime
+
+
+def _named(model_or_params):
+    """(named parameters, named buffers) of a module or of an iterable of
+    parameters (then named param_0, param_1, ... in order)."""
+    if isinstance(model_or_params, torch.nn.Module):
+        params = [(n, p) for n, p in model_or_params.named_parameters() if p.requires_grad]
+        return params, list(model_or_params.named_buffers())
+    params = []
+    for i, p in enumerate(model_or_params):
+        if isinstance(p, dict):
+            raise Error("distopt: parameter groups as dicts are not supported here; pass the "
+                        "parameters (per-group settings go in the job's optimizer section)")
+        if p.requires_grad:
+            params.append((f"param_{i}", p))
+    return params, []
+
+
+class DistributedOptimizer:
+    """The job's distributed optimizer over `model`'s parameters.
+
+    model: a torch.nn.Module (its named parameters and buffers: checkpoints
+    and consolidate use their names) or an iterable of parameters.
+    job: a YAML file, YAML text or a dict with the keys of a job file
+    (see init()). Collective: every rank builds it; rank 0's parameters and
+    buffers are broadcast first, so all ranks start equal.
+    """
+
+    def __init__(self, model, job=None):
+        self.runtime = init(job)
+        params, buffers = _named(model)
+        if not params:
+            raise Error("distopt: no parameter that requires a gradient")
+        self._params = [p for _, p in params]
+        self._opt = _Optimizer(self.runtime, params, buffers)
+
+    # ---- as torch.optim.Optimizer ----
+    def zero_grad(self, set_to_none=False):
+        """Zero the gradients (they are views into the buckets, so never None)."""
+        del set_to_none
+        self._opt.zero_grad()
+
+    def step(self, closure=None):
+        """Finish the gradient reduction and run the algorithm's step. Collective."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._opt.step()
+        return loss
+
+    @property
+    def lr(self):
+        """Parameter group 0's learning rate (the schedule's base with a schedule)."""
+        return self._opt.lr(0)
+
+    @lr.setter
+    def lr(self, value):
+        self._opt.set_lr(float(value), 0)
+
+    def set_lr(self, lr, group=0):
+        self._opt.set_lr(float(lr), group)
+
+    # ---- as DDP ----
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradient accumulation: backward passes inside only accumulate; the
+        next backward outside sends the sum (scale each loss by 1/K)."""
+        self._opt.enter_no_sync()
+        try:
+            yield
+        finally:
+            self._opt.exit_no_sync()
+
+    def join(self):
+        """Uneven inputs: call after this rank's last step; returns when every
+        rank has joined (needs `join: {enabled: true}` in the job)."""
+        return self._opt.join()
+
+    # ---- mixed precision ----
+    def scale_loss(self, loss):
+        """The loss times the current loss scale (1 without mixed precision)."""
+        return self._opt.scale_loss(loss)
+
+    @property
+    def loss_scale(self):
+        return self._opt.loss_scale
+
+    # ---- checkpoints ----
+    def save_checkpoint(self, dir, extra=None, keep=2):
+        """A sharded checkpoint in `dir` (any world size and algorithm restores
+        it; `distopt checkpoint consolidate` makes one file). Collective."""
+        return self._opt.save_checkpoint(os.fspath(dir), {k: str(v) for k, v in (extra or {}).items()},
+                                         keep)
+
+    def load_checkpoint(self, dir):
+        """Restore the newest checkpoint in `dir` (or a step directory). Collective."""
+        return self._opt.load_checkpoint(os.fspath(dir))
+
+    def consolidate(self, to=0):
+        """Every tensor of the model and the optimizer whole on rank `to`
+        ("model/<name>", "algorithm/<key>", ...); {} elsewhere. Collective."""
+        return self._opt.consolidate(to)
+
+    # ---- figures ----
+    @property
+    def steps(self):
+        return self._opt.steps
+
+    @property
+    def bytes_sent(self):
+        return self._opt.bytes_sent
+
+    @property
+    def state_bytes(self):
+        """Optimizer state held by this rank, bytes (1/N of it under zero)."""
+        return self._opt.state_bytes
+
+    @property
+    def algorithm(self):
+        return self._opt.algorithm
+
+    @property
+    def reducer(self):
+        return self._opt.reducer
+
+
+_OPTIMIZER_NAMES = {
+    torch.optim.SGD: "sgd",
+    torch.optim.Adam: "adam",
+    torch.optim.AdamW: "adamw",
+    torch.optim.Adagrad: "adagrad",
+    torch.optim.RMSprop: "rmsprop",
+}
+
+# PyTorch's argument names -> the job's, where they differ.
+_RENAMED = {"betas": ("beta1", "beta2")}
+# PyTorch arguments with no effect on the update that distopt applies.
+_IGNORED = {"foreach", "maximize", "capturable", "differentiable", "fused"}
+
+
+def _optimizer_section(optimizer_class, defaults):
+    name = _OPTIMIZER_NAMES.get(optimizer_class)
+    if name is None:
+        known = ", ".join(c.__name__ for c in _OPTIMIZER_NAMES)
+        raise Error(f"distopt: optimizer_class {getattr(optimizer_class, '__name__', optimizer_class)} "
+                    f"has no libtorch counterpart here (known: {known})")
+    section = {"name": name}
+    for k, v in defaults.items():
+        if k in _IGNORED:
+            if v not in (None, False):
+                raise Error(f"distopt: {optimizer_class.__name__}({k}={v!r}) is not supported")
+            continue
+        if k in _RENAMED:
+            for new, x in zip(_RENAMED[k], v):
+                section[new] = float(x)
+        else:
+            section[k] = v
+    return section
+
+
+def _with_common(job, common):
+    """`job` (a dict) with the caller's communicator etc. from `common`."""
+    for k, v in (common or {}).items():
+        job[k] = v
+    return job
+
+
+class ZeroRedundancyOptimizer(DistributedOptimizer):
+    """PyTorch's ZeroRedundancyOptimizer, running distopt's `zero` plugin:
+    each rank keeps 1/N of the optimizer state (stage 1; stage=2 also
+    reduce-scatters the gradients). Unlike PyTorch's, it reduces the
+    gradients itself: use it without DDP.
+
+    job: further job keys (communicator, reducer, precision, ...) as a dict.
+    """
+
+    def __init__(self, params, optimizer_class=torch.optim.Adam, *, stage=1, job=None,
+                 **defaults):
+        section = _optimizer_section(optimizer_class, defaults)
+        full = _with_common({"algorithm": {"name": "zero", "options": {"stage": int(stage)}},
+                             "optimizer": section}, job)
+        super().__init__(params, full)
+
+
+def fuse_optimizer(optimizer, job=None, **options):
+    """Bagua's fuse_optimizer: the same update on flat, fused buffers (the
+    `fused` plugin) for the parameters and settings of `optimizer` (a
+    torch.optim optimizer with one parameter group). Returns the distopt
+    optimizer that replaces it."""
+    if len(optimizer.param_groups) != 1:
+        raise Error("distopt.fuse_optimizer: one parameter group only")
+    group = optimizer.param_groups[0]
+    settings = {k: v for k, v in group.items() if k != "params" and k in optimizer.defaults}
+    section = _optimizer_section(type(optimizer), settings)
+    full = _with_common({"algorithm": {"name": "fused", "options": dict(options)},
+                         "optimizer": section}, job)
+    return DistributedOptimizer(group["params"], full)
+
+
+class HybridDeviceOptimizer(DistributedOptimizer):
+    """Megatron's HybridDeviceOptimizer, running the `hybrid` plugin: the
+    update of `offload_fraction` of the parameters runs on the CPU from
+    host copies, the rest on the parameters' device."""
+
+    def __init__(self, params, offload_fraction=0.5, optimizer_class=torch.optim.Adam, *,
+                 job=None, **defaults):
+        section = _optimizer_section(optimizer_class, defaults)
+        full = _with_common({"algorithm": {"name": "hybrid",
+                                           "options": {"offload_fraction": float(offload_fraction)}},
+                             "optimizer": section}, job)
+        super().__init__(params, full)

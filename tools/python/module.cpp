@@ -1,0 +1,204 @@
+// The Python extension `distopt._distopt`: the embedding API (Runtime,
+// DistributedOptimizer, checkpoints) for PyTorch scripts. The Python
+// package (distopt/__init__.py) shapes it as PyTorch users expect.
+//
+// Tensors cross as torch's own (torch/extension.h's casters), so a Python
+// parameter and the tensor the optimizer holds are one TensorImpl: the
+// optimizer's gradient hooks run inside loss.backward() and its updates are
+// what the Python model sees.
+#include <torch/extension.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distopt/checkpoint.hpp"
+#include "distopt/config.hpp"
+#include "distopt/distributed_optimizer.hpp"
+#include "distopt/error.hpp"
+#include "distopt/runtime.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The child of `m` named `name`, created empty if missing.
+torch::nn::Module& child(torch::nn::Module& m, const std::string& name) {
+  for (auto& c : m.named_children())
+    if (c.key() == name) return *c.value();
+  return *m.register_module(name, std::make_shared<torch::nn::Module>());
+}
+
+// A C++ module tree holding the Python model's tensors under their dotted
+// names ("body.0.weight"), for the calls that take a torch::nn::Module
+// (make_optimizer's buffers, checkpoints, consolidate).
+std::shared_ptr<torch::nn::Module> module_of(const Named& params, const Named& buffers) {
+  auto root = std::make_shared<torch::nn::Module>();
+  auto place = [&](const std::string& name, const at::Tensor& t, bool parameter) {
+    torch::nn::Module* m = root.get();
+    size_t start = 0;
+    for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', start)) {
+      m = &child(*m, name.substr(start, dot - start));
+      start = dot + 1;
+    }
+    const std::string leaf = name.substr(start);
+    if (parameter)
+      m->register_parameter(leaf, t, t.requires_grad());
+    else
+      m->register_buffer(leaf, t);
+  };
+  for (const auto& [n, t] : params) place(n, t, true);
+  for (const auto& [n, t] : buffers) place(n, t, false);
+  return root;
+}
+
+// The optimizer with the module tree it was built on.
+struct PyOptimizer {
+  PyOptimizer(distopt::Runtime r, std::shared_ptr<torch::nn::Module> m,
+              distopt::DistributedOptimizer o)
+      : rt(std::move(r)), module(std::move(m)), opt(std::move(o)) {}
+  distopt::Runtime rt;
+  std::shared_ptr<torch::nn::Module> module;
+  distopt::DistributedOptimizer opt;
+  std::unique_ptr<distopt::DistributedOptimizer::NoSync> no_sync;  // inside opt.no_sync()
+};
+
+std::map<std::string, std::string> info_dict(const distopt::CheckpointInfo& i) {
+  std::map<std::string, std::string> d = i.extra;
+  d["path"] = i.path;
+  d["step"] = std::to_string(i.step);
+  d["world_size"] = std::to_string(i.world_size);
+  d["algorithm"] = i.algorithm;
+  d["reducer"] = i.reducer;
+  d["optimizer"] = i.optimizer;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_distopt, m) {
+  m.doc() = "distopt's runtime and distributed optimizer (see the package distopt)";
+  // distopt's errors as Python exceptions of one base class.
+  static py::exception<distopt::Error> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const distopt::Error& e) {
+      error(e.what());
+    }
+  });
+
+  py::class_<distopt::Runtime>(m, "Runtime")
+      .def_static(
+          "from_yaml",
+          [](const std::string& path) {
+            py::gil_scoped_release nogil;
+            return distopt::Runtime::from_yaml(path);
+          },
+          py::arg("path"))
+      .def_static(
+          "from_text",
+          [](const std::string& text, const std::string& name) {
+            distopt::JobConfig cfg = distopt::parse_job_config(text, name);
+            py::gil_scoped_release nogil;
+            return distopt::Runtime::from_config(cfg);
+          },
+          py::arg("text"), py::arg("name") = "<string>")
+      .def_property_readonly("rank", &distopt::Runtime::rank)
+      .def_property_readonly("world_size", &distopt::Runtime::world_size)
+      .def_property_readonly("local_rank", &distopt::Runtime::local_rank)
+      .def(
+          "allreduce",
+          [](distopt::Runtime& rt, at::Tensor t, bool average) {
+            py::gil_scoped_release nogil;
+            rt.allreduce(t, average);
+          },
+          py::arg("tensor"), py::arg("average") = false)
+      .def(
+          "broadcast",
+          [](distopt::Runtime& rt, const std::vector<at::Tensor>& ts, int root) {
+            py::gil_scoped_release nogil;
+            rt.broadcast(ts, root);
+          },
+          py::arg("tensors"), py::arg("root") = 0)
+      .def("barrier", [](distopt::Runtime& rt) {
+        py::gil_scoped_release nogil;
+        rt.barrier();
+      });
+
+  py::class_<PyOptimizer>(m, "DistributedOptimizer")
+      .def(py::init([](distopt::Runtime& rt, const Named& params, const Named& buffers) {
+             auto module = module_of(params, buffers);
+             py::gil_scoped_release nogil;
+             distopt::DistributedOptimizer opt = rt.make_optimizer(*module);
+             return std::make_unique<PyOptimizer>(rt, module, std::move(opt));
+           }),
+           py::arg("runtime"), py::arg("named_parameters"), py::arg("named_buffers"))
+      .def("zero_grad", [](PyOptimizer& o) { o.opt.zero_grad(); })
+      .def("step",
+           [](PyOptimizer& o) {
+             py::gil_scoped_release nogil;
+             o.opt.step();
+           })
+      .def("join",
+           [](PyOptimizer& o) {
+             py::gil_scoped_release nogil;
+             return o.opt.join();
+           })
+      .def("enter_no_sync",
+           [](PyOptimizer& o) {
+             if (o.no_sync)
+               throw distopt::Error("no_sync(): already inside one (they do not nest)");
+             o.no_sync = std::make_unique<distopt::DistributedOptimizer::NoSync>(o.opt);
+           })
+      .def("exit_no_sync", [](PyOptimizer& o) { o.no_sync.reset(); })
+      .def(
+          "lr", [](const PyOptimizer& o, int group) { return o.opt.lr(group); },
+          py::arg("group") = 0)
+      .def(
+          "set_lr", [](PyOptimizer& o, double lr, int group) { o.opt.set_lr(lr, group); },
+          py::arg("lr"), py::arg("group") = 0)
+      .def("scale_loss",
+           [](const PyOptimizer& o, const at::Tensor& l) { return o.opt.scale_loss(l); })
+      .def_property_readonly("loss_scale", [](const PyOptimizer& o) { return o.opt.loss_scale(); })
+      .def_property_readonly("steps", [](const PyOptimizer& o) { return o.opt.steps(); })
+      .def_property_readonly("bytes_sent", [](const PyOptimizer& o) { return o.opt.bytes_sent(); })
+      .def_property_readonly("state_bytes",
+                             [](const PyOptimizer& o) { return o.opt.state_bytes(); })
+      .def_property_readonly("num_buckets",
+                             [](const PyOptimizer& o) { return o.opt.num_buckets(); })
+      .def_property_readonly("algorithm",
+                             [](const PyOptimizer& o) { return o.opt.algorithm_name(); })
+      .def_property_readonly("reducer", [](const PyOptimizer& o) { return o.opt.reducer_name(); })
+      .def(
+          "save_checkpoint",
+          [](PyOptimizer& o, const std::string& dir,
+             const std::map<std::string, std::string>& extra, int keep) {
+            py::gil_scoped_release nogil;
+            return info_dict(o.rt.save_checkpoint(dir, *o.module, o.opt, extra, keep));
+          },
+          py::arg("dir"), py::arg("extra") = std::map<std::string, std::string>{},
+          py::arg("keep") = 2)
+      .def(
+          "load_checkpoint",
+          [](PyOptimizer& o, const std::string& dir) {
+            py::gil_scoped_release nogil;
+            return info_dict(o.rt.load_checkpoint(dir, *o.module, o.opt));
+          },
+          py::arg("dir"))
+      .def(
+          "consolidate",
+          [](PyOptimizer& o, int to) {
+            std::map<std::string, at::Tensor> all;
+            {
+              py::gil_scoped_release nogil;
+              all = o.rt.consolidate(*o.module, o.opt, to);
+            }
+            return all;
+          },
+          py::arg("to") = 0);
+}
