@@ -89,3 +89,26 @@ def test_refusals_name_what_is_wrong():
         distopt.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.LBFGS)
     with pytest.raises(TypeError):
         distopt.DistributedOptimizer(model, 42)
+
+
+def test_a_dead_peer_raises_distopt_error_naming_it(tmp_path):
+    """Two ranks started by hand (no launcher to stop the survivor): rank 1
+    exits at its third step; rank 0's step raises distopt.Error naming rank 1
+    within world.timeout_s instead of hanging."""
+    import socket
+    with socket.socket() as s:  # a free port now; a collision fails loudly, never silently
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, DISTOPT_RANK=str(rank), DISTOPT_WORLD_SIZE="2",
+                   DISTOPT_LOCAL_RANK=str(rank), DISTOPT_LOCAL_WORLD_SIZE="2",
+                   DISTOPT_RENDEZVOUS=f"tcp://127.0.0.1:{port}", DISTOPT_JOB_TOKEN="t")
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "worker.py"), "peer_dies",
+                                       str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[1].returncode == 9, outs[1]
+    assert procs[0].returncode == 3, outs[0]
+    assert "rank 0: distopt.Error:" in outs[0], outs[0]
+    assert "rank 1" in outs[0].split("distopt.Error:", 1)[1], outs[0]

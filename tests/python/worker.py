@@ -20,6 +20,10 @@ if case == "allreduce_sgd" or case == "no_sync":
     opt = distopt.DistributedOptimizer(model, dict(base, algorithm="allreduce",
                                                    optimizer={"name": "sgd", "lr": 0.1,
                                                               "momentum": 0.9}))
+elif case == "peer_dies":
+    opt = distopt.DistributedOptimizer(model, dict(base, world={"timeout_s": 20},
+                                                   algorithm="allreduce",
+                                                   optimizer={"name": "sgd", "lr": 0.1}))
 elif case == "zero_adam":
     opt = distopt.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                           lr=0.01, betas=(0.9, 0.99), job=base)
@@ -39,6 +43,8 @@ assert world == 2, world
 xs, ys = data()
 half = GLOBAL_BATCH // world
 for step in range(BATCHES):
+    if case == "peer_dies" and rank == 1 and step == 2:
+        os._exit(9)  # a crash: no goodbye to the peer
     x, y = xs[step][rank * half:(rank + 1) * half], ys[step][rank * half:(rank + 1) * half]
     opt.zero_grad()
     if case == "no_sync":  # two micro-batches, the first only accumulates
@@ -47,7 +53,11 @@ for step in range(BATCHES):
         (F.cross_entropy(model(x[half // 2:]), y[half // 2:]) * 0.5).backward()
     else:
         F.cross_entropy(model(x), y).backward()
-    opt.step()
+    try:
+        opt.step()
+    except distopt.Error as e:
+        print(f"rank {rank}: distopt.Error: {e}", flush=True)
+        sys.exit(3)
 assert opt.steps == BATCHES
 torch.save({n: p.detach().clone() for n, p in model.named_parameters()},
            os.path.join(out, f"params_{rank}.pt"))
