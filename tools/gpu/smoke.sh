@@ -261,6 +261,23 @@ algorithm: {name: allreduce}
 precision: {dtype: $d}"
 done
 
+# 3b. the Python package (build/python) on the device: DistributedOptimizer
+# and ZeroRedundancyOptimizer against plain PyTorch, world size 1.
+if wanted python; then
+  py=$(sed -n 's/^DISTOPT_TORCH_PYTHON:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null | head -1)
+  if [[ -n $py && -d $BUILD/python/distopt ]]; then
+    run python "$ROW_T" env PYTHONPATH="$BUILD/python" "$py" "$SRC/tools/gpu/python_smoke.py" \
+      "$DEVICE" "$PLUGINS"
+    if ((RC == 0)); then
+      record python PASS - - "$SECS" "$(grep -c PASS "$WORK/out") optimizers equal torch's"
+    else
+      record python FAIL - - "$SECS" "$(why)"
+    fi
+  else
+    record python UNSUPPORTED - - 0 "no Python package in $BUILD (python3 with torch, python3-dev, pybind11)"
+  fi
+fi
+
 # 4. checkpoint at the end of epoch 1, resume for epoch 2, consolidate.
 if wanted checkpoint; then
   y=$WORK/ckpt.yaml y2=$WORK/ckpt2.yaml ck=$WORK/ckpt
