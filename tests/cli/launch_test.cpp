@@ -74,6 +74,24 @@ TEST_CASE("launch prefixes every output line with the rank and sets the rank env
   CHECK(tokens.count(m[1]) == 0);
 }
 
+TEST_CASE("a rank renumbered by an elastic membership change gets its new number as prefix") {
+  // What Runtime prints after a recovery renumbered it (runtime.cpp), on
+  // stdout and stderr: the launcher drops the line and prefixes by it.
+  ProcResult r =
+      run_command({cli(), "launch", "-n", "2", "--", "sh", "-c",
+                   "echo before; [ \"$DISTOPT_LAUNCHER_PREFIX\" = 1 ] || exit 5; "
+                   "if [ $DISTOPT_RANK = 1 ]; then printf '\\033]distopt-rank=7\\007\\n'; "
+                   "printf '\\033]distopt-rank=7\\007\\n' >&2; fi; echo after; echo err >&2"});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("[rank 1] before") != std::string::npos);
+  CHECK(r.output.find("[rank 7] after") != std::string::npos);
+  CHECK(r.output.find("[rank 7] err") != std::string::npos);
+  CHECK(r.output.find("[rank 0] after") != std::string::npos);
+  CHECK(r.output.find("[rank 1] after") == std::string::npos);
+  CHECK(r.output.find("distopt-rank") == std::string::npos);
+}
+
 TEST_CASE("launch splits the cores between the ranks unless OMP_NUM_THREADS is set") {
   ProcResult given =
       run_command({cli(), "launch", "-n", "2", "--", "sh", "-c", "echo omp=$OMP_NUM_THREADS"},

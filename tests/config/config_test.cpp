@@ -795,3 +795,36 @@ TEST_CASE("optimizer.grad_clip is refused for an algorithm without ABI 1.5 set_g
   CHECK(m.find("libdistopt_mock.so") != std::string::npos);
   CHECK(m.find("cannot clip gradients") != std::string::npos);
 }
+
+TEST_CASE("mistakes in several sections are all reported, in file order") {
+  const std::string yaml =
+      "world: {size: 0}\n"
+      "optimizer: {name: adam, betas: [0.9, 0.99]}\n"
+      "train: {epochs: 2, log_evry: 5}\n";
+  std::string msg;
+  try {
+    distopt::parse_job_config(yaml, "three.yaml");
+  } catch (const distopt::ConfigError& e) {
+    msg = e.what();
+  }
+  INFO(msg);
+  const size_t world = msg.find("three.yaml:1:"), opt = msg.find("three.yaml:2:"),
+               train = msg.find("three.yaml:3:");
+  REQUIRE(world != std::string::npos);
+  REQUIRE(opt != std::string::npos);
+  REQUIRE(train != std::string::npos);
+  CHECK(world < opt);
+  CHECK(opt < train);
+  CHECK(msg.find("world.size") != std::string::npos);
+  CHECK(msg.find("did you mean 'beta1'?") != std::string::npos);
+  CHECK(msg.find("did you mean 'log_every'?") != std::string::npos);
+  CHECK(msg.find("(3 mistakes)") != std::string::npos);
+  // One mistake: its message alone, as before.
+  try {
+    distopt::parse_job_config("world: {size: 0}\n", "one.yaml");
+  } catch (const distopt::ConfigError& e) {
+    msg = e.what();
+  }
+  CHECK(msg.rfind("one.yaml:1:", 0) == 0);
+  CHECK(msg.find("mistakes") == std::string::npos);
+}

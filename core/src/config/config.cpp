@@ -15,6 +15,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "config/inner_component.hpp"
 #include "config/job_check.hpp"
@@ -93,24 +95,41 @@ class Parser {
     if (!root.IsMap())
       fail(file_, mark_of(root),
            "expected a map of sections at the top level, got " + describe(root));
-    check_keys(root, "the top level", config_keys("the top level"));
+    // Every section is parsed even after a mistake in another, so one run
+    // of `distopt check` reports a mistake per section, in file order.
+    std::vector<std::string> mistakes;
+    auto parse_section = [&mistakes](auto&& parse_it) {
+      try {
+        parse_it();
+      } catch (const ConfigError& e) {
+        mistakes.push_back(e.what());
+      }
+    };
+    parse_section([&] { check_keys(root, "the top level", config_keys("the top level")); });
     // The program's own section: not validated here. (Assigning yaml-cpp's
     // invalid node for a missing key throws, hence the check.)
     if (YAML::Node app = child(root, "app"); app.IsDefined()) cfg.app = app;
-    parse_plugins(section(root, "plugins"), cfg);
-    parse_world(section(root, "world"), cfg);
-    parse_component(root, "communicator", cfg.communicator);
-    parse_component(root, "control_communicator", cfg.control_communicator);
-    parse_component(root, "reducer", cfg.reducer);
-    parse_component(root, "algorithm", cfg.algorithm);
-    parse_optimizer(root, cfg);
-    parse_train(section(root, "train"), cfg.train);
-    parse_precision(root, cfg);
-    parse_buffers(section(root, "buffers"), cfg);
-    parse_join(section(root, "join"), cfg);
-    parse_elastic(section(root, "elastic"), cfg);
-    parse_schedule(root, cfg);
-    parse_autotune(root, cfg);
+    parse_section([&] { parse_plugins(section(root, "plugins"), cfg); });
+    parse_section([&] { parse_world(section(root, "world"), cfg); });
+    parse_section([&] { parse_component(root, "communicator", cfg.communicator); });
+    parse_section([&] { parse_component(root, "control_communicator", cfg.control_communicator); });
+    parse_section([&] { parse_component(root, "reducer", cfg.reducer); });
+    parse_section([&] { parse_component(root, "algorithm", cfg.algorithm); });
+    parse_section([&] { parse_optimizer(root, cfg); });
+    parse_section([&] { parse_train(section(root, "train"), cfg.train); });
+    parse_section([&] { parse_precision(root, cfg); });
+    parse_section([&] { parse_buffers(section(root, "buffers"), cfg); });
+    parse_section([&] { parse_join(section(root, "join"), cfg); });
+    parse_section([&] { parse_elastic(section(root, "elastic"), cfg); });
+    // The schedule refers to the components: only after they parsed.
+    if (mistakes.empty()) parse_section([&] { parse_schedule(root, cfg); });
+    parse_section([&] { parse_autotune(root, cfg); });
+    if (mistakes.size() == 1) throw ConfigError(mistakes[0]);
+    if (!mistakes.empty()) {
+      std::string all = mistakes[0];
+      for (size_t k = 1; k < mistakes.size(); ++k) all += "\n" + mistakes[k];
+      throw ConfigError(all + "\n(" + std::to_string(mistakes.size()) + " mistakes)");
+    }
     return cfg;
   }
 

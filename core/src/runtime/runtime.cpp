@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <optional>
@@ -254,6 +255,15 @@ void Runtime::Impl::reconnect(const ProcessInfo& p, const std::string& prefix) {
       cfg, ranks_sharing_cores(*store, prefix, proc.rank, proc.world_size, cfg.timeout_s),
       proc.rank);
   set_watchdog(cfg.watchdog_seconds(), proc.rank);  // the rank's new number
+  // Under `distopt launch`: its "[rank N] " prefixes follow the new number.
+  if (const char* l = std::getenv("DISTOPT_LAUNCHER_PREFIX"); l && std::string(l) == "1") {
+    const std::string line = "\x1b]distopt-rank=" + std::to_string(proc.rank) + "\x07\n";
+    std::fflush(stdout);
+    for (int fd : {1, 2}) {
+      const ssize_t ignored = ::write(fd, line.data(), line.size());
+      (void)ignored;
+    }
+  }
   CollectiveCheck check{
       store, std::chrono::milliseconds(static_cast<int64_t>(cfg.collective_check_s * 1000)),
       std::chrono::milliseconds(cfg.elastic.enabled ? 0 : -1)};

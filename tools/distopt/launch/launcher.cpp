@@ -78,6 +78,7 @@ struct Stream {
   int out_fd = 1;  // where the launcher copies it
   int rank = 0;    // local rank
   std::string partial;
+  int shown = -1;  // the rank the process says it is now (elastic renumbering), else -1
 };
 
 struct Rank {
@@ -99,13 +100,24 @@ bool g_stdout_tty = false;     // the launcher's stdout is a terminal
 bool g_stderr_tty = false;     // and its stderr
 bool g_progress_open = false;  // a progress line is on the terminal, not ended
 
+// A line "\x1b]distopt-rank=N\x07" (kRankLine; a rank prints it after an
+// elastic membership change renumbered it) is not copied: it makes the
+// stream's later lines "[rank N] ".
+constexpr char kRankLine[] = "\x1b]distopt-rank=";
+
 void emit(int rank, Stream& s, bool final) {
-  std::string prefix = "[rank " + std::to_string(rank) + "] ";
+  std::string prefix = "[rank " + std::to_string(s.shown >= 0 ? s.shown : rank) + "] ";
   std::string out;
   size_t start = 0;
   for (;;) {
     size_t nl = s.partial.find('\n', start);
     if (nl == std::string::npos) break;
+    if (s.partial.compare(start, sizeof kRankLine - 1, kRankLine) == 0) {
+      s.shown = std::atoi(s.partial.c_str() + start + sizeof kRankLine - 1);
+      prefix = "[rank " + std::to_string(s.shown) + "] ";
+      start = nl + 1;
+      continue;
+    }
     const bool tty = s.out_fd == 1 ? g_stdout_tty : g_stderr_tty;
     const bool progress = s.partial[start] == '\r';
     if (progress) ++start;
@@ -289,6 +301,8 @@ ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
       {"DISTOPT_JOB_TOKEN", token},
   };
   if (set_node) vars.emplace_back("DISTOPT_NODE_ID", "node" + std::to_string(o.node_rank));
+  // A rank renumbered by an elastic membership change says so (emit()).
+  vars.emplace_back("DISTOPT_LAUNCHER_PREFIX", "1");
   // distopt train draws its step lines as one progress line (emit()).
   vars.emplace_back("DISTOPT_PROGRESS", g_stdout_tty ? "1" : "0");
   if (!o.config.empty()) vars.emplace_back("DISTOPT_CONFIG", o.config);
