@@ -7,7 +7,7 @@
 # linked statically into libtorch and EXPORTED (pytorch/pytorch issue 133437).
 # A distopt binary or plugin that imports such a symbol binds to libtorch's
 # copy when libtorch is loaded first, and that copy may crash: on a GPU
-# machine std::filesystem::remove_all jumped to address 0 (issue 20). PyTorch
+# machine std::filesystem::remove_all jumped to address 0. PyTorch
 # itself stopped using <filesystem> on Linux for this reason (PR 134494).
 # Use POSIX calls or Boost.Filesystem instead.
 #

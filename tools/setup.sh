@@ -40,7 +40,7 @@ fi
 # OpenBLAS must be the BLAS libtorch loads, and its OpenMP build: libtorch's
 # intra-op pool is libgomp, and the pthread build (Debian's preferred
 # alternative when both are installed) keeps a second pool that spins on the
-# same cores, making 2 threads 2.4x slower than 1 (issue 8, measured with
+# same cores, making 2 threads 2.4x slower than 1 (measured with
 # tools/bench/scaling.py). libtorch loads libblas.so.3, liblapack.so.3 and
 # libopenblas.so.0, so all three alternatives must name the same build. An
 # alternative a user set by hand (manual mode) is left alone, with a warning.

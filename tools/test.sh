@@ -11,7 +11,7 @@ cd "${DISTOPT_BUILD_DIR:-build}"
 jobs="${DISTOPT_TEST_JOBS:-2}"
 ctest --output-on-failure --timeout 900 -j "$jobs" "$@"
 
-# The accuracy floors once more on another OpenBLAS kernel set (issue 8: a
+# The accuracy floors once more on another OpenBLAS kernel set (a
 # floor that held on one CPU's kernels failed on another's), unless the
 # caller chose tests or the kernels, or DISTOPT_TEST_SECOND_KERNELS=0.
 # Haswell kernels need AVX2 and FMA: on a CPU without them the pass is skipped.

@@ -3,7 +3,7 @@
 // request that finishes (decompresses) a reduction once its collective is
 // done, and the byte formulas every reducer reports through bytes_sent.
 //
-// Two implementations of every codec (issue 20): the CPU kernels (plain
+// Two implementations of every codec: the CPU kernels (plain
 // loops over raw host pointers, F16C casts; the faster ones on host memory)
 // and a device-generic path written only with libtorch ops on tensors of the
 // bucket's device, end to end (compress, the collective on device tensors,

@@ -21,7 +21,7 @@
 // Options: ratio (double in (0, 1], default 0.01), min_k (int >= 1, default
 // 256), error_feedback (bool, default true), momentum (double in [0, 1),
 // default 0; > 0 needs optimizer.momentum 0, the host checks),
-// momentum_masking (bool, default true). Why min_k and momentum: issue 8's
+// momentum_masking (bool, default true). Why min_k and momentum: the
 // study (BENCHMARKS.md "Compression robustness"): at ratio 0.01 with the optimizer's momentum
 // the mlp reached 75-83% depending on seed and BLAS kernels; starved small
 // tensors and momentum applied after sparsification were the causes, and

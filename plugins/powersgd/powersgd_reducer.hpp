@@ -36,7 +36,7 @@
 // Supported bucket dtypes: float32 and float64 (math in that dtype), float16
 // and bfloat16 (math, residuals and P/Q traffic in float32).
 //
-// Devices (issue 20): the matmuls, error feedback and packing are libtorch
+// Devices: the matmuls, error feedback and packing are libtorch
 // ops on the bucket's device, and the collectives take device tensors.
 // Option `kernels` picks the orthogonalisation: auto (the CPU loop over host
 // pointers for kDLCPU buckets, orthogonalize_columns_generic's libtorch ops

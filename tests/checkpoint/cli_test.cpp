@@ -280,7 +280,7 @@ print("python ok", len(z["model"]), "tensors")
   CHECK(check.output.find("python ok 6 tensors") != std::string::npos);
 }
 
-TEST_CASE("consolidate to a bare file name writes it in the current directory (issue 21)") {
+TEST_CASE("consolidate to a bare file name writes it in the current directory") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   TempDir t;
   ProcResult a = train(write_job(t, Job{}), {"--checkpoint", t.file("ck1")});

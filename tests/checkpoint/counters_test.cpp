@@ -1,5 +1,5 @@
 // After load_checkpoint the byte counters count this process's steps only
-// (issue 21: a resumed run reported the plain-allreduce bytes of every step
+// (a resumed run reported the plain-allreduce bytes of every step
 // since step 0 next to bytes_sent of this run, so ZeRO looked cheaper).
 #include <torch/utils.h>
 

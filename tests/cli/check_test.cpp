@@ -1,5 +1,5 @@
 // `distopt check` refuses what `distopt train` refuses and says what the
-// job will run (issue 21 item 6).
+// job will run.
 #include <fstream>
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-// Harness for the reducers' two implementations (issue 20): the CPU kernels
+// Harness for the reducers' two implementations: the CPU kernels
 // (`kernels: cpu`) and the device-generic libtorch path (`kernels:
 // generic`), both on host buckets, on real processes over loopback (tcp),
 // driven through the reducer ABI as the host drives them. Torch-free (the

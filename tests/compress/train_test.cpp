@@ -66,7 +66,7 @@ TEST_CASE("compress reducers train the mlp on Fashion-MNIST (2 ranks x 2 epochs)
   // The lossy reducers carry the momentum themselves (DGC momentum
   // correction; the optimizer runs without): applied after compression, the
   // optimizer's momentum made topk swing between 75% and 83% with the seed
-  // and the BLAS kernels (issue 8; BENCHMARKS.md "Compression robustness" has the study).
+  // and the BLAS kernels (BENCHMARKS.md "Compression robustness" has the study).
   // Sign methods take a smaller step than SGD (Bernstein et al. tune lr
   // separately for signSGD).
   Outcome sign = train(

@@ -1,4 +1,4 @@
-// Test-only components for the control communicator (issue 20): a job whose
+// Test-only components for the control communicator: a job whose
 // communicator accepts device memory only, carried on a CPU machine (built
 // into build/test-plugins/control, never build/plugins, which jobs scan).
 //   communicator `device_sim`: declares kDLCUDA only, so the host must give

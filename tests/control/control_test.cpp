@@ -1,4 +1,4 @@
-// The control communicator (issue 20): a job whose communicator accepts
+// The control communicator: a job whose communicator accepts
 // device memory only (`nccl` on a GPU; here the test-only `device_sim`,
 // host memory labelled kDLCUDA and carried by tcp) gets a host-memory
 // communicator beside it, and every collective the host makes in host

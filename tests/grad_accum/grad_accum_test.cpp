@@ -1,4 +1,4 @@
-// Gradient accumulation (issue 21): DistributedOptimizer::no_sync() and
+// Gradient accumulation: DistributedOptimizer::no_sync() and
 // `train.grad_accumulation`. On real ranks over tcp, K micro-batches (the
 // first K-1 backward passes under no_sync, each loss weighted 1/K) must end
 // where one K-times batch does, for every kind of algorithm and reducer

@@ -1,4 +1,4 @@
-// `distopt launch --elastic` (issue 24, the launcher side): the real CLI
+// `distopt launch --elastic` (the launcher side): the real CLI
 // starting launch_elastic_rank, whose ranks use the store it serves.
 #include <doctest/doctest.h>
 

@@ -4,7 +4,7 @@
 // (pytorch/pytorch issue 133437), and each one says which it is and aborts.
 // Preloaded (LD_PRELOAD) ahead of libstdc++, it receives every such call a
 // process makes, as libtorch's copies did on the GPU machine, where
-// std::filesystem::remove_all jumped to address 0 (issue 20).
+// std::filesystem::remove_all jumped to address 0.
 //
 // The functions are defined by their mangled names (asm labels), so this
 // file needs no <filesystem> and imports nothing of it itself. An

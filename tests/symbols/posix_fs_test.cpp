@@ -2,7 +2,7 @@
 // lexical results (the expected values are libstdc++ 12's std::filesystem::path
 // results, checked against it once; a leading "//", which libstdc++ keeps, is
 // left out) and file operations; write_atomic to a bare file name syncs "."
-// (issue 21).
+//.
 #include "util/posix_fs.hpp"
 
 #include <doctest/doctest.h>
@@ -63,7 +63,7 @@ TEST_CASE("join, parent_path, dir_of, filename, stem, extension, is_absolute") {
   CHECK(pfs::parent_path("/") == "/");
   CHECK(pfs::parent_path("a/b/") == "a/b");
   CHECK(pfs::parent_path("a//b") == "a");
-  CHECK(pfs::dir_of("model.pt") == ".");  // issue 21: not ""
+  CHECK(pfs::dir_of("model.pt") == ".");  // not ""
   CHECK(pfs::dir_of("ck/model.pt") == "ck");
   CHECK(pfs::filename("a/b.so") == "b.so");
   CHECK(pfs::filename("a/") == "");
@@ -140,7 +140,7 @@ TEST_CASE("create_directories, exists, list_dir, same_file, remove_all on a real
   }
 }
 
-TEST_CASE("write_atomic to a bare file name writes it in the current directory (issue 21)") {
+TEST_CASE("write_atomic to a bare file name writes it in the current directory") {
   distopt::test::TempDir t("distopt_posix_fs_cwd");
   char old[4096];
   REQUIRE(::getcwd(old, sizeof old) != nullptr);

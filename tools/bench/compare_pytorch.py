@@ -20,7 +20,7 @@ on its own (the slowest rank's); a run's figure per size is the median
 iteration. The table: size, each column's busbw (nccl-tests definition:
 algbw * 2(n-1)/n) as the median over the repetitions with their min-max,
 and the ratios of the medians to gloo and to Open MPI. At 2 ranks a
-`bound` column gives issue 23's memory bound for a shared-memory allreduce:
+`bound` column gives the memory bound for a shared-memory allreduce:
 the aggregate copy rate of 2 processes copying buffers of that size at once
 (tools/bench/mpi/membw.c, bytes read plus written) over the 3.5 bytes a
 rank moves per byte reduced, times 2 ranks (--no-bound leaves it out).
@@ -162,7 +162,7 @@ def build_membw():
     return exe
 
 
-# Issue 23's model: a 2-rank shared-memory allreduce moves about 3.5 bytes
+# The model: a 2-rank shared-memory allreduce moves about 3.5 bytes
 # (read or written) per byte reduced, per rank.
 BYTES_PER_BYTE = 3.5
 
@@ -204,7 +204,7 @@ def run_order(n, rep):
     design. Over n repetitions (2n when n is odd) every column runs first
     once and right after every other column equally often. A run leaves
     the machine changed for the next one (caches, a vCPU the host moved):
-    session 21 saw the column that ran second get the better median at
+    a run on 2026-11-27 saw the column that ran second get the better median at
     sizes where two columns ran the same code, under a plain rotation,
     where each column always follows the same one.
 

@@ -7,7 +7,7 @@ every reducer configuration x seed x OpenBLAS kernel set, as a table.
         [--only topk,signsgd] [--before]
 
 "auto" is OpenBLAS's own choice for this CPU (distopt's rule applies).
---before adds the configurations tests/compress used before issue 8
+--before adds the configurations tests/compress used before the robustness study
 (optimizer momentum 0.9 after compression, min_k 1), for comparison.
 """
 import argparse

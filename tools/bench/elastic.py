@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Elastic training: what a rank failure and the in-memory commits cost, in one run (issue 24).
+"""Elastic training: what a rank failure and the in-memory commits cost, in one run.
 
 The job: mlp 784-512-256-10 on the Fashion-MNIST IDX files, 4 ranks (--world)
 on 127.0.0.1 started by `distopt train` itself, tcp, mean, Adam (lr 0.002),
@@ -325,7 +325,7 @@ def main():
             print(f"| {x} | {mode_name(m)} | {' | '.join(cells)} | {spread(ms)} | {cost_cell} |")
             table.append(row)
     print(f"\nkill -> next step: from the victim's last line to rank 0's first step line after it (arrival times); "
-          f"phases: see --help. Issue 24's targets: recovery under 2 s on loopback; commit cost under 5% "
+          f"phases: see --help. The targets: recovery under 2 s on loopback; commit cost under 5% "
           f"(allreduce) and 15% (zero) of the step.")
     if a.json:
         with open(a.json, "w") as f:

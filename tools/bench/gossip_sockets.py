@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """What plain TCP sockets get out of the shaped links for gossip's exchange
 patterns: the anchor for the decentralized rows of compare_decentralized.py
---netns-rate (issue 23: gossip at the link rate).
+--netns-rate (gossip at the link rate).
 
 N ranks, one per network namespace (tools/netns/hosts.py: veth + bridge, tc
 tbf RATE per link and direction). Each rank is a Python process with a TCP

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Allreduce busbw across network namespaces against the link's own
-point-to-point bandwidth, in one run (issue 11: `tcp` and `ucx` with
+point-to-point bandwidth, in one run (`tcp` and `ucx` with
 UCX_TLS=tcp within 70% of the veth point-to-point bandwidth).
 
 For each world size and link (unlimited, and each `--rate`, tc tbf in both

@@ -16,7 +16,7 @@ ratio to the best single-process distopt configuration of the same run.
 
 --pthread-blas adds rows with OpenBLAS's pthread build loaded instead of
 the OpenMP one (LD_LIBRARY_PATH), the configuration tools/setup.sh moved
-away from (issue 8). --kernels adds 1-rank rows with OPENBLAS_CORETYPE
+away from. --kernels adds 1-rank rows with OPENBLAS_CORETYPE
 forced to each kernel set (what distopt's generic-fallback fix is worth).
 
 Needs Debian's python3-torch (run with /usr/bin/python3).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`distopt train` vs a plain PyTorch loop, in the same run (issue 20 item 7).
+"""`distopt train` vs a plain PyTorch loop, in the same run.
 
 Both train the same model (train.model resnet: ResNet-18 layout with
 GroupNorm, base width --width) on the same data (dataset: synthetic, generated

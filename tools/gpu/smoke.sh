@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU smoke test (issue 20): run ON THE GPU MACHINE after
+# GPU smoke test: run ON THE GPU MACHINE after
 #   tools/gpu/build_and_test.sh build
 # in the same checkout. Prints ONE table (row, status, accuracy, samples/s,
 # seconds, note) and writes its logs to $OUT (or a temporary folder): the

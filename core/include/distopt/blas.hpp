@@ -44,7 +44,7 @@ void reexec_with_better_blas(char** argv);
 
 /// How OpenBLAS runs its threads: "OpenMP", "pthreads", "sequential", or ""
 /// if the process's BLAS is not OpenBLAS. The pthread build keeps a pool of
-/// its own that spins against libtorch's OpenMP pool (issue 8: 2 threads 2.4x
+/// its own that spins against libtorch's OpenMP pool (2 threads 2.4x
 /// slower than 1); tools/setup.sh selects the OpenMP build. Thread-safe.
 std::string openblas_threading();
 

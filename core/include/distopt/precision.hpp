@@ -72,7 +72,7 @@ struct JobConfig;
 void check_precision_supported(const JobConfig& cfg, bool cpu_only = false);
 
 /// The whole state of a loss scaler: what a checkpoint saves and restores
-/// (issue 3 stores it beside the optimizer state). Plain values.
+/// (checkpoints store it beside the optimizer state). Plain values.
 struct LossScaleState {
   double scale = 1;            ///< the current loss scale
   int64_t growth_tracker = 0;  ///< consecutive good steps since the last change

@@ -54,7 +54,7 @@ struct LaunchOptions {
   double failure_wait_s = 4.0;
   double grace_s = 5.0;  ///< SIGTERM -> SIGKILL delay, seconds
   std::vector<std::pair<std::string, std::string>> extra_env;  ///< set in every rank
-  /// Elastic training (issue 24): a rank that fails does not stop the others.
+  /// Elastic training: a rank that fails does not stop the others.
   /// Node 0's launcher serves the store (StoreServer on master_addr:port,
   /// the job token) before starting its ranks; every rank of every node gets
   /// DISTOPT_STORE_SERVED=1 (rank 0 connects as a client only) and
