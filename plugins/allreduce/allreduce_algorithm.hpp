@@ -32,7 +32,7 @@ namespace distopt::plugins::allreduce {
 class AllreduceAlgorithm : public sdk::Algorithm {
  public:
   /// ABI 1.4 devices: only libtorch tensor ops on the host's descriptors (the inner optimizer,
-  /// clipping, scaling): any device libtorch runs (CUDA UNVERIFIED on a GPU).
+  /// clipping, scaling): any device libtorch runs (CUDA: world size 1 on an H200).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   explicit AllreduceAlgorithm(const dopt_algorithm_args& args);
   void on_bucket_ready(const dopt_bucket& bucket) override;

@@ -136,7 +136,8 @@ class CompressReducer : public sdk::Reducer {
  public:
   /// ABI 1.4 devices: host memory (CPU kernels, or the generic path with
   /// kernels: generic) and CUDA memory (the generic path: libtorch ops only,
-  /// no host reads of bucket data). CUDA UNVERIFIED on a GPU (see STATUS.md).
+  /// no host reads of bucket data). CUDA: fp16, signsgd, topk and randomk at
+  /// world size 1 on an H200; bf16 never on a GPU (STATUS.md).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   /// Reads the `kernels` option (every compress reducer has it) and the
   /// buckets' layouts (read_layouts); throws sdk::Error.

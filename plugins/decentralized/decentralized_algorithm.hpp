@@ -68,8 +68,8 @@ class DecentralizedAlgorithm : public sdk::Algorithm {
   /// optimizer and low_precision's copies and codec are libtorch ops on the
   /// parameters' device (the host codec for CPU buckets under kernels auto);
   /// messages and the copies' agreement flag go through the communicator in
-  /// that device's memory. CUDA UNVERIFIED on a GPU: the CPU tests run the
-  /// same ops on CPU tensors (kernels: torch).
+  /// that device's memory. On CUDA it ran at world size 1 only (an H200,
+  /// STATUS.md): the CPU tests run the same ops on CPU tensors (kernels: torch).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   static constexpr uint32_t traits = DOPT_TRAIT_LOCAL_REPLICAS;
   /// Refuses an odd world with shift_one, a bad neighbour list, a reducer

@@ -68,8 +68,8 @@ namespace distopt::plugins::fused {
 class FusedAlgorithm : public sdk::Algorithm {
  public:
   /// ABI 1.4 devices: host memory (the host loops or libtorch ops) and CUDA
-  /// memory (libtorch ops, kernels: auto or torch; CUDA UNVERIFIED on a GPU:
-  /// the CPU tests run the same code on CPU tensors).
+  /// memory (libtorch ops, kernels: auto or torch; trained on CUDA at world
+  /// size 1 on an H200, STATUS.md; the CPU tests run the same code).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   explicit FusedAlgorithm(const dopt_algorithm_args& args);
   void on_bucket_ready(const dopt_bucket& bucket) override;

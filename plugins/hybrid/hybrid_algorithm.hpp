@@ -23,7 +23,7 @@
 // order, so the result is bitwise the same. Parameters on a device with
 // streams (CUDA) and overlap: the queues are side streams, copies are
 // non_blocking from/to pinned host memory, and a chunk completes once its
-// side stream has drained (stream_transfer.hpp; UNVERIFIED on a GPU).
+// side stream has drained (stream_transfer.hpp).
 //
 // Stale host copies (Megatron-LM PR 5071, Megatron-Bridge issue 4082): a
 // user who loads model weights alone (torch::load, copy_ into parameters)
@@ -80,7 +80,7 @@ class HybridAlgorithm : public sdk::Algorithm {
  public:
   /// ABI 1.4 devices: the model may be on the device (its purpose): the device part and
   /// the copies are libtorch ops; host state is in (pinned) CPU tensors of its
-  /// own. CUDA UNVERIFIED on a GPU.
+  /// own. CUDA: world size 1 on an H200 (STATUS.md).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   /// Throws sdk::Error(INVALID_ARGUMENT) for missing args, a parameter in
   /// an unknown group or a non-contiguous parameter, UNSUPPORTED for shard:

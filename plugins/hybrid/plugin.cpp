@@ -14,7 +14,7 @@ constexpr dopt_option_spec kOptions[] = {
                      "for fp32 parameters"),
     sdk::option_bool("overlap_cpu_optimizer_d2h_h2d", "true",
                      "copy gradients to the host and parameters back on their own threads "
-                     "(side streams on a GPU, UNVERIFIED), chunk by chunk, overlapping the host "
+                     "(side streams on a GPU), chunk by chunk, overlapping the host "
                      "steps; same result as false"),
     sdk::option_bool("refresh_masters", "true",
                      "before each step compare every offloaded parameter with what hybrid last "

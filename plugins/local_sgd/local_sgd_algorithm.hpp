@@ -49,7 +49,7 @@ namespace distopt::plugins::local_sgd {
 class LocalSgdAlgorithm : public sdk::Algorithm {
  public:
   /// ABI 1.4 devices: only libtorch tensor ops (the inner optimizer, packing and
-  /// averaging bucket-shaped buffers): any device (CUDA UNVERIFIED on a GPU).
+  /// averaging bucket-shaped buffers): any device (CUDA: world size 1 on an H200, STATUS.md).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   static constexpr uint32_t traits = DOPT_TRAIT_LOCAL_REPLICAS;
   /// Refuses mixed precision (UNSUPPORTED) and, with warmup_steps 0, a

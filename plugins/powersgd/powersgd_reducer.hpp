@@ -110,7 +110,7 @@ class PowerSgdReducer : public sdk::Reducer {
  public:
   /// ABI 1.4 devices: host memory, and CUDA memory through the generic
   /// orthogonalisation (libtorch ops only, no host reads of bucket data).
-  /// CUDA UNVERIFIED on a GPU (see STATUS.md).
+  /// CUDA: world size 1 on an H200 (STATUS.md).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   /// Options from args.options (the plugin's schema). Plans the given buckets
   /// (state is sized lazily, at a bucket's first compressed step). Starts the

@@ -89,7 +89,7 @@ namespace distopt::plugins::zero {
 class ZeroAlgorithm : public sdk::Algorithm {
  public:
   /// ABI 1.4 devices: only libtorch tensor ops (shards are views and tensors on the
-  /// parameters' device): any device (CUDA UNVERIFIED on a GPU).
+  /// parameters' device): any device (CUDA: world size 1 on an H200, STATUS.md).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   explicit ZeroAlgorithm(const dopt_algorithm_args& args);
   /// ABI 1.2 job check: stage 2 refuses a reducer without DOPT_TRAIT_EXACT_MEAN.
