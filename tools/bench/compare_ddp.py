@@ -136,7 +136,10 @@ def ddp_worker(a):
 
     torch.set_num_threads(a.threads)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if a.ddp_backend == "distopt":  # the build's package registers the backend
+        sys.path.insert(0, os.path.join(ROOT, os.environ.get("DISTOPT_BUILD_DIR", "build"), "python"))
+        import distopt  # noqa: F401
+    dist.init_process_group(a.ddp_backend, rank=rank, world_size=world)
     torch.manual_seed(a.seed)
     model = mlp()
     ddp = DDP(model)
@@ -156,7 +159,9 @@ def ddp_worker(a):
     dist.destroy_process_group()
 
 
-def run_ddp(a):
+def run_ddp(a, backend=None):
+    if backend:
+        a = argparse.Namespace(**dict(vars(a), ddp_backend=backend))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(a.world),
                OMP_NUM_THREADS=str(a.threads))
     argv = [sys.executable, os.path.abspath(__file__), "--ddp-worker"] + worker_args(a)
@@ -204,6 +209,8 @@ def comparison_parser(doc):
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / ranks)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=256, help="per rank")
+    ap.add_argument("--ddp-backend", default="gloo",
+                    help="torch.distributed backend of the DDP side (gloo, or distopt: the build's package)")
     return ap
 
 
@@ -225,7 +232,8 @@ def check_distopt(a):
 def worker_args(a):
     return ["--data", a.data, "--threads", str(a.threads), "--epochs", str(a.epochs), "--seed", str(a.seed),
             "--batch", str(a.batch), "--max-steps", str(a.max_steps), "--optimizer", a.optimizer, "--lr", str(a.lr),
-            "--momentum", str(a.momentum), "--weight-decay", str(a.weight_decay)] + (["--nesterov"] if a.nesterov
+            "--momentum", str(a.momentum), "--weight-decay", str(a.weight_decay),
+            "--ddp-backend", a.ddp_backend] + (["--nesterov"] if a.nesterov
                                                                                   else [])
 
 

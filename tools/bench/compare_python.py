@@ -8,7 +8,7 @@ column is a separate set of processes; the training steps are timed (evaluation
 excluded), `--repeat` times in turn, and the table gives the median samples/s
 with its min-max and the last run's test accuracy:
 
-- PyTorch DDP over gloo;
+- PyTorch DDP over gloo, and the same DDP script over the "distopt" backend;
 - `distopt.DistributedOptimizer` with allreduce, and `distopt.ZeroRedundancyOptimizer`
   (zero stage 1), in the same PyTorch loop (a gloo group only evaluates);
 - `distopt train` on the same job.
@@ -102,7 +102,8 @@ def main():
                     f"optimizer: {{name: sgd, lr: {a.lr}, momentum: {a.momentum}}}\n"
                     f"train: {{model: mlp, epochs: {a.epochs}, batch_size: {a.batch}, seed: {a.seed}, "
                     f"log_every: 0}}\n")
-        columns = [("PyTorch DDP (gloo)", lambda: cd.run_ddp(a)),
+        columns = [("PyTorch DDP (gloo)", lambda: cd.run_ddp(a, "gloo")),
+                   ("PyTorch DDP (distopt backend)", lambda: cd.run_ddp(a, "distopt")),
                    ("distopt.DistributedOptimizer", lambda: run_python(a, "allreduce")),
                    ("distopt.ZeroRedundancyOptimizer", lambda: run_python(a, "zero")),
                    ("distopt train", lambda: cd.run_distopt(a))]

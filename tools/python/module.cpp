@@ -6,6 +6,8 @@
 // parameter and the tensor the optimizer holds are one TensorImpl: the
 // optimizer's gradient hooks run inside loss.backward() and its updates are
 // what the Python model sees.
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
 #include <torch/extension.h>
 
 #include <memory>
@@ -19,6 +21,7 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
+#include "process_group.hpp"
 
 namespace py = pybind11;
 
@@ -91,6 +94,27 @@ PYBIND11_MODULE(_distopt, m) {
       error(e.what());
     }
   });
+
+  // The torch.distributed backend (process_group.hpp); distopt/__init__.py
+  // registers it under the name "distopt".
+  using distopt::python::BackendOptions;
+  py::class_<BackendOptions>(m, "BackendOptions")
+      .def(py::init<>())
+      .def_readwrite("communicator", &BackendOptions::communicator)
+      .def_readwrite("options", &BackendOptions::options)
+      .def_readwrite("cuda_communicator", &BackendOptions::cuda_communicator)
+      .def_readwrite("cuda_options", &BackendOptions::cuda_options)
+      .def_readwrite("plugin_paths", &BackendOptions::plugin_paths)
+      .def_readwrite("collective_check_s", &BackendOptions::collective_check_s);
+  m.def(
+      "create_process_group",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+         std::chrono::milliseconds timeout, const BackendOptions& options) {
+        py::gil_scoped_release nogil;
+        return distopt::python::make_process_group(store, rank, world_size, timeout, options);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
+      py::arg("options"));
 
   py::class_<distopt::Runtime>(m, "Runtime")
       .def_static(

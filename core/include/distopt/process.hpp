@@ -1,4 +1,5 @@
-// Which rank this process is: read from the launcher's environment.
+// Which rank this process is, read from the launcher's environment, and the
+// address its communicators listen on.
 #pragma once
 
 #include <string>
@@ -25,5 +26,13 @@ struct ProcessInfo {
 /// port and token: distopt/slurm.hpp. Throws ConfigError for a malformed or
 /// out-of-range value, naming the variable.
 ProcessInfo detect_process_info();
+
+/// The local address this rank's communicators listen on, for a job whose
+/// rendezvous is `rendezvous_url` (tcp://HOST:PORT, env:// with MASTER_ADDR,
+/// or one without a host): $DISTOPT_BIND_ADDRESS if set, else 127.0.0.1 for
+/// a loopback or absent host, else the address of the interface that routes
+/// to HOST. Throws RendezvousError when HOST does not resolve or no
+/// interface routes to it.
+std::string choose_bind_address(const std::string& rendezvous_url);
 
 }  // namespace distopt

@@ -2,6 +2,12 @@
 // helpers it needs (host-list expansion, tasks per node, default port).
 #include "distopt/process.hpp"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -220,6 +226,62 @@ ProcessInfo detect_process_info() {
                  (step ? step : "0");
   }
   return info;
+}
+
+namespace {
+
+bool is_loopback(const std::string& host) {
+  return host.empty() || host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" ||
+         host == "[::1]";
+}
+
+/// The host part of a rendezvous URL ("" when it has none, e.g. file://).
+std::string rendezvous_host(const std::string& url) {
+  if (url.rfind("tcp://", 0) == 0) {
+    std::string hp = url.substr(6);
+    if (!hp.empty() && hp[0] == '[') return hp.substr(1, hp.find(']') - 1);
+    return hp.substr(0, hp.rfind(':'));
+  }
+  if (url.rfind("env://", 0) == 0) {
+    const char* a = std::getenv("MASTER_ADDR");
+    return a ? a : "";
+  }
+  return "";
+}
+
+/// The local address of the interface that routes to `host` (a UDP
+/// connect() sends nothing; getsockname() then names the interface).
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || !res)
+    throw RendezvousError("cannot resolve rendezvous host '" + host + "'");
+  std::string out;
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    char buf[INET_ADDRSTRLEN] = {0};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf))
+      out = buf;
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  if (out.empty())
+    throw RendezvousError("no local interface routes to rendezvous host '" + host + "'");
+  return out;
+}
+
+}  // namespace
+
+std::string choose_bind_address(const std::string& rendezvous) {
+  if (const char* b = std::getenv("DISTOPT_BIND_ADDRESS"); b && *b) return b;
+  std::string host = rendezvous_host(rendezvous);
+  if (is_loopback(host)) return "127.0.0.1";
+  return local_address_towards(host);
 }
 
 }  // namespace distopt

@@ -275,7 +275,9 @@ struct ChildEnvironment {
 
 // The launcher's variables of local rank r; restarts > 0 adds DISTOPT_RESTART_COUNT,
 // member >= 0 (elastic) DISTOPT_ELASTIC_MEMBER.
-ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
+// torch_port: MASTER_PORT, where a PyTorch script's env:// rendezvous
+// (torch.distributed's TCPStore on rank 0) listens.
+ChildEnvironment child_environment(const LaunchOptions& o, int r, int port, int torch_port,
                                    const std::string& token, int restarts, int64_t member) {
   const int n = o.nprocs;
   const int world = o.nnodes * n;
@@ -301,6 +303,15 @@ ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
       {"DISTOPT_JOB_TOKEN", token},
   };
   if (set_node) vars.emplace_back("DISTOPT_NODE_ID", "node" + std::to_string(o.node_rank));
+  // torchrun's variables, so that a PyTorch script's env:// rendezvous
+  // (dist.init_process_group) works under this launcher as under torchrun.
+  vars.insert(vars.end(), {{"RANK", std::to_string(o.node_rank * n + r)},
+                           {"WORLD_SIZE", std::to_string(world)},
+                           {"LOCAL_RANK", std::to_string(r)},
+                           {"LOCAL_WORLD_SIZE", std::to_string(n)},
+                           {"GROUP_RANK", std::to_string(o.node_rank)},
+                           {"MASTER_ADDR", o.master_addr},
+                           {"MASTER_PORT", std::to_string(torch_port)}});
   // A rank renumbered by an elastic membership change says so (emit()).
   vars.emplace_back("DISTOPT_LAUNCHER_PREFIX", "1");
   // distopt train draws its step lines as one progress line (emit()).
@@ -361,10 +372,12 @@ ChildEnvironment child_environment(const LaunchOptions& o, int r, int port,
 // restart it, go on) or time runs out.
 class Supervisor {
  public:
-  Supervisor(const LaunchOptions& o, int port, std::string token, std::vector<char*> argv)
+  Supervisor(const LaunchOptions& o, int port, int torch_port, std::string token,
+             std::vector<char*> argv)
       : o_(o),
         base_(o.node_rank * o.nprocs),
         port_(port),
+        torch_port_(torch_port),
         token_(std::move(token)),
         argv_(std::move(argv)),
         ranks_(o.nprocs),
@@ -429,7 +442,8 @@ class Supervisor {
   // Fork and exec local rank r (again, when it is restarted).
   void start(int r) {
     Rank& rk = ranks_[r];
-    ChildEnvironment env = child_environment(o_, r, port_, token_, rk.restarts, rk.member);
+    ChildEnvironment env =
+        child_environment(o_, r, port_, torch_port_, token_, rk.restarts, rk.member);
     std::vector<char*> envp = env.pointers();
     int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const pid_t launcher_pid = getpid();
@@ -672,6 +686,7 @@ class Supervisor {
   const LaunchOptions& o_;
   const int base_;  // global rank of local rank 0
   const int port_;
+  const int torch_port_;
   const std::string token_;
   std::vector<char*> argv_;
   std::vector<Rank> ranks_;
@@ -826,6 +841,10 @@ int run(const LaunchOptions& given) {
                    std::to_string(o.nnodes * o.nprocs) + ", rendezvous tcp://" + o.master_addr +
                    ":" + std::to_string(port));
   const std::string url = "tcp://" + o.master_addr + ":" + std::to_string(port);
+  // MASTER_PORT for PyTorch scripts: the rendezvous port + 1 when it is fixed
+  // (every node's launcher agrees), else another free port.
+  int torch_port = o.port > 0 ? port + 1 : free_loopback_port();
+  while (torch_port == port) torch_port = free_loopback_port();
   // An elastic job's first launcher: what a rank started later needs to join.
   if (o.elastic && o.node_rank == 0 && !o.join && o.max_nodes == 0)
     message(o, "elastic: more ranks join with `distopt launch --elastic --join --master-addr " +
@@ -841,7 +860,7 @@ int run(const LaunchOptions& given) {
   argv.push_back(nullptr);
   g_stdout_tty = ::isatty(1) == 1;
   g_stderr_tty = ::isatty(2) == 1;
-  Supervisor supervisor(o, port, token, std::move(argv));
+  Supervisor supervisor(o, port, torch_port, token, std::move(argv));
   supervisor.spawn();
   supervisor.supervise();
   return supervisor.finish();

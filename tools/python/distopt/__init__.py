@@ -23,6 +23,18 @@ They reduce the gradients themselves: use them without DDP.
 
 Errors from distopt (a bad job, a dead peer, a refused tensor) raise
 distopt.Error, whose text names the file and key, or the peer.
+
+A torch.distributed backend: `import distopt` registers "distopt", so a
+script written for gloo runs over distopt's communicators by changing the
+backend's name (DDP, PyTorch's ZeroRedundancyOptimizer and every
+collective work unchanged):
+
+    import distopt, torch.distributed as dist
+    dist.init_process_group("distopt")     # env://, tcp://... or a store, as for gloo
+
+CPU tensors go through the `tcp` communicator (shared memory between ranks
+on one host), CUDA tensors through `nccl`; set_backend_options() or the
+environment (DISTOPT_PG_COMMUNICATOR, DISTOPT_PG_OPTIONS, ...) chooses others.
 """
 
 import contextlib
@@ -31,6 +43,7 @@ import os
 
 import torch
 
+from . import _distopt
 from ._distopt import DistributedOptimizer as _Optimizer
 from ._distopt import Error, Runtime
 
@@ -43,6 +56,7 @@ __all__ = [
     "fuse_optimizer",
     "init",
     "runtime",
+    "set_backend_options",
 ]
 
 _runtime = None
@@ -298,3 +312,71 @@ class HybridDeviceOptimizer(DistributedOptimizer):
                                            "options": {"offload_fraction": float(offload_fraction)}},
                              "optimizer": section}, job)
         super().__init__(params, full)
+
+
+# ---- the torch.distributed backend "distopt" ----
+
+_backend_options = {}
+
+
+def _option_text(value):
+    """Communicator options as YAML/JSON text (a dict, a string, or None)."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def set_backend_options(communicator=None, options=None, cuda_communicator=None,
+                        cuda_options=None, plugin_paths=None, collective_check_s=None):
+    """What the process groups created afterwards by
+    dist.init_process_group("distopt") / dist.new_group(backend="distopt") run on.
+
+    communicator: the plugin for CPU tensors (default "tcp"; or "ucx", or
+    your own), options: its options as a dict or YAML text (the keys of a
+    job file's communicator.options); cuda_communicator / cuda_options: the
+    same for CUDA tensors (default "nccl"); plugin_paths: extra plugin
+    directories; collective_check_s: after how long a stalled collective
+    makes the ranks compare what they wait on (0: off). Arguments left None
+    keep their value, which comes from the environment when never set:
+    DISTOPT_PG_COMMUNICATOR, DISTOPT_PG_OPTIONS, DISTOPT_PG_CUDA_COMMUNICATOR,
+    DISTOPT_PG_CUDA_OPTIONS, DISTOPT_PLUGIN_PATH.
+    """
+    given = {"communicator": communicator, "options": options,
+             "cuda_communicator": cuda_communicator, "cuda_options": cuda_options,
+             "plugin_paths": plugin_paths, "collective_check_s": collective_check_s}
+    _backend_options.update({k: v for k, v in given.items() if v is not None})
+
+
+def _current_backend_options():
+    o = _distopt.BackendOptions()
+    env = os.environ
+    o.communicator = _backend_options.get("communicator",
+                                          env.get("DISTOPT_PG_COMMUNICATOR") or "tcp")
+    o.options = _option_text(_backend_options.get("options", env.get("DISTOPT_PG_OPTIONS")))
+    o.cuda_communicator = _backend_options.get(
+        "cuda_communicator", env.get("DISTOPT_PG_CUDA_COMMUNICATOR") or "nccl")
+    o.cuda_options = _option_text(_backend_options.get("cuda_options",
+                                                       env.get("DISTOPT_PG_CUDA_OPTIONS")))
+    o.plugin_paths = [os.fspath(p) for p in _backend_options.get("plugin_paths", [])]
+    if "collective_check_s" in _backend_options:
+        o.collective_check_s = float(_backend_options["collective_check_s"])
+    return o
+
+
+def _create_process_group(store, rank, world_size, timeout):
+    """torch.distributed's creator for the "distopt" backend."""
+    return _distopt.create_process_group(store, rank, world_size, timeout,
+                                         _current_backend_options())
+
+
+def _register_backend():
+    import torch.distributed as dist
+    if not dist.is_available() or "DISTOPT" in getattr(dist.Backend, "_plugins", {}):
+        return
+    try:  # PyTorch >= 2.2: the devices it serves
+        dist.Backend.register_backend("distopt", _create_process_group, devices=["cpu", "cuda"])
+    except TypeError:
+        dist.Backend.register_backend("distopt", _create_process_group)
+
+
+_register_backend()

@@ -155,6 +155,29 @@ class Collectives {
     while (c + 1 < kTuners && (WriteTuner::kMinBytes << (c + 1)) <= bytes) ++c;
     return tuners_[c];
   }
+  /// Start a collective at round round_ + 1: publish its signature (Header::op).
+  void begin(const char* kind, uint64_t a, uint64_t b, uint64_t c) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the arguments
+    for (uint64_t v :
+         {static_cast<uint64_t>(kind[0]) << 8 | static_cast<uint64_t>(kind[3]), a, b, c})
+      for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    op_first_ = round_ + 1;
+    op_word_ = op_first_ << 24 | (h & 0xffffff);
+    op_kind_ = kind;
+    hdr(rank_)->op.store(op_word_, std::memory_order_release);
+  }
+  /// After peer's ready reached round `r` of this collective: does the peer
+  /// run the same one? (It may have moved on past r: then it did.)
+  bool same_collective(int peer, uint64_t r, Result* res) const {
+    const uint64_t w = hdr(peer)->op.load(std::memory_order_acquire), first = w >> 24;
+    if (first > r || w == op_word_) return true;
+    res->status = DOPT_ERR_COMM;
+    res->peer = peer;
+    res->why = "collective mismatch (shared memory): rank " + std::to_string(peer) +
+               " runs another collective than this rank's " + op_kind_ +
+               " at the same position (another kind, size, dtype, reduction or root)";
+    return false;
+  }
   /// Wait for peer's `counter` to reach value; on failure fills res and returns false.
   bool wait(int peer, std::atomic<uint64_t> Header::*counter, uint64_t value, const WaitCtx& ctx,
             Result* res) const;
@@ -174,6 +197,8 @@ class Collectives {
   WaitPolicy policy_;  ///< oversubscribed() when the ranks outnumber this process's CPUs
   size_t slot_bytes_;
   uint64_t round_ = 0;                   ///< last round started
+  uint64_t op_first_ = 0, op_word_ = 0;  ///< the running collective (begin())
+  const char* op_kind_ = "";
   static constexpr size_t kTuners = 12;  ///< 64 KiB .. 128 MiB and up
   WriteTuner tuners_[kTuners];
   /// Where a streaming allreduce reduces a piece of its slice (in L1), to
@@ -305,7 +330,7 @@ inline bool Collectives::wait(int peer, std::atomic<uint64_t> Header::*counter, 
   WaitError err;
   const dopt_status st = shm::wait(h, h->*counter, value, ctx,
                                    ctx.peer_left ? &ctx.peer_left[peer] : nullptr, &err, policy_);
-  if (st == DOPT_OK) return true;
+  if (st == DOPT_OK) return counter != &Header::ready || same_collective(peer, value, res);
   res->status = st;
   if (st == DOPT_ERR_COMM) {
     res->peer = err.peer >= 0 ? err.peer : peer;
@@ -333,6 +358,7 @@ inline Result Collectives::allreduce(const char* send, char* recv, size_t count,
   const dopt_reduce_op rop = op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op;
   const int div = op == DOPT_REDUCE_AVG ? n : 1;
   const size_t bytes = count * esz;
+  begin("allreduce", count, static_cast<uint64_t>(dt), static_cast<uint64_t>(op));
   if (n > 2 && count > 0 && bytes <= kOnePhaseBytes && bytes <= slot_bytes_) {
     // One phase: the whole input into this rank's slot; once every peer's
     // is in theirs, reduce slot 0 op slot 1 op ... into recv. Every rank
@@ -443,6 +469,7 @@ inline Result Collectives::reduce_scatter(const char* send, char* recv, size_t c
   const size_t per_round = std::max<size_t>(1, slot_bytes_ / esz / static_cast<size_t>(n));
   const dopt_reduce_op rop = op == DOPT_REDUCE_AVG ? DOPT_REDUCE_SUM : op;
   const int div = op == DOPT_REDUCE_AVG ? n : 1;
+  begin("reduce_scatter", count, static_cast<uint64_t>(dt), static_cast<uint64_t>(op));
   Result res;
   for (size_t b0 = 0; b0 < count; b0 += per_round) {
     const size_t m = std::min(per_round, count - b0), mb = m * esz;
@@ -471,6 +498,7 @@ inline Result Collectives::reduce_scatter(const char* send, char* recv, size_t c
 inline Result Collectives::allgather(const char* send, char* recv, size_t bytes,
                                      const WaitCtx& ctx) {
   const int n = world_, me = rank_;
+  begin("allgather", bytes, 0, 0);
   Result res;
   // This rank's block first (send may alias it), then stream from there.
   char* own = recv + me * bytes;
@@ -495,6 +523,7 @@ inline Result Collectives::allgather(const char* send, char* recv, size_t bytes,
 
 inline Result Collectives::broadcast(char* buf, size_t bytes, int root, const WaitCtx& ctx) {
   const int me = rank_;
+  begin("broadcast", bytes, static_cast<uint64_t>(root), 0);
   Result res;
   for (size_t b0 = 0; b0 < bytes; b0 += slot_bytes_) {
     const size_t m = std::min(slot_bytes_, bytes - b0);

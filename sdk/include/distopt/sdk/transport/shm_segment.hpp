@@ -58,6 +58,11 @@ struct Header {
   /// round k's collective, an allreduce of arrived_bytes.
   alignas(64) std::atomic<uint64_t> arrived;
   std::atomic<uint64_t> arrived_bytes;
+  /// The collective this rank runs: (its first round << 24) | a 24-bit
+  /// signature of its kind, size, dtype, reduction and root, set before its
+  /// first `ready`. A peer that finds another collective at the rounds it
+  /// reads fails with "collective mismatch" instead of mixing them.
+  alignas(64) std::atomic<uint64_t> op;
   alignas(64) std::atomic<uint32_t> futex;  ///< bumped on every publish; waiters sleep on it
   std::atomic<uint32_t> waiters;  ///< ranks sleeping on `futex` (publisher skips the wake if 0)
 };
