@@ -156,7 +156,11 @@ def ddp_worker(a):
     if rank == 0:
         print(json.dumps({"samples_per_s": steps * a.epochs * a.batch * world / train_time,
                           "final_test_accuracy": acc, "train_time_s": train_time}), flush=True)
-    dist.destroy_process_group()
+    dist.barrier()
+    # No teardown: torch 1.13's gloo group can hang in its destructor at exit
+    # (its worker threads wait for the GIL that the joining thread holds).
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ddp(a, backend=None):
@@ -291,6 +295,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=0)
     ap.add_argument("--max-steps", type=int, default=0)
     ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ddp-backend", default="gloo",
+                    help="torch.distributed backend of the DDP side (gloo, or distopt: the build's package)")
     # Worker-only settings (the parent derives them from the job file).
     for name, typ in (("--seed", int), ("--batch", int), ("--lr", float), ("--momentum", float),
                       ("--weight-decay", float)):

@@ -261,15 +261,16 @@ algorithm: {name: allreduce}
 precision: {dtype: $d}"
 done
 
-# 3b. the Python package (build/python) on the device: DistributedOptimizer
-# and ZeroRedundancyOptimizer against plain PyTorch, world size 1.
+# 3b. the Python package (build/python) on the device: DistributedOptimizer,
+# ZeroRedundancyOptimizer and PyTorch's DDP over the "distopt" backend
+# (nccl on a GPU) against plain PyTorch, world size 1.
 if wanted python; then
   py=$(sed -n 's/^DISTOPT_TORCH_PYTHON:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null | head -1)
   if [[ -n $py && -d $BUILD/python/distopt ]]; then
     run python "$ROW_T" env PYTHONPATH="$BUILD/python" "$py" "$SRC/tools/gpu/python_smoke.py" \
       "$DEVICE" "$PLUGINS"
     if ((RC == 0)); then
-      record python PASS - - "$SECS" "$(grep -c PASS "$WORK/out") optimizers equal torch's"
+      record python PASS - - "$SECS" "$(grep -c PASS "$WORK/out") of 3 (allreduce, zero, DDP over distopt) equal torch's"
     else
       record python FAIL - - "$SECS" "$(why)"
     fi
