@@ -78,6 +78,14 @@ def collectives():
     t = contribution(rank, torch.float32)
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
     expect(torch.allclose(t, (sum(every) * 0.5).float()), f"PREMUL_SUM: {t.tolist()}")
+    # Empty and 0-dim tensors.
+    e = torch.zeros(0)
+    dist.all_reduce(e)
+    dist.broadcast(e, src=0)
+    expect(e.numel() == 0, "empty tensor")
+    sc = torch.tensor(float(rank + 1))
+    dist.all_reduce(sc)
+    same(sc, torch.tensor(float(sum(range(1, world + 1)))), "0-dim all_reduce")
     # A non-contiguous tensor is reduced in place.
     m = torch.arange(12, dtype=torch.float32).reshape(3, 4) + rank
     col = m.t()
