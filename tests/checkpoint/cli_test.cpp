@@ -11,6 +11,7 @@
 #include "distopt/checkpoint.hpp"
 #include "torch_doctest.hpp"
 // after doctest:
+#include "cli_train_util.hpp"
 #include "cli_util.hpp"
 #include "job_yaml.hpp"
 #include "train_metrics.hpp"
@@ -43,46 +44,6 @@ std::string write_job(const TempDir& t, const Job& j, const std::string& name = 
   return distopt::test::write_job(t.file(name), y);
 }
 
-ProcResult train(const std::string& cfg, std::vector<std::string> args,
-                 std::vector<std::string> env = {}) {
-  std::vector<std::string> argv = {cli(), "train", cfg};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run_command(argv, env, std::chrono::seconds(240));
-}
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-// `distopt checkpoint consolidate DIR OUT` then torch::pickle_load.
-c10::impl::GenericDict consolidated(const std::string& dir, const std::string& out) {
-  ProcResult r =
-      run_command({cli(), "checkpoint", "consolidate", dir, out}, {}, std::chrono::seconds(120));
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  std::string bytes = slurp(out);
-  return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
-}
-
-// Every tensor of d[section] bitwise equal in a and b (same keys).
-void check_equal_section(const c10::impl::GenericDict& a, const c10::impl::GenericDict& b,
-                         const std::string& section) {
-  auto da = a.at(section).toGenericDict(), db = b.at(section).toGenericDict();
-  REQUIRE(da.size() == db.size());
-  REQUIRE(da.size() > 0);
-  for (const auto& kv : da) {
-    const std::string k = kv.key().toStringRef();
-    INFO(section << "/" << k);
-    REQUIRE(db.contains(k));
-    if (kv.value().isTensor()) {
-      CHECK(torch::equal(kv.value().toTensor(), db.at(k).toTensor()));
-    } else {
-      check_equal_section(da, db, k);
-    }
-  }
-}
-
 }  // namespace
 
 TEST_CASE("a rank killed mid-training: --resume ends bitwise equal to an uninterrupted run") {
@@ -99,7 +60,7 @@ TEST_CASE("a rank killed mid-training: --resume ends bitwise equal to an uninter
                             {"DISTOPT_FAULT_INJECT=exit:1:25"});
   INFO(killed.output);
   CHECK(killed.exit_code != 0);
-  CHECK(slurp(b + "/latest") == "step-000000020\n");
+  CHECK(distopt::test::read_text(b + "/latest") == "step-000000020\n");
   auto info = distopt::find_checkpoint(b);
   REQUIRE(info.has_value());
   CHECK(info->step == 20);
@@ -137,7 +98,7 @@ TEST_CASE("a rank killed while writing its shard leaves the previous checkpoint 
                             {"DISTOPT_FAULT_INJECT=save:1:2"});
   INFO(killed.output);
   CHECK(killed.exit_code != 0);
-  CHECK(slurp(c + "/latest") == "step-000000010\n");
+  CHECK(distopt::test::read_text(c + "/latest") == "step-000000010\n");
   // The interrupted save: rank 1's shard never got its final name, no manifest.
   CHECK_FALSE(distopt::test::path_exists(c + "/step-000000020/manifest.json"));
   CHECK_FALSE(distopt::test::path_exists(c + "/step-000000020/rank-00001-of-00002.pt"));
@@ -159,11 +120,12 @@ TEST_CASE("corrupt, truncated and foreign checkpoints fail naming the file; noth
   ProcResult a = train(cfg, {"--checkpoint", d});
   REQUIRE(a.exit_code == 0);
   const std::string shard = d + "/step-000000030/rank-00001-of-00002.pt";
-  const std::string good = slurp(shard);
+  const std::string good = distopt::test::read_text(shard);
 
   auto snapshot = [&] {
     std::map<std::string, std::string> files;
-    for (const std::string& f : distopt::test::files_under(d)) files[f] = slurp(f);
+    for (const std::string& f : distopt::test::files_under(d))
+      files[f] = distopt::test::read_text(f);
     return files;
   };
   auto expect_failure = [&](const std::string& what) {
@@ -295,7 +257,7 @@ TEST_CASE("consolidate to a bare file name writes it in the current directory") 
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("cannot open directory") == std::string::npos);
-  const std::string bytes = slurp(t.file("model.pt"));
+  const std::string bytes = distopt::test::read_text(t.file("model.pt"));
   REQUIRE_FALSE(bytes.empty());
   const auto bare =
       torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();

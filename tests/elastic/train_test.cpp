@@ -11,6 +11,7 @@
 
 #include "torch_doctest.hpp"
 // after doctest:
+#include "cli_train_util.hpp"
 #include "cli_util.hpp"
 #include "job_yaml.hpp"
 #include "train_metrics.hpp"
@@ -47,41 +48,6 @@ std::string write_job(const TempDir& t, const Job& j, const std::string& name) {
   train.more = ", global_batch_size: 96, data_dir: " + std::string(kData);
   if (!j.elastic.empty()) y.extra = "elastic: " + j.elastic + "\n";
   return distopt::test::write_job(t.file(name), y);
-}
-
-ProcResult train(const std::string& cfg, std::vector<std::string> args,
-                 std::vector<std::string> env = {}) {
-  std::vector<std::string> argv = {cli(), "train", cfg};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run_command(argv, env, std::chrono::seconds(240));
-}
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-c10::impl::GenericDict consolidated(const std::string& dir, const std::string& out) {
-  ProcResult r =
-      run_command({cli(), "checkpoint", "consolidate", dir, out}, {}, std::chrono::seconds(120));
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  std::string bytes = slurp(out);
-  return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
-}
-
-// Every tensor of section `s` bitwise equal in a and b (same keys, at least one).
-void check_equal_section(const c10::impl::GenericDict& a, const c10::impl::GenericDict& b,
-                         const std::string& s) {
-  auto da = a.at(s).toGenericDict(), db = b.at(s).toGenericDict();
-  REQUIRE(da.size() == db.size());
-  REQUIRE(da.size() > 0);
-  for (const auto& kv : da) {
-    const std::string k = kv.key().toStringRef();
-    INFO(s << "/" << k);
-    REQUIRE(db.contains(k));
-    if (kv.value().isTensor()) CHECK(torch::equal(kv.value().toTensor(), db.at(k).toTensor()));
-  }
 }
 
 // Kill rank `victim` of 4 before global step 10: the survivors roll back to

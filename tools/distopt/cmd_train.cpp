@@ -195,9 +195,11 @@ int launch_local_ranks(const JobConfig& cfg, int argc, char** argv,
   return launch::run(lo);
 }
 
-int cmd_train(int argc, char** argv) {
-  TrainArgs a;
-  const po::options_description desc = train_options(a);
+// Parse `distopt NAME JOB.yaml [options]` into `a` (the job file's path and
+// `desc`'s options). Returns -1 to go on, else the exit code: 0 after
+// --help, 2 after a usage error (both printed with `desc`).
+int parse_job_command(const char* name, int argc, char** argv, const po::options_description& desc,
+                      TrainArgs& a) {
   po::options_description hidden;
   hidden.add_options()("config", po::value<std::string>(&a.config), "");
   po::options_description all;
@@ -208,13 +210,20 @@ int cmd_train(int argc, char** argv) {
     po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), a.vm);
     po::notify(a.vm);
   } catch (const po::error& e) {
-    std::cerr << "distopt train: " << e.what() << "\n" << desc << "\n";
+    std::cerr << "distopt " << name << ": " << e.what() << "\n" << desc << "\n";
     return 2;
   }
   if (a.vm.count("help")) {
     std::cout << desc << "\n";
     return 0;
   }
+  return -1;
+}
+
+int cmd_train(int argc, char** argv) {
+  TrainArgs a;
+  const po::options_description desc = train_options(a);
+  if (const int rc = parse_job_command("train", argc, argv, desc, a); rc >= 0) return rc;
   if (!check_train_args(a, desc)) return 2;
 
   const JobConfig cfg = job_with_overrides(a);
@@ -250,23 +259,7 @@ int cmd_eval(int argc, char** argv) {
       "threads", po::value<int64_t>(&a.threads),
       "override train.threads (intra-op threads per rank, 0 = auto)")(
       "world-size", po::value<int64_t>(&a.world_size), "override world.size");
-  po::options_description hidden;
-  hidden.add_options()("config", po::value<std::string>(&a.config), "");
-  po::options_description all;
-  all.add(desc).add(hidden);
-  po::positional_options_description pos;
-  pos.add("config", 1);
-  try {
-    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), a.vm);
-    po::notify(a.vm);
-  } catch (const po::error& e) {
-    std::cerr << "distopt eval: " << e.what() << "\n" << desc << "\n";
-    return 2;
-  }
-  if (a.vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (const int rc = parse_job_command("eval", argc, argv, desc, a); rc >= 0) return rc;
   if (a.config.empty() || a.topts.checkpoint_dir.empty()) {
     std::cerr << "distopt eval: give a job file and --checkpoint DIR\n" << desc << "\n";
     return 2;

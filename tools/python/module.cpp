@@ -115,6 +115,14 @@ PYBIND11_MODULE(_distopt, m) {
       },
       py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
       py::arg("options"));
+  m.def(
+      "drain_callbacks",
+      [](double seconds) {
+        py::gil_scoped_release nogil;
+        distopt::python::drain_callbacks(
+            std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+      },
+      py::arg("seconds") = 10.0);
 
   py::class_<distopt::Runtime>(m, "Runtime")
       .def_static(

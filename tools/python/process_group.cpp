@@ -210,6 +210,17 @@ struct Op {
   }
 };
 
+// Whether the interpreter is finalizing: a thread that takes the GIL then
+// is ended by Python (pthread_exit, which aborts a C++ thread), so tensors
+// that may hold a Python object are leaked instead of freed.
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+  return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
 // Releases the GIL for its scope when this thread holds it.
 class ReleaseGil {
  public:
@@ -232,7 +243,10 @@ class ReleaseGil {
 // back.
 class CallbackPool {
  public:
-  CallbackPool() : s_(std::make_shared<State>()) {}
+  CallbackPool() : s_(std::make_shared<State>()) {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    registry().pools.push_back(s_);
+  }
   ~CallbackPool() {
     {
       std::lock_guard<std::mutex> lock(s_->mu);
@@ -254,16 +268,47 @@ class CallbackPool {
     else
       s_->cv.notify_one();
   }
+  /// Wait, at most `limit`, until no pool of this process has a callback
+  /// queued or running (distopt/__init__.py calls it at exit, the GIL
+  /// released: Python ends threads that take the GIL once it finalizes,
+  /// which aborts a callback freeing a tensor).
+  static void drain(std::chrono::milliseconds limit) {
+    const auto until = Clock::now() + limit;
+    std::vector<std::shared_ptr<State>> pools;
+    {
+      std::lock_guard<std::mutex> lock(registry().mu);
+      for (auto it = registry().pools.begin(); it != registry().pools.end();) {
+        if (auto p = it->lock()) {
+          pools.push_back(p);
+          ++it;
+        } else {
+          it = registry().pools.erase(it);
+        }
+      }
+    }
+    for (auto& p : pools) {
+      std::unique_lock<std::mutex> lock(p->mu);
+      p->cv_idle.wait_until(lock, until, [&] { return p->queue.empty() && p->running == 0; });
+    }
+  }
 
  private:
   // Shared with the threads, so that one of them may destroy the pool.
   struct State {
     std::mutex mu;
-    std::condition_variable cv;
+    std::condition_variable cv, cv_idle;
     std::deque<std::function<void()>> queue;
-    size_t idle = 0;
+    size_t idle = 0, running = 0;
     bool stop = false;
   };
+  struct Registry {
+    std::mutex mu;
+    std::vector<std::weak_ptr<State>> pools;
+  };
+  static Registry& registry() {
+    static Registry* r = new Registry;  // never destroyed: used until the process ends
+    return *r;
+  }
   static void loop(State& s) {
     std::unique_lock<std::mutex> lock(s.mu);
     for (;;) {
@@ -273,10 +318,16 @@ class CallbackPool {
       if (s.queue.empty()) return;  // stopping, nothing left
       auto f = std::move(s.queue.front());
       s.queue.pop_front();
+      ++s.running;
       lock.unlock();
-      f();
-      f = nullptr;  // its tensors may take the GIL to go: not under mu
+      if (python_finalizing()) {
+        new std::function<void()>(std::move(f));  // nobody waits now; see python_finalizing
+      } else {
+        f();
+        f = nullptr;  // its tensors may take the GIL to go: not under mu
+      }
       lock.lock();
+      if (--s.running == 0 && s.queue.empty()) s.cv_idle.notify_all();
     }
   }
   std::shared_ptr<State> s_;
@@ -299,14 +350,14 @@ class Work final : public c10d::Work {
   }
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  void complete(std::exception_ptr error, CallbackPool& callbacks) {
+  /// On the callback pool: the Future (its then-callbacks run here), then
+  /// the Work, so that a caller woken by wait() finds both done.
+  void complete(std::exception_ptr error) {
+    if (error)
+      future_->setError(error);
+    else
+      future_->markCompleted(c10::IValue(outputs_));
     finish(error);
-    callbacks.post([f = future_, outputs = outputs_, error] {
-      if (error)
-        f->setError(error);
-      else
-        f->markCompleted(c10::IValue(outputs));
-    });
   }
 
  private:
@@ -795,7 +846,12 @@ class ProcessGroup final : public C10dBase {
 
   // ---- completion ----
 
-  // Complete `p`: its error if any, else run its finish.
+  // Complete `p`: its error if any, else run its finish. Every reference
+  // this thread holds to the operation's tensors goes before the Work is
+  // handed to the callback pool, which completes it; the pool counts as busy
+  // until the Work's last reference there is gone, so a caller that wakes
+  // and exits finds it busy in CallbackPool::drain (nothing frees a tensor
+  // after the interpreter began to finalize).
   void complete(Pending& p, std::exception_ptr error) {
     if (!error && p.op->finish) {
       try {
@@ -804,9 +860,8 @@ class ProcessGroup final : public C10dBase {
         error = std::current_exception();
       }
     }
-    p.op->reqs.clear();
-    p.op->views.clear();
-    p.work->complete(error, *callbacks_);
+    p.op.reset();
+    callbacks_->post([w = std::move(p.work), error] { w->complete(error); });
   }
 
   // True when every request of `op` is done; throws like CommRequest::test.
@@ -932,6 +987,8 @@ class ProcessGroup final : public C10dBase {
 };
 
 }  // namespace
+
+void drain_callbacks(std::chrono::milliseconds limit) { CallbackPool::drain(limit); }
 
 c10::intrusive_ptr<C10dBase> make_process_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int world_size,

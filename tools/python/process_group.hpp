@@ -67,4 +67,9 @@ c10::intrusive_ptr<C10dBase> make_process_group(const c10::intrusive_ptr<c10d::S
                                                 std::chrono::milliseconds timeout,
                                                 const BackendOptions& options);
 
+/// Wait, at most `limit`, until the Future completions of every process group
+/// of this process have run (call without the GIL, before the interpreter
+/// finalizes: distopt/__init__.py does at exit).
+void drain_callbacks(std::chrono::milliseconds limit);
+
 }  // namespace distopt::python

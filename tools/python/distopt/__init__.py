@@ -37,6 +37,7 @@ on one host), CUDA tensors through `nccl`; set_backend_options() or the
 environment (DISTOPT_PG_COMMUNICATOR, DISTOPT_PG_OPTIONS, ...) chooses others.
 """
 
+import atexit
 import contextlib
 import json
 import os
@@ -380,3 +381,6 @@ def _register_backend():
 
 
 _register_backend()
+# At exit, before Python stops threads that take the GIL: let the process
+# groups' Future completions (which free tensors) finish.
+atexit.register(_distopt.drain_callbacks)
