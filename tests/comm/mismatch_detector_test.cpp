@@ -4,7 +4,7 @@
 // collectives failed first. Then it stopped in the failure's cascade (a cut
 // link: a ring neighbour can already be one collective ahead), which
 // netns_test once saw reported as a mismatch.
-#include "comm_check/mismatch_detector.hpp"
+#include "communicator/mismatch_detector.hpp"
 
 #include <doctest/doctest.h>
 

@@ -74,6 +74,9 @@ CMAKE
     -DCMAKE_PREFIX_PATH="$prefix_path" >"$work/includes.log" 2>&1 &&
     cmake --build "$work/includes/build" >>"$work/includes.log" 2>&1 ||
     { cat "$work/includes.log"; echo "FAIL: the flat SDK's include paths do not compile"; exit 1; }
+  # The compiler tells the author to move on (sdk/compat/ warns on each path).
+  grep -q "distopt/sdk/comm.hpp is deprecated: include distopt/sdk/sdk.hpp" "$work/includes.log" ||
+    { cat "$work/includes.log"; echo "FAIL: no deprecation warning for the flat SDK's paths"; exit 1; }
 fi
 
 if [[ -z "$flat_sdk_includes" ]]; then

@@ -7,8 +7,9 @@
 #  2. a header includes SDK headers of its own layer or of the layers below
 #     it only: transport and optim over base, collective over transport and
 #     base (optim and collective do not see each other);
-#  3. distopt/sdk/ itself holds sdk.hpp and forwarding headers only, one for
-#     each header of the flat SDK (ABI 1.4), each naming a header that exists;
+#  3. distopt/sdk/ itself holds sdk.hpp only; sdk/compat/distopt/sdk/ holds
+#     the forwarding headers, one for each header of the flat SDK (ABI 1.4),
+#     each naming a header that exists and warning that it is deprecated;
 #  4. no file of the tree includes a forwarding header (they are for plugins
 #     built outside it), except the frozen template of the flat SDK.
 set -euo pipefail
@@ -64,24 +65,29 @@ for layer in "${layers[@]}"; do
   done
 done
 
-# The top folder: sdk.hpp and forwarding headers.
-fwd=()
+# The top folder: sdk.hpp only; the forwarding headers in compat/.
+compat="$src/sdk/compat/distopt/sdk"
 for h in "$sdk"/*.hpp; do
+  [[ "$(basename "$h")" == sdk.hpp ]] && continue
+  err "sdk/include/distopt/sdk/$(basename "$h"): a header in distopt/sdk/ itself (new headers go in a layer folder; the flat SDK's forwarding headers in sdk/compat/distopt/sdk/)"
+done
+fwd=()
+for h in "$compat"/*; do
   name=$(basename "$h" .hpp)
-  [[ "$name" == sdk ]] && continue
-  rel="sdk/include/distopt/sdk/$name.hpp"
+  rel="sdk/compat/distopt/sdk/$(basename "$h")"
   target=$(sdk_includes "$h")
-  if [[ $(grep -cv '^[[:space:]]*$' "$h") -ne 3 || "$target" != */"$name.hpp" ]] ||
+  if [[ "$target" != */"$name.hpp" ]] ||
     ! grep -q "^// Forwarding header: moved to distopt/sdk/$target; this path stays for 1.x.$" "$h" ||
-    ! grep -q '^#pragma once$' "$h"; then
-    err "$rel: a header in distopt/sdk/ itself (new headers go in a layer folder) or not a forwarding header (a comment 'moved to distopt/sdk/LAYER/$name.hpp; this path stays for 1.x.', #pragma once, one #include)"
+    ! grep -q '^#pragma once$' "$h" ||
+    ! grep -q "^#warning \"distopt/sdk/$name.hpp is deprecated: include distopt/sdk/sdk.hpp or distopt/sdk/$target" "$h"; then
+    err "$rel: not a forwarding header (a comment 'moved to distopt/sdk/LAYER/$name.hpp; this path stays for 1.x.', #pragma once, the deprecation warning, one #include)"
     continue
   fi
   [[ -f "$sdk/$target" ]] || err "$rel forwards to distopt/sdk/$target, which does not exist"
   fwd+=("$name")
 done
 for name in $flat_sdk; do
-  [[ -f "$sdk/$name.hpp" ]] || err "sdk/include/distopt/sdk/$name.hpp (a header of the flat SDK) is gone: it stays, forwarding, for 1.x"
+  [[ -f "$compat/$name.hpp" ]] || err "sdk/compat/distopt/sdk/$name.hpp (a header of the flat SDK) is gone: it stays, forwarding, for 1.x"
 done
 [[ -f "$sdk/sdk.hpp" ]] || err "sdk/include/distopt/sdk/sdk.hpp (the plugin author's one include) is missing"
 

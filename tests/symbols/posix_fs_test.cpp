@@ -1,9 +1,9 @@
-// core/src/util/posix_fs, the POSIX stand-ins for std::filesystem: the same
+// core/src/base/posix_fs, the POSIX stand-ins for std::filesystem: the same
 // lexical results (the expected values are libstdc++ 12's std::filesystem::path
 // results, checked against it once; a leading "//", which libstdc++ keeps, is
 // left out) and file operations; write_atomic to a bare file name syncs "."
 //.
-#include "util/posix_fs.hpp"
+#include "base/posix_fs.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
@@ -15,8 +15,8 @@
 #include <system_error>
 #include <vector>
 
-#include "checkpoint/atomic_file.hpp"
 #include "result_files.hpp"
+#include "state/atomic_file.hpp"
 
 namespace pfs = distopt::util;
 

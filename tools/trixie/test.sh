@@ -8,6 +8,8 @@
 #   tools/trixie/test.sh -R hybrid     # extra arguments go to ctest
 #   DISTOPT_TRIXIE_ROOT=/path ...      # where the chroot lives (default /var/tmp/distopt-trixie)
 #   DISTOPT_TRIXIE_BUILD_ONLY=1 ...    # build, no ctest
+#   DISTOPT_BUILD_TARGETS="_distopt tcp" tools/trixie/test.sh -R python_backend
+#                                      # build these targets only (tools/build.sh)
 #
 # Needs network access to a Debian mirror (DISTOPT_TRIXIE_MIRROR, default
 # deb.debian.org). tools/setup.sh runs inside, so the packages are the ones
@@ -43,7 +45,8 @@ bind "$SRC" /src
 args=$(printf ' %q' "$@")
 chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
   DEBIAN_FRONTEND=noninteractive DISTOPT_BUILD_DIR=build-trixie \
-  DISTOPT_TRIXIE_BUILD_ONLY="${DISTOPT_TRIXIE_BUILD_ONLY:-0}" /bin/bash -c "
+  DISTOPT_TRIXIE_BUILD_ONLY="${DISTOPT_TRIXIE_BUILD_ONLY:-0}" \
+  DISTOPT_BUILD_TARGETS="${DISTOPT_BUILD_TARGETS:-}" /bin/bash -c "
   set -euo pipefail
   cd /src
   tools/setup.sh

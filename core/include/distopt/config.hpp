@@ -116,7 +116,7 @@ struct JobConfig {
   /// world.watchdog_s: a call into a component (an algorithm's step, a
   /// communicator's collective) that has not returned after this many
   /// seconds ends the rank with a message naming the rank, the component
-  /// and the operation (host/watchdog.hpp), as a dead peer ends the job.
+  /// and the operation (distopt/watchdog.hpp), as a dead peer ends the job.
   /// 0 (the default): twice world.timeout_s, so a collective's own timeout,
   /// which names the peer, fires first. watchdog_seconds() resolves it.
   double watchdog_s = 0;

@@ -3,10 +3,10 @@
 
 #include <utility>
 
-#include "comm_check/checked_comm.hpp"
+#include "base/services.hpp"
+#include "communicator/checked_comm.hpp"
 #include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
-#include "host/services.hpp"
 
 namespace distopt {
 namespace {

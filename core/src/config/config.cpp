@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "base/posix_fs.hpp"
+#include "base/yaml_util.hpp"
 #include "config/inner_component.hpp"
 #include "config/job_check.hpp"
 #include "config/lr_schedule_config.hpp"
@@ -26,8 +28,6 @@
 #include "distopt/key_schema.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/sdk/optim/optimizer_schema.hpp"
-#include "util/posix_fs.hpp"
-#include "yaml/yaml_util.hpp"
 
 namespace distopt {
 

@@ -4,9 +4,9 @@
 #include <memory>
 #include <vector>
 
+#include "base/yaml_util.hpp"
 #include "config/job_check.hpp"
 #include "distopt/error.hpp"
-#include "yaml/yaml_util.hpp"
 
 namespace distopt::config {
 

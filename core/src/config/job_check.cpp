@@ -6,12 +6,12 @@
 #include <new>
 #include <type_traits>
 
+#include "base/services.hpp"
+#include "base/yaml_util.hpp"
 #include "config/inner_component.hpp"
 #include "distopt/error.hpp"
 #include "distopt/job.h"
 #include "distopt/precision.hpp"
-#include "host/services.hpp"
-#include "yaml/yaml_util.hpp"
 
 namespace distopt::config {
 namespace {

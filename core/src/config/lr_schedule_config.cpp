@@ -5,9 +5,9 @@
 #include <cmath>
 #include <vector>
 
+#include "base/yaml_util.hpp"
 #include "distopt/algorithm.h"
 #include "distopt/error.hpp"
-#include "yaml/yaml_util.hpp"
 
 namespace distopt::config {
 namespace {

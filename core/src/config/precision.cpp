@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/yaml_util.hpp"
 #include "distopt/config.hpp"
 #include "distopt/error.hpp"
-#include "yaml/yaml_util.hpp"
 
 namespace distopt {
 

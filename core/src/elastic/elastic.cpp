@@ -14,17 +14,17 @@
 #include <set>
 #include <sstream>
 
-#include "checkpoint/manifest.hpp"
+#include "base/services.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
-#include "host/services.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
 #include "optim/snapshot.hpp"
 #include "runtime/membership.hpp"
 #include "runtime/runtime_impl.hpp"
 #include "state/exchange.hpp"
+#include "state/manifest.hpp"
 #include "state/shard_state.hpp"
 #include "state/state_source.hpp"
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "host/services.hpp"
+#include "base/services.hpp"
 
 namespace distopt {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "host/services.hpp"
+#include "base/services.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
 

@@ -3,10 +3,10 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include "base/services.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/sdk/base/tensor.hpp"
-#include "host/services.hpp"
 
 namespace distopt::optim {
 

@@ -4,8 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include "base/services.hpp"
 #include "distopt/error.hpp"
-#include "host/services.hpp"
 #include "optim/optimizer_impl.hpp"
 
 namespace distopt::optim {

@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "base/services.hpp"
 #include "distopt/algorithm.h"
 #include "distopt/error.hpp"
 #include "distopt/host_communicator.hpp"
@@ -16,7 +17,6 @@
 #include "distopt/sdk/base/tensor.hpp"
 #include "distopt/sdk/base/traffic.hpp"
 #include "distopt/watchdog.hpp"
-#include "host/services.hpp"
 #include "optim/autotune.hpp"
 #include "optim/buffer_sync.hpp"
 #include "optim/device_check.hpp"

@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "base/services.hpp"
 #include "distopt/algorithm.h"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/reducer.h"
 #include "distopt/sdk/base/tensor.hpp"
-#include "host/services.hpp"
 #include "optim/bucket_manager.hpp"
 #include "optim/master_weights.hpp"
 #include "optim/optimizer_builder.hpp"

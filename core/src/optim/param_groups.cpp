@@ -21,12 +21,12 @@
 #include <optional>
 #include <set>
 
+#include "base/services.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/sdk/base/fnv1a.hpp"
 #include "distopt/sdk/base/tensor.hpp"
-#include "host/services.hpp"
 #include "optim/component_state.hpp"
 #include "optim/optimizer_builder.hpp"
 #include "optim/optimizer_impl.hpp"

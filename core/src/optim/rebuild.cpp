@@ -8,9 +8,9 @@
 #include <map>
 #include <optional>
 
+#include "base/services.hpp"
 #include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
-#include "host/services.hpp"
 #include "optim/buffer_sync.hpp"
 #include "optim/component_state.hpp"
 #include "optim/optimizer_impl.hpp"

@@ -1,9 +1,9 @@
 // The replicas' mean and consensus distance (algorithms with local
 // replicas: decentralized, local SGD).
+#include "base/services.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/sdk/base/tensor.hpp"
-#include "host/services.hpp"
 #include "optim/optimizer_impl.hpp"
 
 namespace distopt {

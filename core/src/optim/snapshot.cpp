@@ -8,8 +8,8 @@
 #include <map>
 #include <variant>
 
+#include "base/services.hpp"
 #include "distopt/error.hpp"
-#include "host/services.hpp"
 #include "optim/autotune.hpp"
 #include "optim/component_state.hpp"
 #include "optim/optimizer_impl.hpp"

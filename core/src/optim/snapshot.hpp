@@ -1,7 +1,7 @@
 // What one rank contributes to a checkpoint and how it is put back: the
 // model (parameters and buffers, saved by rank 0), fp32 masters under mixed
 // precision, and the reducer's and algorithm's ABI 1.1 state. The optimizer's
-// side of the directory protocol (checkpoint/protocol.hpp), which reaches it
+// side of the directory protocol (state/protocol.hpp), which reaches it
 // through checkpoint::Participant only.
 #pragma once
 
@@ -9,9 +9,9 @@
 
 #include <string>
 
-#include "checkpoint/manifest.hpp"
-#include "checkpoint/protocol.hpp"
 #include "distopt/distributed_optimizer.hpp"
+#include "state/manifest.hpp"
+#include "state/protocol.hpp"
 #include "state/shard_state.hpp"
 #include "state/state_source.hpp"
 

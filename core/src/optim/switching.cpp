@@ -5,11 +5,11 @@
 
 #include <cstring>
 
+#include "base/services.hpp"
 #include "distopt/config.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/sdk/base/fnv1a.hpp"
-#include "host/services.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
 #include "state/exchange.hpp"

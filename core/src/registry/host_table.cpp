@@ -1,17 +1,17 @@
 // The host side of the plugin ABI: the dopt_host_api table every plugin gets
-// at load (registry.cpp), over the host's services (host/services.hpp) and
+// at load (registry.cpp), over the host's services (base/services.hpp) and
 // the store and options it hands plugins.
 #include <algorithm>
 #include <cstring>
 #include <string>
 
+#include "base/services.hpp"
 #include "distopt/component_options.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 #include "distopt/reducer.h"
 #include "distopt/registry.hpp"
 #include "distopt/store.hpp"
-#include "host/services.hpp"
 
 namespace distopt {
 namespace {

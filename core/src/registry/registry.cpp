@@ -10,14 +10,14 @@
 #include <cstring>
 #include <system_error>
 
+#include "base/posix_fs.hpp"
+#include "base/yaml_util.hpp"
 #include "distopt/algorithm.h"
 #include "distopt/communicator.h"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 #include "distopt/job.h"
 #include "distopt/reducer.h"
-#include "util/posix_fs.hpp"
-#include "yaml/yaml_util.hpp"
 
 namespace distopt {
 namespace {

@@ -1,18 +1,18 @@
 // Runtime's checkpoints: save_checkpoint / load_checkpoint run the directory
-// protocol (checkpoint/protocol.hpp) on the optimizer's side of it
+// protocol (state/protocol.hpp) on the optimizer's side of it
 // (optim/snapshot.hpp) over the control communicator; consolidate gathers
 // every rank's state to one rank, as ZeroRedundancyOptimizer's
 // consolidate_state_dict.
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
-#include "checkpoint/consolidate.hpp"
-#include "checkpoint/protocol.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/runtime.hpp"
 #include "distopt/sdk/base/tensor.hpp"
 #include "optim/snapshot.hpp"
+#include "state/consolidate.hpp"
+#include "state/protocol.hpp"
 #include "state/shard_state.hpp"
 #include "state/state_source.hpp"
 

@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/services.hpp"
 #include "config/inner_component.hpp"
 #include "distopt/blas.hpp"
 #include "distopt/device_rule.hpp"
@@ -24,7 +25,6 @@
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
 #include "distopt/watchdog.hpp"
-#include "host/services.hpp"
 #include "optim/autotune.hpp"
 #include "optim/optimizer_builder.hpp"
 #include "runtime/membership.hpp"

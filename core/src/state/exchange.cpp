@@ -7,10 +7,10 @@
 #include <deque>
 #include <thread>
 
+#include "base/services.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/sdk/base/tensor.hpp"
-#include "host/services.hpp"
 
 namespace distopt::state {
 

@@ -6,9 +6,9 @@
 
 #include <cstring>
 
+#include "base/services.hpp"
 #include "distopt/error.hpp"
 #include "distopt/sdk/base/tensor.hpp"
-#include "host/services.hpp"
 
 namespace distopt::state {
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
+#include "base/services.hpp"
 #include "distopt/error.hpp"
 #include "distopt/sdk/base/tensor.hpp"
-#include "host/services.hpp"
 
 namespace distopt::state {
 

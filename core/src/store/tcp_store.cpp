@@ -13,8 +13,8 @@
 
 #include <thread>
 
+#include "base/services.hpp"
 #include "distopt/error.hpp"
-#include "host/services.hpp"
 #include "store/net.hpp"
 
 namespace distopt::store {

@@ -1,0 +1,6 @@
+// Forwarding header: moved to distopt/sdk/base/fnv1a.hpp; this path stays for 1.x.
+#pragma once
+#ifndef DISTOPT_SDK_NO_DEPRECATION_WARNING
+#warning "distopt/sdk/fnv1a.hpp is deprecated: include distopt/sdk/sdk.hpp or distopt/sdk/base/fnv1a.hpp (define DISTOPT_SDK_NO_DEPRECATION_WARNING to silence)"
+#endif
+#include "distopt/sdk/base/fnv1a.hpp"
