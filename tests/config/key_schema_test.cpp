@@ -127,6 +127,10 @@ TEST_CASE("ranges and choices in the tables are the parser's") {
           accepts(number(lo, integer));
         }
         refuses(number(lo - step, integer));
+        // The parser reads the range from this row: its message quotes it.
+        if (!integer)
+          CHECK(parse_error(job_with(path, k.key, number(lo - step, false)))
+                    .find("is out of range " + range) != std::string::npos);
         if (std::isinf(hi)) continue;
         const double hstep = integer ? 1 : std::max(1e-6, std::fabs(hi) * 1e-6);
         if (hi_open) {

@@ -48,7 +48,7 @@ done
 # Public headers -> the layer defining what they declare. "api": declarations
 # only (no definition in core/src), below every layer.
 declare -A public=(
-  [error]=api
+  [error]=api [buckets]=api
   [host_services]=base
   [blas]=machine [process]=machine [slurm]=machine [threads]=machine [watchdog]=machine
   [store]=store

@@ -173,7 +173,7 @@ TEST_CASE("optimizer.lr_schedule and grad_clip parse; bad values name file:line 
         std::string::npos);
   m = config_error(head + "  grad_clip: -1\n");
   CHECK(m.find("sched.yaml:4:") != std::string::npos);
-  CHECK(m.find("optimizer.grad_clip: expected a number >= 0") != std::string::npos);
+  CHECK(m.find("optimizer.grad_clip: value -1 is out of range [0, inf)") != std::string::npos);
   m = config_error(head + "  lr_schedul: cosine\n");
   CHECK(m.find("did you mean 'lr_schedule'") != std::string::npos);
 }

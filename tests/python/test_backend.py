@@ -113,7 +113,9 @@ def test_world_of_one_and_refusals(world_of_one):
     assert torch.equal(t, torch.arange(4.0))
     with pytest.raises(RuntimeError, match="recv from any source"):
         dist.recv(torch.zeros(1))
-    with pytest.raises(RuntimeError, match="peer 0 is not another rank"):
+    # PyTorch 2.x refuses a send to self before it reaches the backend.
+    with pytest.raises((RuntimeError, ValueError),
+                       match="peer 0 is not another rank|should not be the same as the rank"):
         dist.send(torch.zeros(1), dst=0)
 
 
@@ -135,6 +137,11 @@ def test_under_torchrun(tmp_path):
     if r.returncode != 0 and "'NoneType' object has no attribute 'get'" in r.stdout:
         pytest.skip("this torchrun fails before starting any worker (Debian's torch 1.13 "
                     "on Python 3.11: its --redirects parsing)")
+    if r.returncode != 0 and "PyTorch was build without libuv support" in r.stdout \
+            and "rank 0: ok" not in r.stdout:
+        pytest.skip("this torchrun fails before starting any worker (a PyTorch 2.x built "
+                    "without libuv, as Debian's: its rendezvous store asks for libuv whatever "
+                    "USE_LIBUV says)")
     assert r.returncode == 0, r.stdout
     got = params(tmp_path)
     check_close(got[0], reference(SGD))

@@ -141,9 +141,7 @@ int run_consolidate(int argc, char** argv) {
   std::cout << "wrote " << p.args[1];
   if (info) std::cout << " (step " << info->step << ", " << info->path << ")";
   std::cout << "\n"
-            << "Python: torch.load(path); PyTorch >= 2.6 (weights_only by default) first "
-               "needs torch.serialization.add_safe_globals([torch.jit._pickle.restore_type_tag])"
-               "\n";
+            << "Python: torch.load(path) (weights_only=True too: tensors and plain containers)\n";
   return 0;
 }
 

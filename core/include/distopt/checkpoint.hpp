@@ -57,7 +57,8 @@ std::optional<CheckpointInfo> find_checkpoint(const std::string& dir);
 /// Offline consolidation (`distopt checkpoint consolidate DIR OUT`): read
 /// every shard of the newest checkpoint in `dir` (verifying sizes and CRCs),
 /// assemble each logical tensor whole and write them to `out_path` with
-/// torch::pickle_save, so Python's torch.load(out_path) returns
+/// PyTorch's zip format without type tags (as torch.save writes it), so
+/// Python's torch.load(out_path), weights_only=True included, returns
 ///   {"format": "distopt-consolidated-1", "step": int, "world_size": int,
 ///    "algorithm": str, "reducer": str, "optimizer": str,
 ///    "model": {name: tensor},                    # parameters and buffers

@@ -177,11 +177,11 @@ struct JobConfig {
   } elastic;
   /// `autotune:` (Bagua's autotuning of communication settings): during the
   /// first steps, `steps` steps per setting, try `trials` values of the
-  /// reducer's bucket_cap_mb (the configured one first, then 25, 4, 1, 100
-  /// MiB), then the fastest with `overlap` flipped, then with the reducer
-  /// flipped between `mean` and `hierarchical` (only for those two reducers,
-  /// without `inner:`, and when the hierarchical plugin is found), and keep
-  /// the fastest (DistributedOptimizer::autotune_rows). Off by default.
+  /// reducer's bucket_cap_mb (the configured one first, then the default
+  /// kDefaultBucketCapMb of distopt/buckets.hpp, 4, 1, 100 MiB), then the fastest with `overlap`
+  /// flipped, then with the reducer flipped between `mean` and `hierarchical` (only for those two
+  /// reducers, without `inner:`, and when the hierarchical plugin is found), and keep the fastest
+  /// (DistributedOptimizer::autotune_rows). Off by default.
   struct Autotune {
     bool enabled = false;
     int64_t steps = 20;        ///< steps per setting (the first after a rebuild is not timed)
@@ -212,7 +212,8 @@ JobConfig parse_job_config(const std::string& yaml_text, const std::string& name
 void check_plugin_dirs(const JobConfig& cfg);
 
 /// Options every reducer accepts in addition to its own schema (core bucketing):
-/// bucket_cap_mb (double, 25), align_bytes (int, 8), overlap (bool, true).
+/// bucket_cap_mb (double), align_bytes (int), overlap (bool); their defaults
+/// are distopt/buckets.hpp's.
 const std::vector<OptionSpec>& bucket_option_specs();
 
 /// Options of the inner optimizer (`optimizer:` minus `name`) for each

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "distopt/buckets.hpp"
 #include "distopt/buffers.hpp"
 #include "distopt/lr_schedule.hpp"
 #include "distopt/precision.hpp"
@@ -22,9 +23,9 @@ struct ComponentConfig;  // distopt/config.hpp: a {name, options} section
 
 /// One communication setting autotuning tries (`autotune:`, config.hpp).
 struct AutotuneSetting {
-  double bucket_cap_mb = 25;  ///< MiB per gradient bucket
-  bool overlap = true;        ///< reduce buckets during backward (else in step())
-  bool hierarchical = false;  ///< the `hierarchical` reducer (else flat `mean`)
+  double bucket_cap_mb = kDefaultBucketCapMb;  ///< MiB per gradient bucket
+  bool overlap = kDefaultOverlap;              ///< reduce buckets during backward (else in step())
+  bool hierarchical = false;                   ///< the `hierarchical` reducer (else flat `mean`)
   bool operator==(const AutotuneSetting& o) const {
     return bucket_cap_mb == o.bucket_cap_mb && overlap == o.overlap &&
            hierarchical == o.hierarchical;

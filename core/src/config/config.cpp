@@ -22,7 +22,9 @@
 #include "base/yaml_util.hpp"
 #include "config/inner_component.hpp"
 #include "config/job_check.hpp"
+#include "config/key_range.hpp"
 #include "config/lr_schedule_config.hpp"
+#include "distopt/buckets.hpp"
 #include "distopt/device_rule.hpp"
 #include "distopt/error.hpp"
 #include "distopt/key_schema.hpp"
@@ -159,40 +161,71 @@ class Parser {
 
   static constexpr int64_t kHuge = int64_t(1) << 40;  // "no upper bound" in messages
 
-  // Typed getters of `map.key` (absent keys keep `out`); `path` = "world.size".
-  void get_int(const YAML::Node& map, const char* key, const std::string& path, int64_t lo,
-               int64_t hi, int64_t& out) {
+  // Typed getters of `map.key`, a key of section `section` in the key tables
+  // (key_schema.cpp): a number's range and a name's choices come from its row
+  // (config/key_range.hpp), the one place they are written. Absent keys keep
+  // `out`. `path` names the key in messages ("world.size" by default; a
+  // schedule phase's is "schedule[2].until_step").
+  void get_int(const YAML::Node& map, const std::string& section, const char* key, int64_t& out,
+               std::string path = "") {
     YAML::Node n = child(map, key);
     if (!n.IsDefined()) return;
+    if (path.empty()) path = section + "." + key;
+    const config::KeyRange r = config::key_range(config::config_key(section, key));
     auto v = to_int(n);
     if (!v) fail(file_, mark_of(n), path + ": expected an integer, got " + describe(n));
-    if (*v < lo || *v > hi)
+    if (*v < r.int_lo || *v > r.int_hi)
       fail(file_, mark_of(n),
            path + ": value " + std::to_string(*v) +
-               (hi >= kHuge
-                    ? " must be >= " + std::to_string(lo)
-                    : " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"));
+               (r.int_hi >= kHuge ? " must be >= " + std::to_string(r.int_lo)
+                                  : " is out of range [" + std::to_string(r.int_lo) + ", " +
+                                        std::to_string(r.int_hi) + "]"));
     out = *v;
   }
-  void get_bool(const YAML::Node& map, const char* key, const std::string& path, bool& out) {
+  void get_double(const YAML::Node& map, const std::string& section, const char* key, double& out) {
+    YAML::Node n = child(map, key);
+    if (!n.IsDefined()) return;
+    const std::string path = section + "." + key;
+    const KeySpec& spec = config::config_key(section, key);
+    const config::KeyRange r = config::key_range(spec);
+    auto v = to_double(n);
+    if (!v) fail(file_, mark_of(n), path + ": expected a number, got " + describe(n));
+    const bool ok = (r.lo_open ? *v > r.lo : *v >= r.lo) && (r.hi_open ? *v < r.hi : *v <= r.hi) &&
+                    std::isfinite(*v);
+    if (!ok)
+      fail(file_, mark_of(n), path + ": value " + n.Scalar() + " is out of range " + spec.range);
+    out = *v;
+  }
+  void get_bool(const YAML::Node& map, const std::string& section, const char* key, bool& out) {
     YAML::Node n = child(map, key);
     if (!n.IsDefined()) return;
     auto v = to_bool(n);
-    if (!v) fail(file_, mark_of(n), path + ": expected true or false, got " + describe(n));
+    if (!v)
+      fail(file_, mark_of(n), section + "." + key + ": expected true or false, got " + describe(n));
     out = *v;
   }
-  void get_string(const YAML::Node& map, const char* key, const std::string& path, std::string& out,
-                  const std::vector<std::string>& choices = {}) {
+  // Any string (a path, a URL: checked by the caller).
+  void get_string(const YAML::Node& map, const std::string& section, const char* key,
+                  std::string& out) {
     YAML::Node n = child(map, key);
     if (!n.IsDefined()) return;
     auto v = to_string(n);
-    if (!v || n.IsNull()) fail(file_, mark_of(n), path + ": expected a string, got " + describe(n));
-    if (!choices.empty()) {
-      bool ok = false;
-      for (const auto& c : choices) ok = ok || c == *v;
-      if (!ok) fail(file_, mark_of(n), path + ": '" + *v + "' is not one of " + join(choices, "|"));
-    }
+    if (!v || n.IsNull())
+      fail(file_, mark_of(n), section + "." + key + ": expected a string, got " + describe(n));
     out = *v;
+  }
+  // One of the names the key's row lists ("mlp|cnn|resnet").
+  void get_choice(const YAML::Node& map, const std::string& section, const char* key,
+                  std::string& out) {
+    if (!child(map, key).IsDefined()) return;
+    std::string v;
+    get_string(map, section, key, v);
+    const std::vector<std::string> choices =
+        config::key_range(config::config_key(section, key)).choices;
+    if (std::find(choices.begin(), choices.end(), v) == choices.end())
+      fail(file_, mark_of(child(map, key)),
+           section + "." + key + ": '" + v + "' is not one of " + join(choices, "|"));
+    out = v;
   }
 
   std::string resolve(const std::string& p) const {
@@ -226,39 +259,16 @@ class Parser {
   void parse_world(const YAML::Node& s, JobConfig& cfg) {
     if (!s.IsDefined() || s.IsNull()) return;
     check_keys(s, "world", config_keys("world"));
-    get_int(s, "size", "world.size", 1, 1 << 20, cfg.world_size);
+    get_int(s, "world", "size", cfg.world_size);
     if (YAML::Node n = s["size"]; n.IsDefined() && !n.IsNull()) {
       cfg.world_size_set = true;
       cfg.world_size_mark = mark_of(n);
     }
-    get_string(s, "rendezvous", "world.rendezvous", cfg.rendezvous);
+    get_string(s, "world", "rendezvous", cfg.rendezvous);
     if (YAML::Node r = s["rendezvous"]; r.IsDefined()) check_rendezvous(cfg.rendezvous, mark_of(r));
-    if (YAML::Node t = s["timeout_s"]; t.IsDefined()) {
-      auto v = to_double(t);
-      if (!v)
-        fail(file_, mark_of(t),
-             "world.timeout_s: expected a number of seconds, got " + describe(t));
-      if (!(*v > 0 && *v <= 1e9))
-        fail(file_, mark_of(t),
-             "world.timeout_s: value " + t.Scalar() + " is out of range (0, 1e9]");
-      cfg.timeout_s = *v;
-    }
-    if (YAML::Node t = s["collective_check_s"]; t.IsDefined()) {
-      auto v = to_double(t);
-      if (!v || !(*v >= 0 && *v <= 1e9))
-        fail(
-            file_, mark_of(t),
-            "world.collective_check_s: expected seconds in [0, 1e9] (0 = off), got " + describe(t));
-      cfg.collective_check_s = *v;
-    }
-    if (YAML::Node t = s["watchdog_s"]; t.IsDefined()) {
-      auto v = to_double(t);
-      if (!v || !(*v >= 0 && *v <= 1e9))
-        fail(file_, mark_of(t),
-             "world.watchdog_s: expected seconds in [0, 1e9] (0 = twice world.timeout_s), got " +
-                 describe(t));
-      cfg.watchdog_s = *v;
-    }
+    get_double(s, "world", "timeout_s", cfg.timeout_s);
+    get_double(s, "world", "collective_check_s", cfg.collective_check_s);
+    get_double(s, "world", "watchdog_s", cfg.watchdog_s);
   }
 
   void check_rendezvous(const std::string& url, const YAML::Mark& m) {
@@ -364,7 +374,7 @@ class Parser {
         continue;
       }
       if (k.IsScalar() && k.Scalar() == "grad_clip") {
-        cfg.grad_clip = config::parse_grad_clip(kv.second, file_);
+        get_double(s, "optimizer", "grad_clip", cfg.grad_clip);
         continue;
       }
       opts.force_insert(k, kv.second);
@@ -389,7 +399,7 @@ class Parser {
     check_keys(s, "train", config_keys("train"));
     if (YAML::Node m = child(s, "model"); m.IsDefined() && m.IsMap()) {
       check_keys(m, "train.model", config_keys("train.model"));
-      get_string(m, "torchscript", "train.model.torchscript", t.torchscript);
+      get_string(m, "train.model", "torchscript", t.torchscript);
       if (t.torchscript.empty())
         fail(file_, mark_of(m),
              "train.model: a map names a TorchScript file: {torchscript: PATH}; or give a "
@@ -397,15 +407,15 @@ class Parser {
       t.torchscript = resolve(t.torchscript);
       t.model = "torchscript";
     } else {
-      get_string(s, "model", "train.model", t.model, {"mlp", "cnn", "resnet"});
+      get_choice(s, "train", "model", t.model);
     }
-    get_int(s, "model_width", "train.model_width", 0, 4096, t.model_width);
-    get_string(s, "dataset", "train.dataset", t.dataset, {"fashion-mnist", "synthetic", "tensors"});
+    get_int(s, "train", "model_width", t.model_width);
+    get_choice(s, "train", "dataset", t.dataset);
     if (YAML::Node y = child(s, "tensors"); y.IsDefined() && !y.IsNull()) {
       if (!y.IsMap()) fail(file_, mark_of(y), "train.tensors: expected a map, got " + describe(y));
       check_keys(y, "train.tensors", config_keys("train.tensors"));
-      get_string(y, "train", "train.tensors.train", t.train_tensors);
-      get_string(y, "test", "train.tensors.test", t.test_tensors);
+      get_string(y, "train.tensors", "train", t.train_tensors);
+      get_string(y, "train.tensors", "test", t.test_tensors);
       t.train_tensors = resolve(t.train_tensors);
       t.test_tensors = resolve(t.test_tensors);
     }
@@ -418,29 +428,29 @@ class Parser {
         fail(file_, mark_of(y), "train.synthetic: expected a map, got " + describe(y));
       check_keys(y, "train.synthetic", config_keys("train.synthetic"));
       SyntheticConfig& g = t.synthetic;
-      get_int(y, "train_samples", "train.synthetic.train_samples", 1, kHuge, g.train_samples);
-      get_int(y, "test_samples", "train.synthetic.test_samples", 1, kHuge, g.test_samples);
-      get_int(y, "channels", "train.synthetic.channels", 1, 4096, g.channels);
-      get_int(y, "height", "train.synthetic.height", 1, 65536, g.height);
-      get_int(y, "width", "train.synthetic.width", 1, 65536, g.width);
-      get_int(y, "classes", "train.synthetic.classes", 2, 1 << 20, g.classes);
-      get_double(y, "noise", "train.synthetic.noise", 0, false, 1e6, false, g.noise);
+      get_int(y, "train.synthetic", "train_samples", g.train_samples);
+      get_int(y, "train.synthetic", "test_samples", g.test_samples);
+      get_int(y, "train.synthetic", "channels", g.channels);
+      get_int(y, "train.synthetic", "height", g.height);
+      get_int(y, "train.synthetic", "width", g.width);
+      get_int(y, "train.synthetic", "classes", g.classes);
+      get_double(y, "train.synthetic", "noise", g.noise);
     }
-    get_string(s, "data_dir", "train.data_dir", t.data_dir);
-    get_int(s, "epochs", "train.epochs", 1, kHuge, t.epochs);
-    get_int(s, "batch_size", "train.batch_size", 1, kHuge, t.batch_size);
-    get_int(s, "global_batch_size", "train.global_batch_size", 0, kHuge, t.global_batch_size);
-    get_int(s, "seed", "train.seed", 0, INT64_MAX, t.seed);
-    get_int(s, "threads", "train.threads", 0, 4096, t.threads);
-    get_int(s, "log_every", "train.log_every", 0, kHuge, t.log_every);
-    get_int(s, "max_steps", "train.max_steps", 0, kHuge, t.max_steps);
-    get_bool(s, "drop_last", "train.drop_last", t.drop_last);
-    get_int(s, "grad_accumulation", "train.grad_accumulation", 1, kHuge, t.grad_accumulation);
+    get_string(s, "train", "data_dir", t.data_dir);
+    get_int(s, "train", "epochs", t.epochs);
+    get_int(s, "train", "batch_size", t.batch_size);
+    get_int(s, "train", "global_batch_size", t.global_batch_size);
+    get_int(s, "train", "seed", t.seed);
+    get_int(s, "train", "threads", t.threads);
+    get_int(s, "train", "log_every", t.log_every);
+    get_int(s, "train", "max_steps", t.max_steps);
+    get_bool(s, "train", "drop_last", t.drop_last);
+    get_int(s, "train", "grad_accumulation", t.grad_accumulation);
     parse_device(s, t);
   }
 
   void parse_device(const YAML::Node& s, TrainConfig& t) {
-    get_string(s, "device", "train.device", t.device);
+    get_string(s, "train", "device", t.device);
     if (t.device == "cpu") return;
     const YAML::Mark at = mark_of(child(s, "device"));
     const std::string digits = t.device.rfind("cuda:", 0) == 0 ? t.device.substr(5) : "x";
@@ -456,33 +466,11 @@ class Parser {
                "is false here (a CPU-only libtorch such as Debian's, or no GPU visible); use cpu");
   }
 
-  // A number in [lo, hi] (lo_open / hi_open: that end excluded), else fail at
-  // the value naming `path` and the range.
-  void get_double(const YAML::Node& map, const char* key, const std::string& path, double lo,
-                  bool lo_open, double hi, bool hi_open, double& out) {
-    YAML::Node n = child(map, key);
-    if (!n.IsDefined()) return;
-    auto v = to_double(n);
-    if (!v) fail(file_, mark_of(n), path + ": expected a number, got " + describe(n));
-    const bool ok =
-        (lo_open ? *v > lo : *v >= lo) && (hi_open ? *v < hi : *v <= hi) && std::isfinite(*v);
-    if (!ok) {
-      std::ostringstream range;
-      range << (lo_open ? "(" : "[") << lo << ", ";
-      if (std::isinf(hi))
-        range << "inf)";
-      else
-        range << hi << (hi_open ? ")" : "]");
-      fail(file_, mark_of(n), path + ": value " + n.Scalar() + " is out of range " + range.str());
-    }
-    out = *v;
-  }
-
   void parse_buffers(const YAML::Node& s, JobConfig& cfg) {
     if (!s.IsDefined()) return;
     check_keys(s, "buffers", config_keys("buffers"));
     std::string sync = buffer_sync_name(cfg.buffer_sync);
-    get_string(s, "sync", "buffers.sync", sync, {"broadcast", "average", "none"});
+    get_choice(s, "buffers", "sync", sync);
     cfg.buffer_sync = parse_buffer_sync(sync);
   }
 
@@ -492,11 +480,11 @@ class Parser {
     cfg.autotune.enabled = true;
     if (!s.IsNull()) {
       check_keys(s, "autotune", config_keys("autotune"));
-      get_bool(s, "enabled", "autotune.enabled", cfg.autotune.enabled);
-      get_bool(s, "overlap", "autotune.overlap", cfg.autotune.overlap);
-      get_bool(s, "hierarchical", "autotune.hierarchical", cfg.autotune.hierarchical);
-      get_int(s, "steps", "autotune.steps", 3, kHuge, cfg.autotune.steps);
-      get_int(s, "trials", "autotune.trials", 2, 5, cfg.autotune.trials);
+      get_bool(s, "autotune", "enabled", cfg.autotune.enabled);
+      get_bool(s, "autotune", "overlap", cfg.autotune.overlap);
+      get_bool(s, "autotune", "hierarchical", cfg.autotune.hierarchical);
+      get_int(s, "autotune", "steps", cfg.autotune.steps);
+      get_int(s, "autotune", "trials", cfg.autotune.trials);
     }
     if (cfg.autotune.enabled && cfg.elastic.enabled)
       fail(file_, key_mark(root, "autotune", mark_of(s)),
@@ -511,20 +499,19 @@ class Parser {
   void parse_join(const YAML::Node& s, JobConfig& cfg) {
     if (!s.IsDefined() || s.IsNull()) return;
     check_keys(s, "join", config_keys("join"));
-    get_bool(s, "enabled", "join.enabled", cfg.join.enabled);
-    get_bool(s, "divide_by_initial_world_size", "join.divide_by_initial_world_size",
-             cfg.join.divide_by_initial_world_size);
+    get_bool(s, "join", "enabled", cfg.join.enabled);
+    get_bool(s, "join", "divide_by_initial_world_size", cfg.join.divide_by_initial_world_size);
   }
 
   void parse_elastic(const YAML::Node& s, JobConfig& cfg) {
     if (!s.IsDefined() || s.IsNull()) return;
     check_keys(s, "elastic", config_keys("elastic"));
     JobConfig::Elastic& e = cfg.elastic;
-    get_bool(s, "enabled", "elastic.enabled", e.enabled);
-    get_int(s, "min_ranks", "elastic.min_ranks", 1, 1 << 20, e.min_ranks);
-    get_int(s, "max_ranks", "elastic.max_ranks", 0, 1 << 20, e.max_ranks);
-    get_int(s, "commit_every", "elastic.commit_every", 1, kHuge, e.commit_every);
-    get_double(s, "settle_s", "elastic.settle_s", 0, false, 3600, false, e.settle_s);
+    get_bool(s, "elastic", "enabled", e.enabled);
+    get_int(s, "elastic", "min_ranks", e.min_ranks);
+    get_int(s, "elastic", "max_ranks", e.max_ranks);
+    get_int(s, "elastic", "commit_every", e.commit_every);
+    get_double(s, "elastic", "settle_s", e.settle_s);
     if (e.max_ranks > 0 && e.max_ranks < e.min_ranks)
       fail(file_, mark_of(s["max_ranks"]),
            "elastic.max_ranks (" + std::to_string(e.max_ranks) + ") is below elastic.min_ranks (" +
@@ -557,8 +544,8 @@ class Parser {
         parse_component(p, "reducer", ph.reducer);
       else
         rebind(ph.reducer, cfg.reducer);
-      get_int(p, "until_epoch", at + ".until_epoch", 1, kHuge, ph.until_epoch);
-      get_int(p, "until_step", at + ".until_step", 1, kHuge, ph.until_step);
+      get_int(p, "schedule[k]", "until_epoch", ph.until_epoch, at + ".until_epoch");
+      get_int(p, "schedule[k]", "until_step", ph.until_step, at + ".until_step");
       const bool last = k + 1 == s.size();
       const int bounds = (ph.until_epoch >= 0) + (ph.until_step >= 0);
       if (last && bounds)
@@ -589,14 +576,14 @@ class Parser {
     check_keys(s, "precision", config_keys("precision"));
     PrecisionConfig& p = cfg.precision;
     std::string dtype = "fp32";
-    get_string(s, "dtype", "precision.dtype", dtype, {"bf16", "fp16", "fp32"});
+    get_choice(s, "precision", "dtype", dtype);
     p.dtype = dtype == "bf16"   ? PrecisionDtype::bf16
               : dtype == "fp16" ? PrecisionDtype::fp16
                                 : PrecisionDtype::fp32;
     if (YAML::Node d = s["dtype"]; d.IsDefined())
       cfg.precision_mark = mark_of(d, cfg.precision_mark);
     std::string master = "fp32";
-    get_string(s, "master_weights", "precision.master_weights", master, {"fp32"});
+    get_choice(s, "precision", "master_weights", master);
     if (YAML::Node ls = s["loss_scale"]; ls.IsDefined()) {
       p.loss_scale_set = true;
       auto text = to_string(ls);
@@ -614,12 +601,11 @@ class Parser {
         p.static_scale = *v;
       }
     }
-    constexpr double kInf = std::numeric_limits<double>::infinity();
-    get_double(s, "init_scale", "precision.init_scale", 0, true, kInf, true, p.init_scale);
-    get_double(s, "growth_factor", "precision.growth_factor", 1, true, kInf, true, p.growth_factor);
-    get_double(s, "backoff_factor", "precision.backoff_factor", 0, true, 1, true, p.backoff_factor);
-    get_int(s, "growth_interval", "precision.growth_interval", 1, kHuge, p.growth_interval);
-    get_double(s, "min_scale", "precision.min_scale", 0, true, kInf, true, p.min_scale);
+    get_double(s, "precision", "init_scale", p.init_scale);
+    get_double(s, "precision", "growth_factor", p.growth_factor);
+    get_double(s, "precision", "backoff_factor", p.backoff_factor);
+    get_int(s, "precision", "growth_interval", p.growth_interval);
+    get_double(s, "precision", "min_scale", p.min_scale);
     if (p.dynamic && p.min_scale > p.init_scale)
       fail(file_,
            mark_of(child(s, "min_scale"), mark_of(child(s, "init_scale"), cfg.precision_mark)),
@@ -685,7 +671,7 @@ const std::vector<OptionSpec>& bucket_option_specs() {
     std::vector<OptionSpec> v(3);
     v[0].name = "bucket_cap_mb";
     v[0].type = DOPT_OPTION_DOUBLE;
-    v[0].default_value = "25";
+    v[0].default_value = format_number(kDefaultBucketCapMb);
     v[0].min_value = 0;
     v[0].min_exclusive = true;  // (0, 1e6]
     v[0].max_value = 1e6;
@@ -697,13 +683,13 @@ const std::vector<OptionSpec>& bucket_option_specs() {
     // gradients), but padding changes what the gossip and compression
     // plugins send and quantise (their tests pin byte counts and bounds at
     // 8); a job can set 16 (STATUS.md, "On a GPU").
-    v[1].default_value = "8";
+    v[1].default_value = std::to_string(kDefaultAlignBytes);
     v[1].min_value = 1;
     v[1].max_value = 4096;
     v[1].help = "byte alignment of each gradient inside a bucket, a power of two (core bucketing)";
     v[2].name = "overlap";
     v[2].type = DOPT_OPTION_BOOL;
-    v[2].default_value = "true";
+    v[2].default_value = kDefaultOverlap ? "true" : "false";
     v[2].help = "reduce each bucket as soon as it is complete in backward; false = after backward";
     return v;
   }();

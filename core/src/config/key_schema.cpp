@@ -1,16 +1,48 @@
 // The key tables of the job file's sections (distopt/key_schema.hpp). Adding
 // a key the parser accepts is one row here plus its parsing in config.cpp;
 // `distopt config reference` and share/doc/distopt/REFERENCE.md follow.
-// Defaults mirror config.hpp / precision.hpp; ranges mirror config.cpp's
-// getters (tests/config/key_schema_test.cpp checks both ends of each range
-// against the parser, and each default parses).
+// A row is the one place a key's type, range and help are written: the
+// parser reads a number's range and a name's choices from it
+// (config/key_range.hpp); its default is printed from the public struct's
+// member initializer. tests/config/key_schema_test.cpp checks both ends of
+// each range against the parser, and that each default parses.
 #include "distopt/key_schema.hpp"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <deque>
+#include <limits>
 #include <stdexcept>
+
+#include "base/yaml_util.hpp"
+#include "config/key_range.hpp"
+#include "distopt/buckets.hpp"
+#include "distopt/config.hpp"
 
 namespace distopt {
 
 namespace {
+
+// A key's default is its public struct's member initializer (config.hpp,
+// precision.hpp, lr_schedule.hpp), printed here, so it is written once; the
+// texts live as long as the tables (built once).
+const char* text(const std::string& v) {
+  static std::deque<std::string> texts;
+  texts.push_back(v);
+  return texts.back().c_str();
+}
+const char* text(int64_t v) { return text(std::to_string(v)); }
+const char* text(double v) { return text(yaml::format_number(v)); }
+const char* text(bool v) { return v ? "true" : "false"; }
+const JobConfig& job() {
+  static const JobConfig d;
+  return d;
+}
+const LrSchedule& schedule() {
+  static const LrSchedule d;
+  return d;
+}
 
 // Integers written as "no upper bound" are capped at 2^40 by the parser.
 #define DOPT_HUGE "1099511627776"
@@ -62,15 +94,15 @@ std::vector<SectionSchema> job_sections() {
        "ranks and rendezvous; a launcher's environment (distopt launch, torchrun, Slurm, Open "
        "MPI) takes precedence",
        {
-           {"size", "int", "1", "[1, 1048576]",
+           {"size", "int", text(job().world_size), "[1, 1048576]",
             "ranks started on this host by `distopt train` / `distopt launch`"},
-           {"rendezvous", "string", "tcp://127.0.0.1:29500", "tcp://HOST:PORT|env://|file://PATH",
+           {"rendezvous", "string", text(job().rendezvous), "tcp://HOST:PORT|env://|file://PATH",
             "where the ranks meet (env://: MASTER_ADDR, MASTER_PORT)"},
-           {"timeout_s", "double", "60", "(0, 1e9]",
+           {"timeout_s", "double", text(job().timeout_s), "(0, 1e9]",
             "rendezvous and default operation timeout, seconds"},
-           {"collective_check_s", "double", "2", "[0, 1e9]",
+           {"collective_check_s", "double", text(job().collective_check_s), "[0, 1e9]",
             "a collective waiting this long makes the ranks compare what they wait on (0 = off)"},
-           {"watchdog_s", "double", "0", "[0, 1e9]",
+           {"watchdog_s", "double", text(job().watchdog_s), "[0, 1e9]",
             "a call into a component (a step, a collective) running this long ends the rank, "
             "naming the component and the operation (0 = twice timeout_s)"},
        }},
@@ -83,7 +115,7 @@ std::vector<SectionSchema> component_sections() {
       {"communicator",
        "`{name, options}`, or the name alone (`communicator: ucx`)",
        {
-           {"name", "string", "tcp", "", kComponentName},
+           {"name", "string", text(job().communicator.name), "", kComponentName},
            {"options", "map", "{}", "", kComponentOptions},
        }},
       {"control_communicator",
@@ -98,7 +130,7 @@ std::vector<SectionSchema> component_sections() {
        "(bucket_cap_mb, align_bytes, overlap: Components below), which the host's bucket "
        "manager reads and the reducer never sees",
        {
-           {"name", "string", "mean", "", kComponentName},
+           {"name", "string", text(job().reducer.name), "", kComponentName},
            {"options", "map", "{}", "", kComponentOptions},
            {"inner", "component", "(none)", "",
             "the reducer a wrapping reducer (e.g. hierarchical) delegates to; one level deep"},
@@ -112,7 +144,7 @@ std::vector<SectionSchema> component_sections() {
       {"algorithm",
        "`{name, options}`, or the name alone (`algorithm: zero`)",
        {
-           {"name", "string", "allreduce", "", kComponentName},
+           {"name", "string", text(job().algorithm.name), "", kComponentName},
            {"options", "map", "{}", "", kComponentOptions},
        }},
   };
@@ -125,12 +157,12 @@ std::vector<SectionSchema> optimizer_sections() {
        "`{name, <its options>}` or the name alone (`optimizer: adam`); the options of each "
        "optimizer follow",
        {
-           {"name", "string", "sgd", "sgd|adam|adamw|adagrad|rmsprop",
+           {"name", "string", text(job().optimizer_name), "sgd|adam|adamw|adagrad|rmsprop",
             "the inner update rule (libtorch's optimizer of that name)"},
            {"lr_schedule", "map or name", "(none: constant)", "",
             "learning-rate schedule, each group's lr x factor(step) (optimizer.lr_schedule "
             "below; lr-schedule-and-clipping.md)"},
-           {"grad_clip", "double", "0", "[0, inf)",
+           {"grad_clip", "double", text(job().grad_clip), "[0, inf)",
             "max global L2 norm of the reduced gradient before the update, for every algorithm "
             "(0 = off; torch.nn.utils.clip_grad_norm_)"},
        }},
@@ -142,21 +174,30 @@ std::vector<SectionSchema> optimizer_sections() {
             "OneCycleLR)"},
            {"kind", "string", "constant", "constant|step|multi_step|cosine|linear|one_cycle",
             "alias of name (the older spelling)"},
-           {"warmup_steps", "int", "0", "[0, " DOPT_HUGE "]",
+           {"warmup_steps", "int", text(schedule().warmup_steps), "[0, " DOPT_HUGE "]",
             "step, multi_step, cosine, linear: linear warm-up steps first"},
-           {"warmup_start_factor", "double", "0", "[0, 1]", "the factor at step 0 of the warm-up"},
-           {"step_size", "int", "1", "[1, " DOPT_HUGE "]", "step: steps per decay"},
-           {"gamma", "double", "0.1", "(0, inf)", "step, multi_step: decay factor"},
+           {"warmup_start_factor", "double", text(schedule().warmup_start_factor), "[0, 1]",
+            "the factor at step 0 of the warm-up"},
+           {"step_size", "int", text(schedule().step_size), "[1, " DOPT_HUGE "]",
+            "step: steps per decay"},
+           {"gamma", "double", text(schedule().gamma), "(0, inf)",
+            "step, multi_step: decay factor"},
            {"milestones", "list of int", "(required)", "strictly increasing, > 0",
             "multi_step: steps at which the factor is multiplied by gamma"},
            {"total_steps", "int", "(distopt train: epochs x steps per epoch)", "[1, " DOPT_HUGE "]",
             "cosine, linear, one_cycle: length, warm-up included"},
-           {"min_lr_factor", "double", "0", "[0, 1]", "cosine: the final factor"},
-           {"end_factor", "double", "0", "[0, 1]", "linear: the final factor"},
-           {"pct_start", "double", "0.3", "(0, 1)", "one_cycle: fraction of steps rising"},
-           {"div_factor", "double", "25", "(0, inf)", "one_cycle: peak / initial lr"},
-           {"final_div_factor", "double", "1e4", "(0, inf)", "one_cycle: initial / final lr"},
-           {"anneal", "string", "cos", "cos|linear", "one_cycle: anneal strategy"},
+           {"min_lr_factor", "double", text(schedule().min_lr_factor), "[0, 1]",
+            "cosine: the final factor"},
+           {"end_factor", "double", text(schedule().end_factor), "[0, 1]",
+            "linear: the final factor"},
+           {"pct_start", "double", text(schedule().pct_start), "(0, 1)",
+            "one_cycle: fraction of steps rising"},
+           {"div_factor", "double", text(schedule().div_factor), "(0, inf)",
+            "one_cycle: peak / initial lr"},
+           {"final_div_factor", "double", text(schedule().final_div_factor), "(0, inf)",
+            "one_cycle: initial / final lr"},
+           {"anneal", "string", schedule().anneal_cos ? "cos" : "linear", "cos|linear",
+            "one_cycle: anneal strategy"},
        }},
   };
 }
@@ -167,35 +208,38 @@ std::vector<SectionSchema> train_sections() {
       {"train",
        "`distopt train`'s model, data and loop (a program that embeds the runtime ignores it)",
        {
-           {"model", "string", "mlp", "mlp|cnn|resnet",
+           {"model", "string", text(job().train.model), "mlp|cnn|resnet",
             "a built-in model (Models below), or `{torchscript: PATH}` (train.model below)"},
-           {"model_width", "int", "0", "[0, 4096]",
+           {"model_width", "int", text(job().train.model_width), "[0, 4096]",
             "resnet's base channels; 0 = 8 on the CPU, 64 (ResNet-18) on a GPU"},
-           {"dataset", "string", "fashion-mnist", "fashion-mnist|synthetic|tensors",
+           {"dataset", "string", text(job().train.dataset), "fashion-mnist|synthetic|tensors",
             "fashion-mnist from data_dir, images generated from their index, or tensors saved "
             "from Python (train.tensors)"},
            {"synthetic", "map", "(every default)", "", "the generated dataset's size and shape"},
            {"tensors", "map", "(required by dataset: tensors)", "",
             "the files of `dataset: tensors` (train.tensors below)"},
-           {"data_dir", "string", "/usr/share/datasets/fashion-mnist", "",
+           {"data_dir", "string", text(job().train.data_dir), "",
             "directory of the Fashion-MNIST IDX files (gzip'd or not)"},
-           {"epochs", "int", "2", "[1, " DOPT_HUGE "]", "passes over the training set"},
-           {"batch_size", "int", "256", "[1, " DOPT_HUGE "]", "samples per step, per rank"},
-           {"global_batch_size", "int", "0", "[0, " DOPT_HUGE "]",
+           {"epochs", "int", text(job().train.epochs), "[1, " DOPT_HUGE "]",
+            "passes over the training set"},
+           {"batch_size", "int", text(job().train.batch_size), "[1, " DOPT_HUGE "]",
+            "samples per step, per rank"},
+           {"global_batch_size", "int", text(job().train.global_batch_size), "[0, " DOPT_HUGE "]",
             "samples per step over all ranks, kept when the world size changes; 0 = batch_size x "
             "ranks (elastic: x the starting ranks)"},
-           {"seed", "int", "0", "[0, 9223372036854775807]",
+           {"seed", "int", text(job().train.seed), "[0, 9223372036854775807]",
             "model initialisation, data order, synthetic data"},
-           {"threads", "int", "0", "[0, 4096]",
+           {"threads", "int", text(job().train.threads), "[0, 4096]",
             "intra-op threads per rank; 0 = cores / local ranks"},
-           {"log_every", "int", "20", "[0, " DOPT_HUGE "]", "steps between progress lines"},
-           {"max_steps", "int", "0", "[0, " DOPT_HUGE "]",
+           {"log_every", "int", text(job().train.log_every), "[0, " DOPT_HUGE "]",
+            "steps between progress lines"},
+           {"max_steps", "int", text(job().train.max_steps), "[0, " DOPT_HUGE "]",
             "stop each epoch after this many steps (0 = all)"},
-           {"drop_last", "bool", "true", "",
+           {"drop_last", "bool", text(job().train.drop_last), "",
             "drop the epoch's last partial batch; false splits it and joins idle ranks"},
-           {"device", "string", "cpu", "cpu|cuda|cuda:N",
+           {"device", "string", text(job().train.device), "cpu|cuda|cuda:N",
             "where model, batches and buckets live; cuda = the GPU of the local rank"},
-           {"grad_accumulation", "int", "1", "[1, " DOPT_HUGE "]",
+           {"grad_accumulation", "int", text(job().train.grad_accumulation), "[1, " DOPT_HUGE "]",
             "micro-batches per step (gradients reduced once per step)"},
        }},
       {"train.model",
@@ -219,13 +263,18 @@ std::vector<SectionSchema> train_sections() {
        "`dataset: synthetic`: each class an oriented sine texture under a random phase, plus "
        "uniform noise",
        {
-           {"train_samples", "int", "50000", "[1, " DOPT_HUGE "]", "training images"},
-           {"test_samples", "int", "10000", "[1, " DOPT_HUGE "]", "test images"},
-           {"channels", "int", "3", "[1, 4096]", "image channels"},
-           {"height", "int", "32", "[1, 65536]", "image height, pixels"},
-           {"width", "int", "32", "[1, 65536]", "image width, pixels"},
-           {"classes", "int", "10", "[2, 1048576]", "number of classes"},
-           {"noise", "double", "1", "[0, 1e6]", "amplitude of the uniform noise"},
+           {"train_samples", "int", text(job().train.synthetic.train_samples), "[1, " DOPT_HUGE "]",
+            "training images"},
+           {"test_samples", "int", text(job().train.synthetic.test_samples), "[1, " DOPT_HUGE "]",
+            "test images"},
+           {"channels", "int", text(job().train.synthetic.channels), "[1, 4096]", "image channels"},
+           {"height", "int", text(job().train.synthetic.height), "[1, 65536]",
+            "image height, pixels"},
+           {"width", "int", text(job().train.synthetic.width), "[1, 65536]", "image width, pixels"},
+           {"classes", "int", text(job().train.synthetic.classes), "[2, 1048576]",
+            "number of classes"},
+           {"noise", "double", text(job().train.synthetic.noise), "[0, 1e6]",
+            "amplitude of the uniform noise"},
        }},
   };
 }
@@ -236,45 +285,49 @@ std::vector<SectionSchema> step_sections() {
       {"precision",
        "mixed precision (absent, or fp32 without loss_scale: off); fp16 needs a CUDA device",
        {
-           {"dtype", "string", "fp32", "bf16|fp16|fp32", "the dtype the model computes in"},
+           {"dtype", "string", precision_dtype_name(job().precision.dtype), "bf16|fp16|fp32",
+            "the dtype the model computes in"},
            {"master_weights", "string", "fp32", "fp32",
             "the optimizer keeps fp32 master weights (the only choice)"},
            {"loss_scale", "string or double", "dynamic", "dynamic|(0, inf)",
             "dynamic loss scaling, or a static scale"},
-           {"init_scale", "double", "65536", "(0, inf)", "dynamic: the first scale"},
-           {"growth_factor", "double", "2", "(1, inf)",
+           {"init_scale", "double", text(job().precision.init_scale), "(0, inf)",
+            "dynamic: the first scale"},
+           {"growth_factor", "double", text(job().precision.growth_factor), "(1, inf)",
             "dynamic: x this after growth_interval good steps"},
-           {"backoff_factor", "double", "0.5", "(0, 1)",
+           {"backoff_factor", "double", text(job().precision.backoff_factor), "(0, 1)",
             "dynamic: x this after a step with inf/NaN (that step is skipped)"},
-           {"growth_interval", "int", "2000", "[1, " DOPT_HUGE "]",
+           {"growth_interval", "int", text(job().precision.growth_interval), "[1, " DOPT_HUGE "]",
             "dynamic: consecutive good steps before growing"},
-           {"min_scale", "double", "1", "(0, inf)",
+           {"min_scale", "double", text(job().precision.min_scale), "(0, inf)",
             "dynamic: never back off below this; at most init_scale"},
        }},
       {"buffers",
        "module buffers after every step",
        {
-           {"sync", "string", "broadcast", "broadcast|average|none",
+           {"sync", "string", buffer_sync_name(job().buffer_sync), "broadcast|average|none",
             "rank 0's values (DDP's broadcast_buffers), the float buffers' mean, or nothing"},
        }},
       {"join",
        "uneven inputs: DistributedOptimizer::join() (PyTorch's Join)",
        {
-           {"enabled", "bool", "false", "",
+           {"enabled", "bool", text(job().join.enabled), "",
             "allow join(); every step starts with a 4-byte allreduce"},
-           {"divide_by_initial_world_size", "bool", "false", "",
-            "average over the world size even while ranks have joined"},
+           {"divide_by_initial_world_size", "bool", text(job().join.divide_by_initial_world_size),
+            "", "average over the world size even while ranks have joined"},
        }},
       {"elastic",
        "elastic training: survivors of a dead rank go on from the last in-memory commit",
        {
-           {"enabled", "bool", "false", "", "recover from a dead rank instead of ending the job"},
-           {"min_ranks", "int", "1", "[1, 1048576]", "fewer survivors end the job"},
-           {"max_ranks", "int", "0", "[0, 1048576]",
+           {"enabled", "bool", text(job().elastic.enabled), "",
+            "recover from a dead rank instead of ending the job"},
+           {"min_ranks", "int", text(job().elastic.min_ranks), "[1, 1048576]",
+            "fewer survivors end the job"},
+           {"max_ranks", "int", text(job().elastic.max_ranks), "[0, 1048576]",
             "the largest world; 0 = the starting world size"},
-           {"commit_every", "int", "1", "[1, " DOPT_HUGE "]",
+           {"commit_every", "int", text(job().elastic.commit_every), "[1, " DOPT_HUGE "]",
             "optimizer steps between in-memory commits (rollback points)"},
-           {"settle_s", "double", "2", "[0, 3600]",
+           {"settle_s", "double", text(job().elastic.settle_s), "[0, 3600]",
             "a recovery waits this long for survivors not declared dead by the launcher"},
        }},
       {"schedule[k]",
@@ -290,11 +343,15 @@ std::vector<SectionSchema> step_sections() {
       {"autotune",
        "present (even empty) turns it on; not together with schedule:",
        {
+           // The section's presence turns it on (JobConfig::Autotune::enabled is
+           // false for a job without it).
            {"enabled", "bool", "true", "", "false keeps the section but tunes nothing"},
-           {"steps", "int", "20", "[3, " DOPT_HUGE "]", "steps timed per setting"},
-           {"trials", "int", "4", "[2, 5]", "bucket_cap_mb values tried"},
-           {"overlap", "bool", "true", "", "also try overlap flipped"},
-           {"hierarchical", "bool", "true", "", "also try mean <-> hierarchical where it applies"},
+           {"steps", "int", text(job().autotune.steps), "[3, " DOPT_HUGE "]",
+            "steps timed per setting"},
+           {"trials", "int", text(job().autotune.trials), "[2, 5]", "bucket_cap_mb values tried"},
+           {"overlap", "bool", text(job().autotune.overlap), "", "also try overlap flipped"},
+           {"hierarchical", "bool", text(job().autotune.hierarchical), "",
+            "also try mean <-> hierarchical where it applies"},
        }},
   };
 }
@@ -329,5 +386,61 @@ std::vector<std::string> config_keys(const std::string& path) {
   for (const auto& k : config_section(path).keys) names.push_back(k.key);
   return names;
 }
+
+namespace config {
+
+const KeySpec& config_key(const std::string& section, const std::string& key) {
+  for (const auto& k : config_section(section).keys)
+    if (key == k.key) return k;
+  throw std::logic_error("key_schema: no key '" + key + "' in section '" + section + "'");
+}
+
+KeyRange key_range(const KeySpec& spec) {
+  KeyRange r;
+  const std::string type = spec.type, range = spec.range;
+  if (type == "int" || type == "double") {
+    auto bad = [&] {
+      return std::logic_error(std::string("key_schema: key '") + spec.key + "' has range '" +
+                              range + "', not an interval such as [0, 1] or (0, inf)");
+    };
+    const size_t comma = range.find(", ");
+    if (range.size() < 6 || comma == std::string::npos || (range[0] != '[' && range[0] != '(') ||
+        (range.back() != ']' && range.back() != ')'))
+      throw bad();
+    const std::string lo = range.substr(1, comma - 1);
+    const std::string hi = range.substr(comma + 2, range.size() - comma - 3);
+    r.numeric = true;
+    r.lo_open = range[0] == '(';
+    r.hi_open = range.back() == ')';
+    char* end = nullptr;
+    r.lo = std::strtod(lo.c_str(), &end);
+    if (*end != '\0' || lo.empty()) throw bad();
+    r.hi = std::strtod(hi.c_str(), &end);
+    if (*end != '\0' || hi.empty()) throw bad();
+    if (type == "int") {
+      errno = 0;
+      r.int_lo = std::strtoll(lo.c_str(), &end, 10);
+      if (*end != '\0' || errno) throw bad();
+      if (hi == "inf") {
+        r.int_hi = std::numeric_limits<int64_t>::max();
+      } else {
+        r.int_hi = std::strtoll(hi.c_str(), &end, 10);
+        if (*end != '\0' || errno) throw bad();
+      }
+      if (r.lo_open) ++r.int_lo;
+      if (r.hi_open && hi != "inf") --r.int_hi;
+    }
+  } else if (type == "string" && !range.empty()) {
+    size_t at = 0;
+    while (at <= range.size()) {
+      const size_t bar = std::min(range.find('|', at), range.size());
+      r.choices.push_back(range.substr(at, bar - at));
+      at = bar + 1;
+    }
+  }
+  return r;
+}
+
+}  // namespace config
 
 }  // namespace distopt

@@ -155,16 +155,6 @@ LrSchedule parse_lr_schedule(const YAML::Node& node, const std::string& file) {
   return s;
 }
 
-double parse_grad_clip(const YAML::Node& node, const std::string& file) {
-  const auto x = to_double(node);
-  if (!x || !std::isfinite(*x) || *x < 0)
-    fail(file, mark_of(node),
-         "optimizer.grad_clip: expected a number >= 0 (the max global L2 norm of the "
-         "gradients; 0 = off), got " +
-             describe(node));
-  return *x;
-}
-
 void check_grad_clip_support(const JobConfig& cfg, const ComponentInfo& algorithm) {
   if (cfg.grad_clip <= 0) return;
   const auto* vt = static_cast<const dopt_algorithm_v1*>(algorithm.vtable);

@@ -18,10 +18,6 @@ namespace distopt::config {
 /// value out of range. total_steps may be absent (distopt train fills it in).
 LrSchedule parse_lr_schedule(const YAML::Node& node, const std::string& file);
 
-/// `optimizer.grad_clip`: a finite number >= 0 (0 = off). Throws ConfigError
-/// naming file:line and the key.
-double parse_grad_clip(const YAML::Node& node, const std::string& file);
-
 /// With cfg.grad_clip > 0: throws ConfigError at optimizer.grad_clip's line
 /// naming the algorithm and its plugin file when its vtable has no ABI 1.5
 /// set_grad_clip (so distopt check refuses what train would).

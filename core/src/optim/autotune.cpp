@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/services.hpp"
+#include "distopt/buckets.hpp"
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
 
@@ -35,7 +36,7 @@ Autotuner::Autotuner(const JobConfig::Autotune& cfg, ComponentChoice base,
   current_.bucket_cap_mb = base_.reducer_options->get_double("bucket_cap_mb");
   current_.overlap = base_.reducer_options->get_bool("overlap");
   current_.hierarchical = base_hierarchical_;
-  for (double c : {current_.bucket_cap_mb, 25.0, 4.0, 1.0, 100.0}) {
+  for (double c : {current_.bucket_cap_mb, kDefaultBucketCapMb, 4.0, 1.0, 100.0}) {
     AutotuneSetting s = current_;
     s.bucket_cap_mb = c;
     if (queue_.size() < static_cast<size_t>(cfg_.trials) &&

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "distopt/buckets.hpp"
 #include "distopt/reducer.h"
 #include "distopt/sdk/base/tensor.hpp"
 #include "optim/bucket_plan.hpp"
@@ -25,9 +26,10 @@ struct Node;
 namespace distopt::optim {
 
 struct BucketOptions {
-  double cap_bytes = 25.0 * 1024 * 1024;
-  size_t align_bytes = 8;
-  bool overlap = true;  ///< false: Bagua's delay_reduce, every bucket launched at finish()
+  double cap_bytes = kDefaultBucketCapMb * 1024 * 1024;
+  size_t align_bytes = kDefaultAlignBytes;
+  bool overlap =
+      kDefaultOverlap;  ///< false: Bagua's delay_reduce, every bucket launched at finish()
   /// Bytes per element used to plan (cap and alignment) instead of each
   /// parameter's own; 0 = its own. Mixed precision plans with 4 (fp32), so
   /// the fp32 master buckets get the layout an fp32 model would have.

@@ -5,6 +5,9 @@
 #include "state/consolidate.hpp"
 
 #include <ATen/core/Dict.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/nn/module.h>
 #include <torch/serialize.h>
 
@@ -35,6 +38,31 @@ std::map<std::string, at::Tensor> assemble(const state::StateSource& src) {
 }
 
 namespace {
+
+// torch::pickle_save's zip archive, but with untagged containers: its
+// default tags each dict and list with its element types through the global
+// torch.jit._pickle.restore_type_tag, which torch.load refuses under
+// weights_only=True (the default from PyTorch 2.6). Python's torch.save
+// writes no such tag, and neither does this.
+std::vector<char> pickle_for_torch_load(const c10::IValue& value) {
+  std::vector<char> data;
+  torch::jit::Pickler pickler(
+      [&](const char* buf, size_t n) { data.insert(data.end(), buf, buf + n); }, nullptr, nullptr,
+      nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* buf, size_t n) {
+    const char* bytes = static_cast<const char*>(buf);
+    archive.insert(archive.end(), bytes, bytes + n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", data.data(), data.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return archive;
+}
 
 c10::impl::GenericDict new_dict() {
   return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
@@ -68,7 +96,7 @@ std::vector<char> python_file(const std::map<std::string, at::Tensor>& flat, con
   root.insert("model", model);
   root.insert("optimizer_state", opt_state);
   root.insert("state", state);
-  return torch::pickle_save(root);
+  return pickle_for_torch_load(root);
 }
 
 }  // namespace
