@@ -29,6 +29,7 @@
 #include "distopt/error.hpp"
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
+#include "launch/outcome.hpp"
 
 extern char** environ;
 
@@ -381,7 +382,8 @@ class Supervisor {
         token_(std::move(token)),
         argv_(std::move(argv)),
         ranks_(o.nprocs),
-        running_(0) {}
+        running_(0),
+        outcome_(o.elastic, o.max_restarts) {}
 
   void spawn() {
     for (int r = 0; r < o_.nprocs; ++r) {
@@ -419,18 +421,23 @@ class Supervisor {
       }
     if (terminating_ || interrupted_)
       for (auto& rk : ranks_) ::kill(-rk.pid, SIGKILL);
+    const int code = outcome_.exit_code(interrupted_ != 0, timed_out_);
+    const int failed = outcome_.deciding_failure();
     if (interrupted_) {
       message(o_, "interrupted; all ranks stopped");
-      return kExitInterrupted;
+    } else if (code == kExitOk && o_.elastic && outcome_.failures() > 0) {
+      message(o_, "elastic: " + std::to_string(outcome_.failures()) +
+                      " rank failure(s); the ranks that ended last exited 0");
+    } else if (code == kExitRankFailed && failed < 0) {
+      message(o_, "job failed: no rank exited 0");
+    } else if (code == kExitRankFailed) {
+      message(o_, "job failed: rank " + std::to_string(base_ + failed) + " failed (" +
+                      describe_status(ranks_[failed].status) + ")" +
+                      (!o_.elastic                 ? ""
+                       : outcome_.none_exited_ok() ? " and no rank exited 0"
+                                                   : " at or after the last rank that exited 0"));
     }
-    if (timed_out_) return kExitTimeout;
-    if (o_.elastic) return elastic_outcome();
-    if (failed_rank_ >= 0) {
-      message(o_, "job failed: rank " + std::to_string(base_ + failed_rank_) + " failed (" +
-                      describe_status(ranks_[failed_rank_].status) + ")");
-      return kExitRankFailed;
-    }
-    return kExitOk;
+    return code;
   }
 
  private:
@@ -541,7 +548,7 @@ class Supervisor {
       if (!rk.running) continue;
       int st = 0;
       if (waitpid(rk.pid, &st, WNOHANG) != rk.pid) continue;
-      if (!any) ++sweep_;
+      if (!any) outcome_.begin_sweep();
       any = true;
       rk.running = false;
       rk.status = st;
@@ -550,54 +557,56 @@ class Supervisor {
       // then the group is stopped so nothing outlives the job.
       if (terminating_) ::kill(-rk.pid, SIGKILL);
       const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-      if (o_.elastic && !terminating_ && !interrupted_) {
-        elastic_ended(r, st, ok);
-      } else if (!ok && !terminating_ && failed_rank_ < 0 && !interrupted_) {
-        failed_rank_ = r;
-        message(o_, "rank " + std::to_string(base_ + r) + " failed (" + describe_status(st) + ")" +
-                        (running_ > 0 ? ", stopping the other ranks" : ""));
-        term_at_ = after(o_.failure_wait_s);
-      } else if (!ok && !terminating_ && failed_rank_ >= 0) {
-        message(o_,
-                "rank " + std::to_string(base_ + r) + " also failed (" + describe_status(st) + ")");
+      const std::string who = std::to_string(base_ + r);
+      switch (outcome_.ended(r, ok, terminating_, interrupted_ != 0)) {
+        case EndAction::kNone:
+          break;
+        case EndAction::kStopOthers:
+          message(o_, "rank " + who + " failed (" + describe_status(st) + ")" +
+                          (running_ > 0 ? ", stopping the other ranks" : ""));
+          term_at_ = after(o_.failure_wait_s);
+          break;
+        case EndAction::kAlsoFailed:
+          message(o_, "rank " + who + " also failed (" + describe_status(st) + ")");
+          break;
+        case EndAction::kRecordDead:
+          elastic_failed(r, st, false);
+          break;
+        case EndAction::kRestart:
+          elastic_failed(r, st, true);
+          break;
       }
     }
     if (any && running_ == 0) drain_deadline_ = after(0.5);
   }
 
-  // Elastic: a rank process ended on its own. A failure is recorded in the
-  // store (for the survivors to agree on a new membership) and, while
-  // restarts are left, the rank is started again.
-  void elastic_ended(int r, int st, bool ok) {
-    if (ok) {
-      last_ok_sweep_ = sweep_;
-      return;
-    }
-    last_failure_sweep_ = sweep_;
-    last_failed_rank_ = r;
-    ++failures_;
+  // Elastic: a rank process failed on its own. The failure is recorded in
+  // the store (for the survivors to agree on a new membership) and, while
+  // restarts are left (outcome_), the rank is started again.
+  void elastic_failed(int r, int st, bool restart) {
     const std::string who = std::to_string(base_ + r);
     message(o_, "rank " + who + " failed (" + describe_status(st) +
                     "); elastic: the other ranks go on");
     // Under the member id the process was started with (assign_member), so
     // the survivors' agreement counts exactly this process as gone.
     record_dead(ranks_[r].member, describe_status(st));
-    if (restarts_ >= o_.max_restarts) return;
+    if (!restart) return;
     Rank& rk = ranks_[r];
     ::kill(-rk.pid, SIGKILL);  // what the dead process left in its group
     ++rk.restarts;
     try {
       assign_member(r);
     } catch (const std::exception& e) {
+      outcome_.restart_failed();
       store_.reset();
       message(o_, "elastic: rank " + who + " is not restarted: no member id from the store at " +
                       store_url() + ": " + e.what());
       return;
     }
-    ++restarts_;
-    message(o_, "restarting rank " + who + " (DISTOPT_RESTART_COUNT=" +
-                    std::to_string(rk.restarts) + "; restart " + std::to_string(restarts_) +
-                    " of at most " + std::to_string(o_.max_restarts) + " on this node)");
+    message(o_, "restarting rank " + who +
+                    " (DISTOPT_RESTART_COUNT=" + std::to_string(rk.restarts) + "; restart " +
+                    std::to_string(outcome_.restarts()) + " of at most " +
+                    std::to_string(o_.max_restarts) + " on this node)");
     start(r);
   }
 
@@ -646,21 +655,6 @@ class Supervisor {
     }
   }
 
-  // The exit code of an elastic job (the rule is in launcher.hpp, kExitOk).
-  int elastic_outcome() {
-    if (last_ok_sweep_ > last_failure_sweep_) {
-      if (failures_ > 0)
-        message(o_, "elastic: " + std::to_string(failures_) +
-                        " rank failure(s); the ranks that ended last exited 0");
-      return kExitOk;
-    }
-    message(o_, "job failed: rank " + std::to_string(base_ + last_failed_rank_) + " failed (" +
-                    describe_status(ranks_[last_failed_rank_].status) + ")" +
-                    (last_ok_sweep_ < 0 ? " and no rank exited 0"
-                                        : " at or after the last rank that exited 0"));
-    return kExitRankFailed;
-  }
-
   // SIGTERM after a failure or at the job timeout, SIGKILL after the grace.
   void enforce_deadlines() {
     const auto now = Clock::now();
@@ -696,11 +690,7 @@ class Supervisor {
   Clock::time_point drain_deadline_ = kNever;
   bool terminating_ = false, timed_out_ = false;
   int interrupted_ = 0;
-  int failed_rank_ = -1;
-  // Elastic: reap() passes that found an ended rank are numbered; the last
-  // pass with an exit 0 and the last with a failure decide the exit code.
-  int sweep_ = 0, last_ok_sweep_ = -1, last_failure_sweep_ = -1;
-  int failures_ = 0, last_failed_rank_ = -1, restarts_ = 0;
+  JobOutcome outcome_;            // which end stops the job, which rank restarts, the exit code
   std::shared_ptr<Store> store_;  // elastic: the launcher's client, made at the first failure
 };
 

@@ -32,6 +32,7 @@
 #include "distopt/runtime.hpp"
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
+#include "train/data_plan.hpp"
 #include "train/dataset.hpp"
 #include "train/metrics.hpp"
 #include "train/models.hpp"
@@ -87,21 +88,6 @@ std::vector<std::pair<int, int64_t>> fault_injection() {
     at = end + 1;
   }
   return out;
-}
-
-// The same permutation of 0..n-1 on every rank: Fisher-Yates driven by a
-// 64-bit Mersenne Twister (fully specified by the standard, unlike the
-// distributions), seeded from the job seed and the epoch.
-std::vector<int64_t> epoch_permutation(int64_t n, int64_t seed, int64_t epoch) {
-  std::vector<int64_t> p(static_cast<size_t>(n));
-  std::iota(p.begin(), p.end(), 0);
-  std::mt19937_64 gen(static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ull +
-                      static_cast<uint64_t>(epoch) + 1);
-  for (int64_t i = n - 1; i > 0; --i) {
-    int64_t j = static_cast<int64_t>(gen() % static_cast<uint64_t>(i + 1));
-    std::swap(p[i], p[j]);
-  }
-  return p;
 }
 
 // uint8 pixels -> normalised float images.
@@ -497,14 +483,15 @@ class Trainer {
       throw ConfigError(cfg_.path + ": train.global_batch_size " + std::to_string(global_batch_) +
                         " is below the " + std::to_string(rt_->world_size()) +
                         " ranks (each rank needs a sample per step)");
-    partial_ = tc_.drop_last ? 0 : data_.train_count % global_batch_;
-    steps_per_epoch_ = data_.train_count / global_batch_ + (partial_ > 0 ? 1 : 0);
+    const EpochPlan plan =
+        plan_epoch(data_.train_count, global_batch_, tc_.drop_last, tc_.max_steps);
+    partial_ = plan.partial;
+    steps_per_epoch_ = plan.steps;
     if (steps_per_epoch_ < 1)
       throw ConfigError(cfg_.path + ": global batch " + std::to_string(global_batch_) +
                         " (train.batch_size " + std::to_string(tc_.batch_size) + " x " +
                         std::to_string(rt_->world_size()) + " ranks) exceeds the " +
                         std::to_string(data_.train_count) + " training images");
-    if (tc_.max_steps > 0) steps_per_epoch_ = std::min(steps_per_epoch_, tc_.max_steps);
   }
 
   void print_header() const {
@@ -548,7 +535,7 @@ class Trainer {
                               "' (not written by distopt train)");
       return std::stoll(it->second);
     };
-    first_epoch_ = num("epoch");
+    const int64_t saved_epoch = num("epoch");
     const int64_t samples = num("samples_in_epoch");
     if (lead() && !opts_.evaluate_only)
       metrics_.write({{"event", "resume"},
@@ -556,11 +543,13 @@ class Trainer {
                       {"step", ck.step},
                       {"world_size", rt_->world_size()},
                       {"saved_by_world_size", ck.world_size}});
-    first_step_ = samples / global_batch_;
-    global_step_ = num("global_step");
     // The saved position may be past this job's epoch (train.max_steps, or a
     // larger global batch after a world-size change): the next epoch then.
-    const bool epoch_done = first_step_ >= steps_per_epoch_;
+    const ResumePoint at = resume_point(saved_epoch, samples, global_batch_, steps_per_epoch_);
+    first_epoch_ = at.epoch;
+    first_step_ = at.step;
+    global_step_ = num("global_step");
+    const bool epoch_done = at.epoch_done;
     if (opts_.evaluate_only) {
       if (lead())
         std::cout << "eval: " << ck.path << " (step " << ck.step << ", saved by " << ck.world_size
@@ -571,20 +560,16 @@ class Trainer {
       std::cout << "resume: " << ck.path << " (step " << ck.step << ", saved by " << ck.world_size
                 << " rank(s)): ";
       if (epoch_done)
-        std::cout << "epoch " << first_epoch_ << " is complete (" << steps_per_epoch_
-                  << " step(s) per epoch here); continuing with epoch " << first_epoch_ + 1
+        std::cout << "epoch " << saved_epoch << " is complete (" << steps_per_epoch_
+                  << " step(s) per epoch here); continuing with epoch " << first_epoch_
                   << std::endl;
       else
         std::cout << "epoch " << first_epoch_ << ", step " << first_step_ << " of "
                   << steps_per_epoch_ << std::endl;
-      if (samples % global_batch_ != 0 && !epoch_done)
-        std::cout << "resume: " << samples % global_batch_
+      if (at.skipped > 0)
+        std::cout << "resume: " << at.skipped
                   << " sample(s) of a partial global batch are skipped (world size changed)"
                   << std::endl;
-    }
-    if (epoch_done) {
-      ++first_epoch_;
-      first_step_ = 0;
     }
   }
 
@@ -624,27 +609,23 @@ class Trainer {
   // One step on this rank's slice of global batch `step`; false when the
   // slice is empty (drop_last: false, this rank's data ran out).
   bool train_step(const std::vector<int64_t>& perm, int64_t step, double& loss_out) {
-    // Rank r's slice [G r / W, G (r + 1) / W) of global batch `step`.
-    const int64_t w = rt_->world_size(), r = rt_->rank();
-    const int64_t lo = global_batch_ * r / w, share = global_batch_ * (r + 1) / w - lo;
-    const int64_t first = step * global_batch_ + lo;
-    const int64_t mine = std::clamp<int64_t>(data_.train_count - first, 0, share);
+    // This rank's slice of global batch `step`; its mean loss weighted by its
+    // share, so the ranks' mean gradient is the batch's (data_plan.hpp).
+    const RankSlice slice =
+        rank_slice(global_batch_, rt_->world_size(), rt_->rank(), step, data_.train_count);
+    const int64_t mine = slice.count;
     if (mine == 0) return false;
-    // Unequal shares (a global batch W does not divide): weight each rank's
-    // mean loss by its share, so the ranks' mean gradient is the batch's.
-    const double weight = share * w == global_batch_
-                              ? 1.0
-                              : static_cast<double>(share * w) / static_cast<double>(global_batch_);
-    auto index = at::from_blob(const_cast<int64_t*>(perm.data() + first), {mine}, at::kLong);
+    const double weight = slice.loss_weight;
+    auto index = at::from_blob(const_cast<int64_t*>(perm.data() + slice.first), {mine}, at::kLong);
     auto [x, y] = data_.train_batch(index, device_, dtype_);
     opt_->zero_grad();
     // train.grad_accumulation: K micro-batches, each loss weighted by its
     // share of the batch (their sum is the batch's mean loss); the first K-1
     // backward passes only accumulate (no_sync), the last sends.
-    const int64_t k_total = std::clamp<int64_t>(tc_.grad_accumulation, 1, mine);
+    const int64_t k_total = micro_batches(mine, tc_.grad_accumulation);
     loss_out = 0;
     for (int64_t k = 0; k < k_total; ++k) {
-      const int64_t b = mine * k / k_total, e = mine * (k + 1) / k_total;
+      const auto [b, e] = micro_batch(mine, k_total, k);
       // Softmax and loss in fp32 (as autocast does); backward from the scaled loss.
       auto loss = at::nll_loss(at::log_softmax(model_->forward(x.slice(0, b, e)).to(at::kFloat), 1),
                                y.slice(0, b, e));
