@@ -34,7 +34,7 @@ declare -A may=(
   [state]="base communicator config"
   [optim]="base machine registry communicator config state"
   [runtime]="base machine store registry communicator config state optim"
-  [elastic]="base communicator config state optim runtime"
+  [elastic]="base store communicator config state optim runtime"
 )
 declare -A rank=()
 for i in "${!layers[@]}"; do rank[${layers[$i]}]=$i; done
@@ -51,7 +51,7 @@ declare -A public=(
   [error]=api [buckets]=api
   [host_services]=base
   [blas]=machine [process]=machine [slurm]=machine [threads]=machine [watchdog]=machine
-  [store]=store
+  [store]=store [elastic_membership]=store
   [registry]=registry [host_api]=registry [component_options]=registry
   [device_rule]=communicator [host_communicator]=communicator
   [buffers]=config [config]=config [key_schema]=config [lr_schedule]=config [precision]=config

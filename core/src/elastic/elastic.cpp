@@ -16,6 +16,7 @@
 
 #include "base/services.hpp"
 #include "distopt/distributed_optimizer.hpp"
+#include "distopt/elastic_membership.hpp"
 #include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
 #include "optim/optimizer_impl.hpp"
@@ -390,7 +391,7 @@ struct Elastic::State {
       throw ElasticError("elastic: the agreed commit is not held here");  // cannot happen
 
     maybe_die_in_recovery(member, "connect");
-    m.reconnect(p, "elastic/g" + std::to_string(generation));
+    m.reconnect(p, membership::generation_prefix(generation));
     build.comm = m.comm->ref();
     build.comm_devices = m.comm->devices();
     build.control = m.control_comm().ref();
@@ -423,10 +424,10 @@ struct Elastic::State {
     if (world >= max_ranks) return;
     int64_t take = 0, before = 0;
     if (rank == 0) {
-      before = m.store->add("elastic/join/admitted", 0);
-      const int64_t waiting = m.store->add("elastic/join/count", 0) - before;
+      before = m.store->add(membership::kJoinAdmitted, 0);
+      const int64_t waiting = m.store->add(membership::kJoinCount, 0) - before;
       take = std::max<int64_t>(0, std::min<int64_t>(waiting, max_ranks - world));
-      if (take > 0) m.store->add("elastic/join/admitted", take);
+      if (take > 0) m.store->add(membership::kJoinAdmitted, take);
     }
     const auto all = state::gather_i64(m.control_comm().ref(), rank, world, {take, before});
     take = all[0];
@@ -438,7 +439,7 @@ struct Elastic::State {
     a.members = members;
     std::vector<std::string> keys;
     for (int64_t n = before + 1; n <= before + take; ++n) {
-      const std::string key = "elastic/join/" + std::to_string(n);
+      const std::string key = membership::join_request_key(n);
       const auto v =
           m.store->get(key, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
       a.members.push_back(std::stoll(std::string(v.begin(), v.end())));

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "distopt/elastic_membership.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_services.hpp"
 
@@ -20,7 +21,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string key_of(int64_t generation, const std::string& what) {
-  return "elastic/g" + std::to_string(generation) + "/" + what;
+  return membership::generation_prefix(generation) + "/" + what;
 }
 
 std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
@@ -93,8 +94,7 @@ void close_and_decide(Store& store, const AgreeOptions& o) {
                 .member);
       dead.clear();
       for (int64_t m : o.old_members)
-        if (!arrived_members.count(m) && store.check("elastic/dead/" + std::to_string(m)))
-          dead.push_back(m);
+        if (!arrived_members.count(m) && membership::is_recorded_dead(store, m)) dead.push_back(m);
       if (static_cast<int64_t>(arrived_members.size() + dead.size()) >= o.old_world_size) {
         why = "the others were recorded dead by the launcher";
         break;
@@ -202,7 +202,7 @@ AgreeOptions agree_options(const JobConfig& cfg, int64_t generation,
   o.generation = generation;
   o.old_world_size = static_cast<int>(members.size());
   o.old_members = members;
-  const char* agent = std::getenv("DISTOPT_ELASTIC");
+  const char* agent = std::getenv(membership::kEnvAgent);
   o.agent = agent && std::string(agent) == "1";
   o.settle = std::chrono::milliseconds(static_cast<int64_t>(cfg.elastic.settle_s * 1000));
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));

@@ -7,12 +7,10 @@
 //   arrival/<n>        "member rank node commit..." (Arrival::encode)
 //   closed             the number of arrivals the membership took
 //   decision           the new membership (Decision::encode)
-// and, set by the elastic launcher (launch --elastic) when a rank's process
-// ends: elastic/dead/<member>. A member id names one process for the whole
-// job: a starting rank's is its first rank plus 1000000 per restart, a
-// process of `launch --elastic --join` (or started on a node that arrived
-// after the start) 2000000000 + n, n from the store counter elastic/join/ids.
-// The launcher chooses it and hands it over as DISTOPT_ELASTIC_MEMBER.
+// and, recorded by the elastic launcher when a rank's process ends, the
+// dead members (membership::record_dead). Member ids, those records and the
+// launcher's environment are the launcher-rank protocol of
+// distopt/elastic_membership.hpp.
 #pragma once
 
 #include <chrono>

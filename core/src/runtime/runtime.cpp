@@ -17,6 +17,7 @@
 #include "distopt/blas.hpp"
 #include "distopt/device_rule.hpp"
 #include "distopt/distributed_optimizer.hpp"
+#include "distopt/elastic_membership.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_communicator.hpp"
 #include "distopt/precision.hpp"
@@ -226,12 +227,12 @@ int restart_count() {
 // The member id the elastic launcher gave this process (it records the
 // process's death under it: elastic/dead/<member>), else -1.
 int64_t launcher_member() {
-  const char* v = std::getenv("DISTOPT_ELASTIC_MEMBER");
+  const char* v = std::getenv(membership::kEnvMember);
   if (!v || !*v) return -1;
   char* end = nullptr;
   const long long x = std::strtoll(v, &end, 10);
   if (*end || x < 0)
-    throw ConfigError("DISTOPT_ELASTIC_MEMBER='" + std::string(v) +
+    throw ConfigError(std::string(membership::kEnvMember) + "='" + std::string(v) +
                       "' is not a member id (an integer >= 0)");
   return x;
 }
@@ -242,8 +243,8 @@ int64_t launcher_member() {
 void join_running_job(Runtime::Impl& m) {
   Store& store = *m.store;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(m.cfg.timeout_s * 1000));
-  const int64_t n = store.add("elastic/join/count", 1);
-  const std::string key = "elastic/join/" + std::to_string(n);
+  const int64_t n = store.add(membership::kJoinCount, 1);
+  const std::string key = membership::join_request_key(n);
   const std::string node = runtime::node_name();
   store.set(key, std::to_string(m.member) + " " + node);
   std::string admitted;
@@ -270,7 +271,7 @@ void join_running_job(Runtime::Impl& m) {
   m.generation = d.generation;
   m.members.clear();
   for (const auto& x : d.members) m.members.push_back(x.member);
-  m.reconnect(p, "elastic/g" + std::to_string(m.generation));
+  m.reconnect(p, membership::generation_prefix(m.generation));
 }
 
 }  // namespace
@@ -300,7 +301,7 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
     throw ConfigError("rank " + std::to_string(proc.rank) + " is not in [0, " +
                       std::to_string(proc.world_size) + ")");
   // A rank of `launch --elastic --join` is started alone and joins a larger job.
-  const char* join_env = std::getenv("DISTOPT_ELASTIC_JOIN");
+  const char* join_env = std::getenv(membership::kEnvJoin);
   const bool new_member = join_env && std::string(join_env) == "1";
   if (proc.source != "default" && proc.rank == 0 && cfg.world_size_set && !new_member &&
       cfg.world_size != proc.world_size)
@@ -313,12 +314,12 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   m.cfg = cfg;
   // `distopt launch --elastic --nnodes MIN:MAX`: the job may grow to MAX
   // nodes' ranks (the job file's elastic.max_ranks wins when set).
-  if (const char* v = std::getenv("DISTOPT_ELASTIC_MAX_RANKS");
+  if (const char* v = std::getenv(membership::kEnvMaxRanks);
       v && *v && cfg.elastic.enabled && cfg.elastic.max_ranks == 0) {
     char* end = nullptr;
     const long x = std::strtol(v, &end, 10);
     if (*end || x < 1 || x > (1 << 20))
-      throw ConfigError("DISTOPT_ELASTIC_MAX_RANKS='" + std::string(v) +
+      throw ConfigError(std::string(membership::kEnvMaxRanks) + "='" + std::string(v) +
                         "' is not a number of ranks in [1, 1048576]");
     m.cfg.elastic.max_ranks = x;
   }
@@ -352,7 +353,7 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
   so.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
   m.store = make_store(so);
   const int64_t given_member = cfg.elastic.enabled ? launcher_member() : -1;
-  m.member = given_member >= 0 ? given_member : proc.rank + 1000000LL * restart_count();
+  m.member = given_member >= 0 ? given_member : membership::member_id(proc.rank, restart_count());
   m.initial_world_size = proc.world_size;
   for (int r = 0; r < proc.world_size; ++r) m.members.push_back(r);
   if (cfg.elastic.enabled && (restart_count() > 0 || new_member)) {
@@ -360,8 +361,7 @@ Runtime Runtime::from_config(const JobConfig& cfg, const ProcessInfo& proc) {
     // A process of `launch --elastic --join`: its launcher's numbers are
     // only names; a unique id comes from the store (the launcher takes it
     // there itself and hands it over, to record the process's death).
-    if (new_member && given_member < 0)
-      m.member = 2000000000LL + m.store->add("elastic/join/ids", 1);
+    if (new_member && given_member < 0) m.member = membership::joining_member_id(*m.store);
     join_running_job(m);
     log(DOPT_LOG_INFO, "runtime",
         std::string(new_member ? "elastic: new rank " : "elastic: restarted rank ") +

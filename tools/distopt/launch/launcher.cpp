@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "distopt/elastic_membership.hpp"
 #include "distopt/error.hpp"
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
@@ -327,17 +328,17 @@ ChildEnvironment child_environment(const LaunchOptions& o, int r, int port, int 
   // Elastic: the launcher serves the store. Otherwise an elastic job's
   // variables inherited from an enclosing launch would leave rank 0 waiting
   // for a server nobody starts.
-  std::vector<std::string> drop = {"DISTOPT_RESTART_COUNT", "DISTOPT_ELASTIC_MEMBER"};
+  std::vector<std::string> drop = {"DISTOPT_RESTART_COUNT", membership::kEnvMember};
   if (o.elastic) {
-    if (member >= 0) vars.emplace_back("DISTOPT_ELASTIC_MEMBER", std::to_string(member));
+    if (member >= 0) vars.emplace_back(membership::kEnvMember, std::to_string(member));
     vars.emplace_back("DISTOPT_STORE_SERVED", "1");
-    vars.emplace_back("DISTOPT_ELASTIC", "1");
+    vars.emplace_back(membership::kEnvAgent, "1");
     if (restarts > 0) vars.emplace_back("DISTOPT_RESTART_COUNT", std::to_string(restarts));
-    if (o.join) vars.emplace_back("DISTOPT_ELASTIC_JOIN", "1");
+    if (o.join) vars.emplace_back(membership::kEnvJoin, "1");
   } else {
-    drop.insert(drop.end(), {"DISTOPT_STORE_SERVED", "DISTOPT_ELASTIC"});
+    drop.insert(drop.end(), {"DISTOPT_STORE_SERVED", membership::kEnvAgent});
   }
-  if (!o.elastic || !o.join) drop.push_back("DISTOPT_ELASTIC_JOIN");
+  if (!o.elastic || !o.join) drop.push_back(membership::kEnvJoin);
   for (const auto& kv : o.extra_env) vars.push_back(kv);
   return ChildEnvironment{child_env(vars, drop)};
 }
@@ -631,23 +632,22 @@ class Supervisor {
   }
 
   // Elastic: the member id the next process of local rank r is known by in
-  // the job's membership (core's runtime/membership.hpp), handed to it as
-  // DISTOPT_ELASTIC_MEMBER so that its death is recorded under that id. A
-  // starting rank: its global rank plus 1000000 per restart; a joining
-  // process (join): 2000000000 + a number unique in the job from the store
-  // counter elastic/join/ids (a restarted joining process gets a new one).
-  // Throws RendezvousError when the store cannot be reached for the number.
+  // the job's membership (distopt/elastic_membership.hpp), handed to it as
+  // DISTOPT_ELASTIC_MEMBER so that its death is recorded under that id: a
+  // starting rank's from its global rank and restarts, a joining process's
+  // (join) a new one from the store each time. Throws RendezvousError when
+  // the store cannot be reached for the number.
   void assign_member(int r) {
     Rank& rk = ranks_[r];
-    rk.member = o_.join ? 2000000000LL + store().add("elastic/join/ids", 1)
-                        : base_ + r + 1000000LL * rk.restarts;
+    rk.member = o_.join ? membership::joining_member_id(store())
+                        : membership::member_id(base_ + r, rk.restarts);
   }
 
-  // "elastic/dead/<member>" = how it ended, and the counter "elastic/dead_count".
+  // The record survivors read (membership::record_dead); a store that cannot
+  // be reached is reported, and the survivors wait elastic.settle_s instead.
   void record_dead(int64_t member, const std::string& how) {
     try {
-      store().set("elastic/dead/" + std::to_string(member), how);
-      store().add("elastic/dead_count", 1);
+      membership::record_dead(store(), member, how);
     } catch (const std::exception& e) {
       store_.reset();  // try to connect again at the next failure
       message(o_, "elastic: cannot record member " + std::to_string(member) +
@@ -721,7 +721,7 @@ int64_t decide_start(Store& store, const LaunchOptions& o) {
   const auto deadline = Clock::now() + millis(o.rdzv_timeout_s);
   auto settle_end = Clock::time_point::max();
   for (;;) {
-    const int64_t n = store.add("elastic/nodes/arrived", 0);
+    const int64_t n = store.add(membership::kNodesArrived, 0);
     const auto now = Clock::now();
     if (n >= o.min_nodes && settle_end == Clock::time_point::max()) {
       settle_end = now + millis(o.rdzv_settle_s);
@@ -738,8 +738,8 @@ int64_t decide_start(Store& store, const LaunchOptions& o) {
                                seconds(o.rdzv_timeout_s) + " s (--rdzv-timeout)");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  const int64_t started = std::min<int64_t>(store.add("elastic/nodes/arrived", 0), o.max_nodes);
-  store.set("elastic/nodes/started", std::to_string(started));
+  const int64_t started = std::min<int64_t>(store.add(membership::kNodesArrived, 0), o.max_nodes);
+  store.set(membership::kNodesStarted, std::to_string(started));
   return started;
 }
 
@@ -769,12 +769,12 @@ std::unique_ptr<StoreServer> node_rendezvous(LaunchOptions& o) {
   so.serve = false;
   so.timeout = millis(o.rdzv_timeout_s);
   std::shared_ptr<Store> store = make_store(so);
-  const int64_t arrival = store->add("elastic/nodes/arrived", 1);
+  const int64_t arrival = store->add(membership::kNodesArrived, 1);
   message(o, "elastic nodes: arrived " + std::to_string(arrival) + (server ? "" : " at " + url) +
                  (server ? " (serving the store at " + url + ")" : "") + "; the job starts with " +
                  std::to_string(o.min_nodes) + ".." + std::to_string(o.max_nodes) + " node(s)");
   const int64_t started = server ? decide_start(*store, o) : std::stoll([&] {
-    const auto v = store->get("elastic/nodes/started", millis(o.rdzv_timeout_s));
+    const auto v = store->get(membership::kNodesStarted, millis(o.rdzv_timeout_s));
     return std::string(v.begin(), v.end());
   }());
   if (arrival <= started) {
@@ -792,7 +792,7 @@ std::unique_ptr<StoreServer> node_rendezvous(LaunchOptions& o) {
     message(o, "elastic nodes: the job started with " + std::to_string(started) +
                    " node(s) before this one arrived: its ranks join the running job");
   }
-  o.extra_env.emplace_back("DISTOPT_ELASTIC_MAX_RANKS",
+  o.extra_env.emplace_back(membership::kEnvMaxRanks,
                            std::to_string(static_cast<int64_t>(o.max_nodes) * o.nprocs));
   return server;
 }

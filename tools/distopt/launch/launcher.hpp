@@ -59,12 +59,12 @@ struct LaunchOptions {
   /// the job token) before starting its ranks; every rank of every node gets
   /// DISTOPT_STORE_SERVED=1 (rank 0 connects as a client only) and
   /// DISTOPT_ELASTIC=1, and each process DISTOPT_ELASTIC_MEMBER, its member
-  /// id in the job's membership (its global rank + 1000000 per restart; with
-  /// `join`, 2000000000 + a number from the store counter elastic/join/ids,
-  /// taken before the process starts). For a local rank r (global number)
-  /// whose process exits non-zero or is killed, the launcher, as a store
-  /// client, sets "elastic/dead/<member>" to describe_status() ("exit code 3")
-  /// and adds 1 to the counter "elastic/dead_count", then says "rank r failed
+  /// id in the job's membership (membership::member_id of its global rank
+  /// and restarts; with `join`, membership::joining_member_id, taken before
+  /// the process starts: distopt/elastic_membership.hpp). For a local rank r
+  /// (global number) whose process exits non-zero or is killed, the
+  /// launcher, as a store client, records it (membership::record_dead, with
+  /// describe_status(): "exit code 3"), then says "rank r failed
   /// (exit code 3); elastic: the other ranks go on" on stderr. It waits for every rank; see
   /// kExitOk for the exit code. Interrupts and timeout_s stop every rank as
   /// without elastic, and failure_wait_s is unused.

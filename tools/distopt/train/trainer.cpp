@@ -25,6 +25,7 @@
 #include "distopt/checkpoint.hpp"
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/elastic.hpp"
+#include "distopt/elastic_membership.hpp"
 #include "distopt/error.hpp"
 #include "distopt/host_api.hpp"
 #include "distopt/precision.hpp"
@@ -588,7 +589,7 @@ class Trainer {
   void maybe_die() {
     if (elastic_ && std::find(fault_.begin(), fault_.end(),
                               std::make_pair(kWaitJoin, global_step_)) != fault_.end())
-      for (int i = 0; i < 2400 && rt_->store().add("elastic/join/count", 0) < 1; ++i)
+      for (int i = 0; i < 2400 && rt_->store().add(membership::kJoinCount, 0) < 1; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     // The rank the process started as: ranks are renumbered after a recovery.
     if (std::find(fault_.begin(), fault_.end(), std::make_pair(proc_.rank, global_step_)) ==
