@@ -1,5 +1,5 @@
 // NcclComm: create (device choice, bootstrap) and the operations' argument
-// checks; the launching is Core's (core.cpp).
+// checks; the launching is CommState's (comm_state.cpp).
 #include "nccl_comm.hpp"
 
 #include <algorithm>
@@ -45,7 +45,7 @@ int pick_device(const Api& a, const Settings& s, int local_rank) {
   return device;
 }
 
-std::shared_ptr<Core> make_core(const dopt_create_args& args) {
+std::shared_ptr<CommState> make_core(const dopt_create_args& args) {
   const Settings s = settings_of(args);
   const Api* a = nullptr;
   int device = -1;
@@ -58,7 +58,7 @@ std::shared_ptr<Core> make_core(const dopt_create_args& args) {
   }
   const ncclUniqueId id = exchange_unique_id(*a, args, s);
   ncclComm_t comm = init_comm(*a, id, args.world_size, args.rank, s);
-  return std::make_shared<Core>(*a, s, args.rank, args.world_size, device, comm);
+  return std::make_shared<CommState>(*a, s, args.rank, args.world_size, device, comm);
 }
 
 /// NCCL's type for a DLPack dtype; UNSUPPORTED otherwise.
@@ -181,20 +181,20 @@ void check_rank(int r, int world, const char* op, const char* what) {
 
 }  // namespace
 
-NcclComm::NcclComm(const dopt_create_args& args) : core_(make_core(args)) {}
+NcclComm::NcclComm(const dopt_create_args& args) : state_(make_core(args)) {}
 
-NcclComm::~NcclComm() { core_->shutdown(); }
+NcclComm::~NcclComm() { state_->shutdown(); }
 
 std::unique_ptr<sdk::Request> NcclComm::allreduce(const DLTensor& send, DLTensor& recv,
                                                   dopt_reduce_op op) {
-  Buf s = buf_of(send, core_->device, "allreduce", "send");
-  Buf r = buf_of(recv, core_->device, "allreduce", "recv");
+  Buf s = buf_of(send, state_->device, "allreduce", "send");
+  Buf r = buf_of(recv, state_->device, "allreduce", "recv");
   same_type(s, r, "allreduce");
   if (s.count != r.count)
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT, "allreduce: send has " + std::to_string(s.count) +
                                                     " elements, recv " + std::to_string(r.count));
-  const ncclRedOp_t nop = nccl_op(op, core_->world);
-  Core& c = *core_;
+  const ncclRedOp_t nop = nccl_op(op, state_->world);
+  CommState& c = *state_;
   return c.launch(describe(c.next_name("allreduce"), s), [&](ncclComm_t nc, cudaStream_t st) {
     return c.a.ncclAllReduce(s.data, r.data, s.count, s.type, nop, nc, st);
   });
@@ -202,40 +202,40 @@ std::unique_ptr<sdk::Request> NcclComm::allreduce(const DLTensor& send, DLTensor
 
 std::unique_ptr<sdk::Request> NcclComm::reduce_scatter(const DLTensor& send, DLTensor& recv,
                                                        dopt_reduce_op op) {
-  Buf s = buf_of(send, core_->device, "reduce_scatter", "send");
-  Buf r = buf_of(recv, core_->device, "reduce_scatter", "recv");
+  Buf s = buf_of(send, state_->device, "reduce_scatter", "send");
+  Buf r = buf_of(recv, state_->device, "reduce_scatter", "recv");
   same_type(s, r, "reduce_scatter");
-  if (s.count != r.count * static_cast<size_t>(core_->world))
+  if (s.count != r.count * static_cast<size_t>(state_->world))
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
                      "reduce_scatter: send has " + std::to_string(s.count) +
                          " elements, not world_size * recv = " +
-                         std::to_string(r.count * static_cast<size_t>(core_->world)));
-  const ncclRedOp_t nop = nccl_op(op, core_->world);
-  Core& c = *core_;
+                         std::to_string(r.count * static_cast<size_t>(state_->world)));
+  const ncclRedOp_t nop = nccl_op(op, state_->world);
+  CommState& c = *state_;
   return c.launch(describe(c.next_name("reduce_scatter"), s), [&](ncclComm_t nc, cudaStream_t st) {
     return c.a.ncclReduceScatter(s.data, r.data, r.count, s.type, nop, nc, st);
   });
 }
 
 std::unique_ptr<sdk::Request> NcclComm::allgather(const DLTensor& send, DLTensor& recv) {
-  Buf s = buf_of(send, core_->device, "allgather", "send");
-  Buf r = buf_of(recv, core_->device, "allgather", "recv");
+  Buf s = buf_of(send, state_->device, "allgather", "send");
+  Buf r = buf_of(recv, state_->device, "allgather", "recv");
   same_type(s, r, "allgather");
-  if (r.count != s.count * static_cast<size_t>(core_->world))
+  if (r.count != s.count * static_cast<size_t>(state_->world))
     throw sdk::Error(DOPT_ERR_INVALID_ARGUMENT,
                      "allgather: recv has " + std::to_string(r.count) +
                          " elements, not world_size * send = " +
-                         std::to_string(s.count * static_cast<size_t>(core_->world)));
-  Core& c = *core_;
+                         std::to_string(s.count * static_cast<size_t>(state_->world)));
+  CommState& c = *state_;
   return c.launch(describe(c.next_name("allgather"), s), [&](ncclComm_t nc, cudaStream_t st) {
     return c.a.ncclAllGather(s.data, r.data, s.count, s.type, nc, st);
   });
 }
 
 std::unique_ptr<sdk::Request> NcclComm::broadcast(DLTensor& buf, int32_t root) {
-  Buf b = buf_of(buf, core_->device, "broadcast", "buf");
-  check_rank(root, core_->world, "broadcast", "root");
-  Core& c = *core_;
+  Buf b = buf_of(buf, state_->device, "broadcast", "buf");
+  check_rank(root, state_->world, "broadcast", "root");
+  CommState& c = *state_;
   return c.launch(describe(c.next_name("broadcast"), b) + " from rank " + std::to_string(root),
                   [&](ncclComm_t nc, cudaStream_t st) {
                     return c.a.ncclBroadcast(b.data, b.data, b.count, b.type, root, nc, st);
@@ -243,30 +243,30 @@ std::unique_ptr<sdk::Request> NcclComm::broadcast(DLTensor& buf, int32_t root) {
 }
 
 std::unique_ptr<sdk::Request> NcclComm::send(const DLTensor& buf, int32_t peer, int32_t) {
-  Buf b = buf_of(buf, core_->device, "send", "buf");
-  check_rank(peer, core_->world, "send", "peer");
-  return core_->queue_p2p(
+  Buf b = buf_of(buf, state_->device, "send", "buf");
+  check_rank(peer, state_->world, "send", "peer");
+  return state_->queue_p2p(
       true, b.data, b.count, b.type, peer,
-      describe(core_->next_name("send"), b) + " to rank " + std::to_string(peer));
+      describe(state_->next_name("send"), b) + " to rank " + std::to_string(peer));
 }
 
 std::unique_ptr<sdk::Request> NcclComm::recv(DLTensor& buf, int32_t peer, int32_t) {
-  Buf b = buf_of(buf, core_->device, "recv", "buf");
-  check_rank(peer, core_->world, "recv", "peer");
-  return core_->queue_p2p(
+  Buf b = buf_of(buf, state_->device, "recv", "buf");
+  check_rank(peer, state_->world, "recv", "peer");
+  return state_->queue_p2p(
       false, b.data, b.count, b.type, peer,
-      describe(core_->next_name("recv"), b) + " from rank " + std::to_string(peer));
+      describe(state_->next_name("recv"), b) + " from rank " + std::to_string(peer));
 }
 
 std::unique_ptr<sdk::Request> NcclComm::barrier() {
-  Core& c = *core_;
+  CommState& c = *state_;
   return c.launch(c.next_name("barrier"), [&](ncclComm_t nc, cudaStream_t st) {
     return c.a.ncclAllReduce(c.scratch(), c.scratch(), 1, ncclInt32, ncclSum, nc, st);
   });
 }
 
 std::unique_ptr<sdk::Communicator> NcclComm::split(int32_t color, int32_t key) {
-  std::shared_ptr<Core> child = core_->split(color, key);
+  std::shared_ptr<CommState> child = state_->split(color, key);
   if (!child) return nullptr;
   return std::make_unique<NcclComm>(std::move(child));
 }

@@ -32,7 +32,7 @@
 
 #include <memory>
 
-#include "core.hpp"
+#include "comm_state.hpp"
 #include "distopt/sdk/base/plugin.hpp"
 
 namespace distopt::plugins::nccl {
@@ -42,11 +42,11 @@ class NcclComm : public sdk::Communicator {
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCUDA);
 
   explicit NcclComm(const dopt_create_args& args);
-  explicit NcclComm(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  explicit NcclComm(std::shared_ptr<CommState> state) : state_(std::move(state)) {}
   ~NcclComm() override;
 
-  int32_t rank() const override { return core_->rank; }
-  int32_t world_size() const override { return core_->world; }
+  int32_t rank() const override { return state_->rank; }
+  int32_t world_size() const override { return state_->world; }
   std::unique_ptr<sdk::Request> allreduce(const DLTensor& send, DLTensor& recv,
                                           dopt_reduce_op op) override;
   std::unique_ptr<sdk::Request> reduce_scatter(const DLTensor& send, DLTensor& recv,
@@ -57,10 +57,10 @@ class NcclComm : public sdk::Communicator {
   std::unique_ptr<sdk::Request> recv(DLTensor& buf, int32_t peer, int32_t tag) override;
   std::unique_ptr<sdk::Request> barrier() override;
   std::unique_ptr<sdk::Communicator> split(int32_t color, int32_t key) override;
-  void set_stream(void* stream) override { core_->set_caller_stream(stream); }
+  void set_stream(void* stream) override { state_->set_caller_stream(stream); }
 
  private:
-  std::shared_ptr<Core> core_;
+  std::shared_ptr<CommState> state_;
 };
 
 }  // namespace distopt::plugins::nccl

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "control.hpp"
+#include "control_channel.hpp"
 #include "distopt/sdk/base/options.hpp"
 
 namespace distopt::plugins::tcp {
@@ -65,7 +65,7 @@ TcpComm::TcpComm(const dopt_create_args& args, const Config& cfg)
     co.segment_bytes = static_cast<size_t>(std::max<int64_t>(cfg_.chunk_bytes, 4096));
     start(*transport_, co);  // the shm handshake, then the progress thread
     // Operations reach control_ only once this constructor has returned.
-    control_ = std::make_unique<Control>(this, rank(), mesh_.ctrl);
+    control_ = std::make_unique<ControlChannel>(this, rank(), mesh_.ctrl);
   } catch (...) {
     shutdown();
     control_.reset();  // stops its thread before the sockets close

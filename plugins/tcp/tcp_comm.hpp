@@ -16,7 +16,7 @@
 
 namespace distopt::plugins::tcp {
 
-class Control;
+class ControlChannel;
 
 /// The component's options (see the schema in plugin.cpp).
 struct Config : sdk::p2p::ShellConfig {
@@ -30,7 +30,7 @@ struct Config : sdk::p2p::ShellConfig {
 };
 
 /// Requests and failures as sdk::p2p::P2PCommunicator says; user send/recv
-/// go over the control connections (Control), not the data mesh.
+/// go over the control connections (ControlChannel), not the data mesh.
 class TcpComm final : public sdk::p2p::P2PCommunicator {
  public:
   /// Collective; builds the mesh. Options from args.options. Throws sdk::Error.
@@ -51,14 +51,14 @@ class TcpComm final : public sdk::p2p::P2PCommunicator {
   void refine_failure(Result& r) override;
   void add_wait_signals(sdk::shm::WaitCtx& c) override;
   void take_bytes(uint64_t* sent, uint64_t* received) override;
-  bool recv_after_failure() const override { return true; }  // Control::on_recv_cmd
+  bool recv_after_failure() const override { return true; }  // ControlChannel::on_recv_cmd
   void post_user(const std::shared_ptr<sdk::Completion>& req, bool is_send, int peer, int32_t tag,
                  const sdk::HostBuffer& b) override;
 
   Config cfg_;
   Mesh mesh_;
   std::unique_ptr<SocketTransport> transport_;  // progress thread only
-  std::unique_ptr<Control> control_;
+  std::unique_ptr<ControlChannel> control_;
   int abort_fd_ = -1;  ///< eventfd written with aborting_: wakes a running operation's poll()
 };
 

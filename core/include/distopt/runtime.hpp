@@ -19,8 +19,8 @@ class Communicator;
 class PluginRegistry;
 class Store;
 class DistributedOptimizer;
-namespace elastic {
-struct Access;  // elastic recovery re-creates the communicators
+namespace runtime {
+class ElasticLink;  // core-internal: what elastic recovery may change (re-create the communicators)
 }
 
 /// Per-group settings for make_optimizer (negative = the optimizer's default).
@@ -133,7 +133,7 @@ class Runtime {
   struct Impl;
 
  private:
-  friend struct elastic::Access;
+  friend class runtime::ElasticLink;
   explicit Runtime(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };

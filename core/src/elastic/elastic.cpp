@@ -22,20 +22,14 @@
 #include "optim/optimizer_impl.hpp"
 #include "optim/rebuild.hpp"
 #include "optim/snapshot.hpp"
+#include "runtime/elastic_link.hpp"
 #include "runtime/membership.hpp"
-#include "runtime/runtime_impl.hpp"
 #include "state/exchange.hpp"
 #include "state/manifest.hpp"
 #include "state/shard_state.hpp"
 #include "state/state_source.hpp"
 
 namespace distopt {
-
-namespace elastic {
-struct Access {
-  static Runtime::Impl& of(Runtime& rt) { return *rt.impl_; }
-};
-}  // namespace elastic
 
 namespace {
 
@@ -132,7 +126,7 @@ bool is_peer_failure(const std::exception& e) {
 }
 
 struct Elastic::State {
-  Runtime& rt;
+  runtime::ElasticLink link_;
   torch::nn::Module& model;
   DistributedOptimizer& opt;
   JobConfig::Elastic cfg;
@@ -148,9 +142,9 @@ struct Elastic::State {
   int recoveries_in_place = 0;
 
   State(Runtime& r, torch::nn::Module& m, DistributedOptimizer& o)
-      : rt(r), model(m), opt(o), cfg(r.config().elastic), timeout_s(r.config().timeout_s) {}
+      : link_(r), model(m), opt(o), cfg(r.config().elastic), timeout_s(r.config().timeout_s) {}
 
-  Runtime::Impl& impl() { return elastic::Access::of(rt); }
+  runtime::ElasticLink& link() { return link_; }
 
   // The newest commit's buddy copy: wait for it (it left with the commit
   // and has usually arrived by now). Throws CommError for a dead peer.
@@ -181,17 +175,17 @@ struct Elastic::State {
   // may be elsewhere; the buffers stay until the communicators are gone.
   ~State() {
     for (Commit& c : commits)
-      if (c.shift) impl().keep_until_disconnect.push_back(c.shift->abandon());
+      if (c.shift) link().keep_until_disconnect(c.shift->abandon());
   }
 
   void commit(const CheckpointExtra& position) {
-    Runtime::Impl& m = impl();
+    runtime::ElasticLink& m = link();
     // The previous commit's bytes arrive while this one's snapshot is taken.
     if (!commits.empty() && commits.back().shift) commits.back().shift->progress();
     Commit c;
     c.id = CommitId{generation, seq++};
-    c.rank = m.proc.rank;
-    c.world_size = m.proc.world_size;
+    c.rank = m.process().rank;
+    c.world_size = m.process().world_size;
     c.step = opt.steps();
     c.position = position;
     // Replicated state (the model, plain allreduce's optimizer state) stays
@@ -201,8 +195,8 @@ struct Elastic::State {
     c.manifest = optim::describe(opt, c.world_size);
     settle();
     c.shift = std::make_unique<state::ShiftInFlight>(c.own.pack(c.rank, c.world_size, Part::own),
-                                                     m.control_comm().ref(), c.rank, c.world_size,
-                                                     kCommitTag);
+                                                     m.control_communicator().ref(), c.rank,
+                                                     c.world_size, kCommitTag);
     commits.push_back(std::move(c));
     while (commits.size() > 3) commits.pop_front();  // two held, and one in flight
     steps_at_commit = opt.steps();
@@ -210,8 +204,8 @@ struct Elastic::State {
 
   // Drop the optimizer's components, then the communicators they used.
   void tear_down(optim::OptimizerBuild* build, uint64_t* bytes) {
-    if (optim::Access::ptr(opt)) *build = optim::detach(opt, bytes);
-    impl().disconnect();
+    if (optim::attached(opt)) *build = optim::detach(opt, bytes);
+    link().disconnect();
   }
 
   const Commit* held(const CommitId& id) const {
@@ -294,7 +288,8 @@ struct Elastic::State {
       const int lent = (c->rank + c->world_size - 1) % c->world_size;
       if (c->world_size > 1 && !owners.count(lent)) put_piece(mine, lent, c->buddy);
     }
-    auto all = state::allgather_bytes(std::move(mine), impl().control_comm().ref(), rank, world);
+    auto all =
+        state::allgather_bytes(std::move(mine), link().control_communicator().ref(), rank, world);
     std::vector<std::optional<state::ShardState>> shards(static_cast<size_t>(saved_world));
     std::optional<state::ShardState> replicas;
     for (const auto& bytes : all)
@@ -351,7 +346,7 @@ struct Elastic::State {
   Arrival arrival() {
     Arrival me;
     me.member = member;
-    me.rank = impl().proc.rank;
+    me.rank = link().process().rank;
     me.node = node;
     for (const Commit& c : commits)
       if (c.complete()) me.held.push_back({c.id, c.rank, c.world_size});
@@ -362,13 +357,13 @@ struct Elastic::State {
   // restore. Returns the decision and the commit restored.
   Decision attempt(optim::OptimizerBuild& build, uint64_t bytes, const runtime::AgreeOptions& o,
                    Described* restored) {
-    Runtime::Impl& m = impl();
+    runtime::ElasticLink& m = link();
     maybe_die_in_recovery(member, "arrive");
     Arrival me = arrival();
     log(DOPT_LOG_DEBUG, "elastic",
         "recovery: rank " + std::to_string(me.rank) + " arrives at generation " +
             std::to_string(generation) + "'s agreement");
-    Decision d = runtime::agree(*m.store, me, o);
+    Decision d = runtime::agree(m.store(), me, o);
     log(DOPT_LOG_DEBUG, "elastic",
         "recovery: generation " + std::to_string(d.generation) + " has " +
             std::to_string(d.members.size()) + " rank(s)");
@@ -378,9 +373,8 @@ struct Elastic::State {
     seq = 0;
     members.clear();
     for (const Arrival& a : d.members) members.push_back(a.member);
-    m.generation = generation;
-    m.members = members;
-    ProcessInfo p = m.proc;
+    m.enter(generation, members);
+    ProcessInfo p = m.process();
     runtime::place(d, member, node, p);
     if (p.world_size < cfg.min_ranks)
       throw ElasticError(
@@ -391,10 +385,10 @@ struct Elastic::State {
       throw ElasticError("elastic: the agreed commit is not held here");  // cannot happen
 
     maybe_die_in_recovery(member, "connect");
-    m.reconnect(p, membership::generation_prefix(generation));
-    build.comm = m.comm->ref();
-    build.comm_devices = m.comm->devices();
-    build.control = m.control_comm().ref();
+    m.reconnect(p, generation);
+    build.comm = m.communicator().ref();
+    build.comm_devices = m.communicator().devices();
+    build.control = m.control_communicator().ref();
     build.common.rank = p.rank;
     build.common.world_size = p.world_size;
     build.common.local_rank = p.local_rank;
@@ -419,17 +413,17 @@ struct Elastic::State {
   // joining ones included, goes through a membership change that restores
   // the commit just made. Collective.
   void maybe_grow() {
-    Runtime::Impl& m = impl();
-    const int world = m.proc.world_size, rank = m.proc.rank;
+    runtime::ElasticLink& m = link();
+    const int world = m.process().world_size, rank = m.process().rank;
     if (world >= max_ranks) return;
     int64_t take = 0, before = 0;
     if (rank == 0) {
-      before = m.store->add(membership::kJoinAdmitted, 0);
-      const int64_t waiting = m.store->add(membership::kJoinCount, 0) - before;
+      before = m.store().add(membership::kJoinAdmitted, 0);
+      const int64_t waiting = m.store().add(membership::kJoinCount, 0) - before;
       take = std::max<int64_t>(0, std::min<int64_t>(waiting, max_ranks - world));
-      if (take > 0) m.store->add(membership::kJoinAdmitted, take);
+      if (take > 0) m.store().add(membership::kJoinAdmitted, take);
     }
-    const auto all = state::gather_i64(m.control_comm().ref(), rank, world, {take, before});
+    const auto all = state::gather_i64(m.control_communicator().ref(), rank, world, {take, before});
     take = all[0];
     before = all[1];
     if (take <= 0) return;
@@ -441,12 +435,12 @@ struct Elastic::State {
     for (int64_t n = before + 1; n <= before + take; ++n) {
       const std::string key = membership::join_request_key(n);
       const auto v =
-          m.store->get(key, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+          m.store().get(key, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
       a.members.push_back(std::stoll(std::string(v.begin(), v.end())));
       keys.push_back(key);
     }
     if (rank == 0)
-      for (const std::string& k : keys) m.store->set(k + "/admitted", a.encode());
+      for (const std::string& k : keys) m.store().set(k + "/admitted", a.encode());
     log(DOPT_LOG_INFO, "elastic",
         "generation " + std::to_string(generation) + ": taking in " + std::to_string(take) +
             " rank(s) at optimizer step " + std::to_string(opt.steps()));
@@ -455,7 +449,7 @@ struct Elastic::State {
     uint64_t bytes = 0;
     tear_down(&build, &bytes);
     Described restored;
-    attempt(build, bytes, a.options(m.cfg), &restored);
+    attempt(build, bytes, a.options(m.config()), &restored);
     steps_at_commit = -1;
     commit(position);
   }
@@ -464,12 +458,12 @@ struct Elastic::State {
   // runtime was taken in); take the commit from the peers, then commit
   // with them.
   void join() {
-    Runtime::Impl& m = impl();
-    const runtime::Decision& d = m.joined_by;
-    Described desc = restore(d, m.proc.rank, m.proc.world_size);
+    runtime::ElasticLink& m = link();
+    const runtime::Decision& d = m.joined_by();
+    Described desc = restore(d, m.process().rank, m.process().world_size);
     steps_at_commit = -1;
     commit(desc.position);
-    m.joining = false;
+    m.joined();
     rejoined = true;
   }
 
@@ -483,13 +477,13 @@ Elastic::Elastic(Runtime& rt, torch::nn::Module& model, DistributedOptimizer& op
     throw ConfigError(rt.config().path +
                       ": elastic.enabled is false; distopt::Elastic needs `elastic: {enabled: "
                       "true}` on every rank");
-  Runtime::Impl& m = s_->impl();
-  s_->member = m.member;
+  runtime::ElasticLink& m = s_->link();
+  s_->member = m.member();
   s_->node = runtime::node_name();
-  s_->generation = m.generation;
-  s_->members = m.members;
-  s_->max_ranks = s_->cfg.max_ranks > 0 ? s_->cfg.max_ranks : m.initial_world_size;
-  if (m.joining) s_->join();
+  s_->generation = m.generation();
+  s_->members = m.members();
+  s_->max_ranks = s_->cfg.max_ranks > 0 ? s_->cfg.max_ranks : m.initial_world_size();
+  if (m.joining()) s_->join();
 }
 
 bool Elastic::rejoined() const { return s_->rejoined; }
@@ -515,8 +509,8 @@ Elastic::Recovery Elastic::recover() {
   State& s = *s_;
   const auto t0 = Clock::now();
   Recovery out;
-  out.old_world_size = s.rt.world_size();
-  out.old_rank = s.rt.rank();
+  out.old_world_size = s.link().process().world_size;
+  out.old_rank = s.link().process().rank;
   const std::vector<int64_t> old_members = s.members;
   s.settle_or_drop();
   if (s.commits.empty())
@@ -540,7 +534,7 @@ Elastic::Recovery Elastic::recover() {
   for (int tries = 0;; ++tries) {
     try {
       State::Described restored;
-      s.attempt(build, bytes, runtime::agree_options(s.impl().cfg, s.generation, s.members),
+      s.attempt(build, bytes, runtime::agree_options(s.link().config(), s.generation, s.members),
                 &restored);
       out.step = restored.step;
       out.position = restored.position;
@@ -560,8 +554,8 @@ Elastic::Recovery Elastic::recover() {
   s.commit(position);
 
   out.generation = s.generation;
-  out.world_size = s.rt.world_size();
-  out.rank = s.rt.rank();
+  out.world_size = s.link().process().world_size;
+  out.rank = s.link().process().rank;
   for (size_t i = 0; i < old_members.size(); ++i)
     if (std::find(s.members.begin(), s.members.end(), old_members[i]) == s.members.end())
       out.lost.push_back(static_cast<int>(i));

@@ -165,6 +165,8 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
   fresh.reset();  // the old one: hooks off, algorithm, then reducer destroyed
 }
 
+bool attached(DistributedOptimizer& opt) { return Access::ptr(opt) != nullptr; }
+
 OptimizerBuild detach(DistributedOptimizer& opt, uint64_t* bytes_sent) {
   std::unique_ptr<Impl>& slot = Access::ptr(opt);
   OptimizerBuild b = slot->build;

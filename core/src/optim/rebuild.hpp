@@ -43,6 +43,10 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild build,
              const std::function<void(std::vector<state::ShardState>&)>& amend,
              const std::string& what);
 
+/// Whether `opt` holds its components (false between detach() and
+/// reattach(), e.g. after a recovery failed half-way). Local.
+bool attached(DistributedOptimizer& opt);
+
 /// Elastic recovery, first half: destroy `opt`'s components (their hooks,
 /// threads and requests; the communicators they used may have failed) and
 /// return its build, with the bytes it sent counted in, for reattach().

@@ -1,5 +1,5 @@
-// Private: the state behind distopt::Runtime, for the layers above it
-// (elastic/ re-creates the communicators after a rank died).
+// Private: the state behind distopt::Runtime, for runtime/ only (elastic/
+// sees what it may change through runtime/elastic_link.hpp).
 #pragma once
 
 #include <memory>

@@ -12,6 +12,7 @@
 #include "distopt/sdk/base/inner_reducer.hpp"
 #include "distopt/sdk/base/options.hpp"
 #include "distopt/sdk/base/plugin.hpp"
+#include "distopt/sdk/base/reducer_view.hpp"
 #include "distopt/sdk/base/request.hpp"
 #include "distopt/sdk/base/serial_worker.hpp"
 #include "distopt/sdk/base/traffic.hpp"

@@ -1,5 +1,5 @@
-// C++ views of the borrowed communicator and reducer a reducer / algorithm is
-// handed (dopt_comm_ref, dopt_reducer_ref): RAII requests whose failures throw
+// C++ views of the borrowed communicator a reducer / algorithm is handed
+// (dopt_comm_ref): RAII requests whose failures throw
 // sdk::Error::reported (the callee already filled the host's error sink, so
 // the detail, e.g. which peer died, reaches the user unchanged). Torch-free.
 #pragma once
@@ -9,8 +9,9 @@
 #include <utility>
 
 #include "distopt/communicator.h"
-#include "distopt/reducer.h"
 #include "distopt/sdk/base/host.hpp"
+// The borrowed reducer's view lived here until ABI 1.6; still reachable.
+#include "distopt/sdk/base/reducer_view.hpp"
 
 namespace distopt::sdk {
 
@@ -177,59 +178,5 @@ OwnedComm CommView::split(int32_t color, int32_t key) {
   check(ref_.vt->split(ref_.comm, color, key, &out), "split");
   return OwnedComm(dopt_comm_ref{ref_.vt, out});
 }
-
-/// Owns one dopt_reduce_request of a borrowed reducer. Move-only.
-class ReduceHandle {
- public:
-  ReduceHandle() = default;
-  ReduceHandle(const dopt_reducer_v1* vt, dopt_reduce_request* req) : vt_(vt), req_(req) {}
-  ReduceHandle(ReduceHandle&& o) noexcept : vt_(o.vt_), req_(std::exchange(o.req_, nullptr)) {}
-  ReduceHandle& operator=(ReduceHandle&& o) noexcept {
-    if (this != &o) {
-      reset();
-      vt_ = o.vt_;
-      req_ = std::exchange(o.req_, nullptr);
-    }
-    return *this;
-  }
-  ~ReduceHandle() { reset(); }
-  bool valid() const noexcept { return req_ != nullptr; }
-  void wait(int64_t timeout_ms = -1) {
-    if (!req_) return;
-    check(vt_->wait(req_, timeout_ms), "reducer wait");
-  }
-  bool test() {
-    if (!req_) return true;
-    int32_t done = 0;
-    check(vt_->test(req_, &done), "reducer test");
-    return done != 0;
-  }
-  void reset() noexcept {
-    if (req_ && vt_) vt_->request_free(req_);
-    req_ = nullptr;
-  }
-
- private:
-  const dopt_reducer_v1* vt_ = nullptr;
-  dopt_reduce_request* req_ = nullptr;
-};
-
-/// A borrowed reducer.
-class ReducerView {
- public:
-  ReducerView() = default;
-  explicit ReducerView(dopt_reducer_ref ref) : ref_(ref) {}
-  /// Start reducing `bucket` in place.
-  ReduceHandle reduce(const dopt_bucket& bucket) {
-    dopt_reduce_request* r = nullptr;
-    check(ref_.vt->reduce(ref_.reducer, &bucket, &r), "reduce");
-    return {ref_.vt, r};
-  }
-  uint64_t bytes_sent() const { return ref_.vt->bytes_sent(ref_.reducer); }
-  dopt_reducer_ref ref() const { return ref_; }
-
- private:
-  dopt_reducer_ref ref_{nullptr, nullptr};
-};
 
 }  // namespace distopt::sdk

@@ -33,6 +33,7 @@
 #include "distopt/reducer.h"
 #include "distopt/sdk/base/comm.hpp"
 #include "distopt/sdk/base/host.hpp"
+#include "distopt/sdk/base/reducer_view.hpp"
 #include "distopt/sdk/base/state_io.hpp"
 
 namespace distopt::sdk {

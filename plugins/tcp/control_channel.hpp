@@ -22,11 +22,11 @@ namespace distopt::plugins::tcp {
 
 class TcpComm;
 
-class Control {
+class ControlChannel {
  public:
   /// Takes ownership of nothing: fds belong to the communicator's mesh.
-  Control(TcpComm* comm, int rank, std::vector<int> fds);
-  ~Control();  // stops the thread if still running (without BYE)
+  ControlChannel(TcpComm* comm, int rank, std::vector<int> fds);
+  ~ControlChannel();  // stops the thread if still running (without BYE)
 
   /// Queue a message to `peer`; the request completes when it is on the wire.
   void post_send(int peer, int tag, const char* data, size_t len,
@@ -42,7 +42,7 @@ class Control {
   /// True once `peer` announced it destroyed the communicator. Thread-safe.
   bool said_bye(int peer) const;
   /// The flags said_bye reads, one per rank (shared-memory waits poll them):
-  /// valid as long as this Control.
+  /// valid as long as this ControlChannel.
   const std::atomic<bool>* bye_flags() const;
   /// "rank 2 silent for 10.3 s (unreachable, or stopped)": the peers (not
   /// gone with BYE) from which nothing, not even a keep-alive ping, arrived

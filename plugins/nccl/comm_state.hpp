@@ -1,7 +1,7 @@
-// Core: everything one NCCL communicator owns (its NCCL communicator, stream,
+// CommState: everything one NCCL communicator owns (its NCCL communicator, stream,
 // send / recv group queue and watchdog) and the launching of operations on
 // its stream; NcclComm (nccl_comm.hpp) and its split children share one.
-// Defined in core.cpp.
+// Defined in comm_state.cpp.
 #pragma once
 
 #include <atomic>
@@ -20,12 +20,12 @@ namespace distopt::plugins::nccl {
 
 /// Everything one NCCL communicator owns; requests keep a weak reference
 /// (to launch queued send / recv groups).
-class Core : public std::enable_shared_from_this<Core> {
+class CommState : public std::enable_shared_from_this<CommState> {
  public:
-  Core(const Api& a, const Settings& s, int rank, int world, int device, ncclComm_t comm);
-  ~Core();  ///< shutdown()
-  Core(const Core&) = delete;
-  Core& operator=(const Core&) = delete;
+  CommState(const Api& a, const Settings& s, int rank, int world, int device, ncclComm_t comm);
+  ~CommState();  ///< shutdown()
+  CommState(const CommState&) = delete;
+  CommState& operator=(const CommState&) = delete;
 
   const Api& a;
   const Settings s;
@@ -42,7 +42,7 @@ class Core : public std::enable_shared_from_this<Core> {
   /// Launch the queued send / recv group, if any.
   void flush();
   /// ncclCommSplit (blocking, collective); nullptr for color < 0.
-  std::shared_ptr<Core> split(int color, int key);
+  std::shared_ptr<CommState> split(int color, int key);
   void set_caller_stream(void* stream) { caller_.store(stream); }
   void* scratch() const { return scratch_; }
   /// "allreduce #7": the kind and its position among this communicator's

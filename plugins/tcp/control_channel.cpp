@@ -1,5 +1,5 @@
-// The control channel thread (see control.hpp).
-#include "control.hpp"
+// The control channel thread (see control_channel.hpp).
+#include "control_channel.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -106,7 +106,7 @@ std::string errno_reason(int e) {
 // WITHOUT `mu` held: report() calls back into TcpComm::fail, which queues a
 // Fail command under `mu` (and takes TcpComm's own failure mutex). The
 // atomics (bye, last_heard_ns) are also read by other threads.
-struct Control::State {
+struct ControlChannel::State {
   TcpComm* comm = nullptr;
   int rank = 0;
   double timeout_s = 60;
@@ -128,7 +128,7 @@ struct Control::State {
   std::vector<int> peer_of;  // pfds[i] belongs to rank peer_of[i] (-1: the wake fd)
 
   /// The event loop: commands, keep-alives, poll, I/O, deadlines.
-  void run(const Control& c);
+  void run(const ControlChannel& c);
 
   // Commands (control thread, mu not held).
   /// Swap the inbox out. Takes mu.
@@ -174,7 +174,7 @@ struct Control::State {
   /// Queue a BYE / ABORT / PING frame to P (not after a cut-off frame).
   void push_notice(Peer& P, uint32_t type, const std::string& payload);
   /// Time out posted receives, stalled sends and stalled payloads.
-  void check_deadlines(const Control& c);
+  void check_deadlines(const ControlChannel& c);
 };
 
 namespace {
@@ -192,14 +192,14 @@ std::string closed(int p) { return "rank " + std::to_string(p) + " closed the co
 
 }  // namespace
 
-std::vector<Cmd> Control::State::take_commands() {
+std::vector<Cmd> ControlChannel::State::take_commands() {
   std::vector<Cmd> cmds;
   std::lock_guard<std::mutex> lk(mu);
   cmds.swap(inbox);
   return cmds;
 }
 
-void Control::State::on_send_cmd(Cmd& c) {
+void ControlChannel::State::on_send_cmd(Cmd& c) {
   if (failed || stopping) {
     fail_req(c.req, failed ? fail_status : DOPT_ERR_ABORTED,
              failed ? fail_cause : "aborted (communicator destroyed)");
@@ -219,7 +219,7 @@ void Control::State::on_send_cmd(Cmd& c) {
   P.tx.push_back(std::move(it));
 }
 
-void Control::State::on_recv_cmd(Cmd& c) {
+void ControlChannel::State::on_recv_cmd(Cmd& c) {
   // A message that arrived whole before the communicator failed is still
   // delivered (an elastic commit's buddy copy from a rank that died since).
   Peer& P = peers[c.peer];
@@ -246,7 +246,7 @@ void Control::State::on_recv_cmd(Cmd& c) {
   P.posted.push_back(Posted{c.tag, c.data, c.len, c.req, Clock::now() + timeout});
 }
 
-void Control::State::on_fail_cmd(Cmd& c) {
+void ControlChannel::State::on_fail_cmd(Cmd& c) {
   if (failed) return;
   failed = true;
   fail_status = c.status;
@@ -257,7 +257,7 @@ void Control::State::on_fail_cmd(Cmd& c) {
       push_notice(P, kAbort, "rank " + std::to_string(rank) + " reported: " + c.cause);
 }
 
-void Control::State::on_stop_cmd() {
+void ControlChannel::State::on_stop_cmd() {
   if (stopping) return;
   stopping = true;
   stop_deadline = Clock::now() + std::chrono::seconds(2);
@@ -265,13 +265,13 @@ void Control::State::on_stop_cmd() {
   for (auto& P : peers) push_notice(P, kBye, "");
 }
 
-bool Control::State::stop_done() const {
+bool ControlChannel::State::stop_done() const {
   for (const auto& P : peers)
     if (P.open && !P.tx.empty()) return Clock::now() >= stop_deadline;
   return true;
 }
 
-void Control::State::fail_pending(dopt_status st, const std::string& cause) {
+void ControlChannel::State::fail_pending(dopt_status st, const std::string& cause) {
   for (auto& P : peers) {
     for (auto& it : P.tx) fail_req(it.req, st, cause);
     for (auto& po : P.posted) fail_req(po.req, st, cause);
@@ -284,12 +284,12 @@ void Control::State::fail_pending(dopt_status st, const std::string& cause) {
   }
 }
 
-void Control::State::report(dopt_status st, const std::string& cause, bool notify) {
+void ControlChannel::State::report(dopt_status st, const std::string& cause, bool notify) {
   // Through the communicator, so the progress thread learns too.
   comm->fail(st, cause, notify);
 }
 
-void Control::State::push_notice(Peer& P, uint32_t type, const std::string& payload) {
+void ControlChannel::State::push_notice(Peer& P, uint32_t type, const std::string& payload) {
   if (!P.open || P.broken_tx) return;
   TxItem it{};
   it.hdr = Header{type, 0, payload.size()};
@@ -300,7 +300,7 @@ void Control::State::push_notice(Peer& P, uint32_t type, const std::string& payl
   P.tx.back().data = P.tx.back().owned.data();
 }
 
-Clock::time_point Control::State::keep_alive() {
+Clock::time_point ControlChannel::State::keep_alive() {
   const auto now = Clock::now();
   auto next = now + std::chrono::seconds(1);
   for (auto& P : peers) {
@@ -315,7 +315,7 @@ Clock::time_point Control::State::keep_alive() {
   return next;
 }
 
-void Control::State::wait_io(Clock::time_point next) {
+void ControlChannel::State::wait_io(Clock::time_point next) {
   pfds.clear();
   peer_of.clear();
   pfds.push_back({wake_fd, POLLIN, 0});
@@ -341,14 +341,14 @@ void Control::State::wait_io(Clock::time_point next) {
   }
 }
 
-void Control::State::on_lost(int p, int e) {
+void ControlChannel::State::on_lost(int p, int e) {
   peers[p].open = false;
   if (bye[p] || failed || stopping) return;  // after a goodbye: a clean close
   report(DOPT_ERR_COMM,
          "connection to rank " + std::to_string(p) + " lost (" + errno_reason(e) + ")", true);
 }
 
-void Control::State::on_writable(int p) {
+void ControlChannel::State::on_writable(int p) {
   Peer& P = peers[p];
   while (!P.tx.empty() && P.open) {
     TxItem& it = P.tx.front();
@@ -378,7 +378,7 @@ void Control::State::on_writable(int p) {
   }
 }
 
-void Control::State::on_readable(int p) {
+void ControlChannel::State::on_readable(int p) {
   Peer& P = peers[p];
   while (P.open) {
     char* target;
@@ -409,7 +409,7 @@ void Control::State::on_readable(int p) {
   }
 }
 
-bool Control::State::on_header(int p) {
+bool ControlChannel::State::on_header(int p) {
   Peer& P = peers[p];
   const Header& h = P.hdr;
   if (h.type == kBye) {
@@ -436,7 +436,7 @@ bool Control::State::on_header(int p) {
   return true;
 }
 
-void Control::State::on_data_header(int p) {
+void ControlChannel::State::on_data_header(int p) {
   Peer& P = peers[p];
   for (auto it = P.posted.begin(); it != P.posted.end(); ++it) {
     if (it->tag != P.hdr.tag) continue;
@@ -450,7 +450,7 @@ void Control::State::on_data_header(int p) {
   }
 }
 
-void Control::State::on_payload(int p) {
+void ControlChannel::State::on_payload(int p) {
   Peer& P = peers[p];
   P.in_payload = false;
   if (P.hdr.type == kAbort) {
@@ -471,7 +471,7 @@ void Control::State::on_payload(int p) {
   P.heap = std::vector<char>();
 }
 
-void Control::State::deliver_unmatched(int p) {
+void ControlChannel::State::deliver_unmatched(int p) {
   Peer& P = peers[p];
   for (auto it = P.posted.begin(); it != P.posted.end(); ++it) {
     if (it->tag != P.hdr.tag) continue;
@@ -487,7 +487,7 @@ void Control::State::deliver_unmatched(int p) {
   P.unexpected.push_back(Unexpected{P.hdr.tag, std::move(P.heap)});
 }
 
-void Control::State::check_deadlines(const Control& c) {
+void ControlChannel::State::check_deadlines(const ControlChannel& c) {
   const auto now = Clock::now();
   for (int p = 0; p < static_cast<int>(peers.size()); ++p) {
     Peer& P = peers[p];
@@ -511,7 +511,7 @@ void Control::State::check_deadlines(const Control& c) {
   }
 }
 
-void Control::State::run(const Control& c) {
+void ControlChannel::State::run(const ControlChannel& c) {
   while (true) {
     for (auto& cmd : take_commands()) {
       switch (cmd.kind) {
@@ -541,7 +541,8 @@ void Control::State::run(const Control& c) {
   }
 }
 
-Control::Control(TcpComm* comm, int rank, std::vector<int> fds) : comm_(comm), st_(new State) {
+ControlChannel::ControlChannel(TcpComm* comm, int rank, std::vector<int> fds)
+    : comm_(comm), st_(new State) {
   st_->comm = comm;
   st_->rank = rank;
   st_->timeout_s = comm->timeout_s();
@@ -565,15 +566,15 @@ Control::Control(TcpComm* comm, int rank, std::vector<int> fds) : comm_(comm), s
   thread_ = std::thread([this] { loop(); });
 }
 
-Control::~Control() {
+ControlChannel::~ControlChannel() {
   if (thread_.joinable()) stop();
   if (st_->wake_fd >= 0) close(st_->wake_fd);
 }
 
-bool Control::said_bye(int peer) const { return st_->bye[peer].load(); }
-const std::atomic<bool>* Control::bye_flags() const { return st_->bye.data(); }
+bool ControlChannel::said_bye(int peer) const { return st_->bye[peer].load(); }
+const std::atomic<bool>* ControlChannel::bye_flags() const { return st_->bye.data(); }
 
-std::string Control::silence() const {
+std::string ControlChannel::silence() const {
   const int64_t now = now_ns();
   const int64_t limit =
       3 * std::chrono::duration_cast<std::chrono::nanoseconds>(st_->ping_every).count();
@@ -594,13 +595,13 @@ std::string Control::silence() const {
          " s (unreachable, or stopped)";
 }
 
-void Control::wake() {
+void ControlChannel::wake() {
   uint64_t one = 1;
   (void)!write(st_->wake_fd, &one, sizeof one);
 }
 
-void Control::post_send(int peer, int tag, const char* data, size_t len,
-                        std::shared_ptr<sdk::Completion> req) {
+void ControlChannel::post_send(int peer, int tag, const char* data, size_t len,
+                               std::shared_ptr<sdk::Completion> req) {
   Cmd c(Cmd::Send);
   c.peer = peer, c.tag = tag, c.data = const_cast<char*>(data), c.len = len, c.req = std::move(req);
   {
@@ -610,8 +611,8 @@ void Control::post_send(int peer, int tag, const char* data, size_t len,
   wake();
 }
 
-void Control::post_recv(int peer, int tag, char* data, size_t len,
-                        std::shared_ptr<sdk::Completion> req) {
+void ControlChannel::post_recv(int peer, int tag, char* data, size_t len,
+                               std::shared_ptr<sdk::Completion> req) {
   Cmd c(Cmd::Recv);
   c.peer = peer, c.tag = tag, c.data = data, c.len = len, c.req = std::move(req);
   {
@@ -621,7 +622,7 @@ void Control::post_recv(int peer, int tag, char* data, size_t len,
   wake();
 }
 
-void Control::on_failure(dopt_status status, const std::string& cause, bool notify) {
+void ControlChannel::on_failure(dopt_status status, const std::string& cause, bool notify) {
   Cmd c(Cmd::Fail);
   c.status = status, c.cause = cause, c.notify = notify;
   {
@@ -631,7 +632,7 @@ void Control::on_failure(dopt_status status, const std::string& cause, bool noti
   wake();
 }
 
-void Control::stop() {
+void ControlChannel::stop() {
   {
     std::lock_guard<std::mutex> lk(st_->mu);
     st_->inbox.push_back(Cmd(Cmd::Stop));
@@ -640,6 +641,6 @@ void Control::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Control::loop() { st_->run(*this); }
+void ControlChannel::loop() { st_->run(*this); }
 
 }  // namespace distopt::plugins::tcp

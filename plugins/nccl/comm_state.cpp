@@ -1,6 +1,6 @@
-// Core: launching operations on the communicator's stream, the send / recv
-// group queue, split and teardown (core.hpp).
-#include "core.hpp"
+// CommState: launching operations on the communicator's stream, the send / recv
+// group queue, split and teardown (comm_state.hpp).
+#include "comm_state.hpp"
 
 #include <cstdio>
 
@@ -15,7 +15,8 @@ void check_cuda(const Api& a, cudaError_t e, const std::string& what) {
 
 }  // namespace
 
-Core::Core(const Api& api, const Settings& settings, int r, int w, int dev, ncclComm_t comm)
+CommState::CommState(const Api& api, const Settings& settings, int r, int w, int dev,
+                     ncclComm_t comm)
     : a(api), s(settings), rank(r), world(w), device(dev), comm_(comm) {
   try {
     a.cudaSetDevice(device);
@@ -33,27 +34,27 @@ Core::Core(const Api& api, const Settings& settings, int r, int w, int dev, nccl
       issue_mu_);
 }
 
-Core::~Core() { shutdown(); }
+CommState::~CommState() { shutdown(); }
 
-std::string Core::next_name(const char* kind) {
+std::string CommState::next_name(const char* kind) {
   std::lock_guard<std::mutex> lk(issue_mu_);
   return std::string(kind) + " #" + std::to_string(++seq_);
 }
 
-void Core::refuse_if_aborted(const std::string& what) const {
+void CommState::refuse_if_aborted(const std::string& what) const {
   if (shut_) throw sdk::Error(DOPT_ERR_STATE, what + ": the communicator was destroyed");
   if (watchdog_->aborted())
     throw sdk::Error(DOPT_ERR_ABORTED, what + " refused: the communicator was aborted because " +
                                            watchdog_->reason());
 }
 
-void Core::order_after_caller() {
+void CommState::order_after_caller() {
   cudaStream_t caller = static_cast<cudaStream_t>(caller_.load());
   check_cuda(a, a.cudaEventRecord(ready_->get(), caller), "cudaEventRecord (caller stream)");
   check_cuda(a, a.cudaStreamWaitEvent(stream_, ready_->get(), 0), "cudaStreamWaitEvent");
 }
 
-void Core::launched(const std::vector<std::shared_ptr<Op>>& ops) {
+void CommState::launched(const std::vector<std::shared_ptr<Op>>& ops) {
   auto done = std::make_shared<Event>(a, device);
   check_cuda(a, a.cudaEventRecord(done->get(), stream_), "cudaEventRecord (completion)");
   const auto deadline = Clock::now() + s.timeout();
@@ -64,7 +65,7 @@ void Core::launched(const std::vector<std::shared_ptr<Op>>& ops) {
 }
 
 template <class F>
-auto Core::locked(F&& f) {
+auto CommState::locked(F&& f) {
   std::unique_lock<std::mutex> lk(issue_mu_);
   try {
     return f();
@@ -79,18 +80,18 @@ auto Core::locked(F&& f) {
   }
 }
 
-std::unique_ptr<sdk::Request> Core::request(std::shared_ptr<Op> op, bool p2p) {
+std::unique_ptr<sdk::Request> CommState::request(std::shared_ptr<Op> op, bool p2p) {
   std::function<void()> flush_fn;
   if (p2p) {
-    std::weak_ptr<Core> weak = weak_from_this();
+    std::weak_ptr<CommState> weak = weak_from_this();
     flush_fn = [weak] {
-      if (auto core = weak.lock()) core->flush();
+      if (auto state = weak.lock()) state->flush();
     };
   }
   return std::make_unique<OpRequest>(a, std::move(op), device, std::move(flush_fn));
 }
 
-std::unique_ptr<sdk::Request> Core::launch(
+std::unique_ptr<sdk::Request> CommState::launch(
     const std::string& what, const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& enqueue) {
   auto op = std::make_shared<Op>(what);
   locked([&] {
@@ -108,9 +109,9 @@ std::unique_ptr<sdk::Request> Core::launch(
   return request(std::move(op), false);
 }
 
-std::unique_ptr<sdk::Request> Core::queue_p2p(bool is_send, void* data, size_t count,
-                                              ncclDataType_t type, int peer,
-                                              const std::string& what) {
+std::unique_ptr<sdk::Request> CommState::queue_p2p(bool is_send, void* data, size_t count,
+                                                   ncclDataType_t type, int peer,
+                                                   const std::string& what) {
   auto op = std::make_shared<Op>(what);
   {
     std::lock_guard<std::mutex> lk(issue_mu_);
@@ -120,14 +121,14 @@ std::unique_ptr<sdk::Request> Core::queue_p2p(bool is_send, void* data, size_t c
   return request(std::move(op), true);
 }
 
-void Core::flush() {
+void CommState::flush() {
   locked([&] {
     flush_locked();
     return 0;
   });
 }
 
-void Core::flush_locked() {
+void CommState::flush_locked() {
   if (queued_.empty()) return;
   std::vector<P2p> group;
   group.swap(queued_);
@@ -157,7 +158,7 @@ void Core::flush_locked() {
   }
 }
 
-std::shared_ptr<Core> Core::split(int color, int key) {
+std::shared_ptr<CommState> CommState::split(int color, int key) {
   ncclComm_t child = nullptr;
   const std::string what = next_name("split");
   locked([&] {
@@ -188,10 +189,10 @@ std::shared_ptr<Core> Core::split(int color, int key) {
     a.ncclCommAbort(child);
     throw sdk::Error(DOPT_ERR_COMM, what + ": cannot read the new communicator's rank and size");
   }
-  return std::make_shared<Core>(a, s, crank, cworld, device, child);
+  return std::make_shared<CommState>(a, s, crank, cworld, device, child);
 }
 
-void Core::shutdown() {
+void CommState::shutdown() {
   std::vector<P2p> dropped;
   {
     std::lock_guard<std::mutex> lk(issue_mu_);
