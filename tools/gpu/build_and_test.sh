@@ -8,7 +8,7 @@
 #   tools/gpu/build_and_test.sh all              # both
 #
 # DISTOPT_GPU_TARGETS="distopt tcp grad_accum_test" builds only those targets
-# (a short device session: one test and what it loads).
+# (a short device call: one test and what it loads).
 #
 # The packages are unpacked with `dpkg -x` into /tmp/distopt-deps (never
 # into /); the Fashion-MNIST data is linked to the path the examples use when

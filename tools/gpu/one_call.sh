@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE as the whole of one device call (a session has 15
+# Run ON THE GPU MACHINE as the whole of one device call (a lease has 15
 # minutes of device time and a call at most 10): build, then the smoke rows
 # and ctest side by side, everything inside a deadline so that the logs
 # always come back.
