@@ -1,4 +1,4 @@
-// ABI glue of the `zero` plugin (ZeRO stages 1 and 2; see zero_algorithm.hpp).
+// ABI glue of the `zero` plugin (ZeRO stages 1, 2 and 3; see zero_algorithm.hpp).
 #include "zero_algorithm.hpp"
 
 namespace {
@@ -7,8 +7,10 @@ constexpr dopt_option_spec kOptions[] = {
     sdk::option_int("stage", "1",
                     "1: optimizer state sharded (gradients averaged by the reducer); 2: gradients "
                     "reduce-scattered into each rank's shard during backward too (the reducer "
-                    "is not used: only one that declares the exact mean, e.g. mean, is accepted)")
-        .range(1, 2),
+                    "is not used: only one that declares the exact mean, e.g. mean, is accepted); "
+                    "3: the parameters of the model's units (distopt::ShardedUnit) sharded too, "
+                    "gathered for each unit's forward and backward")
+        .range(1, 3),
     sdk::option_string(
         "partition", "greedy",
         "stage 1: greedy = PyTorch ZeroRedundancyOptimizer's sorted-greedy over whole "
@@ -19,10 +21,16 @@ constexpr dopt_option_spec kOptions[] = {
                      "sync updated parameters with one allgather of each rank's packed "
                      "parameters (per bucket in stage 2) instead of one broadcast per parameter "
                      "or item shard"),
+    sdk::option_bool("reshard_after_forward", "true",
+                     "stage 3: free a unit's gathered parameters after its forward and gather "
+                     "them again for its backward (FSDP's FULL_SHARD); false keeps them from "
+                     "the forward until the unit's backward (SHARD_GRAD_OP: less traffic, more "
+                     "memory)"),
 };
 }  // namespace
 
-DOPT_PLUGIN("zero", "1.0.0",
-            DOPT_COMPONENT(distopt::plugins::zero::ZeroAlgorithm, "zero", "1.0.0",
-                           "ZeRO stages 1-2: optimizer state (and gradients) sharded over ranks",
-                           kOptions))
+DOPT_PLUGIN(
+    "zero", "1.0.0",
+    DOPT_COMPONENT(distopt::plugins::zero::ZeroAlgorithm, "zero", "1.0.0",
+                   "ZeRO stages 1-3: optimizer state, gradients and parameters sharded over ranks",
+                   kOptions))

@@ -44,12 +44,14 @@ uint64_t broadcast_bytes(uint64_t bytes, int32_t root, int32_t rank, int32_t wor
 }  // namespace
 
 void ZeroAlgorithm::check_job(const sdk::JobView& job) {
-  if (job.self().options().get_int("stage") != 2) return;  // stage 1 uses the reducer
+  const int64_t stage = job.self().options().get_int("stage");
+  if (stage == 1) return;  // stage 1 uses the reducer
   const sdk::JobComponentView red = job.reducer();
   if (red.has_trait(DOPT_TRAIT_EXACT_MEAN)) return;
   job.reject("algorithm.options.stage",
-             "stage 2 reduce-scatters the plain gradients itself and never calls the reducer, so "
-             "reducer '" +
+             "stage " + std::to_string(stage) +
+                 " reduce-scatters the plain gradients itself and never calls the reducer, so "
+                 "reducer '" +
                  red.name() + "' (plugin " + red.plugin() +
                  ") would not apply: its compression, scaling or error feedback would be "
                  "ignored. Use stage: 1 (it hands every bucket to the reducer), or a reducer "
@@ -70,8 +72,78 @@ ZeroAlgorithm::ZeroAlgorithm(const dopt_algorithm_args& args)
     partitions_.push_back(partition_params(args, trainable));
   } else {
     partition_buckets();
+    if (stage_ == 3) take_param_shards(args);
   }
   build_optimizer(args);
+  // A unit's parameters are the host's only during create (algorithm.h).
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (sharded_param_[i]) params_[i] = at::Tensor();
+}
+
+int32_t ZeroAlgorithm::param_sharding(const sdk::OptionsView& options) {
+  if (options.get_int("stage") != 3) return DOPT_PARAM_SHARDING_NONE;
+  return options.get_bool("reshard_after_forward") ? DOPT_PARAM_SHARDING_FULL
+                                                   : DOPT_PARAM_SHARDING_KEEP_FOR_BACKWARD;
+}
+
+void ZeroAlgorithm::take_param_shards(const dopt_algorithm_args& args) {
+  const bool has_flags =
+      DOPT_HAS_FIELD(&args, dopt_algorithm_args, bucket_sharded) && args.bucket_sharded;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    BucketShard& s = shards_[b];
+    s.sharded = has_flags && args.bucket_sharded[b] != 0;
+    if (!s.sharded) continue;
+    const FlatPartition& part = partitions_[b];
+    s.param_shard = at::zeros({static_cast<int64_t>(part.shard_numel)}, s.flat.options());
+    for (const auto& is : part.item_shards) {
+      if (is.owner != rank_) continue;
+      s.param_shard.narrow(0, static_cast<int64_t>(is.shard_offset), static_cast<int64_t>(is.numel))
+          .copy_(param_range(is.id, is.item_offset, is.numel));
+      sharded_param_[is.id] = true;
+    }
+    // Every parameter of the bucket, owned here or not.
+    for (size_t e = 0; e < buckets_[b]->num_entries; ++e)
+      sharded_param_[static_cast<size_t>(buckets_[b]->entries[e].param_index)] = true;
+    s.param_shard_view = sdk::DLView(s.param_shard);
+  }
+}
+
+void ZeroAlgorithm::gather_params(const dopt_bucket& bucket, DLTensor& full) {
+  const size_t b = bucket_slot(bucket);
+  BucketShard& s = shards_[b];
+  if (stage_ != 3 || !s.sharded)
+    fail(DOPT_ERR_INVALID_ARGUMENT,
+         "gather_params: bucket " + std::to_string(b) + " holds no sharded unit");
+  if (s.gathering.valid() || s.gather_started)
+    fail(DOPT_ERR_STATE, "gather_params: bucket " + std::to_string(b) + " is already gathering");
+  const int64_t shard = s.param_shard.numel();
+  at::Tensor out = sdk::as_tensor(full);
+  if (out.dim() != 1 || out.numel() != shard * world_ ||
+      out.scalar_type() != s.param_shard.scalar_type())
+    fail(DOPT_ERR_INVALID_ARGUMENT, "gather_params: bucket " + std::to_string(b) + " needs a 1-D " +
+                                        std::string(c10::toString(s.param_shard.scalar_type())) +
+                                        " buffer of " + std::to_string(shard * world_) +
+                                        " elements");
+  s.gather_started = true;
+  if (world_ == 1) {
+    at::NoGradGuard ng;
+    out.copy_(s.param_shard);
+    return;
+  }
+  s.gathering = comm_.allgather(*s.param_shard_view.get(), full);
+  count_sent(ring_bytes(static_cast<uint64_t>(s.param_shard.nbytes()), world_));
+}
+
+void ZeroAlgorithm::wait_params(const dopt_bucket& bucket) {
+  BucketShard& s = shards_[bucket_slot(bucket)];
+  if (!s.gather_started)
+    fail(DOPT_ERR_STATE,
+         "wait_params: no gather of bucket " + std::to_string(bucket.index) + " is pending");
+  s.gather_started = false;
+  if (!s.gathering.valid()) return;
+  sdk::CommHandle h = std::move(s.gathering);
+  s.gathering.reset();
+  h.wait();
 }
 
 void ZeroAlgorithm::read_options(const dopt_algorithm_args& args) {
@@ -79,7 +151,7 @@ void ZeroAlgorithm::read_options(const dopt_algorithm_args& args) {
   stage_ = opts.get_int("stage");
   partition_kind_ = opts.get_string("partition");
   bucket_view_ = opts.get_bool("parameters_as_bucket_view");
-  if (stage_ != 1 && stage_ != 2) fail(DOPT_ERR_INVALID_ARGUMENT, "stage must be 1 or 2");
+  if (stage_ < 1 || stage_ > 3) fail(DOPT_ERR_INVALID_ARGUMENT, "stage must be 1, 2 or 3");
   if (partition_kind_ != "greedy" && partition_kind_ != "contiguous")
     fail(DOPT_ERR_INVALID_ARGUMENT,
          "partition must be greedy or contiguous, not " + partition_kind_);
@@ -91,6 +163,7 @@ std::vector<size_t> ZeroAlgorithm::alias_trainable_params(const dopt_algorithm_a
   host_params_ = args.params;
   params_.resize(args.num_params);
   grads_.resize(args.num_params);
+  sharded_param_.assign(args.num_params, false);
   std::vector<size_t> trainable;
   c10::optional<at::ScalarType> dtype;
   for (size_t i = 0; i < args.num_params; ++i) {
@@ -169,7 +242,9 @@ void ZeroAlgorithm::build_optimizer(const dopt_algorithm_args& args) {
   for (size_t l = 0; l < partitions_.size(); ++l) {
     for (const auto& is : partitions_[l].item_shards) {
       if (is.owner != rank_) continue;
-      at::Tensor t = flat_leaf(params_[is.id], is.item_offset, is.numel);
+      at::Tensor t = stage_ == 3 && shards_[l].sharded
+                         ? flat_leaf(shards_[l].param_shard, is.shard_offset, is.numel)
+                         : flat_leaf(params_[is.id], is.item_offset, is.numel);
       t.mutable_grad() = stage_ == 1 ? flat_leaf(grads_[is.id], is.item_offset, is.numel)
                                      : flat_leaf(shards_[l].shard, is.shard_offset, is.numel);
       const auto g = static_cast<size_t>(args.params[is.id].group);
@@ -205,6 +280,8 @@ void ZeroAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
   if (s.pending.valid())
     fail(DOPT_ERR_STATE, "bucket " + std::to_string(b) + " is ready twice in one step");
   at::NoGradGuard ng;
+  // A unit's bucket gets fresh memory each step (algorithm.h).
+  if (s.sharded) s.flat = sdk::as_tensor(*bucket.flat).view(-1);
   if (world_ == 1) {
     s.shard.copy_(s.flat);
     return;
@@ -300,11 +377,12 @@ void ZeroAlgorithm::follow_host_params() {
 
 void ZeroAlgorithm::sync_parameters() {
   if (world_ == 1) return;
-  for (const auto& partition : partitions_) {
+  for (size_t l = 0; l < partitions_.size(); ++l) {
+    if (stage_ == 3 && shards_[l].sharded) continue;  // gathered before its next use
     if (bucket_view_)
-      sync_by_allgather(partition);
+      sync_by_allgather(partitions_[l]);
     else
-      sync_by_broadcast(partition);
+      sync_by_broadcast(partitions_[l]);
   }
 }
 

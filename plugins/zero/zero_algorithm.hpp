@@ -40,6 +40,22 @@
 // DistributedOptimizer::bytes_sent() adds to the reducer's, so `distopt
 // train` reports both.
 //
+// Stage 3 (parameters sharded too; algorithm.h "Parameter sharding", ABI
+// 1.7): the host plans one bucket per unit of the model (the modules the
+// application wrapped in distopt::ShardedUnit) and marks those buckets
+// sharded. For such a bucket this rank keeps only its shard of the
+// parameters (copied at create from the bucket layout's range [rank x
+// shard, (rank + 1) x shard)), reduce-scatters the gradients into its
+// gradient shard as stage 2 does, and the inner optimizer steps the
+// parameter shard; gather_params allgathers the shards into the host's full
+// buffer before the unit's forward and backward. Nothing is synchronised
+// after step() for such buckets. Buckets of parameters in no unit are
+// handled as stage 2 (allgathered after the step). Bytes per rank and step:
+// stage 2's reduce-scatter plus two allgathers of each unit
+// (reshard_after_forward: true; one with false). Checkpoints save the
+// optimizer state as stage 2 does; the host gathers the parameters to save
+// them.
+//
 // Partition (stage 1): `greedy` = PyTorch's sorted-greedy over whole
 // parameters (state per rank within one largest parameter of 1/W);
 // `contiguous` = the trainable parameters laid back to back, partitioned into W
@@ -92,8 +108,12 @@ class ZeroAlgorithm : public sdk::Algorithm {
   /// parameters' device): any device (CUDA: world size 1 on an H200, STATUS.md).
   static constexpr uint32_t devices = DOPT_DEVICE_BIT(kDLCPU) | DOPT_DEVICE_BIT(kDLCUDA);
   explicit ZeroAlgorithm(const dopt_algorithm_args& args);
-  /// ABI 1.2 job check: stage 2 refuses a reducer without DOPT_TRAIT_EXACT_MEAN.
+  /// ABI 1.2 job check: stages 2 and 3 refuse a reducer without DOPT_TRAIT_EXACT_MEAN.
   static void check_job(const sdk::JobView& job);
+  /// ABI 1.7: stage 3 shards the parameters of units.
+  static int32_t param_sharding(const sdk::OptionsView& options);
+  void gather_params(const dopt_bucket& bucket, DLTensor& full) override;
+  void wait_params(const dopt_bucket& bucket) override;
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;
@@ -113,6 +133,13 @@ class ZeroAlgorithm : public sdk::Algorithm {
     at::Tensor send;   // padded copy of flat while it is reduced (when needed)
     sdk::DLView send_view, shard_view;
     sdk::CommHandle pending;
+    // Stage 3, a unit's bucket: this rank's parameter shard (owned), and
+    // the gather into the host's full buffer.
+    bool sharded = false;
+    at::Tensor param_shard;
+    sdk::DLView param_shard_view;
+    sdk::CommHandle gathering;
+    bool gather_started = false;
   };
 
   // A tensor the optimizer steps: param_groups()[group].params()[index] is
@@ -128,8 +155,11 @@ class ZeroAlgorithm : public sdk::Algorithm {
   /// Stage 1: one partition of the trainable parameters (greedy or contiguous).
   FlatPartition partition_params(const dopt_algorithm_args& args,
                                  const std::vector<size_t>& trainable) const;
-  /// Stage 2: one partition per bucket, and the bucket's reduced shard.
+  /// Stages 2 and 3: one partition per bucket, and the bucket's reduced shard.
   void partition_buckets();
+  /// Stage 3: the parameter shard of every sharded bucket, from the host's
+  /// parameters (valid during create only).
+  void take_param_shards(const dopt_algorithm_args& args);
   /// The inner optimizer over this rank's item shards, and their checkpoint slices.
   void build_optimizer(const dopt_algorithm_args& args);
 
@@ -157,8 +187,10 @@ class ZeroAlgorithm : public sdk::Algorithm {
   std::vector<BucketShard> shards_;                // stage 2, per bucket
   const dopt_param* host_params_ = nullptr;        // the host's descriptors, stable until destroy
   std::vector<OwnedShard> owned_;                  // this rank's item shards, in optimizer order
-  std::vector<at::Tensor> params_;                 // per parameter: flat alias of the host's data
-  std::vector<at::Tensor> grads_;                  // per parameter: flat alias of its bucket slot
+  std::vector<at::Tensor> params_;   // per parameter: flat alias of the host's data (undefined
+                                     // for a stage 3 unit's parameter after create)
+  std::vector<bool> sharded_param_;  // stage 3: the parameter is in a sharded bucket
+  std::vector<at::Tensor> grads_;    // per parameter: flat alias of its bucket slot
   std::vector<FlatPartition> partitions_;  // synchronised as units; stage 1: one, 2: per bucket
   std::vector<int32_t> group_slot_;        // dopt group -> optimizer param group
   std::vector<std::vector<sdk::ParamSlice>> slices_;  // per optimizer tensor: its item shard

@@ -56,7 +56,7 @@ declare -A public=(
   [device_rule]=communicator [host_communicator]=communicator
   [buffers]=config [config]=config [key_schema]=config [lr_schedule]=config [precision]=config
   [checkpoint]=state [checkpoint_steps]=state
-  [distributed_optimizer]=optim
+  [distributed_optimizer]=optim [sharded_unit]=optim
   [runtime]=runtime
   [elastic]=elastic
 )

@@ -106,10 +106,17 @@ TEST_CASE("DOPT_PLUGIN fills the plugin info and component table") {
   CHECK(reinterpret_cast<void*>(rvt->save_state) != nullptr);
   CHECK(reinterpret_cast<void*>(rvt->load_state) != nullptr);
   auto* avt = static_cast<const dopt_algorithm_v1*>(info.components[1].vtable);
-  CHECK(avt->struct_size == DOPT_ALGORITHM_V1_5_STRUCT_SIZE);
+  CHECK(avt->struct_size == DOPT_ALGORITHM_V1_7_STRUCT_SIZE);
   CHECK(reinterpret_cast<void*>(avt->bytes_sent) != nullptr);
   // ABI 1.5: present; the SDK's default refuses (this class does not clip)
   REQUIRE(reinterpret_cast<void*>(avt->set_grad_clip) != nullptr);
+  // ABI 1.7: a class without a static param_sharding shards nothing, and
+  // its gather refuses.
+  REQUIRE(reinterpret_cast<void*>(avt->param_sharding) != nullptr);
+  CHECK(avt->param_sharding(nullptr) == DOPT_PARAM_SHARDING_NONE);
+  REQUIRE(reinterpret_cast<void*>(avt->gather_params) != nullptr);
+  REQUIRE(reinterpret_cast<void*>(avt->wait_params) != nullptr);
+  CHECK(avt->gather_params(nullptr, nullptr, nullptr) == DOPT_ERR_INVALID_ARGUMENT);
   CHECK(sdk::host() == host_api());
 }
 

@@ -286,6 +286,37 @@ class DistributedOptimizer {
   /// The reducer's component name ("mean", "powersgd").
   const std::string& reducer_name() const;
 
+  // ---- Parameter sharding (zero stage 3; distopt/sharded_unit.hpp) ----
+
+  /// True when the algorithm shards the parameters of the model's units
+  /// (ABI 1.7 param_sharding, e.g. zero with stage: 3, and the module given
+  /// to make_optimizer has distopt::ShardedUnit modules).
+  bool shards_parameters() const;
+  /// While the returned guard lives, every unit's full parameters are
+  /// present (FSDP's summon_full_params): read or evaluate the model outside
+  /// the units' own forwards. Changes made to them are not kept (each rank
+  /// steps its shard). Collective: every rank takes and drops the guard at
+  /// the same point, between steps. A no-op without parameter sharding.
+  class GatheredParams {
+   public:
+    explicit GatheredParams(DistributedOptimizer& opt);
+    ~GatheredParams();
+    GatheredParams(const GatheredParams&) = delete;
+    GatheredParams& operator=(const GatheredParams&) = delete;
+
+   private:
+    DistributedOptimizer* opt_;
+  };
+  [[nodiscard]] GatheredParams gather_params() { return GatheredParams(*this); }
+  /// Memory of the units' full parameters, in bytes, on this rank.
+  struct ShardingMemory {
+    size_t units = 0;            ///< units whose parameters are sharded
+    uint64_t gathered = 0;       ///< full buffers present now
+    uint64_t peak_gathered = 0;  ///< most present at once since the last call
+  };
+  /// Reads and restarts the peak. Zeros without parameter sharding.
+  ShardingMemory sharding_memory();
+
   // ---- Mixed precision (the config's `precision:` section, precision.hpp) ----
   //
   // With bf16/fp16 the application runs its module in that dtype (e.g.

@@ -19,6 +19,7 @@ class Communicator;
 class PluginRegistry;
 class Store;
 class DistributedOptimizer;
+struct UnitSlot;  // distopt/sharded_unit.hpp
 namespace runtime {
 class ElasticLink;  // core-internal: what elastic recovery may change (re-create the communicators)
 }
@@ -84,7 +85,10 @@ class Runtime {
       const std::vector<ParamGroupSpec>& groups = {});
   /// Convenience: named_parameters() of a module, and its buffers broadcast
   /// from rank 0 now and kept in sync after every step() as the job's
-  /// `buffers.sync` says (DistributedOptimizer::set_buffers).
+  /// `buffers.sync` says (DistributedOptimizer::set_buffers). The module's
+  /// distopt::ShardedUnit submodules are the units of parameter sharding
+  /// (sharded_unit.hpp) when the algorithm shards parameters (zero stage 3);
+  /// ConfigError for a parameter shared by two units that do not nest.
   DistributedOptimizer make_optimizer(torch::nn::Module& module,
                                       const std::vector<ParamGroupSpec>& groups = {});
 
@@ -135,6 +139,21 @@ class Runtime {
  private:
   friend class runtime::ElasticLink;
   explicit Runtime(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  /// Units of parameter sharding: per parameter its unit or -1, per unit its
+  /// wrapper's link and name.
+  struct Units {
+    std::vector<int> of_param;
+    std::vector<std::shared_ptr<UnitSlot>> slots;
+    std::vector<std::string> names;
+  };
+  DistributedOptimizer build_optimizer(
+      const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
+      const std::vector<ParamGroupSpec>& groups, Units units);
+  /// The ShardedUnit modules of `module` and, per parameter of `named`, the
+  /// innermost unit that holds it. Throws ConfigError for a parameter held
+  /// by two units that do not nest.
+  static Units find_units(torch::nn::Module& module,
+                          const std::vector<std::pair<std::string, torch::Tensor>>& named);
   std::shared_ptr<Impl> impl_;
 };
 

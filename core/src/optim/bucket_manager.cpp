@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "distopt/error.hpp"
+#include "optim/storage.hpp"
 
 namespace distopt::optim {
 namespace {
@@ -43,7 +44,7 @@ BucketManager::BucketManager(const std::vector<std::pair<std::string, at::Tensor
     inputs.push_back(
         {static_cast<size_t>(t.numel()),
          opts.plan_element_size ? opts.plan_element_size : static_cast<size_t>(t.element_size()),
-         dtype_code(t)});
+         dtype_code(t), i < opts.units.size() ? opts.units[i] : -1});
     input_param.push_back(i);
   }
 
@@ -51,6 +52,7 @@ BucketManager::BucketManager(const std::vector<std::pair<std::string, at::Tensor
   buckets_.resize(plan.size());
   for (size_t b = 0; b < plan.size(); ++b) {
     Bucket& bk = buckets_[b];
+    bk.unit = plan[b].unit;
     const auto& first = params_[input_param[plan[b].entries.at(0).param]].tensor;
     bk.flat =
         at::zeros({static_cast<int64_t>(plan[b].length)}, first.options().requires_grad(false));
@@ -155,11 +157,41 @@ void BucketManager::ensure_view(Param& p) {
   p.tensor.mutable_grad() = p.view;
 }
 
+bool BucketManager::allocated(const Bucket& bk) const {
+  return bk.unit < 0 || storage_bytes(bk.flat) > 0;
+}
+
+void BucketManager::ensure_allocated(Bucket& bk) {
+  if (allocated(bk)) return;
+  at::NoGradGuard no_grad;
+  allocate_storage(bk.flat, static_cast<size_t>(bk.flat.numel()) * bk.flat.element_size());
+  bk.flat.zero_();
+  bk.flat_dl = sdk::DLView(bk.flat);  // same DLTensor address, the new data pointer
+}
+
+void BucketManager::release_unit_grads() {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  for (auto& bk : buckets_) {
+    if (bk.unit < 0 || !allocated(bk)) continue;
+    for (size_t i : bk.params) params_[i].tensor.mutable_grad() = at::Tensor();
+    free_storage(bk.flat);
+  }
+}
+
 void BucketManager::on_grad_ready(size_t i) {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   if (!attached_) return;
   Param& p = params_[i];
   Bucket& bk = buckets_[static_cast<size_t>(p.bucket)];
+  ensure_allocated(bk);
+  struct UnitGrad {  // told after the gradient is in the bucket, whatever path returns
+    BucketManager& m;
+    const Bucket& bk;
+    size_t i;
+    ~UnitGrad() {
+      if (bk.unit >= 0 && m.unit_grad_) m.unit_grad_(i);
+    }
+  } told{*this, bk, i};
   if (no_sync_) {
     if (bk.launched)
       throw Error("parameter '" + p.name + "' got a gradient under no_sync() after its bucket " +
@@ -199,6 +231,7 @@ void BucketManager::finish() {
   try {
     for (size_t b = next_; b < buckets_.size(); ++b) {
       Bucket& bk = buckets_[b];
+      ensure_allocated(bk);  // a unit without any gradient this step: zeros
       for (size_t i : bk.params) {
         Param& p = params_[i];
         if (p.ready || p.accumulated) continue;
@@ -246,10 +279,13 @@ void BucketManager::zero_grad() {
         "zero_grad() after a backward whose buckets are being reduced: call step() first (bucket " +
         std::to_string(next_ - 1) + " is in flight)");
   at::NoGradGuard no_grad;
-  for (auto& bk : buckets_) bk.flat.zero_();
+  for (auto& bk : buckets_)
+    if (allocated(bk)) bk.flat.zero_();
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
-    if (p.view.defined() && !aliases(p.tensor.grad(), p.view)) p.tensor.mutable_grad() = p.view;
+    if (p.view.defined() && !aliases(p.tensor.grad(), p.view) &&
+        allocated(buckets_[static_cast<size_t>(p.bucket)]))
+      p.tensor.mutable_grad() = p.view;
     if (attached_) rehook_if_replaced(i);
   }
   reset_step_locked();

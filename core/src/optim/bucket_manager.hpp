@@ -34,6 +34,11 @@ struct BucketOptions {
   /// parameter's own; 0 = its own. Mixed precision plans with 4 (fp32), so
   /// the fp32 master buckets get the layout an fp32 model would have.
   size_t plan_element_size = 0;
+  /// Parameter sharding: per parameter (constructor order) its unit, or -1;
+  /// empty: no units. A unit's trainable parameters get one bucket of their
+  /// own (bucket_plan.hpp), whose memory exists only while a step needs it
+  /// (release_unit_grads).
+  std::vector<int> units;
 };
 
 /// Not copyable or movable (the hooks point at it). Thread-safe between the
@@ -62,6 +67,18 @@ class BucketManager {
   uint64_t bucket_bytes(size_t b) const;
   /// Bucket b's flat buffer (the gradients' storage).
   const at::Tensor& flat(size_t b) const { return buckets_.at(b).flat; }
+  /// The unit whose parameters bucket b holds (BucketOptions::units), or -1.
+  int unit_of_bucket(size_t b) const { return buckets_.at(b).unit; }
+
+  /// Parameter sharding: `fn(i)` runs (under the manager's lock, on the
+  /// autograd thread) each time parameter i of a unit's bucket got its
+  /// gradient of a backward, under no_sync too.
+  void on_unit_grad(std::function<void(size_t)> fn) { unit_grad_ = std::move(fn); }
+  /// Parameter sharding: free the memory of every unit's bucket and set its
+  /// parameters' .grad to undefined. The next gradient of such a parameter
+  /// allocates its bucket again (zeroed) and lands there, so between steps a
+  /// rank holds no unit's full gradient. Training thread, between steps.
+  void release_unit_grads();
 
   /// Zero every bucket and re-point .grad at the bucket views (a user's
   /// module.zero_grad() may have reset them); re-hook parameters whose
@@ -94,6 +111,7 @@ class BucketManager {
     bool accumulated = false;  // got a gradient under no_sync this step
   };
   struct Bucket {
+    int unit = -1;  // parameter sharding: its unit (memory only while needed)
     at::Tensor flat;
     sdk::DLView flat_dl;
     std::vector<size_t> params;  // entries, in bucket order
@@ -109,12 +127,16 @@ class BucketManager {
   // (torch::load into a module does it): move the hook there. True when it moved.
   bool rehook_if_replaced(size_t i);
   void ensure_view(Param& p);
+  /// A unit's bucket whose memory was released: allocate it again, zeroed.
+  void ensure_allocated(Bucket& bk);
+  bool allocated(const Bucket& bk) const;
   void launch_in_order_locked();
   void launch_locked(size_t b);
   void reset_step_locked();
 
   BucketOptions opts_;
   LaunchFn launch_;
+  std::function<void(size_t)> unit_grad_;
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
   std::vector<dopt_bucket> descs_;

@@ -22,7 +22,7 @@ std::vector<PlannedBucket> plan_buckets(const std::vector<PlanInput>& params, do
                                         size_t align_bytes) {
   if (align_bytes < 1) throw std::invalid_argument("align_bytes must be >= 1");
   std::vector<std::pair<size_t, PlannedBucket>> closed;  // (first_pos, bucket)
-  std::map<int, Open> open;
+  std::map<std::pair<int, int>, Open> open;              // by (dtype, unit)
   auto close = [&](Open& o) {
     o.bucket.length =
         round_up(o.bytes, std::lcm(align_bytes, o.bucket.element_size)) / o.bucket.element_size;
@@ -34,13 +34,14 @@ std::vector<PlannedBucket> plan_buckets(const std::vector<PlanInput>& params, do
     const PlanInput& in = params[k];
     if (in.element_size == 0) throw std::invalid_argument("element_size must be > 0");
     size_t align = std::lcm(align_bytes, in.element_size);
-    auto it = open.find(in.dtype);
+    const std::pair<int, int> key{in.dtype, in.unit};
+    auto it = open.find(key);
     if (it != open.end() && in.element_size != it->second.bucket.element_size)
       throw std::invalid_argument("one dtype code with two element sizes");
     size_t entry_bytes = in.numel * in.element_size;
     if (it != open.end()) {
       size_t start = round_up(it->second.bytes, align);
-      if (static_cast<double>(start + entry_bytes) > cap_bytes) {
+      if (in.unit < 0 && static_cast<double>(start + entry_bytes) > cap_bytes) {
         close(it->second);
         open.erase(it);
         it = open.end();
@@ -49,9 +50,10 @@ std::vector<PlannedBucket> plan_buckets(const std::vector<PlanInput>& params, do
     if (it == open.end()) {
       Open o;
       o.bucket.dtype = in.dtype;
+      o.bucket.unit = in.unit;
       o.bucket.element_size = in.element_size;
       o.first_pos = pos;
-      it = open.emplace(in.dtype, std::move(o)).first;
+      it = open.emplace(key, std::move(o)).first;
     }
     Open& o = it->second;
     size_t start = round_up(o.bytes, align);

@@ -11,7 +11,10 @@
 //    parameter per bucket;
 //  - the flat buffer's length is padded to the alignment too;
 //  - buckets are numbered by the position of their first entry in that
-//    reverse order, i.e. in the order backward completes them.
+//    reverse order, i.e. in the order backward completes them;
+//  - parameters of a unit (parameter sharding, PlanInput::unit >= 0) get one
+//    bucket per unit and dtype, whatever the cap, shared with no other
+//    parameter.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +27,7 @@ struct PlanInput {
   size_t numel = 0;
   size_t element_size = 4;  ///< bytes per element
   int dtype = 0;            ///< any code identifying the dtype (buckets never mix codes)
+  int unit = -1;            ///< the unit it belongs to (parameter sharding); -1: none
 };
 
 struct PlannedEntry {
@@ -34,6 +38,7 @@ struct PlannedEntry {
 
 struct PlannedBucket {
   int dtype = 0;
+  int unit = -1;  ///< the unit whose parameters it holds, or -1
   size_t element_size = 4;
   size_t length = 0;  ///< elements, including alignment padding
   std::vector<PlannedEntry> entries;

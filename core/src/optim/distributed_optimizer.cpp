@@ -25,6 +25,82 @@
 namespace distopt {
 
 namespace optim {
+namespace {
+
+size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
+
+/// The algorithm's ABI 1.7 answer for its options, when the model has units.
+int32_t param_sharding_of(const OptimizerBuild& b) {
+  const auto* avt = static_cast<const dopt_algorithm_v1*>(b.algorithm.vtable);
+  if (!DOPT_HAS_FIELD(avt, dopt_algorithm_v1, wait_params) || !avt->param_sharding ||
+      !avt->gather_params || !avt->wait_params)
+    return DOPT_PARAM_SHARDING_NONE;
+  const int32_t mode = avt->param_sharding(b.algorithm_options->c_handle());
+  if (mode == DOPT_PARAM_SHARDING_NONE) return mode;
+  if (mode != DOPT_PARAM_SHARDING_FULL && mode != DOPT_PARAM_SHARDING_KEEP_FOR_BACKWARD)
+    throw ComponentError(DOPT_ERR_INTERNAL, b.algorithm.plugin_name + "/" + b.algorithm.name,
+                         "param_sharding", "unknown mode " + std::to_string(mode));
+  if (b.unit_slots.empty()) {
+    if (b.common.rank == 0 && b.common.world_size > 1)
+      log(DOPT_LOG_WARN, "optimizer",
+          "algorithm '" + b.algorithm.name +
+              "' shards the parameters of units, but the model has no distopt::ShardedUnit "
+              "(distopt/sharded_unit.hpp): every parameter stays whole on every rank");
+    return DOPT_PARAM_SHARDING_NONE;
+  }
+  return mode;
+}
+
+/// After the algorithm's create: the units' parameters are the algorithm's
+/// shards now; free the full copies and the units' gradient buckets.
+void start_sharding(DistributedOptimizer::Impl& m, int32_t mode,
+                    const std::vector<sdk::DLView*>& data_views) {
+  const OptimizerBuild& b = m.build;
+  const dopt_bucket* descs = m.buckets->buckets();
+  std::vector<ParamShards::UnitSpec> specs;
+  std::vector<std::shared_ptr<UnitSlot>> slots;
+  m.shard_of_bucket.assign(m.buckets->num_buckets(), -1);
+  for (size_t k = 0; k < m.buckets->num_buckets(); ++k) {
+    const int unit = m.buckets->unit_of_bucket(k);
+    if (unit < 0) continue;
+    ParamShards::UnitSpec spec;
+    spec.name = b.unit_names.at(static_cast<size_t>(unit));
+    spec.bucket = &descs[k];
+    for (size_t e = 0; e < descs[k].num_entries; ++e) {
+      const dopt_bucket_entry& en = descs[k].entries[e];
+      const auto pi = static_cast<size_t>(en.param_index);
+      spec.members.push_back({pi, b.params[pi].second, en.offset, {}});
+      // The descriptor's tensor kept the whole parameter alive; it is not
+      // valid after create (algorithm.h).
+      *data_views[pi] = sdk::DLView(at::empty({0}, b.params[pi].second.options()));
+    }
+    spec.numel = round_up(static_cast<size_t>(m.buckets->flat(k).numel()),
+                          static_cast<size_t>(m.world_size));
+    m.shard_of_bucket[k] = static_cast<int>(specs.size());
+    specs.push_back(std::move(spec));
+    slots.push_back(b.unit_slots.at(static_cast<size_t>(unit)));
+  }
+  m.shards =
+      std::make_shared<ParamShards>(std::move(specs), mode, m.avt, m.algorithm, m.algorithm_who);
+  m.shards->attach(std::move(slots));
+  m.shards->free_all();
+  m.buckets->release_unit_grads();
+  // Per parameter: its unit among the shards and its place there.
+  std::vector<std::pair<int, size_t>> member_of(b.params.size(), {-1, 0});
+  for (size_t k = 0; k < m.buckets->num_buckets(); ++k) {
+    if (m.shard_of_bucket[k] < 0) continue;
+    for (size_t e = 0; e < descs[k].num_entries; ++e)
+      member_of[static_cast<size_t>(descs[k].entries[e].param_index)] = {m.shard_of_bucket[k], e};
+  }
+  std::weak_ptr<ParamShards> weak = m.shards;
+  m.buckets->on_unit_grad([weak, member_of](size_t i) {
+    auto shards = weak.lock();
+    if (shards && member_of[i].first >= 0)
+      shards->grad_ready(member_of[i].first, member_of[i].second);
+  });
+}
+
+}  // namespace
 
 std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   auto impl = std::make_unique<DistributedOptimizer::Impl>();
@@ -69,6 +145,14 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   bo.overlap = b.reducer_options->get_bool("overlap");
   DistributedOptimizer::Impl* raw = impl.get();
   const bool mixed = b.precision.enabled();
+  const int32_t sharding = param_sharding_of(b);
+  if (sharding != DOPT_PARAM_SHARDING_NONE) {
+    if (mixed)
+      throw ConfigError("precision: algorithm '" + b.algorithm.name +
+                        "' shards parameters (zero stage 3), which does not run with mixed "
+                        "precision yet; use precision: {dtype: fp32} or zero stage 2");
+    bo.units = b.param_units;
+  }
   if (mixed) bo.plan_element_size = 4;  // fp32 master buckets get an fp32 model's layout
   // Mixed precision launches nothing from the hooks: the fp32 buckets go to
   // the algorithm in step(), once every rank's gradients are known finite.
@@ -85,6 +169,7 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
     m.plain_bytes_per_step += sdk::ring_allreduce_bytes(m.algorithm_bucket_bytes(k), m.world_size);
 
   m.params.resize(b.params.size());
+  std::vector<sdk::DLView*> data_views(b.params.size(), nullptr);
   for (size_t i = 0; i < b.params.size(); ++i) {
     const auto& [name, t] = b.params[i];
     dopt_param& d = m.params[i];
@@ -93,6 +178,7 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
     if (!t.is_contiguous()) throw Error("parameter '" + name + "' must be contiguous");
     m.views.emplace_back(m.masters ? m.masters->master(i) : t.detach());
     d.data = m.views.back().get();
+    data_views[i] = &m.views.back();
     const at::Tensor& g = m.masters ? m.masters->master_grad(i) : m.buckets->grad_view(i);
     if (g.defined()) {
       m.views.emplace_back(g);
@@ -133,9 +219,16 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   a.num_buckets = m.buckets->num_buckets();
   a.optimizer_name = b.optimizer_name.c_str();
   a.optimizer_options = b.optimizer_options->c_handle();
+  a.struct_size = DOPT_ALGORITHM_ARGS_V1_7_STRUCT_SIZE;
+  if (sharding != DOPT_PARAM_SHARDING_NONE) {
+    for (size_t k = 0; k < m.buckets->num_buckets(); ++k)
+      m.bucket_sharded.push_back(m.buckets->unit_of_bucket(k) >= 0 ? 1 : 0);
+    a.bucket_sharded = m.bucket_sharded.data();
+  }
   m.avt = static_cast<const dopt_algorithm_v1*>(b.algorithm.vtable);
   check_status(m.avt->create(&a, &m.algorithm), m.algorithm_who, "create");
   m.apply_grad_clip();
+  if (sharding != DOPT_PARAM_SHARDING_NONE) start_sharding(m, sharding, data_views);
   return impl;
 }
 
@@ -306,6 +399,10 @@ void one_step(DistributedOptimizer::Impl& m) {
     const WatchdogScope watched("algorithm", m.watched_as, "step");
     check_status(m.avt->step(m.algorithm), m.algorithm_who, "step");
   }
+  if (m.shards) {
+    m.buckets->release_unit_grads();
+    m.shards->end_step();
+  }
   ++m.steps;
   m.sync_buffers();
   m.check_reducer_used();
@@ -463,6 +560,25 @@ const std::string& DistributedOptimizer::algorithm_name() const {
   return impl_->build.algorithm.name;
 }
 const std::string& DistributedOptimizer::reducer_name() const { return impl_->build.reducer.name; }
+
+bool DistributedOptimizer::shards_parameters() const { return impl_->shards != nullptr; }
+
+DistributedOptimizer::GatheredParams::GatheredParams(DistributedOptimizer& opt) : opt_(&opt) {
+  if (opt.impl_->shards) opt.impl_->shards->gather_all();
+}
+
+DistributedOptimizer::GatheredParams::~GatheredParams() {
+  if (opt_->impl_ && opt_->impl_->shards) opt_->impl_->shards->release_all();
+}
+
+DistributedOptimizer::ShardingMemory DistributedOptimizer::sharding_memory() {
+  ShardingMemory s;
+  if (!impl_->shards) return s;
+  s.units = impl_->shards->num_units();
+  s.gathered = impl_->shards->gathered_bytes();
+  s.peak_gathered = impl_->shards->take_peak_gathered_bytes();
+  return s;
+}
 
 bool DistributedOptimizer::mixed_precision() const { return impl_->masters != nullptr; }
 PrecisionDtype DistributedOptimizer::compute_dtype() const { return impl_->build.precision.dtype; }

@@ -18,6 +18,7 @@
 #include "distopt/lr_schedule.hpp"
 #include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
+#include "distopt/sharded_unit.hpp"
 
 namespace distopt::optim {
 
@@ -87,6 +88,12 @@ struct OptimizerBuild {
   double grad_clip = 0;
   /// `autotune:` (null when off); shared so that rebuilds keep it.
   std::shared_ptr<Autotuner> tuner;
+  /// Parameter sharding units (distopt/sharded_unit.hpp), found by
+  /// make_optimizer(module): per parameter its unit or -1 (empty: no units),
+  /// and per unit its wrapper's link and module name.
+  std::vector<int> param_units;
+  std::vector<std::shared_ptr<UnitSlot>> unit_slots;
+  std::vector<std::string> unit_names;
 };
 
 /// The communicator for a host collective on memory of `device_type`:

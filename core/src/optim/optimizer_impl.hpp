@@ -17,6 +17,7 @@
 #include "optim/bucket_manager.hpp"
 #include "optim/master_weights.hpp"
 #include "optim/optimizer_builder.hpp"
+#include "optim/param_shards.hpp"
 
 namespace distopt {
 
@@ -65,6 +66,11 @@ struct DistributedOptimizer::Impl {
   // A bucket went to the algorithm since the last step() (set on the autograd
   // thread): its reduction may be in flight, so the optimizer cannot be rebuilt.
   std::atomic<bool> launched{false};
+  // Parameter sharding (algorithm.h ABI 1.7; null when the algorithm
+  // shards nothing or the model has no units).
+  std::shared_ptr<optim::ParamShards> shards;
+  std::vector<int32_t> bucket_sharded;  // per bucket: 1 when its unit is sharded
+  std::vector<int> shard_of_bucket;     // per bucket: index in shards, or -1
   // Mixed precision (null / unused when off).
   std::unique_ptr<optim::MasterWeights> masters;
   std::unique_ptr<LossScaler> scaler;
@@ -107,6 +113,7 @@ struct DistributedOptimizer::Impl {
     // Hooks first (backward must not reach a destroyed algorithm), then the
     // algorithm, which borrows the reducer.
     if (buckets) buckets->detach();
+    shards.reset();  // the units forward without gathering from now on
     if (algorithm && avt) avt->destroy(algorithm);
     if (reducer && rvt) rvt->destroy(reducer);
     take_last_error();

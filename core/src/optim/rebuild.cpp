@@ -129,6 +129,11 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
              const std::string& what) {
   std::unique_ptr<Impl>& slot = Access::ptr(opt);
   Impl& old = *slot;
+  if (old.shards)
+    throw ConfigError(what + ": the optimizer shards parameters (algorithm '" +
+                      old.build.algorithm.name +
+                      "', stage 3), which cannot be rebuilt yet (add_param_group, switch_to, "
+                      "schedule:, autotune:)");
   const int rank = old.build.common.rank, world = old.world_size;
   // Unique per instance: the old one is still alive while this is created.
   b.rebuilds = old.build.rebuilds + 1;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <variant>
 
 #include "base/services.hpp"
@@ -80,6 +81,10 @@ ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int ran
                     bool keep_replicas) {
   auto& m = Access::of(opt);
   require_state_api(m);
+  // Parameter sharding: the model is whole only while gathered (collective,
+  // as saving is).
+  std::optional<DistributedOptimizer::GatheredParams> whole;
+  if (m.shards) whole.emplace(opt);
   at::NoGradGuard no_grad;
   ShardState s;
   s.keep_replicas(keep_replicas, rank);
@@ -155,6 +160,11 @@ void check_compatible(torch::nn::Module& model, DistributedOptimizer& opt, const
     throw CheckpointError(where + ": saved with inner optimizer '" + man.optimizer +
                           "', this job's is '" + m.build.optimizer_name + "'");
   require_state_api(m);
+  if (m.shards)
+    throw CheckpointError(
+        where + ": loading into an optimizer that shards parameters (algorithm '" + alg.name +
+        "', stage 3) is not supported yet; load it with zero stage 1 or 2, "
+        "or allreduce, at any world size");
   for (const auto& [name, t] : model_tensors(model)) {
     const std::string key = kModel + name;
     if (!src.has(key))

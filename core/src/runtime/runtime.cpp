@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -23,6 +24,7 @@
 #include "distopt/precision.hpp"
 #include "distopt/registry.hpp"
 #include "distopt/sdk/base/tensor.hpp"
+#include "distopt/sharded_unit.hpp"
 #include "distopt/store.hpp"
 #include "distopt/threads.hpp"
 #include "distopt/watchdog.hpp"
@@ -444,6 +446,12 @@ void Runtime::barrier() { impl_->control_comm().barrier().wait(); }
 DistributedOptimizer Runtime::make_optimizer(
     const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
     const std::vector<ParamGroupSpec>& groups) {
+  return build_optimizer(named_params, groups, {});
+}
+
+DistributedOptimizer Runtime::build_optimizer(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
+    const std::vector<ParamGroupSpec>& groups, Units units) {
   Impl& m = *impl_;
   // Every rank starts from rank 0's parameters.
   std::vector<torch::Tensor> tensors;
@@ -520,7 +528,46 @@ DistributedOptimizer Runtime::make_optimizer(
   b.common.job_token = m.proc.token.c_str();
   b.common.bind_address = m.bind_address.c_str();
   b.scope = "optimizer/" + std::to_string(m.next_optimizer++);
+  b.param_units = std::move(units.of_param);
+  b.unit_slots = std::move(units.slots);
+  b.unit_names = std::move(units.names);
   return optim::build_optimizer(std::move(b));
+}
+
+Runtime::Units Runtime::find_units(
+    torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& named) {
+  Units units;
+  std::map<const c10::TensorImpl*, size_t> index;  // parameter -> position in `named`
+  for (size_t i = 0; i < named.size(); ++i) index.emplace(named[i].second.unsafeGetTensorImpl(), i);
+  units.of_param.assign(named.size(), -1);
+  std::vector<std::string> paths;  // per unit: its module path ("" for the root)
+  // named_modules() is pre-order: a unit comes before the units inside it,
+  // so the innermost unit is the last to claim a parameter.
+  for (const auto& item : module.named_modules()) {
+    auto unit = std::dynamic_pointer_cast<ShardedUnitImpl>(item.value());
+    if (!unit) continue;
+    const std::string& path = item.key();
+    const int u = static_cast<int>(units.slots.size());
+    units.slots.push_back(unit->slot());
+    units.names.push_back(path.empty() ? "(the root module)" : path);
+    for (const auto& p : unit->parameters()) {
+      auto it = index.find(p.unsafeGetTensorImpl());
+      if (it == index.end()) continue;
+      int& holder = units.of_param[it->second];
+      if (holder >= 0) {
+        const std::string& outer = paths[static_cast<size_t>(holder)];
+        if (!outer.empty() && path.rfind(outer + ".", 0) != 0)
+          throw ConfigError("parameter '" + named[it->second].first + "' is in units '" +
+                            units.names[static_cast<size_t>(holder)] + "' and '" +
+                            units.names.back() +
+                            "', which do not nest: put the modules that share it into one "
+                            "distopt::ShardedUnit");
+      }
+      holder = u;
+    }
+    paths.push_back(path);
+  }
+  return units;
 }
 
 DistributedOptimizer Runtime::make_optimizer(torch::nn::Module& module,
@@ -531,7 +578,7 @@ DistributedOptimizer Runtime::make_optimizer(torch::nn::Module& module,
   for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
   for (const auto& item : module.named_buffers())
     named_buffers.emplace_back(item.key(), item.value());
-  DistributedOptimizer opt = make_optimizer(named, groups);
+  DistributedOptimizer opt = build_optimizer(named, groups, find_units(module, named));
   opt.set_buffers(named_buffers, impl_->cfg.buffer_sync);
   return opt;
 }

@@ -63,9 +63,14 @@ extern "C" {
  *                                                           every rank holds whole is
  *                                                           kept by each rank, not
  *                                                           sent to a buddy
+ *   1.7      dopt_algorithm_v1::param_sharding,             parameter sharding (ZeRO
+ *            ::gather_params and ::wait_params;             stage 3, FSDP): the
+ *            dopt_algorithm_args::bucket_sharded            algorithm owns the shards
+ *            (algorithm.h, "Parameter sharding")            of a unit's parameters and
+ *                                                           gathers them on demand
  */
 #define DOPT_ABI_VERSION_MAJOR 1
-#define DOPT_ABI_VERSION_MINOR 6 /* 1.6: dopt_state_writer::put_replicated */
+#define DOPT_ABI_VERSION_MINOR 7 /* 1.7: parameter sharding (algorithm.h) */
 
 /** Offset of the end of MEMBER in TYPE: the struct size a reader needs for it. */
 #define DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER) (offsetof(TYPE, MEMBER) + sizeof(((TYPE*)0)->MEMBER))

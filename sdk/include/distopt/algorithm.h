@@ -57,9 +57,46 @@ typedef struct dopt_algorithm_args {
   size_t num_buckets;
   const char* optimizer_name;            /* "sgd", "adam", "adamw", "adagrad", "rmsprop" */
   const dopt_options* optimizer_options; /* validated against the SDK's optimizer schema */
+  /* ---- ABI 1.7 (parameter sharding, below). Read only when struct_size >=
+   * DOPT_ALGORITHM_ARGS_V1_7_STRUCT_SIZE; an older host shards nothing. ---- */
+  /** num_buckets flags, or NULL when no bucket is sharded: 1 when bucket b's
+   * parameters form one unit whose parameters this algorithm shards. */
+  const int32_t* bucket_sharded;
 } dopt_algorithm_args;
 #define DOPT_ALGORITHM_ARGS_STRUCT_SIZE \
   DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_args, optimizer_options)
+#define DOPT_ALGORITHM_ARGS_V1_7_STRUCT_SIZE \
+  DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_args, bucket_sharded)
+
+/*
+ * Parameter sharding (ABI 1.7; ZeRO stage 3, Rajbhandari et al. SC'20;
+ * PyTorch FSDP, Zhao et al. VLDB'23). An algorithm whose param_sharding(options)
+ * says so keeps, between steps, only its shard of each unit's parameters:
+ *
+ *  - Units. The host divides the model into units (distopt/sharded_unit.hpp:
+ *    the modules the application wrapped) and plans one gradient bucket per
+ *    unit, holding exactly the unit's trainable parameters at the bucket's
+ *    entry offsets; bucket_sharded[b] is 1 for those. Parameters outside
+ *    every unit are planned as usual (bucket_sharded 0) and stay whole on
+ *    every rank, as in stage 2.
+ *  - create(). The parameters of a sharded bucket are whole and valid during
+ *    create only: the algorithm copies the elements it owns into memory of
+ *    its own and must not keep pointers into them. Afterwards the host frees
+ *    their memory; dopt_param::data of such a parameter is not valid after
+ *    create returns.
+ *  - Forward and backward. Before a unit's forward (and again before its
+ *    backward, unless the host kept it), the host allocates the unit's full
+ *    buffer and calls gather_params(bucket, full); it may issue the next
+ *    unit's gather before waiting for this one (prefetch), and calls
+ *    wait_params(bucket) before the parameters are read. After the unit's
+ *    forward (or its backward) the host frees the buffer.
+ *  - Gradients. A sharded bucket's flat buffer exists from the first
+ *    gradient of the unit in a step until step() returns (its data pointer
+ *    may change from step to step: read it in on_bucket_ready). The algorithm
+ *    reduces it into the gradient shard it owns (a reduce-scatter) and
+ *    updates its parameter shard in step(); nothing is synchronised after
+ *    step() for such buckets: the next gather reads the updated shards.
+ */
 
 typedef struct dopt_algorithm dopt_algorithm;
 
@@ -126,10 +163,43 @@ typedef struct dopt_algorithm_v1 {
    * Called on the training thread between steps, on every rank with the
    * same value. UNSUPPORTED when the algorithm cannot clip. */
   dopt_status (*set_grad_clip)(dopt_algorithm* a, double max_norm);
+
+  /* ---- ABI 1.7 (parameter sharding, above). An older vtable ends above;
+   * the host checks struct_size >= DOPT_ALGORITHM_V1_7_STRUCT_SIZE and
+   * non-NULL pointers, else it never shards parameters for this algorithm.
+   * ---- */
+
+  /** Static (no instance; any thread): whether an instance created with
+   * these validated options shards the parameters of units.
+   * DOPT_PARAM_SHARDING_NONE, _FULL (free a unit's parameters after its
+   * forward and gather them again for its backward: FSDP's FULL_SHARD) or
+   * _KEEP_FOR_BACKWARD (keep them from the forward until the unit's backward:
+   * FSDP's SHARD_GRAD_OP, ZeRO-3 without re-gathering). */
+  int32_t (*param_sharding)(const dopt_options* options);
+  /** Start writing the full parameters of sharded bucket `bucket` (borrowed
+   * from args->buckets) into `full`: 1-D, contiguous, the parameters' dtype
+   * and device, ceil(bucket length / world size) x world size elements,
+   * laid out as the bucket's entries (offset, numel); the padding is
+   * unspecified. `full` stays valid until wait_params for this bucket
+   * returns. Collective: every rank gathers the same buckets in the same
+   * order. Training or autograd thread, never concurrently with itself, step()
+   * or on_bucket_ready. INVALID_ARGUMENT for a bucket that is not sharded;
+   * STATE when a gather of this bucket is already pending. */
+  dopt_status (*gather_params)(dopt_algorithm* a, const dopt_bucket* bucket, DLTensor* full);
+  /** Wait for the gather of `bucket`: afterwards `full` holds its parameters
+   * (on device memory: ordered on the communicator's stream). STATE when
+   * none is pending. */
+  dopt_status (*wait_params)(dopt_algorithm* a, const dopt_bucket* bucket);
 } dopt_algorithm_v1;
 #define DOPT_ALGORITHM_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, state_bytes)
 #define DOPT_ALGORITHM_V1_1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, bytes_sent)
 #define DOPT_ALGORITHM_V1_5_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, set_grad_clip)
+#define DOPT_ALGORITHM_V1_7_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, wait_params)
+
+/* dopt_algorithm_v1::param_sharding results. */
+#define DOPT_PARAM_SHARDING_NONE 0
+#define DOPT_PARAM_SHARDING_FULL 1
+#define DOPT_PARAM_SHARDING_KEEP_FOR_BACKWARD 2
 
 #ifdef __cplusplus
 }

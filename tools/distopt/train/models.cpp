@@ -9,10 +9,10 @@
 
 namespace distopt::train {
 
-Mlp::Mlp(int64_t channels, int64_t rows, int64_t cols, int64_t classes) {
-  fc1 = register_module("fc1", torch::nn::Linear(channels * rows * cols, 512));
-  fc2 = register_module("fc2", torch::nn::Linear(512, 256));
-  fc3 = register_module("fc3", torch::nn::Linear(256, classes));
+Mlp::Mlp(int64_t channels, int64_t rows, int64_t cols, int64_t classes, int64_t hidden) {
+  fc1 = register_module("fc1", ShardedUnit(torch::nn::Linear(channels * rows * cols, hidden)));
+  fc2 = register_module("fc2", ShardedUnit(torch::nn::Linear(hidden, hidden / 2)));
+  fc3 = register_module("fc3", ShardedUnit(torch::nn::Linear(hidden / 2, classes)));
 }
 
 torch::Tensor Mlp::forward(const torch::Tensor& x) {
@@ -23,12 +23,13 @@ torch::Tensor Mlp::forward(const torch::Tensor& x) {
 }
 
 Cnn::Cnn(int64_t channels, int64_t rows, int64_t cols, int64_t classes) {
-  conv1 = register_module("conv1",
-                          torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, 16, 5).padding(2)));
-  conv2 =
-      register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).padding(2)));
-  fc1 = register_module("fc1", torch::nn::Linear(32 * (rows / 4) * (cols / 4), 128));
-  fc2 = register_module("fc2", torch::nn::Linear(128, classes));
+  conv1 = register_module(
+      "conv1",
+      ShardedUnit(torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, 16, 5).padding(2))));
+  conv2 = register_module(
+      "conv2", ShardedUnit(torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).padding(2))));
+  fc1 = register_module("fc1", ShardedUnit(torch::nn::Linear(32 * (rows / 4) * (cols / 4), 128)));
+  fc2 = register_module("fc2", ShardedUnit(torch::nn::Linear(128, classes)));
 }
 
 torch::Tensor Cnn::forward(const torch::Tensor& x) {
@@ -67,19 +68,19 @@ torch::Tensor BasicBlock::forward(const torch::Tensor& x) {
 
 ResNet::ResNet(int64_t channels, int64_t classes, int64_t width) {
   const int64_t groups = std::gcd<int64_t>(8, width);  // divides every stage's channels
-  stem = register_module("stem", conv(channels, width, 3, 1));
-  stem_gn = register_module("stem_gn", gn(groups, width));
+  stem = register_module("stem", ShardedUnit(conv(channels, width, 3, 1)));
+  stem_gn = register_module("stem_gn", ShardedUnit(gn(groups, width)));
   int64_t in = width;
   for (int stage = 0; stage < 4; ++stage) {
     const int64_t out = width << stage;
     for (int b = 0; b < 2; ++b) {
       auto block = std::make_shared<BasicBlock>(in, out, stage > 0 && b == 0 ? 2 : 1, groups);
-      blocks.push_back(
-          register_module("layer" + std::to_string(stage + 1) + "_" + std::to_string(b), block));
+      blocks.push_back(register_module(
+          "layer" + std::to_string(stage + 1) + "_" + std::to_string(b), ShardedUnit(block)));
       in = out;
     }
   }
-  fc = register_module("fc", torch::nn::Linear(in, classes));
+  fc = register_module("fc", ShardedUnit(torch::nn::Linear(in, classes)));
 }
 
 torch::Tensor ResNet::forward(const torch::Tensor& x) {

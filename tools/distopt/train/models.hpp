@@ -1,5 +1,9 @@
 // The models `distopt train` trains (torch::nn): small ones for Fashion-MNIST
-// and a ResNet-18-like CNN sized for throughput work on a GPU.
+// and a ResNet-18-like CNN sized for throughput work on a GPU. Each layer
+// with parameters (mlp, cnn) and each residual block (resnet) is a
+// distopt::ShardedUnit, the units of parameter sharding (zero stage 3); with
+// other algorithms the wrappers only forward. Parameter names are those of
+// the unwrapped layers.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -12,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "distopt/sharded_unit.hpp"
+
 namespace distopt::train {
 
 /// An image classifier: forward maps float images [B, channels, rows, cols]
@@ -22,14 +28,16 @@ class Classifier : public torch::nn::Module {
 };
 
 /// mlp: flatten -> Linear(channels*rows*cols, 512) -> ReLU -> Linear(512, 256)
-/// -> ReLU -> Linear(256, classes). Parameters fc1/fc2/fc3.{weight,bias}.
+/// -> ReLU -> Linear(256, classes). Parameters fc1/fc2/fc3.{weight,bias};
+/// `hidden` widens the two hidden layers (512 and 256 by default) for
+/// memory and throughput work.
 class Mlp : public Classifier {
  public:
-  Mlp(int64_t channels, int64_t rows, int64_t cols, int64_t classes);
+  Mlp(int64_t channels, int64_t rows, int64_t cols, int64_t classes, int64_t hidden = 512);
   torch::Tensor forward(const torch::Tensor& x) override;
 
  private:
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  ShardedUnit fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 
 /// cnn: Conv2d(channels, 16, 5, pad 2) -> ReLU -> MaxPool 2 -> Conv2d(16, 32, 5,
@@ -41,8 +49,7 @@ class Cnn : public Classifier {
   torch::Tensor forward(const torch::Tensor& x) override;
 
  private:
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  ShardedUnit conv1{nullptr}, conv2{nullptr}, fc1{nullptr}, fc2{nullptr};
 };
 
 /// One basic residual block of ResNet-18: conv3x3(stride) -> GN -> ReLU ->
@@ -71,10 +78,9 @@ class ResNet : public Classifier {
   torch::Tensor forward(const torch::Tensor& x) override;
 
  private:
-  torch::nn::Conv2d stem{nullptr};
-  torch::nn::GroupNorm stem_gn{nullptr};
-  std::vector<std::shared_ptr<BasicBlock>> blocks;
-  torch::nn::Linear fc{nullptr};
+  ShardedUnit stem{nullptr}, stem_gn{nullptr};
+  std::vector<ShardedUnit> blocks;
+  ShardedUnit fc{nullptr};
 };
 
 /// Build model `name` ("mlp", "cnn" or "resnet") for images [channels, rows,

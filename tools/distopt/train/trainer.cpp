@@ -231,16 +231,28 @@ class Data {
 };
 
 // Test loss and accuracy over the whole test set: each rank evaluates its
-// contiguous shard, the sums are allreduced.
+// contiguous shard, the sums are allreduced. With parameter sharding each
+// forward gathers units (collectives), so every rank runs the same number of
+// batches: a rank whose shard ran out forwards one sample and counts nothing.
 EvalResult evaluate(Runtime& rt, Classifier& model, const Data& data, at::ScalarType dtype,
-                    const at::Device& device) {
+                    const at::Device& device, bool same_batch_count) {
   at::NoGradGuard no_grad;
+  constexpr int64_t kBatch = 1000;
   const int64_t n = data.test_count;
-  const int64_t lo = n * rt.rank() / rt.world_size();
-  const int64_t hi = n * (rt.rank() + 1) / rt.world_size();
+  const int64_t world = rt.world_size();
+  const int64_t lo = n * rt.rank() / world;
+  const int64_t hi = n * (rt.rank() + 1) / world;
+  int64_t batches = (hi - lo + kBatch - 1) / kBatch;
+  if (same_batch_count) batches = ((n + world - 1) / world + kBatch - 1) / kBatch;
   double loss_sum = 0, correct = 0;
-  for (int64_t b = lo; b < hi; b += 1000) {
-    int64_t e = std::min(hi, b + 1000);
+  for (int64_t k = 0; k < batches; ++k) {
+    const int64_t b = lo + k * kBatch;
+    const int64_t e = std::min(hi, b + kBatch);
+    if (b >= e) {
+      const int64_t s = std::min(lo, n - 1);
+      model.forward(data.test_batch(s, s + 1, device, dtype).first);
+      continue;
+    }
     auto [x, y] = data.test_batch(b, e, device, dtype);
     auto logp = at::log_softmax(model.forward(x).to(at::kFloat), 1);
     loss_sum += at::nll_loss(logp, y, {}, at::Reduction::Sum).item<double>();
@@ -788,7 +800,8 @@ class Trainer {
   // over ranks, swapped in for the evaluation; the consensus distance says
   // how far the replicas are from it.
   EvalResult evaluate_model() {
-    if (!opt_->replicas_differ()) return evaluate(*rt_, *model_, data_, dtype_, device_);
+    if (!opt_->replicas_differ())
+      return evaluate(*rt_, *model_, data_, dtype_, device_, opt_->shards_parameters());
     at::NoGradGuard ng;
     auto avg = opt_->average_replicas();
     consensus_distance_ = avg.consensus_distance;
@@ -799,7 +812,7 @@ class Trainer {
           swapped.emplace_back(p.value(), p.value().detach().clone());
           p.value().detach().copy_(mean);
         }
-    EvalResult r = evaluate(*rt_, *model_, data_, dtype_, device_);
+    EvalResult r = evaluate(*rt_, *model_, data_, dtype_, device_, opt_->shards_parameters());
     for (auto& [param, own] : swapped) param.detach().copy_(own);
     if (lead())
       std::cout << "  replicas: consensus distance " << fmt("%.3g", consensus_distance_)

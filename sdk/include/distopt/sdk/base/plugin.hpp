@@ -48,6 +48,7 @@
 #include "distopt/reducer.h"
 #include "distopt/sdk/base/host.hpp"
 #include "distopt/sdk/base/job_view.hpp"
+#include "distopt/sdk/base/options.hpp"
 #include "distopt/sdk/base/request.hpp"
 #include "distopt/sdk/base/state_io.hpp"
 
@@ -145,6 +146,16 @@ class Algorithm {
   /// optimizer.grad_clip > 0 naming this algorithm.
   virtual void set_grad_clip(double /*max_norm*/) {
     throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm does not clip gradients (no set_grad_clip)");
+  }
+  /// ABI 1.7 (algorithm.h, "Parameter sharding"): start / finish writing the
+  /// full parameters of a sharded bucket into `full`. Called only when the
+  /// class's static param_sharding(const OptionsView&) said so; the
+  /// defaults refuse with UNSUPPORTED.
+  virtual void gather_params(const dopt_bucket& /*bucket*/, DLTensor& /*full*/) {
+    throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm does not shard parameters");
+  }
+  virtual void wait_params(const dopt_bucket& /*bucket*/) {
+    throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm does not shard parameters");
   }
 };
 
@@ -465,7 +476,38 @@ struct AlgorithmGlue {
     return guard([&] { a(h)->set_grad_clip(max_norm); });
   }
 
-  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_5_STRUCT_SIZE,
+  // ABI 1.7: the class's optional static param_sharding(const OptionsView&)
+  // (absent: it never shards parameters).
+  template <class U, class = void>
+  struct HasParamSharding : std::false_type {};
+  template <class U>
+  struct HasParamSharding<
+      U, std::void_t<decltype(U::param_sharding(std::declval<const OptionsView&>()))>>
+      : std::true_type {};
+  static int32_t param_sharding(const dopt_options* options) noexcept {
+    if constexpr (HasParamSharding<T>::value) {
+      if (!options) return DOPT_PARAM_SHARDING_NONE;
+      try {
+        return static_cast<int32_t>(T::param_sharding(OptionsView(options)));
+      } catch (...) {
+        return DOPT_PARAM_SHARDING_NONE;
+      }
+    } else {
+      (void)options;
+      return DOPT_PARAM_SHARDING_NONE;
+    }
+  }
+  static dopt_status gather_params(dopt_algorithm* h, const dopt_bucket* b,
+                                   DLTensor* full) noexcept {
+    if (!h || !b || !full) return null_arg("algorithm, bucket or full");
+    return guard([&] { a(h)->gather_params(*b, *full); });
+  }
+  static dopt_status wait_params(dopt_algorithm* h, const dopt_bucket* b) noexcept {
+    if (!h || !b) return null_arg("algorithm or bucket");
+    return guard([&] { a(h)->wait_params(*b); });
+  }
+
+  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_7_STRUCT_SIZE,
                                                nullptr,
                                                &create,
                                                &destroy,
@@ -476,7 +518,10 @@ struct AlgorithmGlue {
                                                &save_state,
                                                &load_state,
                                                &bytes_sent,
-                                               &set_grad_clip};
+                                               &set_grad_clip,
+                                               &param_sharding,
+                                               &gather_params,
+                                               &wait_params};
 };
 
 // ABI 1.2: the component class's optional static check_job and traits.

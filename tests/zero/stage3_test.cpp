@@ -1,0 +1,404 @@
+// zero stage 3 (parameters sharded over units, distopt/sharded_unit.hpp)
+// across real processes on loopback (tcp + mean + zero) ends equal to one
+// process running the same libtorch optimizer on the global batch, for SGD
+// and Adam at 2, 3 and 4 ranks, with units of uneven sizes, a nested unit, a
+// parameter outside every unit, a unit unused in forward, a buffer, gradient
+// accumulation and clipping; and between steps each rank holds none of a
+// unit's full parameters or gradients, during a step at most the gathered
+// units the prefetch allows. Pattern of zero_test.cpp: forked children do all
+// torch work and write results to files.
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "distopt/distributed_optimizer.hpp"
+#include "distopt/error.hpp"
+#include "distopt/runtime.hpp"
+#include "distopt/sharded_unit.hpp"
+#include "multiproc.hpp"
+#include "rank_runtime.hpp"
+#include "result_files.hpp"
+#include "seed.hpp"
+#include "test_net.hpp"
+#include "torch_doctest.hpp"
+
+namespace {
+
+using namespace distopt::test;  // tests/common helpers
+
+constexpr int kIn = 20, kClasses = 10;
+constexpr uint64_t kInitSeed = 42, kDataSeed = 1234;
+
+// Two layers in one unit (a block), with a buffer that counts its forwards.
+struct BlockImpl : torch::nn::Module {
+  BlockImpl() {
+    a = register_module("a", torch::nn::Linear(32, 24));
+    b = register_module("b", torch::nn::Linear(24, 16));
+    calls = register_buffer("calls", at::zeros({1}));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    calls.add_(1);
+    return at::relu(b->forward(at::tanh(a->forward(x))));
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  at::Tensor calls;
+};
+TORCH_MODULE(Block);
+
+// A unit holding a unit (fc1_inner) and a layer of its own (fc1_proj).
+struct OuterImpl : torch::nn::Module {
+  OuterImpl() {
+    inner = register_module("inner", distopt::ShardedUnit(torch::nn::Linear(kIn, 40)));
+    proj = register_module("proj", torch::nn::Linear(40, 32));
+  }
+  at::Tensor forward(const at::Tensor& x) { return at::relu(proj->forward(at::relu(inner(x)))); }
+  distopt::ShardedUnit inner{nullptr};
+  torch::nn::Linear proj{nullptr};
+};
+TORCH_MODULE(Outer);
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    unused = register_module("unused", distopt::ShardedUnit(torch::nn::Linear(4, 3)));
+    outer = register_module("outer", distopt::ShardedUnit(Outer()));
+    block = register_module("block", distopt::ShardedUnit(Block()));
+    head = register_module("head", distopt::ShardedUnit(torch::nn::Linear(16, kClasses)));
+    scale = register_parameter("scale", at::ones({kClasses}));  // in no unit: whole
+  }
+  at::Tensor forward(const at::Tensor& x) { return head(block(outer(x))) * scale; }
+  distopt::ShardedUnit unused{nullptr}, outer{nullptr}, block{nullptr}, head{nullptr};
+  at::Tensor scale;
+};
+TORCH_MODULE(Net);
+
+struct Spec {
+  int world = 2;
+  int batch = 8;
+  int steps = 12;
+  int micro = 1;  // micro-batches per step (no_sync for all but the last)
+  std::string optimizer = "sgd";
+  bool reshard = true;
+  double clip = 0;
+};
+
+std::string optimizer_yaml(const Spec& s) {
+  const std::string clip = s.clip > 0 ? ", grad_clip: " + std::to_string(s.clip) : "";
+  return s.optimizer == "sgd" ? "{name: sgd, lr: 0.05, momentum: 0.9" + clip + "}"
+                              : "{name: adam, lr: 0.01" + clip + "}";
+}
+
+std::unique_ptr<torch::optim::Optimizer> reference(const Spec& s, Net& net) {
+  if (s.optimizer == "sgd")
+    return std::make_unique<torch::optim::SGD>(net->parameters(),
+                                               torch::optim::SGDOptions(0.05).momentum(0.9));
+  return std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(0.01));
+}
+
+at::Tensor loss_of(Net& net, const at::Tensor& x, const at::Tensor& y) {
+  return at::nll_loss(at::log_softmax(net->forward(x), 1), y);
+}
+
+// Bytes of the sharded units' parameters (every parameter but `scale`).
+int64_t unit_param_bytes(Net& net) {
+  int64_t n = 0;
+  for (const auto& np : net->named_parameters())
+    if (np.key() != "scale") n += np.value().numel() * 4;
+  return n;
+}
+
+struct Outcome {
+  std::vector<std::vector<double>> params;  // per rank, gathered after the last step
+  std::vector<std::vector<double>> memory;  // per rank: see the rank body
+  std::vector<double> ref, init;
+};
+
+Outcome run_case(const Spec& s) {
+  const std::string dir = make_temp_dir("distopt_zero3");
+  const int64_t global = static_cast<int64_t>(s.world) * s.batch;
+  auto data = [&] {
+    distopt::test::seed_cpu(kDataSeed);
+    return std::make_pair(at::randn({global * s.steps, kIn}),
+                          at::randint(0, kClasses, {global * s.steps}));
+  };
+  auto ref_codes = fork_ranks(1, [&](int) {
+    torch::set_num_threads(1);
+    auto [x, y] = data();
+    distopt::test::seed_cpu(kInitSeed);
+    Net net;
+    write_doubles(dir + "/init.bin", flat_params(net));
+    auto opt = reference(s, net);
+    for (int step = 0; step < s.steps; ++step) {
+      opt->zero_grad();
+      auto xs = x.narrow(0, step * global, global), ys = y.narrow(0, step * global, global);
+      // K micro-batches of the global batch, each loss scaled by 1/K.
+      const int64_t part = global / s.micro;
+      for (int k = 0; k < s.micro; ++k)
+        (loss_of(net, xs.narrow(0, k * part, part), ys.narrow(0, k * part, part)) / s.micro)
+            .backward();
+      // distopt gives the unused unit a zero gradient (zero_algorithm.hpp).
+      for (auto& p : net->unused->parameters()) p.mutable_grad() = at::zeros_like(p);
+      if (s.clip > 0) torch::nn::utils::clip_grad_norm_(net->parameters(), s.clip);
+      opt->step();
+    }
+    write_doubles(dir + "/ref.bin", flat_params(net));
+    return 0;
+  });
+  REQUIRE(ref_codes[0] == 0);
+
+  std::ostringstream yaml;
+  yaml << plugins_and_world_yaml(s.world, random_port()) << "communicator: {name: tcp}\n"
+       << "reducer: {name: mean}\n"
+       << "algorithm: {name: zero, options: {stage: 3, reshard_after_forward: "
+       << (s.reshard ? "true" : "false") << "}}\n"
+       << "optimizer: " << optimizer_yaml(s) << "\n";
+  const std::string job = yaml.str();
+  auto codes = fork_ranks(
+      s.world,
+      [&](int rank) {
+        torch::set_num_threads(1);
+        auto [x, y] = data();
+        distopt::test::seed_cpu(kInitSeed + 7 * rank);  // rank 0's parameters are broadcast
+        Net net;
+        const int64_t full_bytes = unit_param_bytes(net);
+        // Most unit bytes gathered at once under the prefetch policy:
+        // outer holds outer.inner (both gathered while inner runs) and block
+        // is prefetched meanwhile; each unit's buffer is padded to a multiple
+        // of the world size and its entries aligned (64 bytes of slack each).
+        const int64_t pair_bytes =
+            (40 * kIn + 40 + 32 * 40 + 32 + 32 * 24 + 24 + 24 * 16 + 16) * 4 + 3 * 64;
+        auto rt = rank_runtime(job, rank, s.world, "zero3.yaml");
+        auto opt = rt.make_optimizer(*net);
+        std::vector<double> mem;
+        mem.push_back(opt.shards_parameters() ? 1 : 0);
+        mem.push_back(static_cast<double>(opt.sharding_memory().units));
+        double max_between = 0, max_peak = 0, grads_between = 0, params_between = 0;
+        for (int step = 0; step < s.steps; ++step) {
+          opt.zero_grad();
+          const int64_t part = s.batch / s.micro;
+          for (int k = 0; k < s.micro; ++k) {
+            // The reference's micro-batch k is rows [k x global / K, ...) of the
+            // global batch; this rank's share of it is its own `part` rows there.
+            const int64_t o = step * global + k * (global / s.micro) + rank * part;
+            auto loss = loss_of(net, x.narrow(0, o, part), y.narrow(0, o, part)) / s.micro;
+            if (k + 1 < s.micro) {
+              auto guard = opt.no_sync();
+              loss.backward();
+            } else {
+              loss.backward();
+            }
+          }
+          opt.step();
+          const auto m = opt.sharding_memory();
+          max_between = std::max<double>(max_between, static_cast<double>(m.gathered));
+          max_peak = std::max<double>(max_peak, static_cast<double>(m.peak_gathered));
+          for (const auto& np : net->named_parameters()) {
+            if (np.key() == "scale") continue;
+            params_between += static_cast<double>(np.value().numel());
+            if (np.value().grad().defined()) grads_between += 1;
+          }
+        }
+        mem.push_back(max_between);
+        mem.push_back(max_peak);
+        mem.push_back(params_between);
+        mem.push_back(grads_between);
+        mem.push_back(static_cast<double>(full_bytes));
+        mem.push_back(static_cast<double>(pair_bytes));
+        mem.push_back(static_cast<double>(opt.state_bytes()));
+        std::vector<double> v;
+        {
+          auto whole = opt.gather_params();
+          v = flat_params(net);
+        }
+        mem.push_back(static_cast<double>(net->head->parameters()[0].numel()));  // freed again
+        mem.push_back(net->block->named_buffers()[0].value().item<double>());
+        write_doubles(dir + "/rank" + std::to_string(rank) + ".bin", v);
+        write_doubles(dir + "/mem" + std::to_string(rank) + ".bin", mem);
+        rt.barrier();
+        return 0;
+      },
+      std::chrono::seconds(180));
+  Outcome o;
+  for (int r = 0; r < s.world; ++r) {
+    CAPTURE(r);
+    REQUIRE(codes[r] == 0);
+    o.params.push_back(read_doubles(dir + "/rank" + std::to_string(r) + ".bin"));
+    o.memory.push_back(read_doubles(dir + "/mem" + std::to_string(r) + ".bin"));
+  }
+  o.ref = read_doubles(dir + "/ref.bin");
+  o.init = read_doubles(dir + "/init.bin");
+  distopt::test::remove_tree(dir);
+  return o;
+}
+
+void check(const Spec& s, const Outcome& o) {
+  REQUIRE(!o.ref.empty());
+  CHECK(max_abs_diff(o.ref, o.init) > 1e-3);  // training really moved the parameters
+  for (int r = 0; r < s.world; ++r) {
+    CAPTURE(r);
+    REQUIRE(o.params[r].size() == o.ref.size());
+    CHECK(max_abs_diff(o.params[r], o.ref) <= 2e-5);
+    CHECK(max_abs_diff(o.params[r], o.params[0]) == 0);
+    const auto& m = o.memory[r];
+    REQUIRE(m.size() == 11);
+    CHECK(m[0] == 1);  // the optimizer shards parameters
+    CHECK(m[1] == 5);  // units: unused, outer, outer.inner, block, head
+    CHECK(m[2] == 0);  // no unit's full parameters present between steps
+    CHECK(m[3] > 0);   // but during the steps
+    if (s.reshard) {
+      CHECK(m[3] <= m[7]);  // at most the running units and the prefetched one
+      CHECK(m[3] < m[6]);   // never the whole model
+    } else {
+      CHECK(m[3] <= m[6] + 5 * 64);  // the units stay from forward to backward
+    }
+    CHECK(m[4] == 0);                   // unit parameters are empty between steps
+    CHECK(m[5] == 0);                   // and have no gradient
+    CHECK(m[9] == 0);                   // empty again after gather_params' guard
+    CHECK(m[10] == s.steps * s.micro);  // the block's buffer counted every forward
+  }
+}
+
+}  // namespace
+
+TEST_CASE("zero stage 3, SGD(momentum), 2 ranks") {
+  Spec s;
+  check(s, run_case(s));
+}
+
+TEST_CASE("zero stage 3, Adam, 3 ranks, reshard_after_forward: false") {
+  Spec s;
+  s.world = 3;
+  s.optimizer = "adam";
+  s.reshard = false;
+  check(s, run_case(s));
+}
+
+TEST_CASE("zero stage 3, Adam, 4 ranks, 2 micro-batches under no_sync, grad_clip") {
+  Spec s;
+  s.world = 4;
+  s.optimizer = "adam";
+  s.micro = 2;
+  s.clip = 0.5;
+  check(s, run_case(s));
+}
+
+namespace {
+
+// One rank of a checkpoint run: `job` (algorithm and world), `resume_from`
+// (empty: start fresh), then `steps` steps from global step `first`; writes
+// the gathered parameters, and with `save_to` saves a checkpoint and writes
+// what Runtime::consolidate returned for the model (rank 0).
+int checkpoint_rank(const std::string& job, int rank, int world, int first, int steps,
+                    const std::string& resume_from, const std::string& save_to,
+                    const std::string& out) {
+  torch::set_num_threads(1);
+  const int64_t global = 48;  // the same global batch at 4, 3 and 1 ranks
+  const int64_t batch = global / world;
+  distopt::test::seed_cpu(kDataSeed);
+  auto x = at::randn({global * 12, kIn});
+  auto y = at::randint(0, kClasses, {global * 12});
+  distopt::test::seed_cpu(kInitSeed);
+  Net net;
+  auto rt = rank_runtime(job, rank, world, "zero3_ckpt.yaml");
+  auto opt = rt.make_optimizer(*net);
+  if (!resume_from.empty()) rt.load_checkpoint(resume_from, *net, opt);
+  std::vector<double> loaded;
+  {
+    auto whole = opt.gather_params();
+    loaded = flat_params(net);
+  }
+  for (int step = first; step < first + steps; ++step) {
+    opt.zero_grad();
+    const int64_t off = step * global + rank * batch;
+    loss_of(net, x.narrow(0, off, batch), y.narrow(0, off, batch)).backward();
+    opt.step();
+  }
+  std::vector<double> v;
+  {
+    auto whole = opt.gather_params();
+    v = flat_params(net);
+  }
+  if (!save_to.empty()) {
+    rt.save_checkpoint(save_to, *net, opt);
+    auto all = rt.consolidate(*net, opt, 0);
+    if (rank == 0) {
+      std::vector<double> c;
+      for (const auto& np : net->named_parameters()) {
+        at::Tensor t = all.at("model/" + np.key()).to(at::kDouble).contiguous().view(-1);
+        c.insert(c.end(), t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+      }
+      write_doubles(out + ".consolidated", c);
+    }
+  }
+  if (rank == 0) {
+    write_doubles(out, v);
+    write_doubles(out + ".loaded", loaded);
+  }
+  rt.barrier();
+  return 0;
+}
+
+std::string job_yaml(int world, const std::string& algorithm) {
+  std::ostringstream yaml;
+  yaml << plugins_and_world_yaml(world, random_port()) << "communicator: {name: tcp}\n"
+       << "reducer: {name: mean}\nalgorithm: " << algorithm << "\n"
+       << "optimizer: {name: adam, lr: 0.01}\n";
+  return yaml.str();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "zero stage 3 checkpoint at 4 ranks: consolidated, restored at 3 ranks (stage 2) and "
+    "at 1 rank (allreduce), equal to the uninterrupted run") {
+  const std::string dir = make_temp_dir("distopt_zero3_ckpt");
+  const std::string stage3 = "{name: zero, options: {stage: 3}}";
+  auto run = [&](int world, const std::string& alg, int first, int steps, const std::string& from,
+                 const std::string& save, const std::string& out) {
+    const std::string job = job_yaml(world, alg);
+    auto codes = fork_ranks(
+        world,
+        [&](int rank) {
+          return checkpoint_rank(job, rank, world, first, steps, from, save, dir + "/" + out);
+        },
+        std::chrono::seconds(180));
+    for (int r = 0; r < world; ++r) REQUIRE(codes[r] == 0);
+    return read_doubles(dir + "/" + out);
+  };
+  const auto whole = run(4, stage3, 0, 10, "", "", "whole");
+  const auto half = run(4, stage3, 0, 5, "", dir + "/ckpt", "half");
+  // Consolidated model = what the ranks held at the save.
+  CHECK(read_doubles(dir + "/half.consolidated") == half);
+  const auto at3 = run(3, "{name: zero, options: {stage: 2}}", 5, 5, dir + "/ckpt", "", "at3");
+  CHECK(read_doubles(dir + "/at3.loaded") == half);  // restored bit for bit
+  const auto at1 = run(1, "{name: allreduce}", 5, 5, dir + "/ckpt", "", "at1");
+  CHECK(read_doubles(dir + "/at1.loaded") == half);
+  // Continuing (Adam's moments and step counts restored) ends where the
+  // uninterrupted run did, up to the reduction order of the gradient mean.
+  CHECK(max_abs_diff(at3, whole) <= 2e-5);
+  CHECK(max_abs_diff(at1, whole) <= 2e-5);
+  CHECK(max_abs_diff(whole, half) > 1e-3);
+  // Loading into stage 3 is refused, naming the reason.
+  const std::string job = job_yaml(2, stage3);
+  auto codes = fork_ranks(
+      2,
+      [&](int rank) {
+        try {
+          checkpoint_rank(job, rank, 2, 5, 1, dir + "/ckpt", "", dir + "/refused");
+        } catch (const distopt::CheckpointError& e) {
+          return std::string(e.what()).find("stage 3") != std::string::npos ? 0 : 2;
+        }
+        return 3;
+      },
+      std::chrono::seconds(120));
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
+  distopt::test::remove_tree(dir);
+}
