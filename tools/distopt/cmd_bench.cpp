@@ -35,6 +35,8 @@ namespace po = boost::program_options;
 
 // bench_step.cpp: `distopt bench step` (inner-optimizer step, unfused vs fused).
 int distopt_bench_step(int argc, char** argv);
+// bench_shard.cpp: `distopt bench shard` (memory and speed of allreduce, zero 1-3).
+int distopt_bench_shard(int argc, char** argv);
 
 namespace {
 
@@ -395,6 +397,8 @@ const Bench kBenches[] = {
     {"comm", "communicator bandwidth: time, algbw, busbw per size", bench_comm},
     {"step", "optimizer step: unfused libtorch vs fused, time and GB/s vs copy bandwidth",
      distopt_bench_step},
+    {"shard", "per-rank peak memory and samples/s of allreduce and zero stages 1-3 at 1-4 ranks",
+     distopt_bench_shard},
 };
 
 int run_bench(int argc, char** argv) {
