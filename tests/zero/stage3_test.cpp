@@ -7,12 +7,14 @@
 // unit's full parameters or gradients, during a step at most the gathered
 // units the prefetch allows. Pattern of zero_test.cpp: forked children do all
 // torch work and write results to files.
+#include <signal.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <sstream>
@@ -401,4 +403,38 @@ TEST_CASE(
   CHECK(codes[0] == 0);
   CHECK(codes[1] == 0);
   distopt::test::remove_tree(dir);
+}
+
+TEST_CASE("zero stage 3: a rank killed between steps is named by the others' next gather") {
+  constexpr int kWorld = 3, kDead = 2;
+  const std::string job = job_yaml(kWorld, "{name: zero, options: {stage: 3}}");
+  auto codes = fork_ranks(
+      kWorld,
+      [&](int rank) {
+        torch::set_num_threads(1);
+        distopt::test::seed_cpu(kDataSeed);
+        auto x = at::randn({8, kIn});
+        auto y = at::randint(0, kClasses, {8});
+        Net net;
+        auto rt = rank_runtime(job, rank, kWorld, "zero3_kill.yaml");
+        auto opt = rt.make_optimizer(*net);
+        try {
+          for (int step = 0; step < 6; ++step) {
+            if (rank == kDead && step == 3) raise(SIGKILL);
+            opt.zero_grad();
+            loss_of(net, x, y).backward();
+            opt.step();
+          }
+        } catch (const std::exception& e) {
+          const std::string what = e.what();
+          if (what.find("rank " + std::to_string(kDead)) != std::string::npos) return 0;
+          std::fprintf(stderr, "rank %d: the error names no dead rank: %s\n", rank, e.what());
+          return 2;
+        }
+        return 1;  // all steps completed without the dead rank
+      },
+      std::chrono::seconds(120));
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
+  CHECK(codes[kDead] != 0);  // killed
 }
