@@ -296,6 +296,23 @@ void ZeroAlgorithm::on_bucket_ready(const dopt_bucket& bucket) {
   }
   s.pending = comm_.reduce_scatter(*s.send_view.get(), *s.shard_view.get(), DOPT_REDUCE_AVG);
   count_sent(ring_bytes(static_cast<uint64_t>(s.shard.nbytes()), world_));
+  if (stage_ == 3) finish_earlier_units(b);
+}
+
+void ZeroAlgorithm::finish_earlier_units(size_t b) {
+  // The host frees the gradients of the units handed before `b` when this
+  // returns (algorithm.h): their reduce-scatters must be done. One bucket
+  // deep: each overlaps with the backward up to the next unit.
+  for (size_t k = 0; k < b; ++k) {
+    BucketShard& e = shards_[k];
+    if (!e.sharded || !e.pending.valid()) continue;
+    sdk::CommHandle h = std::move(e.pending);
+    e.pending.reset();
+    h.wait();
+    e.send_view = sdk::DLView();
+    e.send = at::Tensor();
+    e.done = true;
+  }
 }
 
 void ZeroAlgorithm::count_sent(uint64_t bytes) {
@@ -314,6 +331,10 @@ void ZeroAlgorithm::step() {
         reduce_pending_[b].wait();
         reduce_pending_[b].reset();
       } else if (world_ > 1) {
+        if (shards_[b].done) {  // stage 3: waited for in a later on_bucket_ready
+          shards_[b].done = false;
+          continue;
+        }
         if (!shards_[b].pending.valid())
           fail(DOPT_ERR_STATE, "step() before bucket " + std::to_string(b) + " was ready");
         shards_[b].pending.wait();
@@ -326,6 +347,7 @@ void ZeroAlgorithm::step() {
     for (auto& p : reduce_pending_) p.reset();  // a failed step leaves no stale requests
     for (auto& s : shards_) {
       s.pending.reset();
+      s.done = false;
       s.send_view = sdk::DLView();
       s.send = at::Tensor();
     }

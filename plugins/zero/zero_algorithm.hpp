@@ -140,6 +140,7 @@ class ZeroAlgorithm : public sdk::Algorithm {
     sdk::DLView param_shard_view;
     sdk::CommHandle gathering;
     bool gather_started = false;
+    bool done = false;  // its reduce-scatter was waited for before step()
   };
 
   // A tensor the optimizer steps: param_groups()[group].params()[index] is
@@ -157,6 +158,9 @@ class ZeroAlgorithm : public sdk::Algorithm {
                                  const std::vector<size_t>& trainable) const;
   /// Stages 2 and 3: one partition per bucket, and the bucket's reduced shard.
   void partition_buckets();
+  /// Stage 3: wait for the reduce-scatters of the sharded buckets before
+  /// `b` (the host frees their gradients next).
+  void finish_earlier_units(size_t b);
   /// Stage 3: the parameter shard of every sharded bucket, from the host's
   /// parameters (valid during create only).
   void take_param_shards(const dopt_algorithm_args& args);

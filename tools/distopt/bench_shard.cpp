@@ -7,10 +7,14 @@
 // the model has about --params parameters), each a distopt::ShardedUnit,
 // trained with Adam (fp32: 4 + 4 + 8 bytes per parameter for parameter,
 // gradient and moments). Per rank and configuration:
-//   peak      the rank's resident-memory high-water mark (VmHWM) minus its
-//             resident memory before it built the model: everything the
-//             model, its gradients, optimizer state, communication buffers
-//             and activations took;
+//   peak      the rank's resident-memory high-water mark (VmHWM) over the
+//             timed steps minus its resident memory before it built the
+//             model: what the parameters, gradients, optimizer state,
+//             communication buffers and activations took while training
+//             (the high-water mark is reset after the warm-up step through
+//             /proc/self/clear_refs: libtorch modules allocate their
+//             parameters whole when built, on every rank, before any
+//             sharding);
 //   theory    ZeRO's per-rank bytes for the stage (the paper's Table 1 with
 //             K = 8): allreduce 16 P, stage 1 (8 + 8/N) P, stage 2
 //             (4 + 12/N) P, stage 3 16 P/N (plus the gathered units, 2 of
@@ -20,6 +24,7 @@
 // what it holds before building the model plus M MiB: a configuration that
 // needs more fails with "out of memory" in its row, the others fit.
 #include <ATen/ATen.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <torch/nn/modules/linear.h>
@@ -112,6 +117,11 @@ struct RankResult {
 RankResult run_rank(const Args& a, const std::string& alg, int world, int rank, int port) {
   RankResult out;
   at::set_num_threads(1);
+  // Blocks of 1 MiB and more are mapped and unmapped on their own, so a
+  // freed unit buffer leaves the resident set at once (glibc otherwise
+  // raises this threshold after each free, up to 32 MiB, and serves the next
+  // buffers from a heap that keeps freed pages): the same for every row.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   std::ostringstream y;
   if (!a.plugin_path.empty()) y << "plugins: {paths: ['" << a.plugin_path << "']}\n";
   y << "world: {size: " << world << ", rendezvous: 'tcp://127.0.0.1:" << port
@@ -144,7 +154,10 @@ RankResult run_rank(const Args& a, const std::string& alg, int world, int rank, 
       net->forward(x).pow(2).mean().backward();
       opt.step();
       secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      if (s == 0) opt.sharding_memory();  // the peak from here on
+      if (s == 0) {  // the peaks from here on
+        opt.sharding_memory();
+        std::ofstream("/proc/self/clear_refs") << "5";
+      }
     }
     out.gathered_peak = static_cast<double>(opt.sharding_memory().peak_gathered);
     secs.erase(secs.begin());
@@ -295,7 +308,7 @@ int distopt_bench_shard(int argc, char** argv) {
       } else {
         std::printf("  %-10s %5d %12.1f %12.0f %12.0f %14.1f %10.2f\n", alg.c_str(), world,
                     a.batch * world / secs, peak / mib, theory / mib, gathered / mib,
-                    peak / theory);
+                    peak / (theory + gathered));
       }
       std::fflush(stdout);
     }

@@ -171,11 +171,15 @@ void BucketManager::ensure_allocated(Bucket& bk) {
 
 void BucketManager::release_unit_grads() {
   std::lock_guard<std::recursive_mutex> lk(mu_);
-  for (auto& bk : buckets_) {
-    if (bk.unit < 0 || !allocated(bk)) continue;
-    for (size_t i : bk.params) params_[i].tensor.mutable_grad() = at::Tensor();
-    free_storage(bk.flat);
-  }
+  for (size_t b = 0; b < buckets_.size(); ++b) release_unit_grad(b);
+}
+
+void BucketManager::release_unit_grad(size_t b) {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  Bucket& bk = buckets_.at(b);
+  if (bk.unit < 0 || !allocated(bk)) return;
+  for (size_t i : bk.params) params_[i].tensor.mutable_grad() = at::Tensor();
+  free_storage(bk.flat);
 }
 
 void BucketManager::on_grad_ready(size_t i) {

@@ -79,6 +79,8 @@ class BucketManager {
   /// allocates its bucket again (zeroed) and lands there, so between steps a
   /// rank holds no unit's full gradient. Training thread, between steps.
   void release_unit_grads();
+  /// The same for unit bucket b alone (the algorithm is done reading it).
+  void release_unit_grad(size_t b);
 
   /// Zero every bucket and re-point .grad at the bucket views (a user's
   /// module.zero_grad() may have reset them); re-hook parameters whose

@@ -300,6 +300,12 @@ void DistributedOptimizer::Impl::launch(const dopt_bucket& bucket) {
   const WatchdogScope watched("algorithm", watched_as, "on_bucket_ready of bucket", bucket.index);
   check_status(avt->on_bucket_ready(algorithm, &bucket), algorithm_who,
                "on_bucket_ready(bucket " + std::to_string(bucket.index) + ")");
+  // Parameter sharding: the algorithm is done with the units handed before
+  // this one (algorithm.h); their full gradients go.
+  if (shards)
+    for (int k = 0; k < bucket.index; ++k)
+      if (shard_of_bucket[static_cast<size_t>(k)] >= 0)
+        buckets->release_unit_grad(static_cast<size_t>(k));
 }
 
 void DistributedOptimizer::Impl::mixed_precision_step() {

@@ -91,11 +91,16 @@ typedef struct dopt_algorithm_args {
  *    wait_params(bucket) before the parameters are read. After the unit's
  *    forward (or its backward) the host frees the buffer.
  *  - Gradients. A sharded bucket's flat buffer exists from the first
- *    gradient of the unit in a step until step() returns (its data pointer
- *    may change from step to step: read it in on_bucket_ready). The algorithm
- *    reduces it into the gradient shard it owns (a reduce-scatter) and
- *    updates its parameter shard in step(); nothing is synchronised after
- *    step() for such buckets: the next gather reads the updated shards.
+ *    gradient of the unit in a step until the algorithm is done reading it
+ *    (its data pointer may change from step to step: read it in
+ *    on_bucket_ready). The algorithm reduces it into the gradient shard it
+ *    owns (a reduce-scatter) and updates its parameter shard in step();
+ *    nothing is synchronised after step() for such buckets: the next gather
+ *    reads the updated shards. When on_bucket_ready(b) returns, the
+ *    algorithm must be done reading the flat buffers of the sharded buckets
+ *    handed to it before b in this step: the host frees them then (and the
+ *    rest when step() returns), so a rank holds about one unit's full
+ *    gradient at a time.
  */
 
 typedef struct dopt_algorithm dopt_algorithm;
