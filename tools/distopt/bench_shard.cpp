@@ -84,9 +84,10 @@ struct MlpImpl : torch::nn::Module {
 TORCH_MODULE(Mlp);
 
 int64_t width_for(const Args& a) {
-  // layers x (w^2 + w) ~ params
-  return std::max<int64_t>(
-      8, static_cast<int64_t>(std::sqrt(a.params / std::max(1, a.layers))) / 8 * 8);
+  // layers x (w^2 + w) >= params, w a multiple of 8
+  const double per_layer = a.params / std::max(1, a.layers);
+  int64_t w = static_cast<int64_t>(std::ceil(std::sqrt(per_layer)));
+  return std::max<int64_t>(8, (w + 7) / 8 * 8);
 }
 
 /// Resident-set figures of this process (kB from /proc/self/status), in bytes.
@@ -283,8 +284,10 @@ int distopt_bench_shard(int argc, char** argv) {
       a.layers, static_cast<long long>(width), static_cast<long long>(width), p, a.batch);
   if (a.cap_mb > 0) std::printf("# memory cap per rank: %.0f MiB (RLIMIT_DATA)\n", a.cap_mb);
   std::printf(
-      "# peak: max over ranks of VmHWM minus the rank's RSS before the model; theory: "
-      "ZeRO's bytes per rank for the stage (16P, (8+8/N)P, (4+12/N)P, 16P/N)\n");
+      "# peak: max over ranks of VmHWM in the timed steps minus the rank's RSS before the "
+      "model; theory: ZeRO's bytes per rank for the stage (16P, (8+8/N)P, (4+12/N)P, 16P/N); "
+      "gathered: the most unit parameters present at once (stage 3), added to theory in "
+      "peak/theory; malloc's mmap threshold fixed at 1 MiB\n");
   std::printf("# %-10s %5s %12s %12s %12s %14s %10s\n", "algorithm", "ranks", "samples/s",
               "peak(MiB)", "theory(MiB)", "gathered(MiB)", "peak/theory");
   for (int world : a.ranks)

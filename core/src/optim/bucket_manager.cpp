@@ -54,8 +54,12 @@ BucketManager::BucketManager(const std::vector<std::pair<std::string, at::Tensor
     Bucket& bk = buckets_[b];
     bk.unit = plan[b].unit;
     const auto& first = params_[input_param[plan[b].entries.at(0).param]].tensor;
-    bk.flat =
-        at::zeros({static_cast<int64_t>(plan[b].length)}, first.options().requires_grad(false));
+    // A unit's bucket gets its memory with its first gradient (a model
+    // larger than a rank's memory must never hold all its gradients).
+    bk.flat = bk.unit >= 0 ? at::empty({static_cast<int64_t>(plan[b].length)},
+                                       first.options().requires_grad(false))
+                           : at::zeros({static_cast<int64_t>(plan[b].length)},
+                                       first.options().requires_grad(false));
     bk.flat_dl = sdk::DLView(bk.flat);
     for (const auto& e : plan[b].entries) {
       size_t i = input_param[e.param];
@@ -92,13 +96,23 @@ BucketManager::BucketManager(const std::vector<std::pair<std::string, at::Tensor
   // .grad becomes the bucket view (keeping any gradient already there), and
   // a post hook on each accumulator reports the gradient as ready.
   at::NoGradGuard no_grad;
+  for (auto& bk : buckets_) {
+    if (bk.unit < 0) continue;
+    bool any_grad = false;
+    for (size_t i : bk.params) any_grad = any_grad || params_[i].tensor.grad().defined();
+    if (any_grad)
+      bk.flat.zero_();  // kept: the gradients already there are copied in below
+    else
+      free_storage(bk.flat);
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
     if (!p.view.defined()) continue;
+    hook(i);
+    if (!allocated(buckets_[static_cast<size_t>(p.bucket)])) continue;  // .grad stays undefined
     const at::Tensor& g = p.tensor.grad();
     if (g.defined() && !aliases(g, p.view)) p.view.copy_(g);
     p.tensor.mutable_grad() = p.view;
-    hook(i);
   }
   attached_ = true;
 }
