@@ -52,6 +52,7 @@ CASES = {
     "no_sync": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     "zero_adam": lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.9, 0.99)),
     "zero2_adamw": lambda p: torch.optim.AdamW(p, lr=0.01),
+    "zero3_adam": lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.9, 0.99)),
     "fused_adam": lambda p: torch.optim.Adam(p, lr=0.01),
     "hybrid_adam": lambda p: torch.optim.Adam(p, lr=0.01),
 }
@@ -89,6 +90,8 @@ def test_refusals_name_what_is_wrong():
         distopt.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.LBFGS)
     with pytest.raises(TypeError):
         distopt.DistributedOptimizer(model, 42)
+    with pytest.raises(distopt.Error, match="stage 3"):
+        distopt.ZeroRedundancyOptimizer(model.parameters(), stage=3)
 
 
 def test_a_dead_peer_raises_distopt_error_naming_it(tmp_path):

@@ -3,6 +3,7 @@ of distopt's Python optimizers on this rank's half of fixed global batches
 and saves the final parameters. Usage: worker.py CASE OUT_DIR (started by
 `distopt launch -n 2`)."""
 
+import contextlib
 import os
 import sys
 
@@ -30,6 +31,13 @@ elif case == "zero_adam":
 elif case == "zero2_adamw":
     opt = distopt.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
                                           stage=2, lr=0.01, job=base)
+elif case == "zero3_adam":
+    opt = distopt.DistributedOptimizer(model, dict(base, algorithm={"name": "zero",
+                                                                    "options": {"stage": 3}},
+                                                   optimizer={"name": "adam", "lr": 0.01,
+                                                              "beta2": 0.99}))
+    assert opt._opt.shards_parameters
+    assert model[0].weight.numel() == 0  # sharded between steps
 elif case == "fused_adam":
     opt = distopt.fuse_optimizer(torch.optim.Adam(model.parameters(), lr=0.01), job=base)
 elif case == "hybrid_adam":
@@ -59,8 +67,10 @@ for step in range(BATCHES):
         print(f"rank {rank}: distopt.Error: {e}", flush=True)
         sys.exit(3)
 assert opt.steps == BATCHES
-torch.save({n: p.detach().clone() for n, p in model.named_parameters()},
-           os.path.join(out, f"params_{rank}.pt"))
+gathered = opt.gather_params() if case == "zero3_adam" else contextlib.nullcontext()
+with gathered:
+    torch.save({n: p.detach().clone() for n, p in model.named_parameters()},
+               os.path.join(out, f"params_{rank}.pt"))
 if case == "allreduce_sgd":
     info = opt.save_checkpoint(os.path.join(out, "ck"), {"note": "python"})
     assert info["step"] == str(BATCHES), info

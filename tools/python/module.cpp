@@ -21,6 +21,7 @@
 #include "distopt/distributed_optimizer.hpp"
 #include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
+#include "distopt/sharded_unit.hpp"
 #include "process_group.hpp"
 
 namespace py = pybind11;
@@ -36,13 +37,38 @@ torch::nn::Module& child(torch::nn::Module& m, const std::string& name) {
   return *m.register_module(name, std::make_shared<torch::nn::Module>());
 }
 
+// The tensors of one Python submodule that is a unit of parameter sharding:
+// wrapped in a distopt::ShardedUnit, whose hooks the Python module's forward
+// hooks call (Python modules have hooks; this forward never runs).
+struct UnitTensorsImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) { return x; }
+};
+
 // A C++ module tree holding the Python model's tensors under their dotted
 // names ("body.0.weight"), for the calls that take a torch::nn::Module
-// (make_optimizer's buffers, checkpoints, consolidate).
-std::shared_ptr<torch::nn::Module> module_of(const Named& params, const Named& buffers) {
+// (make_optimizer's buffers and units, checkpoints, consolidate). The
+// submodules named in `units` (module paths, none inside another) become
+// ShardedUnits, returned in `wrappers` in that order.
+std::shared_ptr<torch::nn::Module> module_of(
+    const Named& params, const Named& buffers, const std::vector<std::string>& units,
+    std::vector<std::shared_ptr<distopt::ShardedUnitImpl>>* wrappers) {
+  for (const auto& a : units)
+    for (const auto& b : units)
+      if (a.empty() || (&a != &b && (a == b || b.rfind(a + ".", 0) == 0)))
+        throw distopt::Error("units: '" + a + "' and '" + b +
+                             "' overlap (or one is empty); name submodules none of which "
+                             "holds another");
   auto root = std::make_shared<torch::nn::Module>();
-  auto place = [&](const std::string& name, const at::Tensor& t, bool parameter) {
+  std::vector<std::shared_ptr<UnitTensorsImpl>> holders;
+  for (size_t u = 0; u < units.size(); ++u) holders.push_back(std::make_shared<UnitTensorsImpl>());
+  auto place = [&](std::string name, const at::Tensor& t, bool parameter) {
     torch::nn::Module* m = root.get();
+    for (size_t u = 0; u < units.size(); ++u)
+      if (name.rfind(units[u] + ".", 0) == 0) {
+        m = holders[u].get();
+        name = name.substr(units[u].size() + 1);
+        break;
+      }
     size_t start = 0;
     for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', start)) {
       m = &child(*m, name.substr(start, dot - start));
@@ -56,6 +82,18 @@ std::shared_ptr<torch::nn::Module> module_of(const Named& params, const Named& b
   };
   for (const auto& [n, t] : params) place(n, t, true);
   for (const auto& [n, t] : buffers) place(n, t, false);
+  for (size_t u = 0; u < units.size(); ++u) {
+    auto wrapper = std::make_shared<distopt::ShardedUnitImpl>(holders[u]);
+    torch::nn::Module* parent = root.get();
+    const std::string& path = units[u];
+    size_t start = 0;
+    for (size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', start)) {
+      parent = &child(*parent, path.substr(start, dot - start));
+      start = dot + 1;
+    }
+    parent->register_module(path.substr(start), wrapper);
+    wrappers->push_back(wrapper);
+  }
   return root;
 }
 
@@ -67,7 +105,13 @@ struct PyOptimizer {
   distopt::Runtime rt;
   std::shared_ptr<torch::nn::Module> module;
   distopt::DistributedOptimizer opt;
-  std::unique_ptr<distopt::DistributedOptimizer::NoSync> no_sync;  // inside opt.no_sync()
+  std::unique_ptr<distopt::DistributedOptimizer::NoSync> no_sync;           // inside opt.no_sync()
+  std::vector<std::shared_ptr<distopt::ShardedUnitImpl>> units;             // in the caller's order
+  std::unique_ptr<distopt::DistributedOptimizer::GatheredParams> gathered;  // gather_params()
+  const distopt::UnitSlot& slot(size_t i) const {
+    if (i >= units.size()) throw distopt::Error("no unit " + std::to_string(i));
+    return *units[i]->slot();
+  }
 };
 
 std::map<std::string, std::string> info_dict(const distopt::CheckpointInfo& i) {
@@ -163,13 +207,45 @@ PYBIND11_MODULE(_distopt, m) {
       });
 
   py::class_<PyOptimizer>(m, "DistributedOptimizer")
-      .def(py::init([](distopt::Runtime& rt, const Named& params, const Named& buffers) {
-             auto module = module_of(params, buffers);
+      .def(py::init([](distopt::Runtime& rt, const Named& params, const Named& buffers,
+                       const std::vector<std::string>& units) {
+             std::vector<std::shared_ptr<distopt::ShardedUnitImpl>> wrappers;
+             auto module = module_of(params, buffers, units, &wrappers);
              py::gil_scoped_release nogil;
              distopt::DistributedOptimizer opt = rt.make_optimizer(*module);
-             return std::make_unique<PyOptimizer>(rt, module, std::move(opt));
+             auto o = std::make_unique<PyOptimizer>(rt, module, std::move(opt));
+             o->units = std::move(wrappers);
+             return o;
            }),
-           py::arg("runtime"), py::arg("named_parameters"), py::arg("named_buffers"))
+           py::arg("runtime"), py::arg("named_parameters"), py::arg("named_buffers"),
+           py::arg("units") = std::vector<std::string>{})
+      .def_property_readonly("shards_parameters",
+                             [](const PyOptimizer& o) { return o.opt.shards_parameters(); })
+      .def("unit_before",
+           [](PyOptimizer& o, size_t i) {
+             const distopt::UnitSlot& s = o.slot(i);
+             py::gil_scoped_release nogil;
+             if (s.hooks) s.hooks->before_forward(s.unit);
+           })
+      .def(
+          "unit_after",
+          [](PyOptimizer& o, size_t i, std::optional<at::Tensor> out) {
+            const distopt::UnitSlot& s = o.slot(i);
+            py::gil_scoped_release nogil;
+            if (s.hooks) s.hooks->after_forward(s.unit, out ? *out : at::Tensor());
+          },
+          py::arg("unit"), py::arg("output"))
+      .def("enter_gather",
+           [](PyOptimizer& o) {
+             if (o.gathered) throw distopt::Error("gather_params(): already inside one");
+             py::gil_scoped_release nogil;
+             o.gathered = std::make_unique<distopt::DistributedOptimizer::GatheredParams>(o.opt);
+           })
+      .def("exit_gather",
+           [](PyOptimizer& o) {
+             py::gil_scoped_release nogil;
+             o.gathered.reset();
+           })
       .def("zero_grad", [](PyOptimizer& o) { o.opt.zero_grad(); })
       .def("step",
            [](PyOptimizer& o) {

@@ -119,6 +119,36 @@ def _named(model_or_params):
     return params, []
 
 
+def _unit_names(model, units):
+    """The units of parameter sharding: the submodule names given, or by
+    default every direct child of `model` that holds parameters (FSDP's
+    wrapping of a Sequential's layers). None for a plain parameter list."""
+    if not isinstance(model, torch.nn.Module):
+        if units:
+            raise Error("distopt: units need a torch.nn.Module model")
+        return []
+    if units is not None:
+        names = [str(u) for u in units]
+        for n in names:
+            model.get_submodule(n)  # AttributeError naming it when missing
+        return names
+    return [n for n, c in model.named_children() if any(True for _ in c.parameters())]
+
+
+def _grad_output(out):
+    """The first tensor of a forward's output that needs a gradient, or None."""
+    if isinstance(out, torch.Tensor):
+        return out if out.requires_grad else None
+    if isinstance(out, (tuple, list)):
+        for o in out:
+            t = _grad_output(o)
+            if t is not None:
+                return t
+    if isinstance(out, dict):
+        return _grad_output(list(out.values()))
+    return None
+
+
 class DistributedOptimizer:
     """The job's distributed optimizer over `model`'s parameters.
 
@@ -127,15 +157,42 @@ class DistributedOptimizer:
     job: a YAML file, YAML text or a dict with the keys of a job file
     (see init()). Collective: every rank builds it; rank 0's parameters and
     buffers are broadcast first, so all ranks start equal.
+    units: with `algorithm: {name: zero, options: {stage: 3}}`, the names of
+    the submodules whose parameters are gathered as one piece around their
+    forward and backward (none inside another); default: every direct child
+    of `model` that holds parameters. Between steps their parameters are
+    empty tensors: read them inside gather_params().
     """
 
-    def __init__(self, model, job=None):
+    def __init__(self, model, job=None, units=None):
         self.runtime = init(job)
         params, buffers = _named(model)
         if not params:
             raise Error("distopt: no parameter that requires a gradient")
         self._params = [p for _, p in params]
-        self._opt = _Optimizer(self.runtime, params, buffers)
+        unit_names = _unit_names(model, units)
+        self._opt = _Optimizer(self.runtime, params, buffers, unit_names)
+        self._hooks = []
+        if self._opt.shards_parameters:
+            # zero stage 3: each unit gathers its parameters around its forward
+            # (and, through a hook on its output, before its backward).
+            for i, name in enumerate(unit_names):
+                mod = model.get_submodule(name)
+                self._hooks.append(mod.register_forward_pre_hook(
+                    lambda m, inp, i=i: self._opt.unit_before(i)))
+                self._hooks.append(mod.register_forward_hook(
+                    lambda m, inp, out, i=i: self._opt.unit_after(i, _grad_output(out))))
+
+    @contextlib.contextmanager
+    def gather_params(self):
+        """zero stage 3: every unit's full parameters present inside (read,
+        evaluate or save the model); each rank's shards stay what it steps.
+        Collective. A no-op without parameter sharding."""
+        self._opt.enter_gather()
+        try:
+            yield
+        finally:
+            self._opt.exit_gather()
 
     # ---- as torch.optim.Optimizer ----
     def zero_grad(self, set_to_none=False):
@@ -280,6 +337,11 @@ class ZeroRedundancyOptimizer(DistributedOptimizer):
 
     def __init__(self, params, optimizer_class=torch.optim.Adam, *, stage=1, job=None,
                  **defaults):
+        if int(stage) == 3:
+            raise Error("distopt.ZeroRedundancyOptimizer: stage 3 shards the parameters of a "
+                        "model's units, which a parameter list does not have; use "
+                        "distopt.DistributedOptimizer(model, {'algorithm': {'name': 'zero', "
+                        "'options': {'stage': 3}}, ...})")
         section = _optimizer_section(optimizer_class, defaults)
         full = _with_common({"algorithm": {"name": "zero", "options": {"stage": int(stage)}},
                              "optimizer": section}, job)
