@@ -49,16 +49,18 @@ Run train(const std::string& dir, const std::string& algorithm) {
 
 }  // namespace
 
-TEST_CASE("distopt train: zero (stages 1-3) + adam, 2 ranks x 1 epoch, half of allreduce's optimizer state") {
+TEST_CASE(
+    "distopt train: zero (stages 1-3) + adam, 2 ranks x 1 epoch, half of allreduce's optimizer "
+    "state") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   REQUIRE_MESSAGE(!env_path("DISTOPT_CLI").empty(), "DISTOPT_CLI is not set (run through ctest)");
   const std::string dir = distopt::test::make_temp_dir("distopt_zero_train");
   Run base = train(dir, "{name: allreduce}");
   const double full = base.summary["state_bytes_per_rank"][0].get<double>();
   REQUIRE(full > 0);
-  for (const char* options : {"{stage: 1, partition: contiguous, parameters_as_bucket_view: true}",
-                              "{stage: 2, partition: contiguous}",
-                              "{stage: 3}"}) {  // the mlp's layers are units
+  for (const char* options :
+       {"{stage: 1, partition: contiguous, parameters_as_bucket_view: true}",
+        "{stage: 2, partition: contiguous}", "{stage: 3}"}) {  // the mlp's layers are units
     CAPTURE(options);
     Run z = train(dir, std::string("{name: zero, options: ") + options + "}");
     INFO(z.output);
