@@ -134,6 +134,22 @@ void ZeroAlgorithm::gather_params(const dopt_bucket& bucket, DLTensor& full) {
   count_sent(ring_bytes(static_cast<uint64_t>(s.param_shard.nbytes()), world_));
 }
 
+void ZeroAlgorithm::scatter_params(const dopt_bucket& bucket, const DLTensor& full) {
+  const size_t b = bucket_slot(bucket);
+  BucketShard& s = shards_[b];
+  if (stage_ != 3 || !s.sharded)
+    fail(DOPT_ERR_INVALID_ARGUMENT,
+         "scatter_params: bucket " + std::to_string(b) + " holds no sharded unit");
+  const int64_t shard = s.param_shard.numel();
+  at::Tensor in = sdk::as_tensor(full);
+  if (in.dim() != 1 || in.numel() != shard * world_ ||
+      in.scalar_type() != s.param_shard.scalar_type())
+    fail(DOPT_ERR_INVALID_ARGUMENT,
+         "scatter_params: bucket " + std::to_string(b) + " needs the buffer gather_params fills");
+  at::NoGradGuard ng;
+  s.param_shard.copy_(in.narrow(0, shard * rank_, shard));
+}
+
 void ZeroAlgorithm::wait_params(const dopt_bucket& bucket) {
   BucketShard& s = shards_[bucket_slot(bucket)];
   if (!s.gather_started)

@@ -54,7 +54,7 @@
 // stage 2's reduce-scatter plus two allgathers of each unit
 // (reshard_after_forward: true; one with false). Checkpoints save the
 // optimizer state as stage 2 does; the host gathers the parameters to save
-// them.
+// them and, on load, hands the loaded ones to scatter_params.
 //
 // Partition (stage 1): `greedy` = PyTorch's sorted-greedy over whole
 // parameters (state per rank within one largest parameter of 1/W);
@@ -114,6 +114,8 @@ class ZeroAlgorithm : public sdk::Algorithm {
   static int32_t param_sharding(const sdk::OptionsView& options);
   void gather_params(const dopt_bucket& bucket, DLTensor& full) override;
   void wait_params(const dopt_bucket& bucket) override;
+  /// Stage 3: this rank's shard from the host's whole parameters (checkpoint restore).
+  void scatter_params(const dopt_bucket& bucket, const DLTensor& full) override;
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
   void set_lr(int32_t group, double lr) override;

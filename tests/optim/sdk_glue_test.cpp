@@ -116,6 +116,7 @@ TEST_CASE("DOPT_PLUGIN fills the plugin info and component table") {
   CHECK(avt->param_sharding(nullptr) == DOPT_PARAM_SHARDING_NONE);
   REQUIRE(reinterpret_cast<void*>(avt->gather_params) != nullptr);
   REQUIRE(reinterpret_cast<void*>(avt->wait_params) != nullptr);
+  REQUIRE(reinterpret_cast<void*>(avt->scatter_params) != nullptr);
   CHECK(avt->gather_params(nullptr, nullptr, nullptr) == DOPT_ERR_INVALID_ARGUMENT);
   CHECK(sdk::host() == host_api());
 }

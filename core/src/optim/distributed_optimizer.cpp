@@ -32,8 +32,8 @@ size_t round_up(size_t v, size_t m) { return (v + m - 1) / m * m; }
 /// The algorithm's ABI 1.7 answer for its options, when the model has units.
 int32_t param_sharding_of(const OptimizerBuild& b) {
   const auto* avt = static_cast<const dopt_algorithm_v1*>(b.algorithm.vtable);
-  if (!DOPT_HAS_FIELD(avt, dopt_algorithm_v1, wait_params) || !avt->param_sharding ||
-      !avt->gather_params || !avt->wait_params)
+  if (!DOPT_HAS_FIELD(avt, dopt_algorithm_v1, scatter_params) || !avt->param_sharding ||
+      !avt->gather_params || !avt->wait_params || !avt->scatter_params)
     return DOPT_PARAM_SHARDING_NONE;
   const int32_t mode = avt->param_sharding(b.algorithm_options->c_handle());
   if (mode == DOPT_PARAM_SHARDING_NONE) return mode;

@@ -179,6 +179,16 @@ void ParamShards::gather_all() {
   }
 }
 
+void ParamShards::scatter_all() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (Unit& x : units_) {
+    if (x.state != State::ready) throw Error("parameter sharding: scatter_all outside gather_all");
+    const sdk::DLView view(x.full);
+    check(avt_->scatter_params(alg_, x.spec.bucket, view.get()),
+          "scatter_params(unit '" + x.spec.name + "')");
+  }
+}
+
 void ParamShards::release_all() {
   std::lock_guard<std::mutex> lk(mu_);
   for (size_t u = 0; u < units_.size(); ++u) {

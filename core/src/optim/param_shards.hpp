@@ -67,6 +67,9 @@ class ParamShards : public UnitHooks, public std::enable_shared_from_this<ParamS
   /// evaluation outside the units' forwards). Collective.
   void gather_all();
   void release_all();
+  /// While gather_all holds them: hand every unit's (changed) full
+  /// parameters back to the algorithm's shards (checkpoint restore). Local.
+  void scatter_all();
   /// Free every unit, pinned or not (after create; on destruction).
   void free_all();
   /// Units whose hooks point here (make_optimizer's wrappers); detached on

@@ -160,11 +160,10 @@ void check_compatible(torch::nn::Module& model, DistributedOptimizer& opt, const
     throw CheckpointError(where + ": saved with inner optimizer '" + man.optimizer +
                           "', this job's is '" + m.build.optimizer_name + "'");
   require_state_api(m);
-  if (m.shards)
-    throw CheckpointError(
-        where + ": loading into an optimizer that shards parameters (algorithm '" + alg.name +
-        "', stage 3) is not supported yet; load it with zero stage 1 or 2, "
-        "or allreduce, at any world size");
+  // Parameter sharding: the model's shapes are those of the gathered units
+  // (collective, as loading is).
+  std::optional<DistributedOptimizer::GatheredParams> whole;
+  if (m.shards) whole.emplace(opt);
   for (const auto& [name, t] : model_tensors(model)) {
     const std::string key = kModel + name;
     if (!src.has(key))
@@ -181,11 +180,16 @@ void restore(torch::nn::Module& model, DistributedOptimizer& opt, const StateSou
              const Manifest& man) {
   auto& m = Access::of(opt);
   {
+    // Parameter sharding: load into the gathered units, then hand them to
+    // the algorithm's shards (collective, as loading is).
+    std::optional<DistributedOptimizer::GatheredParams> gathered;
+    if (m.shards) gathered.emplace(opt);
     at::NoGradGuard no_grad;
     for (auto& [name, t] : model_tensors(model)) {
       at::Tensor whole = src.whole(kModel + name);
       t.detach().copy_(whole.view(t.sizes()));
     }
+    if (m.shards) m.shards->scatter_all();
     if (m.masters) {
       for (size_t i = 0; i < m.build.params.size(); ++i) {
         const std::string key = kMaster + m.build.params[i].first;

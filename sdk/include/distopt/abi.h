@@ -64,7 +64,8 @@ extern "C" {
  *                                                           kept by each rank, not
  *                                                           sent to a buddy
  *   1.7      dopt_algorithm_v1::param_sharding,             parameter sharding (ZeRO
- *            ::gather_params and ::wait_params;             stage 3, FSDP): the
+ *            ::gather_params, ::wait_params and             stage 3, FSDP): the
+ *            ::scatter_params;
  *            dopt_algorithm_args::bucket_sharded            algorithm owns the shards
  *            (algorithm.h, "Parameter sharding")            of a unit's parameters and
  *                                                           gathers them on demand

@@ -195,11 +195,16 @@ typedef struct dopt_algorithm_v1 {
    * (on device memory: ordered on the communicator's stream). STATE when
    * none is pending. */
   dopt_status (*wait_params)(dopt_algorithm* a, const dopt_bucket* bucket);
+  /** Set this rank's shard of sharded bucket `bucket`'s parameters from
+   * `full` (laid out as for gather_params, borrowed for the call): the host
+   * changed the whole parameters, e.g. restored a checkpoint into them.
+   * Local (no communication); between steps, on every rank. */
+  dopt_status (*scatter_params)(dopt_algorithm* a, const dopt_bucket* bucket, const DLTensor* full);
 } dopt_algorithm_v1;
 #define DOPT_ALGORITHM_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, state_bytes)
 #define DOPT_ALGORITHM_V1_1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, bytes_sent)
 #define DOPT_ALGORITHM_V1_5_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, set_grad_clip)
-#define DOPT_ALGORITHM_V1_7_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, wait_params)
+#define DOPT_ALGORITHM_V1_7_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, scatter_params)
 
 /* dopt_algorithm_v1::param_sharding results. */
 #define DOPT_PARAM_SHARDING_NONE 0

@@ -157,6 +157,9 @@ class Algorithm {
   virtual void wait_params(const dopt_bucket& /*bucket*/) {
     throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm does not shard parameters");
   }
+  virtual void scatter_params(const dopt_bucket& /*bucket*/, const DLTensor& /*full*/) {
+    throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm does not shard parameters");
+  }
 };
 
 /// A component's option schema: a dopt_option_spec array, or nullptr for none.
@@ -506,6 +509,11 @@ struct AlgorithmGlue {
     if (!h || !b) return null_arg("algorithm or bucket");
     return guard([&] { a(h)->wait_params(*b); });
   }
+  static dopt_status scatter_params(dopt_algorithm* h, const dopt_bucket* b,
+                                    const DLTensor* full) noexcept {
+    if (!h || !b || !full) return null_arg("algorithm, bucket or full");
+    return guard([&] { a(h)->scatter_params(*b, *full); });
+  }
 
   static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_7_STRUCT_SIZE,
                                                nullptr,
@@ -521,7 +529,8 @@ struct AlgorithmGlue {
                                                &set_grad_clip,
                                                &param_sharding,
                                                &gather_params,
-                                               &wait_params};
+                                               &wait_params,
+                                               &scatter_params};
 };
 
 // ABI 1.2: the component class's optional static check_job and traits.
