@@ -18,10 +18,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CLI = os.environ.get("DISTOPT_CLI")
 
 
-def reference(optimizer_factory):
+def reference(optimizer_factory, tied=False):
     """Plain PyTorch on the whole global batch: the parameters after BATCHES steps."""
     torch.set_num_threads(1)
-    model = make_model()
+    model = make_model(tied)
     opt = optimizer_factory(model.parameters())
     xs, ys = data()
     for step in range(BATCHES):
@@ -53,6 +53,7 @@ CASES = {
     "zero_adam": lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.9, 0.99)),
     "zero2_adamw": lambda p: torch.optim.AdamW(p, lr=0.01),
     "zero3_adam": lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.9, 0.99)),
+    "zero3_tied": lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.9, 0.99)),
     "fused_adam": lambda p: torch.optim.Adam(p, lr=0.01),
     "hybrid_adam": lambda p: torch.optim.Adam(p, lr=0.01),
 }
@@ -61,7 +62,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_single_process_pytorch(case, tmp_path):
     ranks = run_ranks(case, tmp_path)
-    ref = reference(CASES[case])
+    ref = reference(CASES[case], tied=case.endswith("_tied"))
     for got in ranks:
         check_close(got, ref)
     # Both ranks hold the same model.

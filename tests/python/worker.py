@@ -15,7 +15,7 @@ from common import BATCHES, GLOBAL_BATCH, make_model, data
 
 case, out = sys.argv[1], sys.argv[2]
 torch.set_num_threads(1)
-model = make_model()
+model = make_model(tied=case.endswith("_tied"))
 base = {"communicator": "tcp", "reducer": "mean"}
 if case == "allreduce_sgd" or case == "no_sync":
     opt = distopt.DistributedOptimizer(model, dict(base, algorithm="allreduce",
@@ -31,13 +31,17 @@ elif case == "zero_adam":
 elif case == "zero2_adamw":
     opt = distopt.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
                                           stage=2, lr=0.01, job=base)
-elif case == "zero3_adam":
+elif case in ("zero3_adam", "zero3_tied"):
     opt = distopt.DistributedOptimizer(model, dict(base, algorithm={"name": "zero",
                                                                     "options": {"stage": 3}},
                                                    optimizer={"name": "adam", "lr": 0.01,
                                                               "beta2": 0.99}))
     assert opt._opt.shards_parameters
-    assert model[0].weight.numel() == 0  # sharded between steps
+    if case == "zero3_tied":  # shared by units 0 and 2, which do not nest: whole
+        assert model[0].weight.numel() == 16 * 16 and model[0].bias.numel() == 0
+        assert len(opt._params) == 5, len(opt._params)
+    else:
+        assert model[0].weight.numel() == 0  # sharded between steps
 elif case == "fused_adam":
     opt = distopt.fuse_optimizer(torch.optim.Adam(model.parameters(), lr=0.01), job=base)
 elif case == "hybrid_adam":
@@ -67,7 +71,7 @@ for step in range(BATCHES):
         print(f"rank {rank}: distopt.Error: {e}", flush=True)
         sys.exit(3)
 assert opt.steps == BATCHES
-gathered = opt.gather_params() if case == "zero3_adam" else contextlib.nullcontext()
+gathered = opt.gather_params() if case.startswith("zero3") else contextlib.nullcontext()
 with gathered:
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()},
                os.path.join(out, f"params_{rank}.pt"))

@@ -427,3 +427,145 @@ TEST_CASE("zero stage 3: a rank killed between steps is named by the others' nex
   CHECK(codes[1] == 0);
   CHECK(codes[kDead] != 0);  // killed
 }
+
+namespace {
+
+// A linear layer over a weight it is given (tied) and a bias of its own.
+struct TiedLinearImpl : torch::nn::Module {
+  explicit TiedLinearImpl(const at::Tensor& w) {
+    weight = register_parameter("weight", w);
+    bias = register_parameter("bias", at::zeros({w.size(0)}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(TiedLinear);
+
+// Two units inside a unit, sharing `v`: v belongs to the enclosing unit.
+struct PairImpl : torch::nn::Module {
+  explicit PairImpl(const at::Tensor& v) {
+    p1 = register_module("p1", distopt::ShardedUnit(TiedLinear(v)));
+    p2 = register_module("p2", distopt::ShardedUnit(TiedLinear(v)));
+  }
+  at::Tensor forward(const at::Tensor& x) { return p2(at::tanh(p1(x))); }
+  distopt::ShardedUnit p1{nullptr}, p2{nullptr};
+};
+TORCH_MODULE(Pair);
+
+// Units `a` and `b` share `w` and no unit encloses both: w stays whole.
+struct TiedNetImpl : torch::nn::Module {
+  TiedNetImpl() {
+    at::Tensor w = at::randn({kIn, kIn}) * 0.2, v = at::randn({kIn, kIn}) * 0.2;
+    a = register_module("a", distopt::ShardedUnit(TiedLinear(w)));
+    pair = register_module("pair", distopt::ShardedUnit(Pair(v)));
+    b = register_module("b", distopt::ShardedUnit(TiedLinear(w)));
+    head = register_module("head", distopt::ShardedUnit(torch::nn::Linear(kIn, kClasses)));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return head(at::relu(b(at::tanh(pair(at::relu(a(x)))))));
+  }
+  distopt::ShardedUnit a{nullptr}, pair{nullptr}, b{nullptr}, head{nullptr};
+};
+TORCH_MODULE(TiedNet);
+
+// Each distinct parameter once (libtorch's parameters() lists a tied one per name).
+std::vector<at::Tensor> distinct_params(torch::nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.parameters()) {
+    bool seen = false;
+    for (const auto& q : out) seen = seen || q.is_same(p);
+    if (!seen) out.push_back(p);
+  }
+  return out;
+}
+
+// Per rank: the gathered parameters after `steps` Adam steps, then whether
+// w and v were whole between steps (numel), written to `out`.
+void tied_case(int world, const std::string& algorithm) {
+  const std::string dir = make_temp_dir("distopt_zero3_tied");
+  constexpr int kSteps = 8, kBatch = 6;
+  const int64_t global = static_cast<int64_t>(world) * kBatch;
+  auto data = [&] {
+    distopt::test::seed_cpu(kDataSeed);
+    return std::make_pair(at::randn({global * kSteps, kIn}),
+                          at::randint(0, kClasses, {global * kSteps}));
+  };
+  auto loss = [](TiedNet& net, const at::Tensor& x, const at::Tensor& y) {
+    return at::nll_loss(at::log_softmax(net->forward(x), 1), y);
+  };
+  auto ref_codes = fork_ranks(1, [&](int) {
+    torch::set_num_threads(1);
+    auto [x, y] = data();
+    distopt::test::seed_cpu(kInitSeed);
+    TiedNet net;
+    torch::optim::Adam opt(distinct_params(*net), torch::optim::AdamOptions(0.01));
+    for (int step = 0; step < kSteps; ++step) {
+      opt.zero_grad();
+      loss(net, x.narrow(0, step * global, global), y.narrow(0, step * global, global)).backward();
+      opt.step();
+    }
+    write_doubles(dir + "/ref.bin", flat_params(net));
+    return 0;
+  });
+  REQUIRE(ref_codes[0] == 0);
+  const std::string job = job_yaml(world, algorithm);
+  auto codes = fork_ranks(
+      world,
+      [&](int rank) {
+        torch::set_num_threads(1);
+        auto [x, y] = data();
+        distopt::test::seed_cpu(kInitSeed);
+        TiedNet net;
+        auto rt = rank_runtime(job, rank, world, "zero3_tied.yaml");
+        auto opt = rt.make_optimizer(*net);
+        std::vector<double> numels;
+        for (int step = 0; step < kSteps; ++step) {
+          opt.zero_grad();
+          const int64_t o = step * global + rank * kBatch;
+          loss(net, x.narrow(0, o, kBatch), y.narrow(0, o, kBatch)).backward();
+          opt.step();
+        }
+        numels.push_back(static_cast<double>(net->a->named_parameters()[0].value().numel()));
+        numels.push_back(static_cast<double>(net->pair->named_parameters()[0].value().numel()));
+        numels.push_back(static_cast<double>(net->a->named_parameters()[1].value().numel()));
+        numels.push_back(opt.shards_parameters() ? 1 : 0);
+        std::vector<double> v;
+        {
+          auto whole = opt.gather_params();
+          v = flat_params(net);
+        }
+        write_doubles(dir + "/rank" + std::to_string(rank) + ".bin", v);
+        write_doubles(dir + "/numel" + std::to_string(rank) + ".bin", numels);
+        rt.barrier();
+        return 0;
+      },
+      std::chrono::seconds(180));
+  const auto ref = read_doubles(dir + "/ref.bin");
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    REQUIRE(codes[r] == 0);
+    const auto v = read_doubles(dir + "/rank" + std::to_string(r) + ".bin");
+    REQUIRE(v.size() == ref.size());
+    CHECK(max_abs_diff(v, ref) <= 2e-5);
+    const auto n = read_doubles(dir + "/numel" + std::to_string(r) + ".bin");
+    REQUIRE(n.size() == 4);
+    if (n[3] == 1) {
+      CHECK(n[0] == kIn * kIn);  // w, shared by units a and b: whole between steps
+      CHECK(n[1] == 0);          // v, shared inside unit pair: pair's, sharded
+      CHECK(n[2] == 0);          // a's own bias: sharded
+    } else {
+      CHECK(n[1] == kIn * kIn);
+    }
+  }
+  distopt::test::remove_tree(dir);
+}
+
+}  // namespace
+
+TEST_CASE("zero stage 3, tied weights (between sibling units, inside one unit), Adam, 3 ranks") {
+  tied_case(3, "{name: zero, options: {stage: 3}}");
+}
+
+TEST_CASE("allreduce with tied weights steps each shared parameter once, 2 ranks") {
+  tied_case(2, "{name: allreduce}");
+}

@@ -87,8 +87,8 @@ class Runtime {
   /// from rank 0 now and kept in sync after every step() as the job's
   /// `buffers.sync` says (DistributedOptimizer::set_buffers). The module's
   /// distopt::ShardedUnit submodules are the units of parameter sharding
-  /// (sharded_unit.hpp) when the algorithm shards parameters (zero stage 3);
-  /// ConfigError for a parameter shared by two units that do not nest.
+  /// (sharded_unit.hpp) when the algorithm shards parameters (zero stage 3).
+  /// A parameter registered under several names (tied) is one, first name.
   DistributedOptimizer make_optimizer(torch::nn::Module& module,
                                       const std::vector<ParamGroupSpec>& groups = {});
 
@@ -145,13 +145,14 @@ class Runtime {
     std::vector<int> of_param;
     std::vector<std::shared_ptr<UnitSlot>> slots;
     std::vector<std::string> names;
+    std::vector<std::string> notes;  // where shared parameters went
   };
   DistributedOptimizer build_optimizer(
       const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
       const std::vector<ParamGroupSpec>& groups, Units units);
   /// The ShardedUnit modules of `module` and, per parameter of `named`, the
-  /// innermost unit that holds it. Throws ConfigError for a parameter held
-  /// by two units that do not nest.
+  /// innermost unit enclosing every module that holds it (tied weights: their
+  /// common enclosing unit), or -1 when no unit encloses them all.
   static Units find_units(torch::nn::Module& module,
                           const std::vector<std::pair<std::string, torch::Tensor>>& named);
   std::shared_ptr<Impl> impl_;

@@ -24,11 +24,12 @@
 //
 // Rules: a unit's forward takes and returns tensors (forward(x), or call(f)
 // for any other signature); a parameter belongs to the innermost unit that
-// holds it, and one shared by two units that do not nest is refused by
-// make_optimizer (put the modules that share it into one unit, as FSDP
-// asks). Parameters in no unit stay whole on every rank. Between steps a
-// sharded unit's parameters are empty tensors (numel 0): read them inside
-// a forward, or through DistributedOptimizer::gather_params.
+// holds it. One shared by units that do not nest (tied weights: an
+// embedding and an output layer) belongs to the innermost unit enclosing
+// them all, or to no unit when none does (FSDP's lowest common ancestor).
+// Parameters in no unit stay whole on every rank. Between steps a sharded
+// unit's parameters are empty tensors (numel 0): read them inside a
+// forward, or through DistributedOptimizer::gather_params.
 //
 // Thread safety: as the module's own forward (training thread); the hooks
 // that gather for backward run on the autograd thread.

@@ -152,6 +152,8 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
                         "' shards parameters (zero stage 3), which does not run with mixed "
                         "precision yet; use precision: {dtype: fp32} or zero stage 2");
     bo.units = b.param_units;
+    if (b.common.rank == 0)
+      for (const auto& note : b.unit_notes) log(DOPT_LOG_INFO, "optimizer", note);
   }
   if (mixed) bo.plan_element_size = 4;  // fp32 master buckets get an fp32 model's layout
   // Mixed precision launches nothing from the hooks: the fp32 buckets go to

@@ -94,6 +94,7 @@ struct OptimizerBuild {
   std::vector<int> param_units;
   std::vector<std::shared_ptr<UnitSlot>> unit_slots;
   std::vector<std::string> unit_names;
+  std::vector<std::string> unit_notes;  ///< logged at rank 0 when the algorithm shards
 };
 
 /// The communicator for a host collective on memory of `device_type`:

@@ -5,12 +5,14 @@
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "base/services.hpp"
@@ -531,6 +533,7 @@ DistributedOptimizer Runtime::build_optimizer(
   b.param_units = std::move(units.of_param);
   b.unit_slots = std::move(units.slots);
   b.unit_names = std::move(units.names);
+  b.unit_notes = std::move(units.notes);
   return optim::build_optimizer(std::move(b));
 }
 
@@ -540,32 +543,46 @@ Runtime::Units Runtime::find_units(
   std::map<const c10::TensorImpl*, size_t> index;  // parameter -> position in `named`
   for (size_t i = 0; i < named.size(); ++i) index.emplace(named[i].second.unsafeGetTensorImpl(), i);
   units.of_param.assign(named.size(), -1);
-  std::vector<std::string> paths;  // per unit: its module path ("" for the root)
-  // named_modules() is pre-order: a unit comes before the units inside it,
-  // so the innermost unit is the last to claim a parameter.
+  std::vector<std::string> paths;  // per unit: its module path ("" = root)
+  std::vector<std::vector<std::string>> users(named.size());  // per parameter: modules holding it
   for (const auto& item : module.named_modules()) {
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+      auto it = index.find(p.value().unsafeGetTensorImpl());
+      if (it != index.end()) users[it->second].push_back(item.key());
+    }
     auto unit = std::dynamic_pointer_cast<ShardedUnitImpl>(item.value());
     if (!unit) continue;
-    const std::string& path = item.key();
-    const int u = static_cast<int>(units.slots.size());
     units.slots.push_back(unit->slot());
-    units.names.push_back(path.empty() ? "(the root module)" : path);
-    for (const auto& p : unit->parameters()) {
-      auto it = index.find(p.unsafeGetTensorImpl());
-      if (it == index.end()) continue;
-      int& holder = units.of_param[it->second];
-      if (holder >= 0) {
-        const std::string& outer = paths[static_cast<size_t>(holder)];
-        if (!outer.empty() && path.rfind(outer + ".", 0) != 0)
-          throw ConfigError("parameter '" + named[it->second].first + "' is in units '" +
-                            units.names[static_cast<size_t>(holder)] + "' and '" +
-                            units.names.back() +
-                            "', which do not nest: put the modules that share it into one "
-                            "distopt::ShardedUnit");
-      }
-      holder = u;
+    units.names.push_back(item.key().empty() ? "(the root module)" : item.key());
+    paths.push_back(item.key());
+  }
+  auto encloses = [](const std::string& outer, const std::string& path) {
+    return outer.empty() || path == outer || path.rfind(outer + ".", 0) == 0;
+  };
+  // A parameter belongs to the innermost unit that encloses every module
+  // holding it (FSDP: a shared parameter goes to the lowest common ancestor),
+  // or to none: then it stays whole on every rank.
+  auto innermost = [&](const std::vector<std::string>& holders) {
+    int best = -1;
+    for (size_t u = 0; u < paths.size(); ++u) {
+      bool all = !holders.empty();
+      for (const auto& h : holders) all = all && encloses(paths[u], h);
+      if (all && (best < 0 || paths[u].size() > paths[static_cast<size_t>(best)].size()))
+        best = static_cast<int>(u);
     }
-    paths.push_back(path);
+    return best;
+  };
+  for (size_t i = 0; i < named.size(); ++i) {
+    const int best = innermost(users[i]);
+    units.of_param[i] = best;
+    std::set<int> own;  // the innermost unit of each module holding it
+    for (const auto& h : users[i]) own.insert(innermost({h}));
+    if (own.size() > 1)
+      units.notes.push_back(
+          "parameter '" + named[i].first + "' is shared by units that do not nest: " +
+          (best < 0 ? std::string("it stays whole on every rank (no unit encloses them)")
+                    : "it belongs to their enclosing unit '" +
+                          units.names[static_cast<size_t>(best)] + "'"));
   }
   return units;
 }
@@ -575,7 +592,13 @@ DistributedOptimizer Runtime::make_optimizer(torch::nn::Module& module,
   std::vector<torch::Tensor> buffers = module.buffers();
   if (!impl_->joining) broadcast(buffers, 0);
   std::vector<std::pair<std::string, torch::Tensor>> named, named_buffers;
-  for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
+  // A parameter registered under several names (tied weights) is one
+  // parameter, under its first name: libtorch's named_parameters() lists it
+  // once per name, PyTorch's Python one once.
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& item : module.named_parameters())
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second)
+      named.emplace_back(item.key(), item.value());
   for (const auto& item : module.named_buffers())
     named_buffers.emplace_back(item.key(), item.value());
   DistributedOptimizer opt = build_optimizer(named, groups, find_units(module, named));

@@ -107,7 +107,13 @@ def _named(model_or_params):
     """(named parameters, named buffers) of a module or of an iterable of
     parameters (then named param_0, param_1, ... in order)."""
     if isinstance(model_or_params, torch.nn.Module):
-        params = [(n, p) for n, p in model_or_params.named_parameters() if p.requires_grad]
+        # A tied parameter once per name, as the model holds it: the C++ side
+        # counts it once (first name) and finds its unit from all its holders.
+        params = []
+        for prefix, mod in model_or_params.named_modules(remove_duplicate=False):
+            for n, p in mod._parameters.items():
+                if p is not None and p.requires_grad:
+                    params.append((f"{prefix}.{n}" if prefix else n, p))
         return params, list(model_or_params.named_buffers())
     params = []
     for i, p in enumerate(model_or_params):
@@ -169,7 +175,7 @@ class DistributedOptimizer:
         params, buffers = _named(model)
         if not params:
             raise Error("distopt: no parameter that requires a gradient")
-        self._params = [p for _, p in params]
+        self._params = list({id(p): p for _, p in params}.values())
         unit_names = _unit_names(model, units)
         self._opt = _Optimizer(self.runtime, params, buffers, unit_names)
         self._hooks = []
