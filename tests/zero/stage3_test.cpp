@@ -181,7 +181,7 @@ Outcome run_case(const Spec& s) {
         std::vector<double> mem;
         mem.push_back(opt.shards_parameters() ? 1 : 0);
         mem.push_back(static_cast<double>(opt.sharding_memory().units));
-        double max_between = 0, max_peak = 0, grads_between = 0, params_between = 0;
+        double max_between = 0, max_peak = 0, grads_between = 0, params_between = 0, max_cached = 0;
         for (int step = 0; step < s.steps; ++step) {
           opt.zero_grad();
           const int64_t part = s.batch / s.micro;
@@ -200,6 +200,7 @@ Outcome run_case(const Spec& s) {
           opt.step();
           const auto m = opt.sharding_memory();
           max_between = std::max<double>(max_between, static_cast<double>(m.gathered));
+          max_cached = std::max<double>(max_cached, static_cast<double>(m.cached));
           max_peak = std::max<double>(max_peak, static_cast<double>(m.peak_gathered));
           for (const auto& np : net->named_parameters()) {
             if (np.key() == "scale") continue;
@@ -221,6 +222,7 @@ Outcome run_case(const Spec& s) {
         }
         mem.push_back(static_cast<double>(net->head->parameters()[0].numel()));  // freed again
         mem.push_back(net->block->named_buffers()[0].value().item<double>());
+        mem.push_back(max_cached);
         write_doubles(dir + "/rank" + std::to_string(rank) + ".bin", v);
         write_doubles(dir + "/mem" + std::to_string(rank) + ".bin", mem);
         rt.barrier();
@@ -249,7 +251,7 @@ void check(const Spec& s, const Outcome& o) {
     CHECK(max_abs_diff(o.params[r], o.ref) <= 2e-5);
     CHECK(max_abs_diff(o.params[r], o.params[0]) == 0);
     const auto& m = o.memory[r];
-    REQUIRE(m.size() == 11);
+    REQUIRE(m.size() == 12);
     CHECK(m[0] == 1);  // the optimizer shards parameters
     CHECK(m[1] == 5);  // units: unused, outer, outer.inner, block, head
     CHECK(m[2] == 0);  // no unit's full parameters present between steps
@@ -264,6 +266,10 @@ void check(const Spec& s, const Outcome& o) {
     CHECK(m[5] == 0);                   // and have no gradient
     CHECK(m[9] == 0);                   // empty again after gather_params' guard
     CHECK(m[10] == s.steps * s.micro);  // the block's buffer counted every forward
+    // Freed blocks kept for reuse: some, at most 4 of the largest unit's
+    // (outer's own layer, 32 x 40 + 32 floats, aligned, plus the pool's slack).
+    CHECK(m[11] > 0);
+    CHECK(m[11] <= 4 * ((32 * 40 + 32) * 4 + 2 * 64 + 256));
   }
 }
 

@@ -17,8 +17,11 @@
 //             sharding);
 //   theory    ZeRO's per-rank bytes for the stage (the paper's Table 1 with
 //             K = 8): allreduce 16 P, stage 1 (8 + 8/N) P, stage 2
-//             (4 + 12/N) P, stage 3 16 P/N (plus the gathered units, 2 of
-//             them at most: one running, one prefetched);
+//             (4 + 12/N) P, stage 3 16 P/N plus the units' full buffers:
+//             their parameters while gathered (`gathered`: the most present
+//             at once, measured; one unit running and one prefetched) and
+//             their gradients before the reduce-scatter (`unit grads`: two
+//             units, the one being filled and the one being reduced);
 //   samples/s the global batch over the median step time of the slowest rank.
 // With --memory-cap-mb M each rank limits its data segment (RLIMIT_DATA) to
 // what it holds before building the model plus M MiB: a configuration that
@@ -286,10 +289,12 @@ int distopt_bench_shard(int argc, char** argv) {
   std::printf(
       "# peak: max over ranks of VmHWM in the timed steps minus the rank's RSS before the "
       "model; theory: ZeRO's bytes per rank for the stage (16P, (8+8/N)P, (4+12/N)P, 16P/N); "
-      "gathered: the most unit parameters present at once (stage 3), added to theory in "
-      "peak/theory; malloc's mmap threshold fixed at 1 MiB\n");
-  std::printf("# %-10s %5s %12s %12s %12s %14s %10s\n", "algorithm", "ranks", "samples/s",
-              "peak(MiB)", "theory(MiB)", "gathered(MiB)", "peak/theory");
+      "gathered: the most unit parameters present at once, and unit grads: the full gradients "
+      "of two units (the one being filled, the one being reduce-scattered), stage 3, both added "
+      "to theory in peak/theory; malloc's mmap threshold fixed at 1 MiB\n");
+  std::printf("# %-10s %5s %12s %12s %12s %14s %16s %10s\n", "algorithm", "ranks", "samples/s",
+              "peak(MiB)", "theory(MiB)", "gathered(MiB)", "unit grads(MiB)", "peak/theory");
+  const double unit_bytes = 4.0 * static_cast<double>(width * width + width);
   for (int world : a.ranks)
     for (const auto& alg : a.algorithms) {
       auto res = run_config(a, alg, world);
@@ -302,16 +307,17 @@ int distopt_bench_shard(int argc, char** argv) {
         failed = std::max(failed, r.failed);
       }
       const double theory = theory_bytes(alg, p, world);
+      const double grads = alg == "zero3" ? 2 * unit_bytes : 0;
       const double mib = 1024.0 * 1024.0;
       if (failed == 1) {
-        std::printf("  %-10s %5d %12s %12.0f %12.0f %14s %10s\n", alg.c_str(), world,
-                    "out of memory", peak / mib, theory / mib, "-", "-");
+        std::printf("  %-10s %5d %12s %12.0f %12.0f %14s %16s %10s\n", alg.c_str(), world,
+                    "out of memory", peak / mib, theory / mib, "-", "-", "-");
       } else if (failed) {
         std::printf("  %-10s %5d %12s\n", alg.c_str(), world, "failed (see above)");
       } else {
-        std::printf("  %-10s %5d %12.1f %12.0f %12.0f %14.1f %10.2f\n", alg.c_str(), world,
-                    a.batch * world / secs, peak / mib, theory / mib, gathered / mib,
-                    peak / (theory + gathered));
+        std::printf("  %-10s %5d %12.1f %12.0f %12.0f %14.1f %16.1f %10.2f\n", alg.c_str(), world,
+                    a.batch * world / secs, peak / mib, theory / mib, gathered / mib, grads / mib,
+                    peak / (theory + gathered + grads));
       }
       std::fflush(stdout);
     }

@@ -313,6 +313,10 @@ class DistributedOptimizer {
     size_t units = 0;            ///< units whose parameters are sharded
     uint64_t gathered = 0;       ///< full buffers present now
     uint64_t peak_gathered = 0;  ///< most present at once since the last call
+    /// Freed CPU blocks (full buffers, units' gradient buckets) kept for
+    /// the next gathers, as CUDA's caching allocator keeps memory reserved:
+    /// at most 4 blocks, each about one unit's parameters.
+    uint64_t cached = 0;
   };
   /// Reads and restarts the peak. Zeros without parameter sharding.
   ShardingMemory sharding_memory();

@@ -178,7 +178,11 @@ bool BucketManager::allocated(const Bucket& bk) const {
 void BucketManager::ensure_allocated(Bucket& bk) {
   if (allocated(bk)) return;
   at::NoGradGuard no_grad;
-  allocate_storage(bk.flat, static_cast<size_t>(bk.flat.numel()) * bk.flat.element_size());
+  const size_t bytes = static_cast<size_t>(bk.flat.numel()) * bk.flat.element_size();
+  if (pool_)
+    pool_->allocate(bk.flat, bytes);
+  else
+    allocate_storage(bk.flat, bytes);
   bk.flat.zero_();
   bk.flat_dl = sdk::DLView(bk.flat);  // same DLTensor address, the new data pointer
 }
@@ -193,7 +197,10 @@ void BucketManager::release_unit_grad(size_t b) {
   Bucket& bk = buckets_.at(b);
   if (bk.unit < 0 || !allocated(bk)) return;
   for (size_t i : bk.params) params_[i].tensor.mutable_grad() = at::Tensor();
-  free_storage(bk.flat);
+  if (pool_)
+    pool_->release(bk.flat);
+  else
+    free_storage(bk.flat);
 }
 
 void BucketManager::on_grad_ready(size_t i) {

@@ -18,6 +18,7 @@
 #include "distopt/reducer.h"
 #include "distopt/sdk/base/tensor.hpp"
 #include "optim/bucket_plan.hpp"
+#include "optim/storage.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -74,6 +75,8 @@ class BucketManager {
   /// autograd thread) each time parameter i of a unit's bucket got its
   /// gradient of a backward, under no_sync too.
   void on_unit_grad(std::function<void(size_t)> fn) { unit_grad_ = std::move(fn); }
+  /// Units' gradient buckets take and give back their memory through `pool`.
+  void set_storage_pool(std::shared_ptr<StoragePool> pool) { pool_ = std::move(pool); }
   /// Parameter sharding: free the memory of every unit's bucket and set its
   /// parameters' .grad to undefined. The next gradient of such a parameter
   /// allocates its bucket again (zeroed) and lands there, so between steps a
@@ -139,6 +142,7 @@ class BucketManager {
   BucketOptions opts_;
   LaunchFn launch_;
   std::function<void(size_t)> unit_grad_;
+  std::shared_ptr<StoragePool> pool_;  // units' gradient buckets (null: the allocator)
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
   std::vector<dopt_bucket> descs_;

@@ -80,11 +80,16 @@ void start_sharding(DistributedOptimizer::Impl& m, int32_t mode,
     specs.push_back(std::move(spec));
     slots.push_back(b.unit_slots.at(static_cast<size_t>(unit)));
   }
-  m.shards =
-      std::make_shared<ParamShards>(std::move(specs), mode, m.avt, m.algorithm, m.algorithm_who);
+  // Freed full buffers and gradient buckets are reused within a step: at
+  // most two units' parameters (running, prefetched) and two units' gradient
+  // buckets (being filled, being reduced) are in use at once.
+  auto pool = std::make_shared<StoragePool>(4);
+  m.shards = std::make_shared<ParamShards>(std::move(specs), mode, m.avt, m.algorithm,
+                                           m.algorithm_who, pool);
   m.shards->attach(std::move(slots));
   m.shards->free_all();
   m.buckets->release_unit_grads();
+  m.buckets->set_storage_pool(pool);
   // Per parameter: its unit among the shards and its place there.
   std::vector<std::pair<int, size_t>> member_of(b.params.size(), {-1, 0});
   for (size_t k = 0; k < m.buckets->num_buckets(); ++k) {
@@ -585,6 +590,7 @@ DistributedOptimizer::ShardingMemory DistributedOptimizer::sharding_memory() {
   s.units = impl_->shards->num_units();
   s.gathered = impl_->shards->gathered_bytes();
   s.peak_gathered = impl_->shards->take_peak_gathered_bytes();
+  s.cached = impl_->shards->cached_bytes();
   return s;
 }
 

@@ -12,8 +12,8 @@
 namespace distopt::optim {
 
 ParamShards::ParamShards(std::vector<UnitSpec> units, int32_t mode, const dopt_algorithm_v1* avt,
-                         dopt_algorithm* alg, std::string who)
-    : mode_(mode), avt_(avt), alg_(alg), who_(std::move(who)) {
+                         dopt_algorithm* alg, std::string who, std::shared_ptr<StoragePool> pool)
+    : mode_(mode), avt_(avt), alg_(alg), who_(std::move(who)), pool_(std::move(pool)) {
   units_.resize(units.size());
   position_.assign(units.size(), -1);
   for (size_t u = 0; u < units.size(); ++u) {
@@ -49,14 +49,14 @@ void ParamShards::check(dopt_status s, const std::string& what) const {
 void ParamShards::gather_locked(size_t u) {
   Unit& x = units_[u];
   if (x.state != State::freed) return;
-  allocate_storage(x.full, x.spec.numel * x.full.element_size());
+  pool_->allocate(x.full, x.spec.numel * x.full.element_size());
   x.full_dl = sdk::DLView(x.full);
   x.state = State::pending;
   note_peak_locked();
   dopt_status s = avt_->gather_params(alg_, x.spec.bucket, x.full_dl.get());
   if (s != DOPT_OK) {
     x.state = State::freed;
-    free_storage(x.full);
+    pool_->release(x.full);
     check(s, "gather_params(unit '" + x.spec.name + "')");
   }
 }
@@ -80,7 +80,7 @@ void ParamShards::release_locked(size_t u) {
   for (size_t k = 0; k < x.spec.members.size(); ++k)
     x.spec.members[k].tensor.set_data(x.placeholders[k]);
   x.full_dl = sdk::DLView();
-  free_storage(x.full);
+  pool_->release(x.full);
   x.state = State::freed;
 }
 
@@ -205,6 +205,7 @@ void ParamShards::free_all() {
     x.state = State::ready;  // the parameters are whole now: point them away
     release_locked(u);
   }
+  pool_->clear();
 }
 
 uint64_t ParamShards::gathered_bytes() const {

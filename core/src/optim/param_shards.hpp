@@ -28,6 +28,7 @@
 #include "distopt/algorithm.h"
 #include "distopt/sdk/base/tensor.hpp"
 #include "distopt/sharded_unit.hpp"
+#include "optim/storage.hpp"
 
 namespace distopt::optim {
 
@@ -51,8 +52,11 @@ class ParamShards : public UnitHooks, public std::enable_shared_from_this<ParamS
   /// must outlive this object. Call free_all() after the algorithm's create
   /// (the parameters become empty tensors). Held by shared_ptr (the
   /// backward hooks hold it weakly).
+  /// `pool` keeps freed full buffers for the next gathers (a few blocks, as
+  /// CUDA's caching allocator keeps memory reserved); the host's gradient
+  /// buckets may share it.
   ParamShards(std::vector<UnitSpec> units, int32_t mode, const dopt_algorithm_v1* avt,
-              dopt_algorithm* alg, std::string who);
+              dopt_algorithm* alg, std::string who, std::shared_ptr<StoragePool> pool);
   ~ParamShards() override;
 
   void before_forward(int unit) override;
@@ -81,6 +85,8 @@ class ParamShards : public UnitHooks, public std::enable_shared_from_this<ParamS
   uint64_t gathered_bytes() const;
   /// Most bytes of full buffers present at once since the last call.
   uint64_t take_peak_gathered_bytes();
+  /// Bytes of freed blocks kept for reuse (the pool's).
+  uint64_t cached_bytes() const { return pool_->kept_bytes(); }
 
  private:
   enum class State { freed, pending, ready };
@@ -113,6 +119,7 @@ class ParamShards : public UnitHooks, public std::enable_shared_from_this<ParamS
   bool end_of_backward_queued_ = false;
   std::vector<std::shared_ptr<UnitSlot>> slots_;
   uint64_t peak_ = 0;
+  std::shared_ptr<StoragePool> pool_;
 };
 
 }  // namespace distopt::optim

@@ -8,6 +8,9 @@
 #include <c10/core/StorageImpl.h>
 
 #include <cstddef>
+#include <deque>
+#include <mutex>
+#include <utility>
 
 namespace distopt::optim {
 
@@ -33,5 +36,37 @@ inline void allocate_storage(const at::Tensor& t, size_t nbytes) {
   s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
   s->set_nbytes(nbytes);
 }
+
+/// Freed CPU blocks kept for the next allocation of the same size (parameter
+/// sharding frees and gathers every unit, and every unit's gradient bucket,
+/// each step: memory the allocator handed back to the OS costs a page
+/// fault and a kernel zeroing per 4 KiB page when it is touched again).
+/// A block fits a request of up to `slack_bytes` less than its size (a
+/// unit's gradient bucket and its full parameter buffer, padded to a
+/// multiple of the world size, share blocks). At most `max_blocks` are kept
+/// (the oldest goes first); clear() drops them all. Since an
+/// allocation takes a kept block before the allocator's, kept and used
+/// blocks of one size never add up to more than the most used at once.
+/// Other devices go straight to their allocator (CUDA's caching allocator
+/// reuses blocks itself). Thread safe.
+class StoragePool {
+ public:
+  static constexpr size_t slack_bytes = 256;
+  explicit StoragePool(size_t max_blocks) : max_blocks_(max_blocks) {}
+  /// allocate_storage(t, nbytes), from a kept block when one fits (the
+  /// storage then holds the block's size, at most nbytes + slack_bytes).
+  void allocate(const at::Tensor& t, size_t nbytes);
+  /// free_storage(t), keeping its block (CPU).
+  void release(const at::Tensor& t);
+  /// Drop every kept block.
+  void clear();
+  /// Bytes of the kept blocks.
+  size_t kept_bytes() const;
+
+ private:
+  mutable std::mutex mu_;
+  size_t max_blocks_;
+  std::deque<std::pair<size_t, at::DataPtr>> kept_;  // (bytes, block), oldest first
+};
 
 }  // namespace distopt::optim
