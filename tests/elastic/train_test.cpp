@@ -104,6 +104,11 @@ TEST_CASE("zero stage 2: the last rank's shard comes from rank 0, its buddy") {
   killed_equals_resumed("{name: zero, options: {stage: 2}}", 3);
 }
 
+TEST_CASE("zero stage 3: the parameter shards are rebuilt from the commit's model, 4 -> 3 ranks") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  killed_equals_resumed("{name: zero, options: {stage: 3}}", 1);
+}
+
 TEST_CASE("hybrid shard: true: the offloaded shard of the killed rank comes from its buddy") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   killed_equals_resumed("{name: hybrid, options: {shard: true, offload_fraction: 0.5}}", 1);

@@ -208,6 +208,19 @@ void ParamShards::free_all() {
   pool_->clear();
 }
 
+void ParamShards::unshard_locally() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (Unit& x : units_) {
+    for (const Member& m : x.spec.members)
+      m.tensor.set_data(at::zeros(m.shape, m.tensor.options().requires_grad(false)));
+    x.pinned = false;
+    x.full_dl = sdk::DLView();
+    pool_->release(x.full);
+    x.state = State::freed;
+  }
+  pool_->clear();
+}
+
 uint64_t ParamShards::gathered_bytes() const {
   uint64_t n = 0;
   for (const Unit& x : units_) n += storage_bytes(x.full);

@@ -76,6 +76,11 @@ class ParamShards : public UnitHooks, public std::enable_shared_from_this<ParamS
   void scatter_all();
   /// Free every unit, pinned or not (after create; on destruction).
   void free_all();
+  /// Local, for a teardown where no collective can run (elastic recovery
+  /// after a rank died): every unit's parameters become zeros of their full
+  /// shape, so that an optimizer can be built on the model again; the
+  /// values must come from a restore. Takes the whole model's bytes.
+  void unshard_locally();
   /// Units whose hooks point here (make_optimizer's wrappers); detached on
   /// destruction so a wrapper outliving the optimizer just forwards.
   void attach(std::vector<std::shared_ptr<UnitSlot>> slots);

@@ -176,6 +176,9 @@ OptimizerBuild detach(DistributedOptimizer& opt, uint64_t* bytes_sent) {
   std::unique_ptr<Impl>& slot = Access::ptr(opt);
   OptimizerBuild b = slot->build;
   *bytes_sent = slot->bytes_sent_base + slot->components_bytes_sent();
+  // Parameter sharding: the next build needs the parameters' shapes (the
+  // values come from the commit it is restored from).
+  if (slot->shards) slot->shards->unshard_locally();
   slot.reset();  // hooks off, algorithm, then reducer destroyed
   return b;
 }

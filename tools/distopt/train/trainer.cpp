@@ -456,6 +456,7 @@ class Trainer {
                                    : at::Device(tc_.device);
     if (!device_.is_cpu()) model_->to(device_);
     if (dtype_ != at::kFloat) model_->to(dtype_);
+    num_params_ = parameter_count(*model_);  // before zero stage 3 shards them
     opt_.emplace(rt_->make_optimizer(*model_));
   }
 
@@ -511,9 +512,9 @@ class Trainer {
     if (!lead()) return;
     std::ostringstream os;
     os << "distopt train: " << rt_->world_size() << " rank(s), model " << tc_.model << " ("
-       << parameter_count(*model_) << " parameters), algorithm " << opt_->algorithm_name()
-       << ", reducer " << cfg_.reducer.name << ", communicator " << cfg_.communicator.name
-       << ", optimizer " << cfg_.optimizer_name << "\n"
+       << num_params_ << " parameters), algorithm " << opt_->algorithm_name() << ", reducer "
+       << cfg_.reducer.name << ", communicator " << cfg_.communicator.name << ", optimizer "
+       << cfg_.optimizer_name << "\n"
        << "  " << tc_.epochs << " epoch(s) x " << steps_per_epoch_ << " steps, batch "
        << per_rank_batch() << " per rank (global " << global_batch_ << "), " << threads_
        << " thread(s) per rank, " << opt_->num_buckets() << " bucket(s), data " << data_.description
@@ -914,6 +915,7 @@ class Trainer {
   MetricsWriter metrics_;
   std::optional<Runtime> rt_;
   std::shared_ptr<Classifier> model_;
+  int64_t num_params_ = 0;
   at::ScalarType dtype_ = at::kFloat;
   at::Device device_ = at::kCPU;             // train.device
   std::optional<DistributedOptimizer> opt_;  // after rt_: destroyed first
