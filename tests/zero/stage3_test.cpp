@@ -575,3 +575,110 @@ TEST_CASE("zero stage 3, tied weights (between sibling units, inside one unit), 
 TEST_CASE("allreduce with tied weights steps each shared parameter once, 2 ranks") {
   tied_case(2, "{name: allreduce}");
 }
+
+TEST_CASE(
+    "zero stage 3 rebuilt: switch_to allreduce and back, add_param_group, 2 ranks, equal to "
+    "single-process SGD") {
+  // Steps 0-3 stage 3, 4-7 allreduce, 8-13 stage 3 again; `extra` (used from
+  // step 0, its gradient dropped) joins as a second group before step 6.
+  constexpr int kWorld = 2, kSteps = 14, kAddAt = 6;
+  constexpr int64_t kBatch = 8, kGlobal = kWorld * kBatch;
+  const std::string dir = make_temp_dir("distopt_zero3_rebuild");
+  auto data = [&] {
+    distopt::test::seed_cpu(kDataSeed);
+    return std::make_pair(at::randn({kGlobal * kSteps, kIn}),
+                          at::randint(0, kClasses, {kGlobal * kSteps}));
+  };
+  auto loss = [](Net& net, const at::Tensor& extra, const at::Tensor& x, const at::Tensor& y) {
+    return at::nll_loss(at::log_softmax(net->forward(x) + extra, 1), y);
+  };
+  auto ref_codes = fork_ranks(1, [&](int) {
+    torch::set_num_threads(1);
+    auto [x, y] = data();
+    distopt::test::seed_cpu(kInitSeed);
+    Net net;
+    at::Tensor extra = at::full({kClasses}, 0.1).requires_grad_(true);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    for (int step = 0; step < kSteps; ++step) {
+      if (step == kAddAt)
+        opt.add_param_group(torch::optim::OptimizerParamGroup(
+            {extra}, std::make_unique<torch::optim::SGDOptions>(
+                         torch::optim::SGDOptions(0.02).momentum(0.9))));
+      opt.zero_grad();
+      extra.mutable_grad() = at::Tensor();
+      loss(net, extra, x.narrow(0, step * kGlobal, kGlobal), y.narrow(0, step * kGlobal, kGlobal))
+          .backward();
+      for (auto& p : net->unused->parameters()) p.mutable_grad() = at::zeros_like(p);
+      if (step < kAddAt) extra.mutable_grad() = at::Tensor();
+      opt.step();
+    }
+    auto v = flat_params(net);
+    v.insert(v.end(), extra.data_ptr<float>(), extra.data_ptr<float>() + kClasses);
+    write_doubles(dir + "/ref.bin", v);
+    return 0;
+  });
+  REQUIRE(ref_codes[0] == 0);
+  std::ostringstream yaml;
+  yaml << plugins_and_world_yaml(kWorld, random_port()) << "communicator: {name: tcp}\n"
+       << "reducer: {name: mean}\nalgorithm: {name: zero, options: {stage: 3}}\n"
+       << "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
+  const std::string job = yaml.str();
+  auto codes = fork_ranks(
+      kWorld,
+      [&](int rank) {
+        torch::set_num_threads(1);
+        auto [x, y] = data();
+        distopt::test::seed_cpu(kInitSeed);
+        Net net;
+        at::Tensor extra = at::full({kClasses}, 0.1).requires_grad_(true);
+        auto rt = rank_runtime(job, rank, kWorld, "zero3_rebuild.yaml");
+        auto opt = rt.make_optimizer(*net);
+        std::vector<double> numels;  // head.weight's numel between steps, per phase
+        const distopt::ComponentConfig mean{"mean", {}, {}, {}, nullptr};
+        for (int step = 0; step < kSteps; ++step) {
+          if (step == 4) {
+            numels.push_back(static_cast<double>(net->head->parameters()[0].numel()));
+            opt.switch_to({"allreduce", {}, {}, {}, nullptr}, mean);
+            numels.push_back(static_cast<double>(net->head->parameters()[0].numel()));
+          }
+          if (step == kAddAt) opt.add_param_group({{"extra", extra}}, 0.02);
+          if (step == 8) {
+            opt.switch_to({"zero", YAML::Load("{stage: 3}"), {}, {}, nullptr}, mean);
+            numels.push_back(static_cast<double>(net->head->parameters()[0].numel()));
+          }
+          opt.zero_grad();
+          extra.mutable_grad() = at::Tensor();
+          const int64_t o = step * kGlobal + rank * kBatch;
+          loss(net, extra, x.narrow(0, o, kBatch), y.narrow(0, o, kBatch)).backward();
+          if (step < kAddAt) extra.mutable_grad() = at::Tensor();
+          opt.step();
+        }
+        numels.push_back(opt.shards_parameters() ? 1 : 0);
+        std::vector<double> v;
+        {
+          auto whole = opt.gather_params();
+          v = flat_params(net);
+        }
+        v.insert(v.end(), extra.data_ptr<float>(), extra.data_ptr<float>() + kClasses);
+        write_doubles(dir + "/rank" + std::to_string(rank) + ".bin", v);
+        write_doubles(dir + "/numel" + std::to_string(rank) + ".bin", numels);
+        rt.barrier();
+        return 0;
+      },
+      std::chrono::seconds(180));
+  const auto ref = read_doubles(dir + "/ref.bin");
+  for (int r = 0; r < kWorld; ++r) {
+    CAPTURE(r);
+    REQUIRE(codes[r] == 0);
+    const auto v = read_doubles(dir + "/rank" + std::to_string(r) + ".bin");
+    REQUIRE(v.size() == ref.size());
+    CHECK(max_abs_diff(v, ref) <= 2e-5);
+    const auto n = read_doubles(dir + "/numel" + std::to_string(r) + ".bin");
+    REQUIRE(n.size() == 4);
+    CHECK(n[0] == 0);              // stage 3: sharded between steps
+    CHECK(n[1] == 16 * kClasses);  // allreduce: whole after the switch
+    CHECK(n[2] == 0);              // stage 3 again: sharded
+    CHECK(n[3] == 1);
+  }
+  distopt::test::remove_tree(dir);
+}

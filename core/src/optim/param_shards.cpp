@@ -31,11 +31,16 @@ ParamShards::ParamShards(std::vector<UnitSpec> units, int32_t mode, const dopt_a
 }
 
 ParamShards::~ParamShards() {
-  for (auto& s : slots_) s->hooks = nullptr;
+  for (auto& s : slots_)
+    if (s->hooks == this) s->hooks = nullptr;  // a rebuilt optimizer may hold them now
 }
 
 void ParamShards::attach(std::vector<std::shared_ptr<UnitSlot>> slots) {
   slots_ = std::move(slots);
+  attach_again();
+}
+
+void ParamShards::attach_again() {
   for (size_t u = 0; u < slots_.size(); ++u) {
     slots_[u]->hooks = this;
     slots_[u]->unit = static_cast<int>(u);

@@ -84,6 +84,8 @@ class ParamShards : public UnitHooks, public std::enable_shared_from_this<ParamS
   /// Units whose hooks point here (make_optimizer's wrappers); detached on
   /// destruction so a wrapper outliving the optimizer just forwards.
   void attach(std::vector<std::shared_ptr<UnitSlot>> slots);
+  /// Point the units back here (another optimizer attached them, and failed).
+  void attach_again();
 
   size_t num_units() const { return units_.size(); }
   /// Bytes of full buffers present now (the memory test reads it).

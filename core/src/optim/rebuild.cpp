@@ -129,11 +129,22 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
              const std::string& what) {
   std::unique_ptr<Impl>& slot = Access::ptr(opt);
   Impl& old = *slot;
-  if (old.shards)
-    throw ConfigError(what + ": the optimizer shards parameters (algorithm '" +
-                      old.build.algorithm.name +
-                      "', stage 3), which cannot be rebuilt yet (add_param_group, switch_to, "
-                      "schedule:, autotune:)");
+  // Parameter sharding: the new build reads whole parameters (their shapes,
+  // and the values a sharding algorithm takes its shards from). Gathered
+  // now (collective), they stay views of the old units' buffers once the
+  // old optimizer is gone; a new sharding optimizer frees them.
+  struct Gathered {
+    Impl& old;
+    bool keep = false;  // the new optimizer took the parameters over
+    explicit Gathered(Impl& o) : old(o) {
+      if (old.shards) old.shards->gather_all();
+    }
+    ~Gathered() {
+      if (!old.shards || keep) return;
+      old.shards->attach_again();  // a failed new one detached the units
+      old.shards->release_all();
+    }
+  } gathered(old);
   const int rank = old.build.common.rank, world = old.world_size;
   // Unique per instance: the old one is still alive while this is created.
   b.rebuilds = old.build.rebuilds + 1;
@@ -166,6 +177,7 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
       throw Error(what + ": rank " + std::to_string(r) +
                   " could not rebuild the optimizer; it is unchanged on every rank");
     }
+  gathered.keep = true;
   slot.swap(fresh);
   fresh.reset();  // the old one: hooks off, algorithm, then reducer destroyed
 }
