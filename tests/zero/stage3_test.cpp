@@ -400,7 +400,12 @@ TEST_CASE(
   distopt::test::remove_tree(dir);
 }
 
-TEST_CASE("zero stage 3: a rank killed between steps is named by the others' next gather") {
+namespace {
+
+// Rank 2 of 3 dies by SIGKILL at step 3: before it (between steps: the
+// others fail in the next forward's gather) or after its forward (mid-step:
+// they fail in the backward's gathers and reduce-scatters).
+void killed_rank_is_named(bool mid_step) {
   constexpr int kWorld = 3, kDead = 2;
   const std::string job = job_yaml(kWorld, "{name: zero, options: {stage: 3}}");
   auto codes = fork_ranks(
@@ -415,9 +420,12 @@ TEST_CASE("zero stage 3: a rank killed between steps is named by the others' nex
         auto opt = rt.make_optimizer(*net);
         try {
           for (int step = 0; step < 6; ++step) {
-            if (rank == kDead && step == 3) raise(SIGKILL);
+            const bool dies = rank == kDead && step == 3;
+            if (dies && !mid_step) raise(SIGKILL);
             opt.zero_grad();
-            loss_of(net, x, y).backward();
+            auto loss = loss_of(net, x, y);
+            if (dies) raise(SIGKILL);
+            loss.backward();
             opt.step();
           }
         } catch (const std::exception& e) {
@@ -432,6 +440,16 @@ TEST_CASE("zero stage 3: a rank killed between steps is named by the others' nex
   CHECK(codes[0] == 0);
   CHECK(codes[1] == 0);
   CHECK(codes[kDead] != 0);  // killed
+}
+
+}  // namespace
+
+TEST_CASE("zero stage 3: a rank killed between steps is named by the others' next gather") {
+  killed_rank_is_named(false);
+}
+
+TEST_CASE("zero stage 3: a rank killed mid-step (after its forward) is named in the backward") {
+  killed_rank_is_named(true);
 }
 
 namespace {
