@@ -116,3 +116,34 @@ def test_a_dead_peer_raises_distopt_error_naming_it(tmp_path):
     assert procs[0].returncode == 3, outs[0]
     assert "rank 0: distopt.Error:" in outs[0], outs[0]
     assert "rank 1" in outs[0].split("distopt.Error:", 1)[1], outs[0]
+
+
+def test_unit_policies():
+    """Which submodules become units of parameter sharding (no ranks needed)."""
+    class Block(torch.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.attn = torch.nn.Linear(n, n)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(n, 4 * n), torch.nn.ReLU(),
+                                           torch.nn.Linear(4 * n, n))
+
+        def forward(self, x):
+            return self.mlp(self.attn(x))
+
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 8), Block(8), Block(8),
+                                torch.nn.Linear(8, 100))
+    # Default: the direct children that hold parameters.
+    assert distopt._unit_names(model, None) == ["0", "1", "2", "3"]
+    # By class (ModuleWrapPolicy): every Block, the outermost where they nest.
+    assert distopt._unit_names(model, {Block}) == ["1", "2"]
+    assert distopt._unit_names(model, [Block, "3", "1.mlp"]) == ["1", "2", "3"]
+    # By size: the smallest submodules holding at least N parameters. A
+    # Block's mlp holds 8*32+32+32*8+8 = 552, its attn 72, the embedding and
+    # the head 800 and 900.
+    assert distopt._unit_names(model, 500) == ["0", "1.mlp", "2.mlp", "3"]
+    assert distopt._unit_names(model, 600) == ["0", "1", "2", "3"]
+    assert distopt._unit_names(model, 10 ** 9) == []
+    with pytest.raises(distopt.Error, match="neither"):
+        distopt._unit_names(model, [3.5])
+    with pytest.raises(AttributeError):
+        distopt._unit_names(model, ["nope"])

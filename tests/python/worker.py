@@ -32,10 +32,12 @@ elif case == "zero2_adamw":
     opt = distopt.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
                                           stage=2, lr=0.01, job=base)
 elif case in ("zero3_adam", "zero3_tied"):
+    # zero3_adam picks its units by class (FSDP's ModuleWrapPolicy), zero3_tied by default.
     opt = distopt.DistributedOptimizer(model, dict(base, algorithm={"name": "zero",
                                                                     "options": {"stage": 3}},
                                                    optimizer={"name": "adam", "lr": 0.01,
-                                                              "beta2": 0.99}))
+                                                              "beta2": 0.99}),
+                                       units={torch.nn.Linear} if case == "zero3_adam" else None)
     assert opt._opt.shards_parameters
     if case == "zero3_tied":  # shared by units 0 and 2, which do not nest: whole
         assert model[0].weight.numel() == 16 * 16 and model[0].bias.numel() == 0

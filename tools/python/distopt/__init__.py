@@ -126,19 +126,72 @@ def _named(model_or_params):
 
 
 def _unit_names(model, units):
-    """The units of parameter sharding: the submodule names given, or by
-    default every direct child of `model` that holds parameters (FSDP's
-    wrapping of a Sequential's layers). None for a plain parameter list."""
+    """The units of parameter sharding (module names, none inside another):
+
+    None: every direct child of `model` that holds parameters (FSDP's
+    wrapping of a Sequential's layers); a number N: the smallest submodules
+    that hold at least N parameters not held by a smaller unit (FSDP's
+    size_based_auto_wrap_policy; the parameters of no such module stay
+    whole); an iterable of module names and/or module classes: those
+    submodules, and every submodule of those classes (FSDP's
+    ModuleWrapPolicy), the outermost where they nest. [] for a parameter
+    list."""
     if not isinstance(model, torch.nn.Module):
         if units:
             raise Error("distopt: units need a torch.nn.Module model")
         return []
-    if units is not None:
-        names = [str(u) for u in units]
-        for n in names:
-            model.get_submodule(n)  # AttributeError naming it when missing
-        return names
-    return [n for n, c in model.named_children() if any(True for _ in c.parameters())]
+    if units is None:
+        return [n for n, c in model.named_children() if any(True for _ in c.parameters())]
+    if isinstance(units, (int, float)) and not isinstance(units, bool):
+        return _units_by_size(model, int(units))
+    names, classes = [], []
+    for u in units:
+        if isinstance(u, type) and issubclass(u, torch.nn.Module):
+            classes.append(u)
+        elif isinstance(u, str):
+            model.get_submodule(u)  # AttributeError naming it when missing
+            names.append(u)
+        else:
+            raise Error(f"distopt: units: {u!r} is neither a module name nor a module class")
+    if classes:
+        for n, m in model.named_modules():
+            if n and isinstance(m, tuple(classes)) and any(True for _ in m.parameters()):
+                names.append(n)
+    outer = []  # the outermost of nested names, in model order
+    for n in sorted(set(names), key=lambda n: (n.count("."), n)):
+        if not any(n.startswith(o + ".") for o in outer):
+            outer.append(n)
+    order = {n: i for i, (n, _) in enumerate(model.named_modules())}
+    return sorted(outer, key=lambda n: order.get(n, -1))
+
+
+def _units_by_size(model, min_params):
+    """Post-order: a submodule whose parameters not in a smaller unit reach
+    min_params becomes a unit; modules around a unit never do (units do not
+    nest here), so what they hold outside it stays whole."""
+    if min_params < 1:
+        raise Error(f"distopt: units: a parameter count must be >= 1, not {min_params}")
+    units, seen = [], set()
+
+    def visit(prefix, module):
+        """(parameters not in a unit below, whether a unit is below)."""
+        free, below = 0, False
+        for name, child in module.named_children():
+            f, b = visit(f"{prefix}.{name}" if prefix else name, child)
+            free += f
+            below = below or b
+        for p in module.parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                free += p.numel()
+        if prefix and not below and free >= min_params:
+            units.append(prefix)
+            return 0, True
+        return free, below
+
+    visit("", model)
+    order = {n: i for i, (n, _) in enumerate(model.named_modules())}
+    return sorted(units, key=lambda n: order[n])
 
 
 def _grad_output(out):
@@ -163,11 +216,14 @@ class DistributedOptimizer:
     job: a YAML file, YAML text or a dict with the keys of a job file
     (see init()). Collective: every rank builds it; rank 0's parameters and
     buffers are broadcast first, so all ranks start equal.
-    units: with `algorithm: {name: zero, options: {stage: 3}}`, the names of
-    the submodules whose parameters are gathered as one piece around their
-    forward and backward (none inside another); default: every direct child
-    of `model` that holds parameters. Between steps their parameters are
-    empty tensors: read them inside gather_params().
+    units: with `algorithm: {name: zero, options: {stage: 3}}`, the
+    submodules whose parameters are gathered as one piece around their
+    forward and backward: default, every direct child of `model` that holds
+    parameters; a number N, the smallest submodules holding at least N
+    parameters (FSDP's size_based_auto_wrap_policy); or module names and/or
+    module classes, e.g. units={TransformerBlock} (FSDP's ModuleWrapPolicy).
+    Between steps their parameters are empty tensors: read them inside
+    gather_params().
     """
 
     def __init__(self, model, job=None, units=None):
