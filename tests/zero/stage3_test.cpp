@@ -454,6 +454,34 @@ TEST_CASE("zero stage 3: a rank killed mid-step (after its forward) is named in 
 
 namespace {
 
+// A forked rank's results: its gathered parameters and its probes.
+void write_rank(const std::string& dir, int rank, const std::vector<double>& params,
+                const std::vector<double>& probes) {
+  write_doubles(dir + "/rank" + std::to_string(rank) + ".bin", params);
+  write_doubles(dir + "/probes" + std::to_string(rank) + ".bin", probes);
+}
+
+// Every rank exited 0 and ended within 2e-5 of `ref`; returns each rank's
+// probes (`probes` of them).
+std::vector<std::vector<double>> check_ranks(const std::string& dir, const std::vector<int>& codes,
+                                             const std::vector<double>& ref, size_t probes) {
+  std::vector<std::vector<double>> out;
+  for (size_t r = 0; r < codes.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(codes[r] == 0);
+    const auto v = read_doubles(dir + "/rank" + std::to_string(r) + ".bin");
+    REQUIRE(v.size() == ref.size());
+    CHECK(max_abs_diff(v, ref) <= 2e-5);
+    out.push_back(read_doubles(dir + "/probes" + std::to_string(r) + ".bin"));
+    REQUIRE(out.back().size() == probes);
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
 // A linear layer over a weight it is given (tied) and a bias of its own.
 struct TiedLinearImpl : torch::nn::Module {
   explicit TiedLinearImpl(const at::Tensor& w) {
@@ -558,21 +586,12 @@ void tied_case(int world, const std::string& algorithm) {
           auto whole = opt.gather_params();
           v = flat_params(net);
         }
-        write_doubles(dir + "/rank" + std::to_string(rank) + ".bin", v);
-        write_doubles(dir + "/numel" + std::to_string(rank) + ".bin", numels);
+        write_rank(dir, rank, v, numels);
         rt.barrier();
         return 0;
       },
       std::chrono::seconds(180));
-  const auto ref = read_doubles(dir + "/ref.bin");
-  for (int r = 0; r < world; ++r) {
-    CAPTURE(r);
-    REQUIRE(codes[r] == 0);
-    const auto v = read_doubles(dir + "/rank" + std::to_string(r) + ".bin");
-    REQUIRE(v.size() == ref.size());
-    CHECK(max_abs_diff(v, ref) <= 2e-5);
-    const auto n = read_doubles(dir + "/numel" + std::to_string(r) + ".bin");
-    REQUIRE(n.size() == 4);
+  for (const auto& n : check_ranks(dir, codes, read_doubles(dir + "/ref.bin"), 4)) {
     if (n[3] == 1) {
       CHECK(n[0] == kIn * kIn);  // w, shared by units a and b: whole between steps
       CHECK(n[1] == 0);          // v, shared inside unit pair: pair's, sharded
@@ -678,21 +697,12 @@ TEST_CASE(
           v = flat_params(net);
         }
         v.insert(v.end(), extra.data_ptr<float>(), extra.data_ptr<float>() + kClasses);
-        write_doubles(dir + "/rank" + std::to_string(rank) + ".bin", v);
-        write_doubles(dir + "/numel" + std::to_string(rank) + ".bin", numels);
+        write_rank(dir, rank, v, numels);
         rt.barrier();
         return 0;
       },
       std::chrono::seconds(180));
-  const auto ref = read_doubles(dir + "/ref.bin");
-  for (int r = 0; r < kWorld; ++r) {
-    CAPTURE(r);
-    REQUIRE(codes[r] == 0);
-    const auto v = read_doubles(dir + "/rank" + std::to_string(r) + ".bin");
-    REQUIRE(v.size() == ref.size());
-    CHECK(max_abs_diff(v, ref) <= 2e-5);
-    const auto n = read_doubles(dir + "/numel" + std::to_string(r) + ".bin");
-    REQUIRE(n.size() == 4);
+  for (const auto& n : check_ranks(dir, codes, read_doubles(dir + "/ref.bin"), 4)) {
     CHECK(n[0] == 0);              // stage 3: sharded between steps
     CHECK(n[1] == 16 * kClasses);  // allreduce: whole after the switch
     CHECK(n[2] == 0);              // stage 3 again: sharded

@@ -231,6 +231,10 @@ train_row allreduce "$SGD
 algorithm: {name: allreduce}"
 train_row zero "$ADAM
 algorithm: {name: zero, options: {stage: 1}}"
+# Parameter sharding: the model's layers are units; at world 1 each is still
+# freed and gathered (copied) around its forward and backward.
+train_row "zero stage 3" "$ADAM
+algorithm: {name: zero, options: {stage: 3}}"
 train_row fused "$ADAM
 algorithm: {name: fused}"
 for f in 0 0.5 1; do

@@ -6,6 +6,7 @@
 
 #include <exception>
 #include <map>
+#include <memory>
 #include <optional>
 
 #include "base/services.hpp"
@@ -134,15 +135,15 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
   // now (collective), they stay views of the old units' buffers once the
   // old optimizer is gone; a new sharding optimizer frees them.
   struct Gathered {
-    Impl& old;
-    bool keep = false;  // the new optimizer took the parameters over
-    explicit Gathered(Impl& o) : old(o) {
-      if (old.shards) old.shards->gather_all();
+    std::shared_ptr<ParamShards> shards;  // not `old`: gone when the swap succeeded
+    bool keep = false;                    // the new optimizer took the parameters over
+    explicit Gathered(Impl& old) : shards(old.shards) {
+      if (shards) shards->gather_all();
     }
     ~Gathered() {
-      if (!old.shards || keep) return;
-      old.shards->attach_again();  // a failed new one detached the units
-      old.shards->release_all();
+      if (keep || !shards) return;
+      shards->attach_again();  // a failed new one detached the units
+      shards->release_all();
     }
   } gathered(old);
   const int rank = old.build.common.rank, world = old.world_size;
