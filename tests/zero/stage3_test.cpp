@@ -710,3 +710,29 @@ TEST_CASE(
   }
   distopt::test::remove_tree(dir);
 }
+
+TEST_CASE("zero stage 3 refuses mixed precision and join, naming the file and the key") {
+  auto codes = fork_ranks(1, [&](int) {
+    int bad = 0;
+    for (const auto& [extra, key] : std::vector<std::pair<std::string, std::string>>{
+             {"precision: {dtype: bf16}\n", "precision"},
+             {"join: {enabled: true}\n", "join.enabled"}}) {
+      const std::string job = job_yaml(1, "{name: zero, options: {stage: 3}}") + extra;
+      Net net;
+      try {
+        auto rt = rank_runtime(job, 0, 1, "zero3_refused.yaml");
+        auto opt = rt.make_optimizer(*net);
+        std::fprintf(stderr, "%s: not refused\n", key.c_str());
+        ++bad;
+      } catch (const distopt::ConfigError& e) {
+        const std::string what = e.what();
+        if (what.find("zero3_refused.yaml: " + key + ": ") == std::string::npos) {
+          std::fprintf(stderr, "%s: %s\n", key.c_str(), e.what());
+          ++bad;
+        }
+      }
+    }
+    return bad;
+  });
+  CHECK(codes[0] == 0);
+}

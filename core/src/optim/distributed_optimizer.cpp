@@ -152,10 +152,18 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   const bool mixed = b.precision.enabled();
   const int32_t sharding = param_sharding_of(b);
   if (sharding != DOPT_PARAM_SHARDING_NONE) {
+    const std::string where = b.job_path.empty() ? "" : b.job_path + ": ";
     if (mixed)
-      throw ConfigError("precision: algorithm '" + b.algorithm.name +
+      throw ConfigError(where + "precision: algorithm '" + b.algorithm.name +
                         "' shards parameters (zero stage 3), which does not run with mixed "
                         "precision yet; use precision: {dtype: fp32} or zero stage 2");
+    // A joined rank would have to take part in every unit's gather of the
+    // ranks still training (forward and backward), which join() does not.
+    if (b.join.enabled)
+      throw ConfigError(where + "join.enabled: algorithm '" + b.algorithm.name +
+                        "' shards parameters (zero stage 3): a rank that ran out of data "
+                        "cannot shadow the others' gathers of every unit; use join: {enabled: "
+                        "false} with equal inputs, or zero stage 2");
     bo.units = b.param_units;
     if (b.common.rank == 0)
       for (const auto& note : b.unit_notes) log(DOPT_LOG_INFO, "optimizer", note);

@@ -66,8 +66,9 @@ struct OptimizerBuild {
   /// equal to `comm` when that accepts kDLCPU).
   dopt_comm_ref control{nullptr, nullptr};
   dopt_create_args
-      common{};       ///< rank, world, store, token, bind; options / scope set per component
-  std::string scope;  ///< unique per optimizer, identical across ranks ("optimizer/0")
+      common{};          ///< rank, world, store, token, bind; options / scope set per component
+  std::string scope;     ///< unique per optimizer, identical across ranks ("optimizer/0")
+  std::string job_path;  ///< the job file, for errors that name a key of it
   PrecisionConfig precision;  ///< mixed precision (off by default)
   /// Module buffers kept equal across ranks after every step (null: none
   /// set). Shared so that add_param_group's rebuild keeps it.

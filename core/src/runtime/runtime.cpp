@@ -530,6 +530,7 @@ DistributedOptimizer Runtime::build_optimizer(
   b.common.job_token = m.proc.token.c_str();
   b.common.bind_address = m.bind_address.c_str();
   b.scope = "optimizer/" + std::to_string(m.next_optimizer++);
+  b.job_path = m.cfg.path;
   b.param_units = std::move(units.of_param);
   b.unit_slots = std::move(units.slots);
   b.unit_names = std::move(units.names);
