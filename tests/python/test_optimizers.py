@@ -63,8 +63,12 @@ CASES = {
 def test_matches_single_process_pytorch(case, tmp_path):
     ranks = run_ranks(case, tmp_path)
     ref = reference(CASES[case], tied=case.endswith("_tied"))
+    # The tied model is deeper (the shared weight in two layers under Adam):
+    # the mean's reduction order moves it by up to 2e-6 (OpenBLAS Haswell
+    # kernels), the C++ stage 3 tests' bound of 2e-5 holds it.
+    atol = 2e-5 if case.endswith("_tied") else 1e-6
     for got in ranks:
-        check_close(got, ref)
+        check_close(got, ref, atol=atol)
     # Both ranks hold the same model.
     check_close(ranks[0], ranks[1], rtol=0, atol=0)
     if case == "allreduce_sgd":
