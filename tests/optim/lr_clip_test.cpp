@@ -24,6 +24,7 @@
 #include "distopt/host_api.hpp"
 #include "distopt/lr_schedule.hpp"
 #include "distopt/runtime.hpp"
+#include "distopt/sharded_unit.hpp"
 #include "multiproc.hpp"
 #include "rank_runtime.hpp"
 #include "result_files.hpp"
@@ -37,16 +38,16 @@ using namespace distopt::test;
 constexpr int kIn = 12, kClasses = 5, kBatch = 8;
 constexpr uint64_t kInitSeed = 7, kDataSeed = 99;
 
+// Each layer a unit of parameter sharding (zero stage 3); the other
+// algorithms see plain layers (a ShardedUnit only forwards then).
 struct NetImpl : torch::nn::Module {
   NetImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(kIn, 24));
-    fc2 = register_module("fc2", torch::nn::Linear(24, 16));
-    fc3 = register_module("fc3", torch::nn::Linear(16, kClasses));
+    fc1 = register_module("fc1", distopt::ShardedUnit(torch::nn::Linear(kIn, 24)));
+    fc2 = register_module("fc2", distopt::ShardedUnit(torch::nn::Linear(24, 16)));
+    fc3 = register_module("fc3", distopt::ShardedUnit(torch::nn::Linear(16, kClasses)));
   }
-  at::Tensor forward(const at::Tensor& x) {
-    return fc3->forward(at::relu(fc2->forward(at::relu(fc1->forward(x)))));
-  }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  at::Tensor forward(const at::Tensor& x) { return fc3(at::relu(fc2(at::relu(fc1(x))))); }
+  distopt::ShardedUnit fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 TORCH_MODULE(Net);
 
@@ -126,6 +127,7 @@ std::vector<double> reference(const Job& j, double clip, const std::function<dou
 struct RankOut {
   std::vector<double> params, lrs;  // lrs: opt.lr() before each step
   double clipped_steps = 0, grad_norm_steps = 0;
+  bool sharded = false;  // the optimizer shards parameters (zero stage 3) at the end
 };
 
 // The job on j.world ranks; rank r trains on its slice of the global batch.
@@ -151,11 +153,15 @@ std::vector<RankOut> run_job(const Job& j) {
           opt.step();
         }
         auto m = distopt::metrics_snapshot();
-        write_doubles(rank_file(dir, "params", rank), flat_params(net));
+        {
+          auto whole = opt.gather_params();  // zero stage 3: the units whole
+          write_doubles(rank_file(dir, "params", rank), flat_params(net));
+        }
         write_doubles(rank_file(dir, "lrs", rank), lrs);
-        write_doubles(rank_file(dir, "metrics", rank),
-                      {m["optimizer.grad_clipped_steps"], m["optimizer.grad_norm_steps"],
-                       static_cast<double>(opt.num_buckets())});
+        write_doubles(
+            rank_file(dir, "metrics", rank),
+            {m["optimizer.grad_clipped_steps"], m["optimizer.grad_norm_steps"],
+             static_cast<double>(opt.num_buckets()), opt.shards_parameters() ? 1.0 : 0.0});
         rt.barrier();
         return 0;
       },
@@ -167,9 +173,10 @@ std::vector<RankOut> run_job(const Job& j) {
     out[r].params = read_doubles(rank_file(dir, "params", r));
     out[r].lrs = read_doubles(rank_file(dir, "lrs", r));
     auto m = read_doubles(rank_file(dir, "metrics", r));
-    REQUIRE(m.size() == 3);
+    REQUIRE(m.size() == 4);
     out[r].clipped_steps = m[0];
     out[r].grad_norm_steps = m[1];
+    out[r].sharded = m[3] == 1;
     CHECK(m[2] >= 3);  // the tiny bucket cap really made several buckets
   }
   remove_tree(dir);
@@ -178,7 +185,7 @@ std::vector<RankOut> run_job(const Job& j) {
 
 constexpr double kClip = 0.3;  // well below the first steps' norms (~1-3)
 
-void check_clipped_equals_reference(const Job& j) {
+void check_clipped_equals_reference(const Job& j, bool sharded = false) {
   auto ranks = run_job(j);
   const auto ref = reference(j, kClip, nullptr);
   REQUIRE(!ref.empty());
@@ -188,6 +195,7 @@ void check_clipped_equals_reference(const Job& j) {
     CHECK(max_abs_diff(ranks[r].params, ranks[0].params) <= 1e-6);
     CHECK(ranks[r].grad_norm_steps == j.steps);
     CHECK(ranks[r].clipped_steps >= 1);  // clipping really happened
+    CHECK(ranks[r].sharded == sharded);
   }
   // ...and clipping changed the result (else equality proves nothing)
   const auto unclipped = reference(j, 0, nullptr);
@@ -202,13 +210,13 @@ TEST_CASE("grad_clip: allreduce (several buckets) equals clip_grad_norm_ on the 
   check_clipped_equals_reference(j);
 }
 
-TEST_CASE("grad_clip: zero stage 1 and 2 sum the shards' squares over the ranks") {
-  for (int stage : {1, 2}) {
+TEST_CASE("grad_clip: zero stages 1, 2 and 3 sum the shards' squares over the ranks") {
+  for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
     Job j;
     j.algorithm = "{name: zero, options: {stage: " + std::to_string(stage) + "}}";
     j.optimizer_extra = ", grad_clip: 0.3";
-    check_clipped_equals_reference(j);
+    check_clipped_equals_reference(j, stage == 3);
   }
 }
 
@@ -321,6 +329,25 @@ TEST_CASE("lr_schedule and grad_clip carry across a schedule: phase switch (allr
     CAPTURE(r);
     CHECK(max_abs_diff(ranks[r].params, ref) <= 2e-5);
     CHECK(ranks[r].clipped_steps >= 1);
+    REQUIRE(ranks[r].lrs.size() == size_t(j.steps));
+    for (int k = 0; k < j.steps; ++k) CHECK(ranks[r].lrs[k] == doctest::Approx(lr_at(k)));
+  }
+}
+
+TEST_CASE("lr_schedule and grad_clip through a phase switch from allreduce to zero stage 3") {
+  Job j;
+  j.optimizer_extra = ", grad_clip: 0.3, lr_schedule: {kind: step, step_size: 3, gamma: 0.5}";
+  j.sections =
+      "schedule:\n  - until_step: 5\n    algorithm: {name: allreduce}\n"
+      "  - algorithm: {name: zero, options: {stage: 3}}\n";
+  auto ranks = run_job(j);
+  auto lr_at = [](int k) { return 0.1 * std::pow(0.5, k / 3); };
+  const auto ref = reference(j, kClip, lr_at);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    CAPTURE(r);
+    CHECK(max_abs_diff(ranks[r].params, ref) <= 2e-5);
+    CHECK(ranks[r].clipped_steps >= 1);
+    CHECK(ranks[r].sharded);  // the second phase shards the parameters
     REQUIRE(ranks[r].lrs.size() == size_t(j.steps));
     for (int k = 0; k < j.steps; ++k) CHECK(ranks[r].lrs[k] == doctest::Approx(lr_at(k)));
   }
