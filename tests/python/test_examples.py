@@ -17,7 +17,7 @@ EXAMPLE = os.path.join(EXAMPLES, "train_mlp.py")
 DATA = "/usr/share/datasets/fashion-mnist"
 
 
-@pytest.mark.parametrize("algorithm", ["allreduce", "zero", "fused", "hybrid"])
+@pytest.mark.parametrize("algorithm", ["allreduce", "zero", "zero3", "fused", "hybrid"])
 def test_example_trains(algorithm):
     if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
         pytest.skip(f"no Fashion-MNIST in {DATA} (tools/setup.sh installs it)")

@@ -7,8 +7,10 @@ with one of distopt's optimizers. Run it on 2 local ranks:
 Each rank trains on its slice of every global batch; distopt reduces the
 gradients during backward and runs the job's algorithm in opt.step().
 --algorithm: allreduce (default), zero (optimizer state sharded; the
-ZeroRedundancyOptimizer shape), fused, hybrid (Adam's update half on the
-CPU). Prints the test accuracy after each epoch (rank 0).
+ZeroRedundancyOptimizer shape), zero3 (parameters sharded too, FSDP's full
+sharding: each Linear layer a unit, gathered around its forward and
+backward), fused, hybrid (Adam's update half on the CPU). Prints the test
+accuracy after each epoch (rank 0).
 """
 import argparse
 import gzip
@@ -44,7 +46,7 @@ def load(data_dir, split):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--algorithm", default="allreduce", choices=["allreduce", "zero", "fused", "hybrid"])
+    ap.add_argument("--algorithm", default="allreduce", choices=["allreduce", "zero", "zero3", "fused", "hybrid"])
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=128, help="per rank")
     ap.add_argument("--max-steps", type=int, default=0, help="steps per epoch (0 = all)")
@@ -58,6 +60,10 @@ def main():
     if a.algorithm == "zero":  # PyTorch's ZeroRedundancyOptimizer, distopt's zero plugin
         opt = distopt.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                               lr=1e-3, job=job)
+    elif a.algorithm == "zero3":  # FSDP: every nn.Linear a unit (its ModuleWrapPolicy)
+        opt = distopt.DistributedOptimizer(
+            model, dict(job, algorithm={"name": "zero", "options": {"stage": 3}},
+                        optimizer={"name": "adam", "lr": 1e-3}), units={nn.Linear})
     elif a.algorithm == "fused":  # Bagua's fuse_optimizer
         opt = distopt.fuse_optimizer(torch.optim.Adam(model.parameters(), lr=1e-3), job=job)
     elif a.algorithm == "hybrid":  # Megatron's HybridDeviceOptimizer
@@ -83,6 +89,8 @@ def main():
             F.cross_entropy(model(train_x[idx_]), train_y[idx_]).backward()
             opt.step()
         # Each rank evaluates its share of the test set; the counts are summed over ranks.
+        # (zero3: a unit's forward is a collective, so every rank runs the same number
+        # of forwards: one here.)
         model.eval()
         lo, hi = len(test_y) * rank // world, len(test_y) * (rank + 1) // world
         with torch.no_grad():
