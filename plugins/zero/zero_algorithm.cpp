@@ -118,20 +118,28 @@ void ZeroAlgorithm::gather_params(const dopt_bucket& bucket, DLTensor& full) {
     fail(DOPT_ERR_STATE, "gather_params: bucket " + std::to_string(b) + " is already gathering");
   const int64_t shard = s.param_shard.numel();
   at::Tensor out = sdk::as_tensor(full);
-  if (out.dim() != 1 || out.numel() != shard * world_ ||
-      out.scalar_type() != s.param_shard.scalar_type())
-    fail(DOPT_ERR_INVALID_ARGUMENT, "gather_params: bucket " + std::to_string(b) + " needs a 1-D " +
-                                        std::string(c10::toString(s.param_shard.scalar_type())) +
-                                        " buffer of " + std::to_string(shard * world_) +
-                                        " elements");
+  // ABI 1.8: under mixed precision `full` has the model's dtype (bf16,
+  // fp16) and the shard is the fp32 master.
+  if (out.dim() != 1 || out.numel() != shard * world_ || !at::isFloatingType(out.scalar_type()))
+    fail(DOPT_ERR_INVALID_ARGUMENT, "gather_params: bucket " + std::to_string(b) +
+                                        " needs a 1-D floating-point buffer of " +
+                                        std::to_string(shard * world_) + " elements");
   s.gather_started = true;
+  at::NoGradGuard ng;
   if (world_ == 1) {
-    at::NoGradGuard ng;
     out.copy_(s.param_shard);
     return;
   }
-  s.gathering = comm_.allgather(*s.param_shard_view.get(), full);
-  count_sent(ring_bytes(static_cast<uint64_t>(s.param_shard.nbytes()), world_));
+  const DLTensor* send = s.param_shard_view.get();
+  if (out.scalar_type() != s.param_shard.scalar_type()) {
+    // Round once here and send the model's dtype (FSDP's param_dtype): half
+    // the bytes of the fp32 shard, and what every rank would round to anyway.
+    s.param_cast = s.param_shard.to(out.scalar_type());
+    s.param_cast_view = sdk::DLView(s.param_cast);
+    send = s.param_cast_view.get();
+  }
+  s.gathering = comm_.allgather(*send, full);
+  count_sent(ring_bytes(static_cast<uint64_t>(shard * out.element_size()), world_));
 }
 
 void ZeroAlgorithm::scatter_params(const dopt_bucket& bucket, const DLTensor& full) {
@@ -142,8 +150,7 @@ void ZeroAlgorithm::scatter_params(const dopt_bucket& bucket, const DLTensor& fu
          "scatter_params: bucket " + std::to_string(b) + " holds no sharded unit");
   const int64_t shard = s.param_shard.numel();
   at::Tensor in = sdk::as_tensor(full);
-  if (in.dim() != 1 || in.numel() != shard * world_ ||
-      in.scalar_type() != s.param_shard.scalar_type())
+  if (in.dim() != 1 || in.numel() != shard * world_ || !at::isFloatingType(in.scalar_type()))
     fail(DOPT_ERR_INVALID_ARGUMENT,
          "scatter_params: bucket " + std::to_string(b) + " needs the buffer gather_params fills");
   at::NoGradGuard ng;
@@ -156,6 +163,13 @@ void ZeroAlgorithm::wait_params(const dopt_bucket& bucket) {
     fail(DOPT_ERR_STATE,
          "wait_params: no gather of bucket " + std::to_string(bucket.index) + " is pending");
   s.gather_started = false;
+  struct DropCast {  // the rounded shard goes once the gather is over, or failed
+    BucketShard& s;
+    ~DropCast() {
+      s.param_cast_view = sdk::DLView();
+      s.param_cast = at::Tensor();
+    }
+  } drop{s};
   if (!s.gathering.valid()) return;
   sdk::CommHandle h = std::move(s.gathering);
   s.gathering.reset();
@@ -360,13 +374,7 @@ void ZeroAlgorithm::step() {
       }
     }
   } catch (...) {
-    for (auto& p : reduce_pending_) p.reset();  // a failed step leaves no stale requests
-    for (auto& s : shards_) {
-      s.pending.reset();
-      s.done = false;
-      s.send_view = sdk::DLView();
-      s.send = at::Tensor();
-    }
+    drop_bucket_work();  // a failed step leaves no stale requests
     throw;
   }
   follow_host_params();
@@ -374,6 +382,36 @@ void ZeroAlgorithm::step() {
   optimizer_->step();
   sync_parameters();
   sdk::metric_add("algorithm.steps", 1);
+}
+
+void ZeroAlgorithm::drop_bucket_work() {
+  for (auto& p : reduce_pending_) p.reset();
+  for (auto& s : shards_) {
+    s.pending.reset();
+    s.done = false;
+    s.send_view = sdk::DLView();
+    s.send = at::Tensor();
+  }
+}
+
+void ZeroAlgorithm::discard_step() {
+  at::NoGradGuard ng;
+  // Every rank started the same reductions: finish them (the host frees
+  // the buckets they read next), then forget their results.
+  std::exception_ptr failure;
+  auto finish = [&failure](auto& handle) {
+    if (!handle.valid()) return;
+    try {
+      handle.wait();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  };
+  for (auto& p : reduce_pending_) finish(p);
+  for (auto& s : shards_) finish(s.pending);
+  drop_bucket_work();
+  if (failure) std::rethrow_exception(failure);
+  sdk::metric_add("algorithm.discarded_steps", 1);
 }
 
 void ZeroAlgorithm::set_grad_clip(double max_norm) {

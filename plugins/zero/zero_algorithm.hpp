@@ -56,6 +56,14 @@
 // optimizer state as stage 2 does; the host gathers the parameters to save
 // them and, on load, hands the loaded ones to scatter_params.
 //
+// Stage 3 under mixed precision (ABI 1.8): the parameters the host creates
+// this algorithm with are the fp32 masters, so the parameter shards are
+// the sharded masters and the gradient buckets are fp32 (unscaled by the
+// host); gather_params gets a buffer of the model's dtype (bf16, fp16) and
+// allgathers the shard rounded to it. When a rank found an inf/NaN the
+// host calls discard_step(): the reduce-scatters already started are
+// finished and forgotten, nothing is stepped.
+//
 // Partition (stage 1): `greedy` = PyTorch's sorted-greedy over whole
 // parameters (state per rank within one largest parameter of 1/W);
 // `contiguous` = the trainable parameters laid back to back, partitioned into W
@@ -118,6 +126,9 @@ class ZeroAlgorithm : public sdk::Algorithm {
   void scatter_params(const dopt_bucket& bucket, const DLTensor& full) override;
   void on_bucket_ready(const dopt_bucket& bucket) override;
   void step() override;
+  /// ABI 1.8: finish this step's reductions and forget them (an inf/NaN
+  /// gradient under mixed precision): no update, no synchronisation.
+  void discard_step();
   void set_lr(int32_t group, double lr) override;
   /// ABI 1.5: the norm is summed over the item shards each rank owns, over the ranks.
   void set_grad_clip(double max_norm) override;
@@ -140,6 +151,10 @@ class ZeroAlgorithm : public sdk::Algorithm {
     bool sharded = false;
     at::Tensor param_shard;
     sdk::DLView param_shard_view;
+    // Mixed precision (ABI 1.8): the shard rounded to the model's dtype,
+    // sent while a gather is pending.
+    at::Tensor param_cast;
+    sdk::DLView param_cast_view;
     sdk::CommHandle gathering;
     bool gather_started = false;
     bool done = false;  // its reduce-scatter was waited for before step()
@@ -174,6 +189,8 @@ class ZeroAlgorithm : public sdk::Algorithm {
   /// algorithm.h): alias the new memory, keeping the optimizer state.
   void follow_host_params();
   void sync_parameters();
+  /// Forget every bucket's pending reduction and padded copy.
+  void drop_bucket_work();
   /// Clip the owned item shards' gradients by the global norm (one scalar allreduce).
   void clip_owned_grads();
   void sync_by_allgather(const FlatPartition& partition);

@@ -106,7 +106,7 @@ TEST_CASE("DOPT_PLUGIN fills the plugin info and component table") {
   CHECK(reinterpret_cast<void*>(rvt->save_state) != nullptr);
   CHECK(reinterpret_cast<void*>(rvt->load_state) != nullptr);
   auto* avt = static_cast<const dopt_algorithm_v1*>(info.components[1].vtable);
-  CHECK(avt->struct_size == DOPT_ALGORITHM_V1_7_STRUCT_SIZE);
+  CHECK(avt->struct_size == DOPT_ALGORITHM_V1_8_STRUCT_SIZE);
   CHECK(reinterpret_cast<void*>(avt->bytes_sent) != nullptr);
   // ABI 1.5: present; the SDK's default refuses (this class does not clip)
   REQUIRE(reinterpret_cast<void*>(avt->set_grad_clip) != nullptr);
@@ -118,6 +118,9 @@ TEST_CASE("DOPT_PLUGIN fills the plugin info and component table") {
   REQUIRE(reinterpret_cast<void*>(avt->wait_params) != nullptr);
   REQUIRE(reinterpret_cast<void*>(avt->scatter_params) != nullptr);
   CHECK(avt->gather_params(nullptr, nullptr, nullptr) == DOPT_ERR_INVALID_ARGUMENT);
+  // ABI 1.8: a class without discard_step() leaves the pointer NULL (the
+  // host then refuses parameter sharding under mixed precision).
+  CHECK(reinterpret_cast<void*>(avt->discard_step) == nullptr);
   CHECK(sdk::host() == host_api());
 }
 

@@ -44,6 +44,15 @@ elif case in ("zero3_adam", "zero3_tied"):
         assert len(opt._params) == 5, len(opt._params)
     else:
         assert model[0].weight.numel() == 0  # sharded between steps
+elif case == "zero3_bf16":
+    # Mixed precision: the model in bf16, the fp32 masters sharded by stage 3.
+    model.to(torch.bfloat16)
+    opt = distopt.DistributedOptimizer(model, dict(base, algorithm={"name": "zero",
+                                                                    "options": {"stage": 3}},
+                                                   optimizer={"name": "adam", "lr": 0.01,
+                                                              "beta2": 0.99},
+                                                   precision={"dtype": "bf16"}))
+    assert opt._opt.shards_parameters and model[0].weight.numel() == 0
 elif case == "fused_adam":
     opt = distopt.fuse_optimizer(torch.optim.Adam(model.parameters(), lr=0.01), job=base)
 elif case == "hybrid_adam":
@@ -65,6 +74,9 @@ for step in range(BATCHES):
         with opt.no_sync():
             (F.cross_entropy(model(x[:half // 2]), y[:half // 2]) * 0.5).backward()
         (F.cross_entropy(model(x[half // 2:]), y[half // 2:]) * 0.5).backward()
+    elif case == "zero3_bf16":
+        loss = F.cross_entropy(model(x.to(torch.bfloat16)).float(), y)
+        opt.scale_loss(loss).backward()
     else:
         F.cross_entropy(model(x), y).backward()
     try:
@@ -77,6 +89,11 @@ gathered = opt.gather_params() if case.startswith("zero3") else contextlib.nullc
 with gathered:
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()},
                os.path.join(out, f"params_{rank}.pt"))
+if case == "zero3_bf16":  # the fp32 masters (the algorithm's shards), gathered on rank 0
+    whole = opt.consolidate(0)
+    if rank == 0:
+        torch.save({n: whole[f"master/{n}"] for n, _ in model.named_parameters()},
+                   os.path.join(out, "masters.pt"))
 if case == "allreduce_sgd":
     info = opt.save_checkpoint(os.path.join(out, "ck"), {"note": "python"})
     assert info["step"] == str(BATCHES), info

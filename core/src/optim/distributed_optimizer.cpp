@@ -65,14 +65,15 @@ void start_sharding(DistributedOptimizer::Impl& m, int32_t mode,
     if (unit < 0) continue;
     ParamShards::UnitSpec spec;
     spec.name = b.unit_names.at(static_cast<size_t>(unit));
-    spec.bucket = &descs[k];
+    spec.bucket = &m.algorithm_buckets()[k];  // the fp32 masters' under mixed precision
     for (size_t e = 0; e < descs[k].num_entries; ++e) {
       const dopt_bucket_entry& en = descs[k].entries[e];
       const auto pi = static_cast<size_t>(en.param_index);
       spec.members.push_back({pi, b.params[pi].second, en.offset, {}});
-      // The descriptor's tensor kept the whole parameter alive; it is not
-      // valid after create (algorithm.h).
+      // The descriptor's tensor kept the whole parameter (or its fp32
+      // master) alive; it is not valid after create (algorithm.h).
       *data_views[pi] = sdk::DLView(at::empty({0}, b.params[pi].second.options()));
+      if (m.masters) m.masters->drop_master(pi);  // the algorithm's shards are the masters
     }
     spec.numel = round_up(static_cast<size_t>(m.buckets->flat(k).numel()),
                           static_cast<size_t>(m.world_size));
@@ -90,6 +91,11 @@ void start_sharding(DistributedOptimizer::Impl& m, int32_t mode,
   m.shards->free_all();
   m.buckets->release_unit_grads();
   m.buckets->set_storage_pool(pool);
+  if (m.masters) {
+    std::vector<bool> sharded(m.buckets->num_buckets());
+    for (size_t k = 0; k < sharded.size(); ++k) sharded[k] = m.shard_of_bucket[k] >= 0;
+    m.masters->shard_buckets(sharded, pool);
+  }
   // Per parameter: its unit among the shards and its place there.
   std::vector<std::pair<int, size_t>> member_of(b.params.size(), {-1, 0});
   for (size_t k = 0; k < m.buckets->num_buckets(); ++k) {
@@ -153,10 +159,15 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   const int32_t sharding = param_sharding_of(b);
   if (sharding != DOPT_PARAM_SHARDING_NONE) {
     const std::string where = b.job_path.empty() ? "" : b.job_path + ": ";
-    if (mixed)
-      throw ConfigError(where + "precision: algorithm '" + b.algorithm.name +
-                        "' shards parameters (zero stage 3), which does not run with mixed "
-                        "precision yet; use precision: {dtype: fp32} or zero stage 2");
+    // Mixed precision: the units' gradients go to the algorithm during
+    // backward, before the inf/NaN check, so it must be able to drop a step.
+    const auto* avt = static_cast<const dopt_algorithm_v1*>(b.algorithm.vtable);
+    if (mixed && !(DOPT_HAS_FIELD(avt, dopt_algorithm_v1, discard_step) && avt->discard_step))
+      throw ConfigError(where + "precision: algorithm '" + b.algorithm.name + "' (plugin " +
+                        b.algorithm.file +
+                        ") shards parameters but cannot run them in mixed precision: it was "
+                        "built without discard_step (ABI 1.8, algorithm.h); use precision: "
+                        "{dtype: fp32}, or an algorithm that does not shard parameters");
     // A joined rank would have to take part in every unit's gather of the
     // ranks still training (forward and backward), which join() does not.
     if (b.join.enabled)
@@ -171,13 +182,21 @@ std::unique_ptr<DistributedOptimizer::Impl> build_impl(OptimizerBuild build) {
   if (mixed) bo.plan_element_size = 4;  // fp32 master buckets get an fp32 model's layout
   // Mixed precision launches nothing from the hooks: the fp32 buckets go to
   // the algorithm in step(), once every rank's gradients are known finite.
-  m.buckets = std::make_unique<optim::BucketManager>(
-      b.params, bo,
-      mixed ? optim::BucketManager::LaunchFn([](const dopt_bucket&) {})
-            : optim::BucketManager::LaunchFn(
-                  [raw](const dopt_bucket& bucket) { raw->launch(bucket); }));
+  // With parameter sharding no rank may hold all gradients until then: each
+  // bucket goes unscaled as soon as it is complete, and a step with an
+  // inf/NaN is discarded (ABI 1.8; FSDP with ShardedGradScaler does the same).
+  optim::BucketManager::LaunchFn launch_fn = [raw](const dopt_bucket& bucket) {
+    raw->launch(bucket);
+  };
+  if (mixed && sharding != DOPT_PARAM_SHARDING_NONE)
+    launch_fn = [raw](const dopt_bucket& bucket) { raw->launch_unscaled(bucket); };
+  else if (mixed)
+    launch_fn = [](const dopt_bucket&) {};
+  m.buckets = std::make_unique<optim::BucketManager>(b.params, bo, std::move(launch_fn));
   if (mixed) {
-    m.masters = std::make_unique<optim::MasterWeights>(b.params, *m.buckets);
+    m.masters =
+        std::make_unique<optim::MasterWeights>(b.params, *m.buckets, b.initial_masters.get());
+    b.initial_masters.reset();  // the masters hold them now
     m.scaler = std::make_unique<LossScaler>(b.precision);
   }
   for (size_t k = 0; k < m.buckets->num_buckets(); ++k)
@@ -318,16 +337,45 @@ void DistributedOptimizer::Impl::launch(const dopt_bucket& bucket) {
   // Parameter sharding: the algorithm is done with the units handed before
   // this one (algorithm.h); their full gradients go.
   if (shards)
-    for (int k = 0; k < bucket.index; ++k)
-      if (shard_of_bucket[static_cast<size_t>(k)] >= 0)
-        buckets->release_unit_grad(static_cast<size_t>(k));
+    for (int k = 0; k < bucket.index; ++k) release_unit_bucket(static_cast<size_t>(k));
+}
+
+void DistributedOptimizer::Impl::release_unit_bucket(size_t k) {
+  if (shard_of_bucket[k] < 0) return;
+  buckets->release_unit_grad(k);
+  if (masters) masters->release_bucket(k);
+}
+
+void DistributedOptimizer::Impl::end_sharded_step() {
+  buckets->release_unit_grads();
+  for (size_t k = 0; k < shard_of_bucket.size(); ++k) release_unit_bucket(k);
+  shards->end_step();
+}
+
+void DistributedOptimizer::Impl::launch_unscaled(const dopt_bucket& bucket) {
+  const auto k = static_cast<size_t>(bucket.index);
+  masters->unscale_bucket(k, scaler->scale());
+  // The fp32 copy is what the algorithm reads: the unit's low-precision
+  // gradients can go now.
+  if (shard_of_bucket[k] >= 0 && !masters->aliases_model_bucket(k)) buckets->release_unit_grad(k);
+  launch(masters->buckets()[k]);
 }
 
 void DistributedOptimizer::Impl::mixed_precision_step() {
-  buckets->finish();       // completes the low-precision buckets (launches nothing)
+  // Completes the low-precision buckets: launches nothing, or (parameter
+  // sharding) hands the rest to the algorithm unscaled.
+  buckets->finish();
   ensure_join_notified();  // before the inf/NaN flag: the order joined ranks shadow
-  const bool local_inf = masters->unscale_grads(scaler->scale());
+  const bool local_inf =
+      shards ? masters->take_found_inf() : masters->unscale_grads(scaler->scale());
   if (any_rank_found_inf(local_inf)) {
+    if (shards) {
+      {
+        const WatchdogScope watched("algorithm", watched_as, "discard_step");
+        check_status(avt->discard_step(algorithm), algorithm_who, "discard_step");
+      }
+      end_sharded_step();
+    }
     scaler->update(/*found_inf=*/true);
     metric_add("optim.skipped_steps", 1);
     log(DOPT_LOG_DEBUG, "optimizer",
@@ -336,12 +384,15 @@ void DistributedOptimizer::Impl::mixed_precision_step() {
             std::to_string(scaler->scale()));
     return;
   }
-  const dopt_bucket* descs = masters->buckets();
-  for (size_t b = 0; b < masters->num_buckets(); ++b) launch(descs[b]);
+  if (!shards) {
+    const dopt_bucket* descs = masters->buckets();
+    for (size_t b = 0; b < masters->num_buckets(); ++b) launch(descs[b]);
+  }
   {
     const WatchdogScope watched("algorithm", watched_as, "step");
     check_status(avt->step(algorithm), algorithm_who, "step");
   }
+  if (shards) end_sharded_step();
   masters->copy_to_model();
   scaler->update(/*found_inf=*/false);
   ++steps;
@@ -420,10 +471,7 @@ void one_step(DistributedOptimizer::Impl& m) {
     const WatchdogScope watched("algorithm", m.watched_as, "step");
     check_status(m.avt->step(m.algorithm), m.algorithm_who, "step");
   }
-  if (m.shards) {
-    m.buckets->release_unit_grads();
-    m.shards->end_step();
-  }
+  if (m.shards) m.end_sharded_step();
   ++m.steps;
   m.sync_buffers();
   m.check_reducer_used();

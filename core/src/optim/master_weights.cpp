@@ -11,14 +11,27 @@ namespace distopt {
 namespace optim {
 
 MasterWeights::MasterWeights(const std::vector<std::pair<std::string, at::Tensor>>& params,
-                             const BucketManager& lp) {
+                             const BucketManager& lp,
+                             const std::map<std::string, at::Tensor>* initial) {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor p = params[i].second.detach();
     params_.push_back(p);
     const bool low =
         p.is_floating_point() && p.scalar_type() != at::kFloat && p.scalar_type() != at::kDouble;
-    masters_.push_back(low ? p.to(at::kFloat).contiguous() : p);
+    if (!low) {
+      masters_.push_back(p);
+      continue;
+    }
+    const at::Tensor* given = nullptr;
+    if (initial) {
+      auto it = initial->find(params[i].first);
+      if (it != initial->end() && it->second.numel() == p.numel()) given = &it->second;
+    }
+    masters_.push_back(given ? given->to(p.device(), at::kFloat, false, /*copy=*/true)
+                                   .reshape(p.sizes())
+                                   .contiguous()
+                             : p.to(at::kFloat).contiguous());
   }
   grads_.resize(params.size());
   const dopt_bucket* lp_descs = lp.buckets();
@@ -63,7 +76,45 @@ bool MasterWeights::unscale_grads(double scale) {
 void MasterWeights::copy_to_model() {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (!masters_[i].is_same(params_[i])) params_[i].copy_(masters_[i]);
+    if (masters_[i].defined() && !masters_[i].is_same(params_[i])) params_[i].copy_(masters_[i]);
+}
+
+void MasterWeights::shard_buckets(const std::vector<bool>& sharded,
+                                  std::shared_ptr<StoragePool> pool) {
+  sharded_ = sharded;
+  sharded_.resize(flats_.size(), false);
+  pool_ = std::move(pool);
+  for (size_t b = 0; b < flats_.size(); ++b)
+    if (sharded_[b] && !aliases_model_bucket(b)) pool_->release(flats_[b]);
+}
+
+void MasterWeights::unscale_bucket(size_t b, double scale) {
+  at::NoGradGuard no_grad;
+  at::Tensor& f = flats_.at(b);
+  if (!aliases_model_bucket(b)) {
+    if (b < sharded_.size() && sharded_[b]) {
+      pool_->allocate(f, static_cast<size_t>(f.numel()) * f.element_size());
+    }
+    f.copy_(lp_flats_[b]);
+  }
+  // The low-precision manager may have given the bucket new memory: point
+  // the descriptor at it (the DLTensor keeps its address).
+  flat_dl_[b] = sdk::DLView(f);
+  if (scale != 1.0) f.div_(scale);
+  at::Tensor bad = at::isfinite(f).all().logical_not();
+  found_inf_ = found_inf_.defined() ? found_inf_.logical_or(bad) : bad;
+}
+
+bool MasterWeights::take_found_inf() {
+  if (!found_inf_.defined()) return false;
+  const bool found = found_inf_.item<bool>();
+  found_inf_ = at::Tensor();
+  return found;
+}
+
+void MasterWeights::release_bucket(size_t b) {
+  if (b >= sharded_.size() || !sharded_[b] || aliases_model_bucket(b)) return;
+  pool_->release(flats_[b]);
 }
 
 }  // namespace optim

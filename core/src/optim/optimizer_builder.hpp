@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -96,6 +97,10 @@ struct OptimizerBuild {
   std::vector<std::shared_ptr<UnitSlot>> unit_slots;
   std::vector<std::string> unit_names;
   std::vector<std::string> unit_notes;  ///< logged at rank 0 when the algorithm shards
+  /// Mixed precision: fp32 values for the masters by parameter name (a
+  /// rebuild's, from the optimizer it replaces); null: the model's values.
+  /// build_impl drops it once the masters exist.
+  std::shared_ptr<const std::map<std::string, at::Tensor>> initial_masters;
 };
 
 /// The communicator for a host collective on memory of `device_type`:

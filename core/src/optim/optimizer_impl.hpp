@@ -84,6 +84,16 @@ struct DistributedOptimizer::Impl {
   /// Hand a complete bucket to the algorithm (autograd thread, or step()):
   /// first this step's join count, then the join scaling of the gradients.
   void launch(const dopt_bucket& bucket);
+  /// Mixed precision with parameter sharding (autograd thread, or finish()):
+  /// low-precision bucket `bucket` unscaled into its fp32 bucket, which goes
+  /// to the algorithm at once (the inf/NaN check comes at step()).
+  void launch_unscaled(const dopt_bucket& bucket);
+  /// Parameter sharding: bucket k's full gradients (and their fp32 copy) go,
+  /// when it is a unit's.
+  void release_unit_bucket(size_t k);
+  /// Parameter sharding, after step() or discard_step(): every unit's
+  /// gradients go, and the forward order becomes the prefetch order.
+  void end_sharded_step();
 
   // Join (uneven inputs, DistributedOptimizer::join). Each step starts with
   // one SUM allreduce of "1 if this rank has not joined".

@@ -213,6 +213,26 @@ void ParamShards::free_all() {
   pool_->clear();
 }
 
+at::Tensor ParamShards::gather_copy(size_t u, at::ScalarType dtype) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Unit& x = units_.at(u);
+  if (x.state == State::pending) wait_locked(u);  // one gather of a bucket at a time
+  at::Tensor full = at::empty({static_cast<int64_t>(x.spec.numel)}, x.full.options().dtype(dtype));
+  sdk::DLView view(full);
+  check(avt_->gather_params(alg_, x.spec.bucket, view.get()),
+        "gather_params(unit '" + x.spec.name + "')");
+  check(avt_->wait_params(alg_, x.spec.bucket), "wait_params(unit '" + x.spec.name + "')");
+  return full;
+}
+
+void ParamShards::scatter_copy(size_t u, const at::Tensor& full) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Unit& x = units_.at(u);
+  const sdk::DLView view(full);
+  check(avt_->scatter_params(alg_, x.spec.bucket, view.get()),
+        "scatter_params(unit '" + x.spec.name + "')");
+}
+
 void ParamShards::unshard_locally() {
   std::lock_guard<std::mutex> lk(mu_);
   for (Unit& x : units_) {

@@ -76,6 +76,16 @@ class ParamShards : public UnitHooks, public std::enable_shared_from_this<ParamS
   void scatter_all();
   /// Free every unit, pinned or not (after create; on destruction).
   void free_all();
+  /// Unit u's full parameters gathered into a new 1-D buffer of `dtype`
+  /// (laid out as the unit's bucket), leaving the unit as it is: under mixed
+  /// precision, kFloat gathers the fp32 masters the algorithm shards
+  /// (checkpoints, rebuilds). Collective; between steps.
+  at::Tensor gather_copy(size_t u, at::ScalarType dtype);
+  /// Set the algorithm's shard of unit u from `full` (gather_copy's layout,
+  /// any floating dtype). Local; between steps.
+  void scatter_copy(size_t u, const at::Tensor& full);
+  /// Unit u's spec (its parameters and their offsets).
+  const UnitSpec& unit(size_t u) const { return units_.at(u).spec; }
   /// Local, for a teardown where no collective can run (elastic recovery
   /// after a rank died): every unit's parameters become zeros of their full
   /// shape, so that an optimizer can be built on the model again; the

@@ -23,18 +23,25 @@ namespace {
 
 using Impl = DistributedOptimizer::Impl;
 
-// The fp32 masters are the truth (the model holds their rounding).
-void copy_masters(Impl& fresh, const Impl& old) {
-  if (!fresh.masters || !old.masters) return;
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < old.build.params.size(); ++i) index[old.build.params[i].first] = i;
-  for (size_t i = 0; i < fresh.build.params.size(); ++i) {
-    auto it = index.find(fresh.build.params[i].first);
-    if (it == index.end()) continue;
-    const at::Tensor& from = old.masters->master(it->second);
-    const at::Tensor& to = fresh.masters->master(i);
-    if (!to.is_same(from)) to.copy_(from);
-  }
+// The fp32 masters are the truth (the model holds their rounding): the new
+// optimizer's masters start from the old one's, by parameter name. A
+// sharded unit's masters are the algorithm's shards: gathered in fp32
+// (collective, on every rank alike).
+std::shared_ptr<const std::map<std::string, at::Tensor>> full_masters(Impl& old) {
+  if (!old.masters) return nullptr;
+  auto out = std::make_shared<std::map<std::string, at::Tensor>>();
+  for (size_t i = 0; i < old.build.params.size(); ++i)
+    if (old.masters->master(i).defined())
+      out->emplace(old.build.params[i].first, old.masters->master(i));
+  if (old.shards)
+    for (size_t u = 0; u < old.shards->num_units(); ++u) {
+      const at::Tensor full = old.shards->gather_copy(u, at::kFloat);
+      for (const auto& mb : old.shards->unit(u).members)
+        (*out)[old.build.params[mb.param].first] =
+            full.narrow(0, static_cast<int64_t>(mb.offset), c10::multiply_integers(mb.shape))
+                .view(mb.shape);
+    }
+  return out;
 }
 
 // What the host keeps across a rebuild: steps, epoch, learning rates set
@@ -60,7 +67,6 @@ void carry_host_state(Impl& fresh, const Impl& old) {
 void restore_into(Impl& fresh, Impl& old, std::vector<state::ShardState> shards, int rank,
                   int world) {
   at::NoGradGuard no_grad;
-  copy_masters(fresh, old);
   state::StateSource src(std::move(shards), rank, world);
   dopt_state_reader rr = src.reader(&kReducerPrefix);
   check_status(fresh.rvt->load_state(fresh.reducer, &rr), fresh.reducer_who, "load_state");
@@ -146,6 +152,7 @@ void rebuild(DistributedOptimizer& opt, OptimizerBuild b,
       shards->release_all();
     }
   } gathered(old);
+  b.initial_masters = full_masters(old);
   const int rank = old.build.common.rank, world = old.world_size;
   // Unique per instance: the old one is still alive while this is created.
   b.rebuilds = old.build.rebuilds + 1;

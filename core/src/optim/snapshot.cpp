@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -75,16 +76,93 @@ ComponentRecord record(const ComponentInfo& c, const Options* o) {
   return r;
 }
 
+// Parameter sharding: the model tensors that are units' parameters (by
+// TensorImpl: a tied parameter has several names), with their names and
+// full shapes. Empty without sharding.
+struct UnitTensor {
+  size_t unit = 0;
+  const ParamShards::Member* member = nullptr;
+  std::vector<std::string> names;  // every name the model lists it under
+};
+using UnitTensors = std::map<const c10::TensorImpl*, UnitTensor>;
+
+UnitTensors unit_tensors(torch::nn::Module& model, DistributedOptimizer::Impl& m) {
+  UnitTensors out;
+  if (!m.shards) return out;
+  for (size_t u = 0; u < m.shards->num_units(); ++u)
+    for (const auto& mb : m.shards->unit(u).members)
+      out[mb.tensor.unsafeGetTensorImpl()] = UnitTensor{u, &mb, {}};
+  for (const auto& [name, t] : model_tensors(model)) {
+    auto it = out.find(t.unsafeGetTensorImpl());
+    if (it != out.end()) it->second.names.push_back(name);
+  }
+  return out;
+}
+
+// This rank's pieces of the units' parameters (and, under mixed precision,
+// of their fp32 masters): each unit is gathered alone (collective), and
+// rank r keeps elements [r x n / W, (r + 1) x n / W) of its layout, so no
+// rank holds the whole model and an elastic commit sends a buddy 1/W.
+void put_unit_shards(DistributedOptimizer::Impl& m, const UnitTensors& units, int rank,
+                     ShardState& s) {
+  std::vector<std::vector<const UnitTensor*>> of_unit(m.shards->num_units());
+  for (const auto& [impl, ut] : units) of_unit[ut.unit].push_back(&ut);
+  const auto world = static_cast<size_t>(m.world_size);
+  for (size_t u = 0; u < m.shards->num_units(); ++u) {
+    const auto& spec = m.shards->unit(u);
+    const size_t per_rank = spec.numel / world;
+    const size_t lo = per_rank * static_cast<size_t>(rank), hi = lo + per_rank;
+    auto put_pieces = [&](const at::Tensor& full, const std::string& prefix, bool masters) {
+      for (const UnitTensor* ut : of_unit[u]) {
+        const auto& mb = *ut->member;
+        const auto numel = static_cast<size_t>(c10::multiply_integers(mb.shape));
+        const size_t a = std::max(lo, mb.offset), b = std::min(hi, mb.offset + numel);
+        if (a >= b) continue;
+        const std::vector<std::string> build_name{m.build.params[mb.param].first};
+        for (const std::string& name : masters ? build_name : ut->names) {
+          StateEntry e;
+          e.key = prefix + name;
+          e.offset = static_cast<int64_t>(a - mb.offset);
+          e.shape = mb.shape;
+          e.data = full.narrow(0, static_cast<int64_t>(a), static_cast<int64_t>(b - a))
+                       .to(at::kCPU)
+                       .clone();
+          s.add(std::move(e));
+        }
+      }
+    };
+    put_pieces(m.shards->gather_copy(u, spec.members.at(0).tensor.scalar_type()), kModel, false);
+    if (m.masters) put_pieces(m.shards->gather_copy(u, at::kFloat), kMaster, true);
+  }
+}
+
+// Set the algorithm's shards of every unit from `src`, one unit at a time
+// (local): under mixed precision from the saved fp32 masters (or, saved
+// without, the saved model's values), else from the saved model.
+void restore_unit_shards(DistributedOptimizer::Impl& m, const StateSource& src) {
+  for (size_t u = 0; u < m.shards->num_units(); ++u) {
+    const auto& spec = m.shards->unit(u);
+    const at::Tensor& first = spec.members.at(0).tensor;
+    at::Tensor full =
+        at::zeros({static_cast<int64_t>(spec.numel)},
+                  first.options().dtype(m.masters ? at::kFloat : first.scalar_type()));
+    for (const auto& mb : spec.members) {
+      const std::string& name = m.build.params[mb.param].first;
+      const std::string key = m.masters && src.has(kMaster + name) ? kMaster + name : kModel + name;
+      full.narrow(0, static_cast<int64_t>(mb.offset), c10::multiply_integers(mb.shape))
+          .copy_(src.whole(key).reshape({-1}));
+    }
+    m.shards->scatter_copy(u, full);
+  }
+}
+
 }  // namespace
 
 ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int rank,
                     bool keep_replicas) {
   auto& m = Access::of(opt);
   require_state_api(m);
-  // Parameter sharding: the model is whole only while gathered (collective,
-  // as saving is).
-  std::optional<DistributedOptimizer::GatheredParams> whole;
-  if (m.shards) whole.emplace(opt);
+  const UnitTensors units = unit_tensors(model, m);
   at::NoGradGuard no_grad;
   ShardState s;
   s.keep_replicas(keep_replicas, rank);
@@ -104,13 +182,16 @@ ShardState snapshot(torch::nn::Module& model, DistributedOptimizer& opt, int ran
       s.add_replicated(std::move(e));  // copies
     };
     for (const auto& [name, t] : model_tensors(model)) {
+      if (units.count(t.unsafeGetTensorImpl())) continue;  // put_unit_shards' below
       auto it = mean.find(name);
       put(kModel + name, it != mean.end() ? it->second : t);
     }
     if (m.masters)
       for (size_t i = 0; i < m.build.params.size(); ++i)
-        put(kMaster + m.build.params[i].first, m.masters->master(i));
+        if (m.masters->master(i).defined())  // a unit's master is the algorithm's
+          put(kMaster + m.build.params[i].first, m.masters->master(i));
   }
+  if (m.shards) put_unit_shards(m, units, rank, s);
   snapshot_components(m, s);
   return s;
 }
@@ -160,19 +241,21 @@ void check_compatible(torch::nn::Module& model, DistributedOptimizer& opt, const
     throw CheckpointError(where + ": saved with inner optimizer '" + man.optimizer +
                           "', this job's is '" + m.build.optimizer_name + "'");
   require_state_api(m);
-  // Parameter sharding: the model's shapes are those of the gathered units
-  // (collective, as loading is).
-  std::optional<DistributedOptimizer::GatheredParams> whole;
-  if (m.shards) whole.emplace(opt);
+  // Parameter sharding: a unit's parameters are empty between steps; their
+  // full shapes are the units'.
+  const UnitTensors units = unit_tensors(model, m);
   for (const auto& [name, t] : model_tensors(model)) {
     const std::string key = kModel + name;
     if (!src.has(key))
       throw CheckpointError(where + ": has no '" + name + "' (the checkpoint is of another model)");
     const StateEntry& e = src.first(key);
-    if (e.shape != t.sizes().vec())
+    auto it = units.find(t.unsafeGetTensorImpl());
+    const std::vector<int64_t> shape =
+        it != units.end() ? it->second.member->shape : t.sizes().vec();
+    if (e.shape != shape)
       throw CheckpointError(where + ": '" + name + "' has shape " +
                             c10::str(at::IntArrayRef(e.shape)) + " in the checkpoint, " +
-                            c10::str(t.sizes()) + " in the model");
+                            c10::str(at::IntArrayRef(shape)) + " in the model");
   }
 }
 
@@ -180,24 +263,27 @@ void restore(torch::nn::Module& model, DistributedOptimizer& opt, const StateSou
              const Manifest& man) {
   auto& m = Access::of(opt);
   {
-    // Parameter sharding: load into the gathered units, then hand them to
-    // the algorithm's shards (collective, as loading is).
-    std::optional<DistributedOptimizer::GatheredParams> gathered;
-    if (m.shards) gathered.emplace(opt);
+    // Parameter sharding: the units' parameters go to the algorithm's
+    // shards, one unit at a time (no rank holds the whole model).
+    const UnitTensors units = unit_tensors(model, m);
     at::NoGradGuard no_grad;
     for (auto& [name, t] : model_tensors(model)) {
+      if (units.count(t.unsafeGetTensorImpl())) continue;
       at::Tensor whole = src.whole(kModel + name);
       t.detach().copy_(whole.view(t.sizes()));
     }
-    if (m.shards) m.shards->scatter_all();
+    if (m.shards) restore_unit_shards(m, src);
     if (m.masters) {
       for (size_t i = 0; i < m.build.params.size(); ++i) {
         const std::string key = kMaster + m.build.params[i].first;
         const at::Tensor& master = m.masters->master(i);
+        if (!master.defined()) continue;  // a unit's: restored above
         if (src.has(key))
           master.detach().copy_(src.whole(key).view(master.sizes()));
         else if (master.data_ptr() != m.build.params[i].second.data_ptr())
-          master.detach().copy_(m.build.params[i].second);  // saved without mixed precision
+          // Saved without mixed precision: the saved values, not their
+          // rounding to the model's dtype.
+          master.detach().copy_(src.whole(kModel + m.build.params[i].first).view(master.sizes()));
       }
     }
   }

@@ -69,9 +69,14 @@ extern "C" {
  *            dopt_algorithm_args::bucket_sharded            algorithm owns the shards
  *            (algorithm.h, "Parameter sharding")            of a unit's parameters and
  *                                                           gathers them on demand
+ *   1.8      dopt_algorithm_v1::discard_step; gathers      parameter sharding under
+ *            into a buffer of the model's dtype            mixed precision: the
+ *            (algorithm.h, "Parameter sharding")           gradients go to the
+ *                                                           algorithm during backward,
+ *                                                           before the inf/NaN check
  */
 #define DOPT_ABI_VERSION_MAJOR 1
-#define DOPT_ABI_VERSION_MINOR 7 /* 1.7: parameter sharding (algorithm.h) */
+#define DOPT_ABI_VERSION_MINOR 8 /* 1.8: discard_step, sharding under mixed precision */
 
 /** Offset of the end of MEMBER in TYPE: the struct size a reader needs for it. */
 #define DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER) (offsetof(TYPE, MEMBER) + sizeof(((TYPE*)0)->MEMBER))

@@ -101,6 +101,19 @@ typedef struct dopt_algorithm_args {
  *    handed to it before b in this step: the host frees them then (and the
  *    rest when step() returns), so a rank holds about one unit's full
  *    gradient at a time.
+ *  - Mixed precision (ABI 1.8; FSDP's MixedPrecision with fp32 reduction,
+ *    ShardedGradScaler). Only for an algorithm whose vtable has
+ *    discard_step; the host refuses the job for any other. The algorithm's
+ *    parameters (dopt_param::data at create) and buckets are the fp32
+ *    masters, so its shards are the sharded fp32 masters; the model's
+ *    parameters are bf16 or fp16. gather_params then gets a `full` buffer of
+ *    the model's dtype and writes its shards rounded to that dtype (round
+ *    to nearest, as a tensor copy does: send the rounded shard, not fp32);
+ *    scatter_params gets one of either dtype and converts. The host hands
+ *    each bucket to on_bucket_ready during backward, already unscaled (fp32
+ *    gradient / loss scale), before it knows whether any rank's gradients
+ *    hold an inf or NaN; when one does, it calls discard_step() instead of
+ *    step().
  */
 
 typedef struct dopt_algorithm dopt_algorithm;
@@ -183,8 +196,8 @@ typedef struct dopt_algorithm_v1 {
   int32_t (*param_sharding)(const dopt_options* options);
   /** Start writing the full parameters of sharded bucket `bucket` (borrowed
    * from args->buckets) into `full`: 1-D, contiguous, the parameters' dtype
-   * and device, ceil(bucket length / world size) x world size elements,
-   * laid out as the bucket's entries (offset, numel); the padding is
+   * (ABI 1.8, under mixed precision: the model's, see above) and device, ceil(bucket length / world
+   * size) x world size elements, laid out as the bucket's entries (offset, numel); the padding is
    * unspecified. `full` stays valid until wait_params for this bucket
    * returns. Collective: every rank gathers the same buckets in the same
    * order. Training or autograd thread, never concurrently with itself, step()
@@ -200,11 +213,26 @@ typedef struct dopt_algorithm_v1 {
    * changed the whole parameters, e.g. restored a checkpoint into them.
    * Local (no communication); between steps, on every rank. */
   dopt_status (*scatter_params)(dopt_algorithm* a, const dopt_bucket* bucket, const DLTensor* full);
+
+  /* ---- ABI 1.8 (parameter sharding under mixed precision, above). An
+   * older vtable ends above; the host checks struct_size >=
+   * DOPT_ALGORITHM_V1_8_STRUCT_SIZE and a non-NULL pointer, else it refuses
+   * mixed precision for an algorithm that shards parameters. ---- */
+
+  /** End the step without an update, in place of step(): every bucket of
+   * this step went to on_bucket_ready, and some rank's gradients hold an
+   * inf or NaN (the loss scale overflowed). Wait for (or cancel) the work
+   * started on them; the host frees the buckets' memory when this returns.
+   * Parameters, their shards, optimizer state and step counters stay as
+   * they were; nothing is synchronised. Collective (every rank discards the
+   * same step); training thread, between backward and the next forward. */
+  dopt_status (*discard_step)(dopt_algorithm* a);
 } dopt_algorithm_v1;
 #define DOPT_ALGORITHM_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, state_bytes)
 #define DOPT_ALGORITHM_V1_1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, bytes_sent)
 #define DOPT_ALGORITHM_V1_5_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, set_grad_clip)
 #define DOPT_ALGORITHM_V1_7_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, scatter_params)
+#define DOPT_ALGORITHM_V1_8_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, discard_step)
 
 /* dopt_algorithm_v1::param_sharding results. */
 #define DOPT_PARAM_SHARDING_NONE 0

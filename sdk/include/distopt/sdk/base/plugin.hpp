@@ -160,6 +160,10 @@ class Algorithm {
   virtual void scatter_params(const dopt_bucket& /*bucket*/, const DLTensor& /*full*/) {
     throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm does not shard parameters");
   }
+  // ABI 1.8 (algorithm.h discard_step): a class that can end a step without
+  // an update declares `void discard_step()` (not virtual here: the vtable's
+  // pointer is NULL for a class without it, which tells the host it cannot
+  // shard parameters under mixed precision).
 };
 
 /// A component's option schema: a dopt_option_spec array, or nullptr for none.
@@ -515,7 +519,22 @@ struct AlgorithmGlue {
     return guard([&] { a(h)->scatter_params(*b, *full); });
   }
 
-  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_7_STRUCT_SIZE,
+  // ABI 1.8: the class's optional discard_step() (absent: NULL in the vtable).
+  template <class U, class = void>
+  struct HasDiscardStep : std::false_type {};
+  template <class U>
+  struct HasDiscardStep<U, std::void_t<decltype(std::declval<U&>().discard_step())>>
+      : std::true_type {};
+  static dopt_status discard_step(dopt_algorithm* h) noexcept {
+    if (!h) return null_arg("algorithm");
+    if constexpr (HasDiscardStep<T>::value) {
+      return guard([&] { static_cast<T*>(a(h))->discard_step(); });
+    } else {
+      return DOPT_ERR_UNSUPPORTED;  // not reached: the vtable holds NULL
+    }
+  }
+
+  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_8_STRUCT_SIZE,
                                                nullptr,
                                                &create,
                                                &destroy,
@@ -530,7 +549,8 @@ struct AlgorithmGlue {
                                                &param_sharding,
                                                &gather_params,
                                                &wait_params,
-                                               &scatter_params};
+                                               &scatter_params,
+                                               HasDiscardStep<T>::value ? &discard_step : nullptr};
 };
 
 // ABI 1.2: the component class's optional static check_job and traits.
