@@ -29,6 +29,7 @@ struct Job {
   std::string algorithm = "{name: allreduce}";
   std::string reducer = "{name: mean}";
   std::string elastic = "{enabled: true}";
+  std::string precision;  // `precision:` ("" = absent)
   int world = 4;
 };
 
@@ -47,6 +48,7 @@ std::string write_job(const TempDir& t, const Job& j, const std::string& name) {
   // 96 divides among 4 and 3 ranks alike.
   train.more = ", global_batch_size: 96, data_dir: " + std::string(kData);
   if (!j.elastic.empty()) y.extra = "elastic: " + j.elastic + "\n";
+  if (!j.precision.empty()) y.extra += "precision: " + j.precision + "\n";
   return distopt::test::write_job(t.file(name), y);
 }
 
@@ -54,11 +56,13 @@ std::string write_job(const TempDir& t, const Job& j, const std::string& name) {
 // the commit of step 9 and finish on 3 ranks. Reference: 4 ranks to step 9
 // (a disk checkpoint there), then 3 ranks resumed from it.
 void killed_equals_resumed(const std::string& algorithm, int victim,
-                           const std::string& reducer = "{name: mean}") {
+                           const std::string& reducer = "{name: mean}",
+                           const std::string& precision = "") {
   TempDir t;
   Job j;
   j.algorithm = algorithm;
   j.reducer = reducer;
+  j.precision = precision;
   const std::string cfg = write_job(t, j, "job.yaml");
 
   ProcResult e = train(cfg, {"--checkpoint", t.file("e")},
@@ -85,6 +89,7 @@ void killed_equals_resumed(const std::string& algorithm, int victim,
   CHECK(cb.at("step").toInt() == kSteps);
   check_equal_section(ce, cb, "model");
   check_equal_section(ce, cb, "optimizer_state");
+  if (!precision.empty()) check_equal_section(ce, cb, "state");  // the fp32 masters
 }
 
 }  // namespace
@@ -104,9 +109,14 @@ TEST_CASE("zero stage 2: the last rank's shard comes from rank 0, its buddy") {
   killed_equals_resumed("{name: zero, options: {stage: 2}}", 3);
 }
 
-TEST_CASE("zero stage 3: the parameter shards are rebuilt from the commit's model, 4 -> 3 ranks") {
+TEST_CASE("zero stage 3: the killed rank's parameter shards come from its buddy, 4 -> 3 ranks") {
   DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
   killed_equals_resumed("{name: zero, options: {stage: 3}}", 1);
+}
+
+TEST_CASE("zero stage 3 in bf16: the fp32 master shards and the loss scale come back, 4 -> 3") {
+  DISTOPT_SKIP_WITHOUT_FASHION_MNIST();
+  killed_equals_resumed("{name: zero, options: {stage: 3}}", 2, "{name: mean}", "{dtype: bf16}");
 }
 
 TEST_CASE("hybrid shard: true: the offloaded shard of the killed rank comes from its buddy") {

@@ -17,15 +17,18 @@ EXAMPLE = os.path.join(EXAMPLES, "train_mlp.py")
 DATA = "/usr/share/datasets/fashion-mnist"
 
 
-@pytest.mark.parametrize("algorithm", ["allreduce", "zero", "zero3", "fused", "hybrid"])
+@pytest.mark.parametrize("algorithm", ["allreduce", "zero", "zero3", "fused", "hybrid",
+                                       "zero3 --bf16"])
 def test_example_trains(algorithm):
     if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
         pytest.skip(f"no Fashion-MNIST in {DATA} (tools/setup.sh installs it)")
+    name, *flags = algorithm.split()
     r = subprocess.run([os.environ["DISTOPT_CLI"], "launch", "-n", "2", "--", sys.executable, EXAMPLE,
-                        "--algorithm", algorithm, "--epochs", "1", "--max-steps", "60"],
+                        "--algorithm", name, "--epochs", "1", "--max-steps", "60"] + flags,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert r.returncode == 0, r.stdout
-    m = re.search(rf"\[rank 0\] epoch 1: test accuracy ([0-9.]+)% \({algorithm}, 2 ranks\)", r.stdout)
+    shown = name + (", bf16" if flags else "")
+    m = re.search(rf"\[rank 0\] epoch 1: test accuracy ([0-9.]+)% \({shown}, 2 ranks\)", r.stdout)
     assert m, r.stdout
     assert float(m.group(1)) > 70, r.stdout
 

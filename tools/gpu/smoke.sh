@@ -264,6 +264,13 @@ for d in fp16 bf16; do
 algorithm: {name: allreduce}
 precision: {dtype: $d}"
 done
+# Sharded fp32 masters (ABI 1.8): gathers round them to the model's dtype on
+# the device, unscale and the inf check run on the device buckets.
+for d in fp16 bf16; do
+  train_row "zero stage 3 $d" "$ADAM
+algorithm: {name: zero, options: {stage: 3}}
+precision: {dtype: $d}"
+done
 
 # 3b. the Python package (build/python) on the device: DistributedOptimizer,
 # ZeroRedundancyOptimizer and PyTorch's DDP over the "distopt" backend

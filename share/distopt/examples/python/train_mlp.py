@@ -9,8 +9,10 @@ gradients during backward and runs the job's algorithm in opt.step().
 --algorithm: allreduce (default), zero (optimizer state sharded; the
 ZeroRedundancyOptimizer shape), zero3 (parameters sharded too, FSDP's full
 sharding: each Linear layer a unit, gathered around its forward and
-backward), fused, hybrid (Adam's update half on the CPU). Prints the test
-accuracy after each epoch (rank 0).
+backward), fused, hybrid (Adam's update half on the CPU). --bf16 (with
+allreduce or zero3): the model computes in bfloat16, the optimizer keeps
+fp32 master weights (sharded with zero3) and scales the loss. Prints the
+test accuracy after each epoch (rank 0).
 """
 import argparse
 import gzip
@@ -51,12 +53,19 @@ def main():
     ap.add_argument("--batch", type=int, default=128, help="per rank")
     ap.add_argument("--max-steps", type=int, default=0, help="steps per epoch (0 = all)")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--bf16", action="store_true", help="mixed precision (allreduce, zero3)")
     a = ap.parse_args()
+    if a.bf16 and a.algorithm not in ("allreduce", "zero3"):
+        ap.error("--bf16 goes with --algorithm allreduce or zero3")
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
                           nn.Linear(256, 10))
     job = {"communicator": "tcp", "reducer": "mean"}
+    dtype = torch.bfloat16 if a.bf16 else torch.float32
+    if a.bf16:  # before the optimizer: its fp32 masters are copies of these weights
+        model.to(dtype)
+        job["precision"] = {"dtype": "bf16"}
     if a.algorithm == "zero":  # PyTorch's ZeroRedundancyOptimizer, distopt's zero plugin
         opt = distopt.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                               lr=1e-3, job=job)
@@ -86,7 +95,8 @@ def main():
         for step in range(steps):
             idx_ = perm[step * global_batch + rank * a.batch:step * global_batch + (rank + 1) * a.batch]
             opt.zero_grad()
-            F.cross_entropy(model(train_x[idx_]), train_y[idx_]).backward()
+            loss = F.cross_entropy(model(train_x[idx_].to(dtype)).float(), train_y[idx_])
+            opt.scale_loss(loss).backward()  # times the loss scale (1 without --bf16)
             opt.step()
         # Each rank evaluates its share of the test set; the counts are summed over ranks.
         # (zero3: a unit's forward is a collective, so every rank runs the same number
@@ -94,12 +104,12 @@ def main():
         model.eval()
         lo, hi = len(test_y) * rank // world, len(test_y) * (rank + 1) // world
         with torch.no_grad():
-            correct = (model(test_x[lo:hi]).argmax(1) == test_y[lo:hi]).sum().item()
+            correct = (model(test_x[lo:hi].to(dtype)).argmax(1) == test_y[lo:hi]).sum().item()
         counts = torch.tensor([float(correct), float(hi - lo)], dtype=torch.float64)
         rt.allreduce(counts)
         if rank == 0:
             print(f"epoch {epoch}: test accuracy {100 * counts[0].item() / counts[1].item():.2f}% "
-                  f"({a.algorithm}, {world} ranks)", flush=True)
+                  f"({a.algorithm}{', bf16' if a.bf16 else ''}, {world} ranks)", flush=True)
 
 
 if __name__ == "__main__":
