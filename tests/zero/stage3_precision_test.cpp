@@ -5,7 +5,8 @@
 // inf on one rank discards the step on every rank, a switch to allreduce and
 // back keeps the masters, and checkpoints carry the fp32 masters into
 // another world size and algorithm. Pattern of stage3_test.cpp: forked
-// children do all torch work and write results to files.
+// children do all torch work and write results to files. A sharding
+// algorithm without discard_step (ABI 1.7) is refused under mixed precision.
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "distopt/distributed_optimizer.hpp"
+#include "distopt/error.hpp"
 #include "distopt/runtime.hpp"
 #include "distopt/sharded_unit.hpp"
 #include "multiproc.hpp"
@@ -381,4 +383,34 @@ TEST_CASE(
   CHECK(sum[0] == units);  // every element of every unit once
   CHECK(sum[1] == units);
   distopt::test::remove_tree(dir);
+}
+
+TEST_CASE(
+    "an algorithm that shards parameters but has no discard_step (ABI 1.7) is refused under "
+    "mixed precision, naming the file, the key and the plugin") {
+  const std::string dir = distopt::test::env_path("DISTOPT_NO_DISCARD_PLUGIN_DIR");
+  REQUIRE_MESSAGE(!dir.empty(), "DISTOPT_NO_DISCARD_PLUGIN_DIR is not set (run through ctest)");
+  auto codes = fork_ranks(1, [&](int) {
+    std::string job = job_yaml(1, "{name: no_discard}");
+    const std::string paths = "plugins: {paths: [";
+    job.insert(job.find(paths) + paths.size(), "'" + dir + "', ");
+    Net net;
+    net->to(at::kBFloat16);
+    try {
+      auto rt = rank_runtime(job, 0, 1, "zero3_no_discard.yaml");
+      auto opt = rt.make_optimizer(*net);
+      std::fprintf(stderr, "not refused\n");
+      return 1;
+    } catch (const distopt::ConfigError& e) {
+      const std::string what = e.what();
+      for (const char* part :
+           {"zero3_no_discard.yaml: precision: ", "discard_step", "libdistopt_no_discard"})
+        if (what.find(part) == std::string::npos) {
+          std::fprintf(stderr, "no '%s' in: %s\n", part, e.what());
+          return 2;
+        }
+    }
+    return 0;
+  });
+  CHECK(codes[0] == 0);
 }
