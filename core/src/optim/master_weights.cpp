@@ -39,9 +39,10 @@ MasterWeights::MasterWeights(const std::vector<std::pair<std::string, at::Tensor
   for (size_t b = 0; b < lp.num_buckets(); ++b) {
     const at::Tensor& lf = lp.flat(b);
     lp_flats_.push_back(lf);
-    flats_.push_back(lf.scalar_type() == at::kFloat || lf.scalar_type() == at::kDouble
-                         ? lf
-                         : at::zeros(lf.sizes(), lf.options().dtype(at::kFloat)));
+    const bool own = lf.scalar_type() != at::kFloat && lf.scalar_type() != at::kDouble;
+    const bool unit = lp.unit_of_bucket(b) >= 0;
+    const auto fp32 = lf.options().dtype(at::kFloat);
+    flats_.push_back(!own ? lf : unit ? at::empty(lf.sizes(), fp32) : at::zeros(lf.sizes(), fp32));
     flat_dl_.emplace_back(flats_.back());
     dopt_bucket& d = descs_[b];
     d = lp_descs[b];  // same index and entries (offsets in elements, shapes)
@@ -53,6 +54,10 @@ MasterWeights::MasterWeights(const std::vector<std::pair<std::string, at::Tensor
                          .narrow(0, static_cast<int64_t>(en.offset), static_cast<int64_t>(en.numel))
                          .view(masters_[i].sizes());
     }
+    // A unit's fp32 bucket gets memory only while a step needs it
+    // (unscale_bucket to release_bucket): none from now on, as the
+    // BucketManager's unit buckets (the views and descriptor keep shapes).
+    if (own && unit) free_storage(flats_.back());
   }
 }
 
@@ -84,8 +89,6 @@ void MasterWeights::shard_buckets(const std::vector<bool>& sharded,
   sharded_ = sharded;
   sharded_.resize(flats_.size(), false);
   pool_ = std::move(pool);
-  for (size_t b = 0; b < flats_.size(); ++b)
-    if (sharded_[b] && !aliases_model_bucket(b)) pool_->release(flats_[b]);
 }
 
 void MasterWeights::unscale_bucket(size_t b, double scale) {
