@@ -168,6 +168,7 @@ TEST_CASE(
         net->to(at::kBFloat16);
         auto rt = rank_runtime(job, rank, kWorld, "zero3_bf16.yaml");
         auto opt = rt.make_optimizer(*net);
+        const double grads_at_start = static_cast<double>(opt.sharding_memory().unit_grads);
         const distopt::ComponentConfig mean{"mean", {}, {}, {}, nullptr};
         // Per step: loss scale after it, skipped steps, how far it moved the
         // model, unit bytes gathered between steps, head.weight's numel.
@@ -203,11 +204,14 @@ TEST_CASE(
           probes.push_back(opt.loss_scale());
           probes.push_back(static_cast<double>(opt.skipped_steps()));
           probes.push_back(max_abs_diff(before, after));
-          probes.push_back(static_cast<double>(opt.sharding_memory().gathered));
+          const auto mem = opt.sharding_memory();
+          // No unit's full parameters, nor its bf16 or fp32 full gradients.
+          probes.push_back(static_cast<double>(mem.gathered + mem.unit_grads));
           probes.push_back(static_cast<double>(net->head->parameters()[0].numel()));
         }
         probes.push_back(carried ? 1 : 0);
         probes.push_back(opt.shards_parameters() ? 1 : 0);
+        probes.push_back(grads_at_start);
         auto [masters, model] = consolidated(rt, net, opt, rank);
         write_doubles(dir + "/probes" + std::to_string(rank) + ".bin", probes);
         if (rank == 0) {
@@ -222,7 +226,7 @@ TEST_CASE(
     CAPTURE(r);
     REQUIRE(codes[r] == 0);
     const auto p = read_doubles(dir + "/probes" + std::to_string(r) + ".bin");
-    REQUIRE(p.size() == 5 * kSteps + 2);
+    REQUIRE(p.size() == 5 * kSteps + 3);
     for (int step = 0; step < kSteps; ++step) {
       CAPTURE(step);
       const double* s = &p[static_cast<size_t>(5 * step)];
@@ -233,11 +237,12 @@ TEST_CASE(
       else
         CHECK(s[2] > 0.0);
       const bool sharded = step < kSwitchAt || step >= kBackAt;
-      CHECK(s[3] == 0);  // no unit gathered between steps
+      CHECK(s[3] == 0);  // no unit's full parameters or gradients between steps
       CHECK(s[4] == (sharded ? 0 : 24 * kClasses));
     }
     CHECK(p[5 * kSteps] == 1);      // the switches kept the fp32 masters bit for bit
     CHECK(p[5 * kSteps + 1] == 1);  // sharded again at the end
+    CHECK(p[5 * kSteps + 2] == 0);  // nor after make_optimizer
   }
   const auto masters = read_doubles(dir + "/masters.bin");
   const auto model = read_doubles(dir + "/model.bin");

@@ -317,6 +317,9 @@ class DistributedOptimizer {
     /// the next gathers, as CUDA's caching allocator keeps memory reserved:
     /// at most 4 blocks, each about one unit's parameters.
     uint64_t cached = 0;
+    /// Bytes of units' full gradients present now (the gradient buckets,
+    /// and their fp32 copies under mixed precision): 0 between steps.
+    uint64_t unit_grads = 0;
   };
   /// Reads and restarts the peak. Zeros without parameter sharding.
   ShardingMemory sharding_memory();

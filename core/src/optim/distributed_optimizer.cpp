@@ -21,6 +21,7 @@
 #include "optim/buffer_sync.hpp"
 #include "optim/device_check.hpp"
 #include "optim/optimizer_impl.hpp"
+#include "optim/storage.hpp"
 
 namespace distopt {
 
@@ -647,6 +648,13 @@ DistributedOptimizer::ShardingMemory DistributedOptimizer::sharding_memory() {
   s.gathered = impl_->shards->gathered_bytes();
   s.peak_gathered = impl_->shards->take_peak_gathered_bytes();
   s.cached = impl_->shards->cached_bytes();
+  const auto& m = *impl_;
+  for (size_t k = 0; k < m.shard_of_bucket.size(); ++k) {
+    if (m.shard_of_bucket[k] < 0) continue;
+    s.unit_grads += optim::storage_bytes(m.buckets->flat(k));
+    if (m.masters && !m.masters->aliases_model_bucket(k))
+      s.unit_grads += optim::storage_bytes(m.masters->flat(k));
+  }
   return s;
 }
 

@@ -85,6 +85,8 @@ class MasterWeights {
   bool take_found_inf();
   /// A sharded fp32 bucket's memory goes back (no-op for the others).
   void release_bucket(size_t b);
+  /// fp32 bucket b's flat buffer (no memory for a unit's between steps).
+  const at::Tensor& flat(size_t b) const { return flats_.at(b); }
   /// Whether fp32 bucket b aliases its low-precision bucket (fp32 models).
   bool aliases_model_bucket(size_t b) const { return flats_.at(b).is_same(lp_flats_.at(b)); }
 
