@@ -26,6 +26,11 @@ constexpr dopt_option_spec kOptions[] = {
                      "them again for its backward (FSDP's FULL_SHARD); false keeps them from "
                      "the forward until the unit's backward (SHARD_GRAD_OP: less traffic, more "
                      "memory)"),
+    sdk::option_bool("overlap_comm", "false",
+                     "stage 3: let a unit's gradient reduce-scatter run through the next "
+                     "unit's whole backward (DeepSpeed's overlap_comm): more overlap, one more "
+                     "unit's full gradients in memory; false completes it at the next unit's "
+                     "first gradient and frees its gradients before the next unit's take memory"),
 };
 }  // namespace
 

@@ -181,6 +181,7 @@ void ZeroAlgorithm::read_options(const dopt_algorithm_args& args) {
   stage_ = opts.get_int("stage");
   partition_kind_ = opts.get_string("partition");
   bucket_view_ = opts.get_bool("parameters_as_bucket_view");
+  overlap_comm_ = opts.get_bool("overlap_comm");
   if (stage_ < 1 || stage_ > 3) fail(DOPT_ERR_INVALID_ARGUMENT, "stage must be 1, 2 or 3");
   if (partition_kind_ != "greedy" && partition_kind_ != "contiguous")
     fail(DOPT_ERR_INVALID_ARGUMENT,
@@ -343,6 +344,13 @@ void ZeroAlgorithm::finish_earlier_units(size_t b) {
     e.send = at::Tensor();
     e.done = true;
   }
+}
+
+bool ZeroAlgorithm::finish_buckets() {
+  if (stage_ != 3 || overlap_comm_) return false;
+  at::NoGradGuard ng;
+  finish_earlier_units(shards_.size());
+  return true;
 }
 
 void ZeroAlgorithm::count_sent(uint64_t bytes) {

@@ -64,6 +64,13 @@
 // host calls discard_step(): the reduce-scatters already started are
 // finished and forgotten, nothing is stepped.
 //
+// Stage 3 gradient memory (ABI 1.9, finish_buckets): by default a unit's
+// reduce-scatter overlaps the next unit's backward up to that unit's first
+// gradient, then completes, so the host frees the unit's gradients before
+// the next unit's take memory: one unit's full gradients at a time.
+// overlap_comm: true keeps it running through the next unit's whole
+// backward (DeepSpeed's overlap_comm): two units' gradients at a time.
+//
 // Partition (stage 1): `greedy` = PyTorch's sorted-greedy over whole
 // parameters (state per rank within one largest parameter of 1/W);
 // `contiguous` = the trainable parameters laid back to back, partitioned into W
@@ -129,6 +136,9 @@ class ZeroAlgorithm : public sdk::Algorithm {
   /// ABI 1.8: finish this step's reductions and forget them (an inf/NaN
   /// gradient under mixed precision): no update, no synchronisation.
   void discard_step();
+  /// ABI 1.9: stage 3 without overlap_comm waits for the reduce-scatters
+  /// handed so far (true: the host frees their gradients).
+  bool finish_buckets() override;
   void set_lr(int32_t group, double lr) override;
   /// ABI 1.5: the norm is summed over the item shards each rank owns, over the ranks.
   void set_grad_clip(double max_norm) override;
@@ -202,7 +212,8 @@ class ZeroAlgorithm : public sdk::Algorithm {
   int64_t stage_ = 1;
   std::string partition_kind_;  // option `partition`: greedy or contiguous
   bool bucket_view_ = false;
-  double grad_clip_ = 0;  // optimizer.grad_clip (0 = off)
+  bool overlap_comm_ = false;  // stage 3: option overlap_comm
+  double grad_clip_ = 0;       // optimizer.grad_clip (0 = off)
   sdk::CommView comm_;
   sdk::ReducerView reducer_;
   std::vector<const dopt_bucket*> buckets_;

@@ -106,7 +106,7 @@ TEST_CASE("DOPT_PLUGIN fills the plugin info and component table") {
   CHECK(reinterpret_cast<void*>(rvt->save_state) != nullptr);
   CHECK(reinterpret_cast<void*>(rvt->load_state) != nullptr);
   auto* avt = static_cast<const dopt_algorithm_v1*>(info.components[1].vtable);
-  CHECK(avt->struct_size == DOPT_ALGORITHM_V1_8_STRUCT_SIZE);
+  CHECK(avt->struct_size == DOPT_ALGORITHM_V1_9_STRUCT_SIZE);
   CHECK(reinterpret_cast<void*>(avt->bytes_sent) != nullptr);
   // ABI 1.5: present; the SDK's default refuses (this class does not clip)
   REQUIRE(reinterpret_cast<void*>(avt->set_grad_clip) != nullptr);
@@ -121,6 +121,10 @@ TEST_CASE("DOPT_PLUGIN fills the plugin info and component table") {
   // ABI 1.8: a class without discard_step() leaves the pointer NULL (the
   // host then refuses parameter sharding under mixed precision).
   CHECK(reinterpret_cast<void*>(avt->discard_step) == nullptr);
+  // ABI 1.9: present; the SDK's default keeps reading the buckets.
+  REQUIRE(reinterpret_cast<void*>(avt->finish_buckets) != nullptr);
+  int32_t finished = -1;
+  CHECK(avt->finish_buckets(nullptr, &finished) == DOPT_ERR_INVALID_ARGUMENT);
   CHECK(sdk::host() == host_api());
 }
 
@@ -224,6 +228,9 @@ TEST_CASE("exceptions become statuses with the message in the error sink") {
   CHECK(avt->step(a) == DOPT_ERR_STATE);
   CHECK(take_last_error() == "step before ready");
   CHECK(avt->state_bytes(a) == 42);
+  int32_t finished = -1;  // ABI 1.9: the SDK's default keeps reading the buckets
+  CHECK(avt->finish_buckets(a, &finished) == DOPT_OK);
+  CHECK(finished == 0);
   CHECK(avt->destroy(a) == DOPT_OK);
 }
 

@@ -88,6 +88,7 @@ struct Spec {
   int micro = 1;  // micro-batches per step (no_sync for all but the last)
   std::string optimizer = "sgd";
   bool reshard = true;
+  bool overlap = false;  // overlap_comm
   double clip = 0;
 };
 
@@ -159,7 +160,8 @@ Outcome run_case(const Spec& s) {
   yaml << plugins_and_world_yaml(s.world, random_port()) << "communicator: {name: tcp}\n"
        << "reducer: {name: mean}\n"
        << "algorithm: {name: zero, options: {stage: 3, reshard_after_forward: "
-       << (s.reshard ? "true" : "false") << "}}\n"
+       << (s.reshard ? "true" : "false") << ", overlap_comm: " << (s.overlap ? "true" : "false")
+       << "}}\n"
        << "optimizer: " << optimizer_yaml(s) << "\n";
   const std::string job = yaml.str();
   auto codes = fork_ranks(
@@ -181,7 +183,8 @@ Outcome run_case(const Spec& s) {
         std::vector<double> mem;
         mem.push_back(opt.shards_parameters() ? 1 : 0);
         mem.push_back(static_cast<double>(opt.sharding_memory().units));
-        double max_between = 0, max_peak = 0, grads_between = 0, params_between = 0, max_cached = 0;
+        double max_between = 0, max_peak = 0, grads_between = 0, params_between = 0, max_cached = 0,
+               max_unit_grads = 0;
         for (int step = 0; step < s.steps; ++step) {
           opt.zero_grad();
           const int64_t part = s.batch / s.micro;
@@ -202,6 +205,7 @@ Outcome run_case(const Spec& s) {
           max_between = std::max<double>(max_between, static_cast<double>(m.gathered));
           max_cached = std::max<double>(max_cached, static_cast<double>(m.cached));
           max_peak = std::max<double>(max_peak, static_cast<double>(m.peak_gathered));
+          max_unit_grads = std::max<double>(max_unit_grads, static_cast<double>(m.peak_unit_grads));
           for (const auto& np : net->named_parameters()) {
             if (np.key() == "scale") continue;
             params_between += static_cast<double>(np.value().numel());
@@ -223,6 +227,7 @@ Outcome run_case(const Spec& s) {
         mem.push_back(static_cast<double>(net->head->parameters()[0].numel()));  // freed again
         mem.push_back(net->block->named_buffers()[0].value().item<double>());
         mem.push_back(max_cached);
+        mem.push_back(max_unit_grads);
         write_doubles(dir + "/rank" + std::to_string(rank) + ".bin", v);
         write_doubles(dir + "/mem" + std::to_string(rank) + ".bin", mem);
         rt.barrier();
@@ -251,7 +256,7 @@ void check(const Spec& s, const Outcome& o) {
     CHECK(max_abs_diff(o.params[r], o.ref) <= 2e-5);
     CHECK(max_abs_diff(o.params[r], o.params[0]) == 0);
     const auto& m = o.memory[r];
-    REQUIRE(m.size() == 12);
+    REQUIRE(m.size() == 13);
     CHECK(m[0] == 1);  // the optimizer shards parameters
     CHECK(m[1] == 5);  // units: unused, outer, outer.inner, block, head
     CHECK(m[2] == 0);  // no unit's full parameters present between steps
@@ -270,6 +275,18 @@ void check(const Spec& s, const Outcome& o) {
     // (outer's own layer, 32 x 40 + 32 floats, aligned, plus the pool's slack).
     CHECK(m[11] > 0);
     CHECK(m[11] <= 4 * ((32 * 40 + 32) * 4 + 2 * 64 + 256));
+    // Units' full gradients at once (the largest bucket is outer's own layer,
+    // 40 x 32 + 32 floats; block's is 32 x 24 + 24 + 24 x 16 + 16).
+    const double largest = (40 * 32 + 32) * 4 + 2 * 64 + 256;
+    if (s.micro > 1) {
+      CHECK(m[12] > largest);  // no_sync keeps every unit's gradients until the last micro-batch
+    } else if (s.overlap) {
+      // block's reduce-scatter runs on through outer's backward
+      CHECK(m[12] >= (40 * 32 + 32 + 32 * 24 + 24 + 24 * 16 + 16) * 4);
+    } else {
+      CHECK(m[12] > 0);
+      CHECK(m[12] <= largest);  // one unit's at a time (finish_buckets, ABI 1.9)
+    }
   }
 }
 
@@ -277,6 +294,13 @@ void check(const Spec& s, const Outcome& o) {
 
 TEST_CASE("zero stage 3, SGD(momentum), 2 ranks") {
   Spec s;
+  check(s, run_case(s));
+}
+
+TEST_CASE("zero stage 3, Adam, 2 ranks, overlap_comm: true") {
+  Spec s;
+  s.optimizer = "adam";
+  s.overlap = true;
   check(s, run_case(s));
 }
 

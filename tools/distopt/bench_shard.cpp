@@ -20,8 +20,10 @@
 //             (4 + 12/N) P, stage 3 16 P/N plus the units' full buffers:
 //             their parameters while gathered (`gathered`: the most present
 //             at once, measured; one unit running and one prefetched) and
-//             their gradients before the reduce-scatter (`unit grads`: two
-//             units, the one being filled and the one being reduced);
+//             their gradients before the reduce-scatter (`unit grads`: the
+//             most units' gradient buckets present at once, measured: one,
+//             or two with overlap_comm, plus the largest parameter's
+//             gradient autograd makes before it is added into its bucket);
 //   samples/s the global batch over the median step time of the slowest rank.
 // With --memory-cap-mb M each rank limits its data segment (RLIMIT_DATA) to
 // what it holds before building the model plus M MiB: a configuration that
@@ -109,12 +111,13 @@ std::string algorithm_yaml(const std::string& alg) {
   if (alg == "zero1") return "{name: zero, options: {stage: 1, partition: contiguous}}";
   if (alg == "zero2") return "{name: zero, options: {stage: 2}}";
   if (alg == "zero3") return "{name: zero, options: {stage: 3}}";
+  if (alg == "zero3_overlap") return "{name: zero, options: {stage: 3, overlap_comm: true}}";
   throw distopt::Error("bench shard: unknown algorithm '" + alg +
-                       "' (allreduce, zero1, zero2, zero3)");
+                       "' (allreduce, zero1, zero2, zero3, zero3_overlap)");
 }
 
 struct RankResult {
-  double peak = 0, seconds = 0, gathered_peak = 0;
+  double peak = 0, seconds = 0, gathered_peak = 0, unit_grads_peak = 0;
   int failed = 0;  // 1: out of memory under the cap
 };
 
@@ -163,7 +166,9 @@ RankResult run_rank(const Args& a, const std::string& alg, int world, int rank, 
         std::ofstream("/proc/self/clear_refs") << "5";
       }
     }
-    out.gathered_peak = static_cast<double>(opt.sharding_memory().peak_gathered);
+    const auto mem = opt.sharding_memory();
+    out.gathered_peak = static_cast<double>(mem.peak_gathered);
+    out.unit_grads_peak = static_cast<double>(mem.peak_unit_grads);
     secs.erase(secs.begin());
     std::sort(secs.begin(), secs.end());
     out.seconds = secs[secs.size() / 2];
@@ -261,7 +266,8 @@ int distopt_bench_shard(int argc, char** argv) {
       "steps", po::value(&a.steps)->default_value(5), "timed steps (after one warm-up)")(
       "ranks", po::value(&ranks)->default_value(ranks), "world sizes, comma-separated")(
       "algorithms", po::value(&algs)->default_value(algs),
-      "allreduce, zero1, zero2, zero3, comma-separated")(
+      "allreduce, zero1, zero2, zero3, zero3_overlap (stage 3 with overlap_comm: true), "
+      "comma-separated")(
       "memory-cap-mb", po::value(&a.cap_mb)->default_value(0),
       "limit each rank's data segment to this many MiB above what it holds before the model "
       "(RLIMIT_DATA); 0: no cap")("plugin-path", po::value(&a.plugin_path),
@@ -289,33 +295,35 @@ int distopt_bench_shard(int argc, char** argv) {
   std::printf(
       "# peak: max over ranks of VmHWM in the timed steps minus the rank's RSS before the "
       "model; theory: ZeRO's bytes per rank for the stage (16P, (8+8/N)P, (4+12/N)P, 16P/N); "
-      "gathered: the most unit parameters present at once, and unit grads: the full gradients "
-      "of two units (the one being filled, the one being reduce-scattered), stage 3, both added "
-      "to theory in peak/theory; malloc's mmap threshold fixed at 1 MiB\n");
-  std::printf("# %-10s %5s %12s %12s %12s %14s %16s %10s\n", "algorithm", "ranks", "samples/s",
+      "gathered: the most unit parameters present at once, and unit grads: the most units' "
+      "gradient buckets present at once plus one Linear weight's gradient (autograd's, before "
+      "it is added into its bucket), stage 3, both measured and added to theory in "
+      "peak/theory; malloc's mmap threshold fixed at 1 MiB\n");
+  std::printf("# %-13s %5s %12s %12s %12s %14s %16s %10s\n", "algorithm", "ranks", "samples/s",
               "peak(MiB)", "theory(MiB)", "gathered(MiB)", "unit grads(MiB)", "peak/theory");
-  const double unit_bytes = 4.0 * static_cast<double>(width * width + width);
+  const double weight_grad_bytes = 4.0 * static_cast<double>(width * width);
   for (int world : a.ranks)
     for (const auto& alg : a.algorithms) {
       auto res = run_config(a, alg, world);
-      double peak = 0, secs = 0, gathered = 0;
+      double peak = 0, secs = 0, gathered = 0, unit_grads = 0;
       int failed = 0;
       for (const auto& r : res) {
         peak = std::max(peak, r.peak);
         secs = std::max(secs, r.seconds);
         gathered = std::max(gathered, r.gathered_peak);
+        unit_grads = std::max(unit_grads, r.unit_grads_peak);
         failed = std::max(failed, r.failed);
       }
       const double theory = theory_bytes(alg, p, world);
-      const double grads = alg == "zero3" ? 2 * unit_bytes : 0;
+      const double grads = alg.rfind("zero3", 0) == 0 ? unit_grads + weight_grad_bytes : 0;
       const double mib = 1024.0 * 1024.0;
       if (failed == 1) {
-        std::printf("  %-10s %5d %12s %12.0f %12.0f %14s %16s %10s\n", alg.c_str(), world,
+        std::printf("  %-13s %5d %12s %12.0f %12.0f %14s %16s %10s\n", alg.c_str(), world,
                     "out of memory", peak / mib, theory / mib, "-", "-", "-");
       } else if (failed) {
-        std::printf("  %-10s %5d %12s\n", alg.c_str(), world, "failed (see above)");
+        std::printf("  %-13s %5d %12s\n", alg.c_str(), world, "failed (see above)");
       } else {
-        std::printf("  %-10s %5d %12.1f %12.0f %12.0f %14.1f %16.1f %10.2f\n", alg.c_str(), world,
+        std::printf("  %-13s %5d %12.1f %12.0f %12.0f %14.1f %16.1f %10.2f\n", alg.c_str(), world,
                     a.batch * world / secs, peak / mib, theory / mib, gathered / mib, grads / mib,
                     peak / (theory + gathered + grads));
       }

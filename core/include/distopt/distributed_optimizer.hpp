@@ -320,6 +320,13 @@ class DistributedOptimizer {
     /// Bytes of units' full gradients present now (the gradient buckets,
     /// and their fp32 copies under mixed precision): 0 between steps.
     uint64_t unit_grads = 0;
+    /// Most bytes of units' full gradients present at once since the last
+    /// call: one unit's (the one being filled) when the algorithm frees a
+    /// unit's gradients before the next unit's take memory (zero stage 3 by
+    /// default, ABI 1.9 finish_buckets), two with `overlap_comm: true`.
+    /// Autograd's fresh gradient of a parameter, before it is added into its
+    /// bucket, is not counted.
+    uint64_t peak_unit_grads = 0;
   };
   /// Reads and restarts the peak. Zeros without parameter sharding.
   ShardingMemory sharding_memory();

@@ -208,6 +208,7 @@ void BucketManager::on_grad_ready(size_t i) {
   if (!attached_) return;
   Param& p = params_[i];
   Bucket& bk = buckets_[static_cast<size_t>(p.bucket)];
+  if (bk.unit >= 0 && !no_sync_ && next_ > 0 && unit_alloc_ && !allocated(bk)) unit_alloc_(next_);
   ensure_allocated(bk);
   struct UnitGrad {  // told after the gradient is in the bucket, whatever path returns
     BucketManager& m;

@@ -75,6 +75,10 @@ class BucketManager {
   /// autograd thread) each time parameter i of a unit's bucket got its
   /// gradient of a backward, under no_sync too.
   void on_unit_grad(std::function<void(size_t)> fn) { unit_grad_ = std::move(fn); }
+  /// Parameter sharding: `fn(n)` runs (under the manager's lock, on the
+  /// autograd thread) before a unit's bucket gets memory in a backward that
+  /// sends, when buckets 0..n-1 were already launched in this step (n > 0).
+  void on_unit_bucket_alloc(std::function<void(size_t)> fn) { unit_alloc_ = std::move(fn); }
   /// Units' gradient buckets take and give back their memory through `pool`.
   void set_storage_pool(std::shared_ptr<StoragePool> pool) { pool_ = std::move(pool); }
   /// Parameter sharding: free the memory of every unit's bucket and set its
@@ -142,6 +146,7 @@ class BucketManager {
   BucketOptions opts_;
   LaunchFn launch_;
   std::function<void(size_t)> unit_grad_;
+  std::function<void(size_t)> unit_alloc_;
   std::shared_ptr<StoragePool> pool_;  // units' gradient buckets (null: the allocator)
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;

@@ -105,11 +105,14 @@ void start_sharding(DistributedOptimizer::Impl& m, int32_t mode,
       member_of[static_cast<size_t>(descs[k].entries[e].param_index)] = {m.shard_of_bucket[k], e};
   }
   std::weak_ptr<ParamShards> weak = m.shards;
-  m.buckets->on_unit_grad([weak, member_of](size_t i) {
+  DistributedOptimizer::Impl* raw = &m;  // owns the bucket manager: outlives its hooks
+  m.buckets->on_unit_grad([weak, member_of, raw](size_t i) {
+    raw->note_unit_grads();
     auto shards = weak.lock();
     if (shards && member_of[i].first >= 0)
       shards->grad_ready(member_of[i].first, member_of[i].second);
   });
+  m.buckets->on_unit_bucket_alloc([raw](size_t handed) { raw->finish_handed_units(handed); });
 }
 
 }  // namespace
@@ -347,6 +350,34 @@ void DistributedOptimizer::Impl::release_unit_bucket(size_t k) {
   if (masters) masters->release_bucket(k);
 }
 
+void DistributedOptimizer::Impl::finish_handed_units(size_t handed) {
+  if (!DOPT_HAS_FIELD(avt, dopt_algorithm_v1, finish_buckets) || !avt->finish_buckets) return;
+  int32_t finished = 0;
+  {
+    const WatchdogScope watched("algorithm", watched_as, "finish_buckets");
+    check_status(avt->finish_buckets(algorithm, &finished), algorithm_who, "finish_buckets");
+  }
+  if (finished)
+    for (size_t k = 0; k < handed; ++k) release_unit_bucket(k);
+}
+
+uint64_t DistributedOptimizer::Impl::unit_grad_bytes() const {
+  uint64_t n = 0;
+  for (size_t k = 0; k < shard_of_bucket.size(); ++k) {
+    if (shard_of_bucket[k] < 0) continue;
+    n += optim::storage_bytes(buckets->flat(k));
+    if (masters && !masters->aliases_model_bucket(k)) n += optim::storage_bytes(masters->flat(k));
+  }
+  return n;
+}
+
+void DistributedOptimizer::Impl::note_unit_grads() {
+  const uint64_t now = unit_grad_bytes();
+  uint64_t peak = peak_unit_grads.load();
+  while (now > peak && !peak_unit_grads.compare_exchange_weak(peak, now)) {
+  }
+}
+
 void DistributedOptimizer::Impl::end_sharded_step() {
   buckets->release_unit_grads();
   for (size_t k = 0; k < shard_of_bucket.size(); ++k) release_unit_bucket(k);
@@ -356,6 +387,7 @@ void DistributedOptimizer::Impl::end_sharded_step() {
 void DistributedOptimizer::Impl::launch_unscaled(const dopt_bucket& bucket) {
   const auto k = static_cast<size_t>(bucket.index);
   masters->unscale_bucket(k, scaler->scale());
+  if (shard_of_bucket[k] >= 0) note_unit_grads();  // the unit's bf16 and fp32 gradients
   // The fp32 copy is what the algorithm reads: the unit's low-precision
   // gradients can go now.
   if (shard_of_bucket[k] >= 0 && !masters->aliases_model_bucket(k)) buckets->release_unit_grad(k);
@@ -648,13 +680,8 @@ DistributedOptimizer::ShardingMemory DistributedOptimizer::sharding_memory() {
   s.gathered = impl_->shards->gathered_bytes();
   s.peak_gathered = impl_->shards->take_peak_gathered_bytes();
   s.cached = impl_->shards->cached_bytes();
-  const auto& m = *impl_;
-  for (size_t k = 0; k < m.shard_of_bucket.size(); ++k) {
-    if (m.shard_of_bucket[k] < 0) continue;
-    s.unit_grads += optim::storage_bytes(m.buckets->flat(k));
-    if (m.masters && !m.masters->aliases_model_bucket(k))
-      s.unit_grads += optim::storage_bytes(m.masters->flat(k));
-  }
+  s.unit_grads = impl_->unit_grad_bytes();
+  s.peak_unit_grads = std::max(s.unit_grads, impl_->peak_unit_grads.exchange(0));
   return s;
 }
 

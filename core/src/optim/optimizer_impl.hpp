@@ -91,6 +91,15 @@ struct DistributedOptimizer::Impl {
   /// Parameter sharding: bucket k's full gradients (and their fp32 copy) go,
   /// when it is a unit's.
   void release_unit_bucket(size_t k);
+  /// Parameter sharding, before a unit's bucket gets memory (autograd
+  /// thread): buckets 0..handed-1 went to the algorithm this step; when its
+  /// finish_buckets (ABI 1.9) says it is done with them, they go.
+  void finish_handed_units(size_t handed);
+  /// Bytes of units' full gradients present now (buckets and fp32 copies).
+  uint64_t unit_grad_bytes() const;
+  /// Raise peak_unit_grads to unit_grad_bytes() (autograd or training thread).
+  void note_unit_grads();
+  std::atomic<uint64_t> peak_unit_grads{0};
   /// Parameter sharding, after step() or discard_step(): every unit's
   /// gradients go, and the forward order becomes the prefetch order.
   void end_sharded_step();

@@ -74,9 +74,14 @@ extern "C" {
  *            (algorithm.h, "Parameter sharding")           gradients go to the
  *                                                           algorithm during backward,
  *                                                           before the inf/NaN check
+ *   1.9      dopt_algorithm_v1::finish_buckets             parameter sharding: a
+ *            (algorithm.h)                                  unit's gradients are freed
+ *                                                           before the next unit's take
+ *                                                           memory (one unit's at a
+ *                                                           time, not two)
  */
 #define DOPT_ABI_VERSION_MAJOR 1
-#define DOPT_ABI_VERSION_MINOR 8 /* 1.8: discard_step, sharding under mixed precision */
+#define DOPT_ABI_VERSION_MINOR 9 /* 1.9: finish_buckets (sharded gradients freed earlier) */
 
 /** Offset of the end of MEMBER in TYPE: the struct size a reader needs for it. */
 #define DOPT_STRUCT_SIZE_UPTO(TYPE, MEMBER) (offsetof(TYPE, MEMBER) + sizeof(((TYPE*)0)->MEMBER))

@@ -99,8 +99,8 @@ typedef struct dopt_algorithm_args {
  *    reads the updated shards. When on_bucket_ready(b) returns, the
  *    algorithm must be done reading the flat buffers of the sharded buckets
  *    handed to it before b in this step: the host frees them then (and the
- *    rest when step() returns), so a rank holds about one unit's full
- *    gradient at a time.
+ *    rest when step() returns), so a rank holds about two units' full
+ *    gradients at a time; one with finish_buckets (ABI 1.9).
  *  - Mixed precision (ABI 1.8; FSDP's MixedPrecision with fp32 reduction,
  *    ShardedGradScaler). Only for an algorithm whose vtable has
  *    discard_step; the host refuses the job for any other. The algorithm's
@@ -227,12 +227,31 @@ typedef struct dopt_algorithm_v1 {
    * they were; nothing is synchronised. Collective (every rank discards the
    * same step); training thread, between backward and the next forward. */
   dopt_status (*discard_step)(dopt_algorithm* a);
+
+  /* ---- ABI 1.9 (parameter sharding: gradient memory). An older vtable
+   * ends above; the host then frees a unit's gradient bucket when a later
+   * on_bucket_ready returns, as in 1.7. ---- */
+
+  /** Parameter sharding: the host is about to give memory to a unit's
+   * gradient bucket (that unit's first gradient of the step is ready) while
+   * buckets handed to on_bucket_ready in this step may still be read. Set
+   * *finished to 1 after completing every use of the sharded buckets handed
+   * so far in this step (waiting for their reduce-scatters): the host frees
+   * them when this returns, so a rank holds one unit's full gradients at a
+   * time (plus the gradient autograd just made), and the reduce-scatter of
+   * a unit overlaps the next unit's backward only up to that unit's first
+   * gradient. Set 0 to keep reading them (more overlap, one more unit's
+   * gradients in memory; DeepSpeed's overlap_comm): the host frees them
+   * when a later on_bucket_ready returns. Autograd thread, never
+   * concurrently with on_bucket_ready; not called under no_sync. */
+  dopt_status (*finish_buckets)(dopt_algorithm* a, int32_t* finished);
 } dopt_algorithm_v1;
 #define DOPT_ALGORITHM_V1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, state_bytes)
 #define DOPT_ALGORITHM_V1_1_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, bytes_sent)
 #define DOPT_ALGORITHM_V1_5_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, set_grad_clip)
 #define DOPT_ALGORITHM_V1_7_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, scatter_params)
 #define DOPT_ALGORITHM_V1_8_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, discard_step)
+#define DOPT_ALGORITHM_V1_9_STRUCT_SIZE DOPT_STRUCT_SIZE_UPTO(dopt_algorithm_v1, finish_buckets)
 
 /* dopt_algorithm_v1::param_sharding results. */
 #define DOPT_PARAM_SHARDING_NONE 0

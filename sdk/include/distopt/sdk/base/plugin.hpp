@@ -160,6 +160,11 @@ class Algorithm {
   virtual void scatter_params(const dopt_bucket& /*bucket*/, const DLTensor& /*full*/) {
     throw Error(DOPT_ERR_UNSUPPORTED, "this algorithm does not shard parameters");
   }
+  /// ABI 1.9 (algorithm.h finish_buckets): before the host gives memory to
+  /// a unit's gradient bucket. Return true after finishing every use of the
+  /// sharded buckets handed so far this step (the host frees them); the
+  /// default keeps reading them until the next on_bucket_ready.
+  virtual bool finish_buckets() { return false; }
   // ABI 1.8 (algorithm.h discard_step): a class that can end a step without
   // an update declares `void discard_step()` (not virtual here: the vtable's
   // pointer is NULL for a class without it, which tells the host it cannot
@@ -534,7 +539,13 @@ struct AlgorithmGlue {
     }
   }
 
-  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_8_STRUCT_SIZE,
+  static dopt_status finish_buckets(dopt_algorithm* h, int32_t* finished) noexcept {
+    if (!h || !finished) return null_arg("algorithm or finished");
+    *finished = 0;
+    return guard([&] { *finished = a(h)->finish_buckets() ? 1 : 0; });
+  }
+
+  static constexpr dopt_algorithm_v1 vtable = {DOPT_ALGORITHM_V1_9_STRUCT_SIZE,
                                                nullptr,
                                                &create,
                                                &destroy,
@@ -550,7 +561,8 @@ struct AlgorithmGlue {
                                                &gather_params,
                                                &wait_params,
                                                &scatter_params,
-                                               HasDiscardStep<T>::value ? &discard_step : nullptr};
+                                               HasDiscardStep<T>::value ? &discard_step : nullptr,
+                                               &finish_buckets};
 };
 
 // ABI 1.2: the component class's optional static check_job and traits.
