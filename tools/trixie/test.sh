@@ -10,6 +10,8 @@
 #   DISTOPT_TRIXIE_BUILD_ONLY=1 ...    # build, no ctest
 #   DISTOPT_BUILD_TARGETS="_distopt tcp" tools/trixie/test.sh -R python_backend
 #                                      # build these targets only (tools/build.sh)
+#   DISTOPT_TRIXIE_RUN="python3 tools/bench/compare_fsdp.py" tools/trixie/test.sh
+#                                      # build, then run this command in /src, not ctest
 #
 # Needs network access to a Debian mirror (DISTOPT_TRIXIE_MIRROR, default
 # deb.debian.org). tools/setup.sh runs inside, so the packages are the ones
@@ -46,12 +48,15 @@ args=$(printf ' %q' "$@")
 chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
   DEBIAN_FRONTEND=noninteractive DISTOPT_BUILD_DIR=build-trixie \
   DISTOPT_TRIXIE_BUILD_ONLY="${DISTOPT_TRIXIE_BUILD_ONLY:-0}" \
-  DISTOPT_BUILD_TARGETS="${DISTOPT_BUILD_TARGETS:-}" /bin/bash -c "
+  DISTOPT_BUILD_TARGETS="${DISTOPT_BUILD_TARGETS:-}" DISTOPT_TRIXIE_RUN="${DISTOPT_TRIXIE_RUN:-}" \
+  /bin/bash -c "
   set -euo pipefail
   cd /src
   tools/setup.sh
   echo \"trixie: \$(c++ --version | head -1); libtorch \$(dpkg-query -W -f='\${Version}' libtorch-dev)\"
   tools/build.sh
-  if [[ \$DISTOPT_TRIXIE_BUILD_ONLY != 1 ]]; then
+  if [[ -n \$DISTOPT_TRIXIE_RUN ]]; then
+    DISTOPT_BUILD_DIR=build-trixie /bin/bash -c \"\$DISTOPT_TRIXIE_RUN\"
+  elif [[ \$DISTOPT_TRIXIE_BUILD_ONLY != 1 ]]; then
     cd build-trixie && ctest --output-on-failure --timeout 900 -j \${DISTOPT_TEST_JOBS:-2} $args
   fi"
