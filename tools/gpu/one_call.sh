@@ -7,7 +7,7 @@
 #   tools/gpu/one_call.sh      # with .gpu-deps/ carried (tools/gpu/fetch_deps.sh)
 #
 # Order: tools/gpu/build_and_test.sh build; then the smoke's benchmark rows
-# alone (bench step, bench step hybrid, train vs pytorch: timings want an
+# alone (bench step, bench step hybrid, train vs pytorch, fsdp vs zero3: timings want an
 # otherwise idle machine; a hybrid row beside 8 ctest processes ran 8x
 # slower on 2026-11-27); then, side by side,
 #   - the smoke's other rows (training to an accuracy floor, the refusals);
@@ -61,7 +61,7 @@ if [[ ! -x $BUILD/bin/distopt ]]; then
   exit 1
 fi
 
-BENCH_ROWS='^(bench step|bench step hybrid|train vs pytorch)$'
+BENCH_ROWS='^(bench step|bench step hybrid|train vs pytorch|fsdp vs zero3)$'
 SMOKE_A=$OUT/smoke-bench-rows SMOKE_B=$OUT/smoke-other-rows
 mkdir -p "$SMOKE_A" "$SMOKE_B"
 env "${SMOKE_ENV[@]}" OUT="$SMOKE_A" DISTOPT_SMOKE_ROWS="$BENCH_ROWS" \

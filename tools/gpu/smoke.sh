@@ -388,6 +388,27 @@ if wanted "train vs pytorch"; then
   fi
 fi
 
+# zero stage 3 from Python against PyTorch's FSDP (FULL_SHARD) at world size 1
+# (one GPU: NCCL refuses two ranks on one device), 1e9 parameters on cuda.
+if wanted "fsdp vs zero3"; then
+  if "$PY" -c 'import torch.distributed.fsdp' 2>/dev/null; then
+    FSDP_PARAMS=1e9
+    [[ $DEVICE == cpu ]] && FSDP_PARAMS=1e7
+    run "fsdp vs zero3" 150 "$PY" tools/bench/compare_fsdp.py --device "$DEVICE" --ranks 1 \
+      --params "$FSDP_PARAMS" --python-path "$BUILD/python" --plugin-path "$PLUGINS"
+    { echo "===== fsdp vs zero3"; cat "$WORK/out"; } >>"$BENCH_LOG"
+    line=$(grep -m1 -E '^ +1 ' "$WORK/out")
+    if ((RC == 0)) && [[ -n $line ]]; then
+      record "fsdp vs zero3" PASS - "$(awk '{print $3}' <<<"$line")" "$SECS" \
+        "$(awk '{print "FSDP "$2" samples/s, distopt x"$4"; peak MiB FSDP "$5", distopt "$6"; diff "$9}' <<<"$line")"
+    else
+      record "fsdp vs zero3" FAIL - - "$SECS" "$(why)"
+    fi
+  else
+    record "fsdp vs zero3" UNSUPPORTED - - 0 "this python's torch has no FSDP"
+  fi
+fi
+
 # 7. ctest in what is left of the budget (at most 16 in parallel).
 if wanted ctest; then
   left=$((BUDGET - $(elapsed) - 10))

@@ -135,7 +135,7 @@ PYBIND11_MODULE(_distopt, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const distopt::Error& e) {
-      error(e.what());
+      PyErr_SetString(error.ptr(), e.what());  // pybind11 >= 2.12 deprecates error(what)
     }
   });
 

@@ -185,8 +185,8 @@ class Parser {
   void get_double(const YAML::Node& map, const std::string& section, const char* key, double& out) {
     YAML::Node n = child(map, key);
     if (!n.IsDefined()) return;
-    const std::string path = section + "." + key;
-    const KeySpec& spec = config::config_key(section, key);
+    const std::string path = section + "." + key, key_name = key;
+    const KeySpec& spec = config::config_key(section, key_name);  // a table entry, not a temporary
     const config::KeyRange r = config::key_range(spec);
     auto v = to_double(n);
     if (!v) fail(file_, mark_of(n), path + ": expected a number, got " + describe(n));
