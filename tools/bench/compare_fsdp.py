@@ -16,8 +16,9 @@ set of processes, FSDP and distopt in turn at each world size:
              less what the rank held before building the model, with malloc's
              mmap threshold fixed at 1 MiB (as `distopt bench shard`); on CUDA,
              torch.cuda.max_memory_allocated over the timed steps;
-  diff       the largest |difference| between FSDP's and distopt's parameters
-             after the last step (every 997th element; reduction order only).
+  diff       the largest |difference| of FSDP's and of distopt's parameters
+             after the last step from a single process running plain
+             torch.optim.Adam on the global batch (every 997th element).
 
 FSDP: FullyShardedDataParallel(FULL_SHARD, device_id, gloo on the CPU, nccl on
 CUDA). distopt: DistributedOptimizer(model, job with algorithm zero stage 3,
@@ -89,7 +90,11 @@ def worker(a):
         if i + 1 < a.layers:
             layers.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*layers).to(dev)
-    if a.worker == "fsdp":
+    ranks = [rank]
+    if a.worker == "reference":  # one process, the global batch, plain Adam
+        ranks = list(range(a.world))
+        opt = torch.optim.Adam(model.parameters(), lr=a.lr)
+    elif a.worker == "fsdp":
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp import ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -107,8 +112,9 @@ def worker(a):
     secs = []
     loss = None
     for s in range(a.steps + 1):  # the first step is warm-up
-        g = torch.Generator().manual_seed(1000 + s * world + rank)
-        x = torch.randn(a.batch, width, generator=g).to(dev)
+        x = torch.cat([torch.randn(a.batch, width,
+                                   generator=torch.Generator().manual_seed(1000 + s * a.world + r))
+                       for r in ranks]).to(dev)
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = model(x).pow(2).mean()
@@ -129,7 +135,9 @@ def worker(a):
         return torch.cat([t.detach().reshape(-1)[::997].double().cpu()
                           for m in linears for t in (m.weight, m.bias)])
 
-    if a.worker == "fsdp":
+    if a.worker == "reference":
+        params = sample()
+    elif a.worker == "fsdp":
         with FSDP.summon_full_params(model):
             params = sample()
         dist.destroy_process_group()
@@ -143,17 +151,19 @@ def worker(a):
 
 
 def run(a, kind, world, out):
+    procs_n = 1 if kind == "reference" else world
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               WORLD_SIZE=str(world), OMP_NUM_THREADS=str(a.threads), USE_LIBUV="0",
+               WORLD_SIZE=str(procs_n), OMP_NUM_THREADS=str(a.threads), USE_LIBUV="0",
                DISTOPT_RENDEZVOUS=f"tcp://127.0.0.1:{free_port()}", DISTOPT_JOB_TOKEN="bench",
                DISTOPT_WORLD_SIZE=str(world), DISTOPT_LOCAL_WORLD_SIZE=str(world))
     argv = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--out", out,
             "--params", str(a.params), "--layers", str(a.layers), "--batch", str(a.batch),
             "--steps", str(a.steps), "--threads", str(a.threads), "--lr", str(a.lr),
-            "--device", a.device, "--python-path", a.python_path, "--plugin-path", a.plugin_path]
+            "--device", a.device, "--python-path", a.python_path, "--plugin-path", a.plugin_path,
+            "--world", str(world)]
     procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r), LOCAL_RANK=str(r), DISTOPT_RANK=str(r),
                                              DISTOPT_LOCAL_RANK=str(r)),
-                              stdout=subprocess.PIPE, text=True) for r in range(world)]
+                              stdout=subprocess.PIPE, text=True) for r in range(procs_n)]
     outs = [p.communicate()[0] for p in procs]
     if any(p.returncode != 0 for p in procs):
         raise SystemExit(f"compare_fsdp: {kind} at {world} ranks failed: exit codes "
@@ -177,6 +187,7 @@ def main():
     ap.add_argument("--plugin-path", default=os.path.join(BUILD, "plugins"))
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         return worker(a)
@@ -190,20 +201,25 @@ def main():
     print("# samples/s: global batch over the median step of the slowest rank; peak: max over ranks of "
           + ("max_memory_allocated" if a.device == "cuda" else
              "VmHWM in the timed steps minus RSS before the model (mmap threshold 1 MiB)")
-          + f"; theory: 16P/N; diff: max |FSDP - distopt| of the parameters after {a.steps + 1} steps")
+          + f"; theory: 16P/N; diff: max |parameters - a one-process torch.optim.Adam run on the global "
+          f"batch| after {a.steps + 1} steps")
     print(f"# {'ranks':>5s} {'FSDP sam/s':>11s} {'distopt':>9s} {'ratio':>6s} {'FSDP MiB':>9s} "
-          f"{'distopt':>9s} {'ratio':>6s} {'theory':>7s} {'diff':>9s}", flush=True)
+          f"{'distopt':>9s} {'ratio':>6s} {'theory':>7s} {'FSDP diff':>10s} {'distopt diff':>12s}",
+          flush=True)
     mib = 1024.0 * 1024.0
     with tempfile.TemporaryDirectory() as tmp:
         for world in [int(w) for w in a.ranks.split(",")]:
-            f_out, d_out = os.path.join(tmp, "fsdp.pt"), os.path.join(tmp, "distopt.pt")
+            f_out, d_out, r_out = (os.path.join(tmp, n + ".pt") for n in ("fsdp", "distopt", "ref"))
             f = run(a, "fsdp", world, f_out)
             d = run(a, "distopt", world, d_out)
-            diff = (torch.load(f_out) - torch.load(d_out)).abs().max().item()
+            run(a, "reference", world, r_out)
+            ref = torch.load(r_out)
+            f_diff = (torch.load(f_out) - ref).abs().max().item()
+            d_diff = (torch.load(d_out) - ref).abs().max().item()
             print(f"  {world:5d} {f['samples_per_s']:11.1f} {d['samples_per_s']:9.1f} "
                   f"{d['samples_per_s'] / f['samples_per_s']:5.2f}x {f['peak'] / mib:9.0f} "
                   f"{d['peak'] / mib:9.0f} {d['peak'] / f['peak']:5.2f}x {16 * p / world / mib:7.0f} "
-                  f"{diff:9.2e}", flush=True)
+                  f"{f_diff:10.2e} {d_diff:12.2e}", flush=True)
 
 
 if __name__ == "__main__":
