@@ -180,6 +180,7 @@ TEST_CASE(
         std::vector<double> probes;
         std::vector<double> masters_at_switch;
         bool carried = true;
+        double peak_unit_grads = 0;  // over the sharded steps
         for (int step = 0; step < kSteps; ++step) {
           if (step == kSwitchAt || step == kBackAt) {
             const auto before = consolidated(rt, net, opt, rank).first;
@@ -210,6 +211,9 @@ TEST_CASE(
           probes.push_back(static_cast<double>(opt.skipped_steps()));
           probes.push_back(max_abs_diff(before, after));
           const auto mem = opt.sharding_memory();
+          if (step < kSwitchAt ||
+              step >= kBackAt + 1)  // the step after a switch back starts sharded
+            peak_unit_grads = std::max(peak_unit_grads, static_cast<double>(mem.peak_unit_grads));
           // No unit's full parameters, nor its bf16 or fp32 full gradients.
           probes.push_back(static_cast<double>(mem.gathered + mem.unit_grads));
           probes.push_back(static_cast<double>(net->head->parameters()[0].numel()));
@@ -217,6 +221,7 @@ TEST_CASE(
         probes.push_back(carried ? 1 : 0);
         probes.push_back(opt.shards_parameters() ? 1 : 0);
         probes.push_back(grads_at_start);
+        probes.push_back(peak_unit_grads);
         auto [masters, model] = consolidated(rt, net, opt, rank);
         write_doubles(dir + "/probes" + std::to_string(rank) + ".bin", probes);
         if (rank == 0) {
@@ -231,7 +236,7 @@ TEST_CASE(
     CAPTURE(r);
     REQUIRE(codes[r] == 0);
     const auto p = read_doubles(dir + "/probes" + std::to_string(r) + ".bin");
-    REQUIRE(p.size() == 5 * kSteps + 3);
+    REQUIRE(p.size() == 5 * kSteps + 4);
     for (int step = 0; step < kSteps; ++step) {
       CAPTURE(step);
       const double* s = &p[static_cast<size_t>(5 * step)];
@@ -248,6 +253,11 @@ TEST_CASE(
     CHECK(p[5 * kSteps] == 1);      // the switches kept the fp32 masters bit for bit
     CHECK(p[5 * kSteps + 1] == 1);  // sharded again at the end
     CHECK(p[5 * kSteps + 2] == 0);  // nor after make_optimizer
+    // During backward one unit's gradients at a time (finish_buckets, ABI
+    // 1.9): its bf16 bucket and its fp32 copy, fc2's the largest (32 x 24 +
+    // 24 elements: 4752 bytes), each within a pool block's slack.
+    CHECK(p[5 * kSteps + 3] > 0);
+    CHECK(p[5 * kSteps + 3] <= (32 * 24 + 24) * (2 + 4) + 2 * (2 * 64 + 256));
   }
   const auto masters = read_doubles(dir + "/masters.bin");
   const auto model = read_doubles(dir + "/model.bin");
