@@ -171,9 +171,15 @@ TEST_CASE(
         distopt::test::seed_cpu(kInitSeed + 7 * rank);  // rank 0's parameters are broadcast
         Net net;
         net->to(at::kBFloat16);
+        // The unit's bf16 memory as built: once sharded, nothing but this
+        // handle may keep it (a detached alias would hold every unit whole).
+        at::Storage built;
+        for (const auto& np : net->named_parameters())
+          if (np.key() == "fc2.weight") built = np.value().storage();
         auto rt = rank_runtime(job, rank, kWorld, "zero3_bf16.yaml");
         auto opt = rt.make_optimizer(*net);
         const double grads_at_start = static_cast<double>(opt.sharding_memory().unit_grads);
+        const double built_holders = static_cast<double>(built.use_count());
         const distopt::ComponentConfig mean{"mean", {}, {}, {}, nullptr};
         // Per step: loss scale after it, skipped steps, how far it moved the
         // model, unit bytes gathered between steps, head.weight's numel.
@@ -222,6 +228,7 @@ TEST_CASE(
         probes.push_back(opt.shards_parameters() ? 1 : 0);
         probes.push_back(grads_at_start);
         probes.push_back(peak_unit_grads);
+        probes.push_back(built_holders);
         auto [masters, model] = consolidated(rt, net, opt, rank);
         write_doubles(dir + "/probes" + std::to_string(rank) + ".bin", probes);
         if (rank == 0) {
@@ -236,7 +243,7 @@ TEST_CASE(
     CAPTURE(r);
     REQUIRE(codes[r] == 0);
     const auto p = read_doubles(dir + "/probes" + std::to_string(r) + ".bin");
-    REQUIRE(p.size() == 5 * kSteps + 4);
+    REQUIRE(p.size() == 5 * kSteps + 5);
     for (int step = 0; step < kSteps; ++step) {
       CAPTURE(step);
       const double* s = &p[static_cast<size_t>(5 * step)];
@@ -258,6 +265,7 @@ TEST_CASE(
     // 24 elements: 4752 bytes), each within a pool block's slack.
     CHECK(p[5 * kSteps + 3] > 0);
     CHECK(p[5 * kSteps + 3] <= (32 * 24 + 24) * (2 + 4) + 2 * (2 * 64 + 256));
+    CHECK(p[5 * kSteps + 4] == 1);  // fc2's bf16 memory as built is held by the test alone
   }
   const auto masters = read_doubles(dir + "/masters.bin");
   const auto model = read_doubles(dir + "/model.bin");

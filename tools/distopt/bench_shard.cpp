@@ -6,7 +6,8 @@
 // The model: an MLP of --layers square Linear layers (width chosen so that
 // the model has about --params parameters), each a distopt::ShardedUnit,
 // trained with Adam (fp32: 4 + 4 + 8 bytes per parameter for parameter,
-// gradient and moments). Per rank and configuration:
+// gradient and moments; --precision bf16: a bf16 model with fp32 master
+// weights, allreduce and stage 3 only). Per rank and configuration:
 //   peak      the rank's resident-memory high-water mark (VmHWM) over the
 //             timed steps minus its resident memory before it built the
 //             model: what the parameters, gradients, optimizer state,
@@ -69,6 +70,7 @@ struct Args {
   std::vector<std::string> algorithms{"allreduce", "zero1", "zero2", "zero3"};
   double cap_mb = 0;
   std::string plugin_path;
+  bool bf16 = false;  // --precision bf16: a bf16 model, fp32 masters (allreduce, zero3 only)
 };
 
 struct MlpImpl : torch::nn::Module {
@@ -135,6 +137,7 @@ RankResult run_rank(const Args& a, const std::string& alg, int world, int rank, 
     << "', timeout_s: 120}\n"
     << "communicator: {name: tcp}\nreducer: {name: mean}\n"
     << "algorithm: " << algorithm_yaml(alg) << "\noptimizer: {name: adam, lr: 0.0001}\n";
+  if (a.bf16) y << "precision: {dtype: bf16}\n";
   distopt::ProcessInfo proc;
   proc.rank = proc.local_rank = rank;
   proc.world_size = proc.local_world_size = world;
@@ -152,13 +155,15 @@ RankResult run_rank(const Args& a, const std::string& alg, int world, int rank, 
     at::manual_seed(1);
     const int64_t width = width_for(a);
     Mlp net(width, a.layers);
+    if (a.bf16) net->to(at::kBFloat16);
     auto opt = rt.make_optimizer(*net);
     std::vector<double> secs;
     for (int s = 0; s < a.steps + 1; ++s) {  // the first step is warm-up
       auto x = at::randn({a.batch, width});
+      if (a.bf16) x = x.to(at::kBFloat16);
       const auto t0 = std::chrono::steady_clock::now();
       opt.zero_grad();
-      net->forward(x).pow(2).mean().backward();
+      opt.scale_loss(net->forward(x).pow(2).mean()).backward();
       opt.step();
       secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       if (s == 0) {  // the peaks from here on
@@ -228,8 +233,11 @@ std::vector<RankResult> run_config(const Args& a, const std::string& alg, int wo
   return results;
 }
 
-double theory_bytes(const std::string& alg, double p, int n) {
-  if (alg == "allreduce") return 16 * p;
+double theory_bytes(const std::string& alg, double p, int n, bool bf16) {
+  // bf16: allreduce holds the bf16 model and gradients (2 + 2) besides the
+  // fp32 masters, fp32 gradients and Adam (4 + 4 + 8); stage 3 shards the
+  // masters, their gradients and Adam (16P/N) and keeps no bf16 copy.
+  if (alg == "allreduce") return (bf16 ? 20 : 16) * p;
   if (alg == "zero1") return (8 + 8.0 / n) * p;
   if (alg == "zero2") return (4 + 12.0 / n) * p;
   return 16 * p / n;
@@ -255,7 +263,7 @@ std::vector<std::string> parse_strings(const std::string& s) {
 
 int distopt_bench_shard(int argc, char** argv) {
   Args a;
-  std::string ranks = "1,2,4", algs = "allreduce,zero1,zero2,zero3";
+  std::string ranks = "1,2,4", algs = "allreduce,zero1,zero2,zero3", precision = "fp32";
   po::options_description desc(
       "distopt bench shard: per-rank peak memory and samples/s of allreduce and zero stages "
       "1-3 on one MLP (Adam, fp32), at 1, 2 and 4 local ranks over tcp");
@@ -270,8 +278,11 @@ int distopt_bench_shard(int argc, char** argv) {
       "comma-separated")(
       "memory-cap-mb", po::value(&a.cap_mb)->default_value(0),
       "limit each rank's data segment to this many MiB above what it holds before the model "
-      "(RLIMIT_DATA); 0: no cap")("plugin-path", po::value(&a.plugin_path),
-                                  "plugin directory (default: the build's or install's)");
+      "(RLIMIT_DATA); 0: no cap")("precision", po::value(&precision)->default_value(precision),
+                                  "fp32, or bf16: a bf16 model with fp32 master weights "
+                                  "(allreduce, zero3, zero3_overlap)")(
+      "plugin-path", po::value(&a.plugin_path),
+      "plugin directory (default: the build's or install's)");
   po::variables_map vm;
   po::store(po::parse_command_line(argc, argv, desc), vm);
   if (vm.count("help")) {
@@ -284,24 +295,38 @@ int distopt_bench_shard(int argc, char** argv) {
   if (a.layers < 1 || a.batch < 1 || a.steps < 1 || a.params < 1)
     throw distopt::Error("bench shard: --params, --layers, --batch and --steps must be positive");
   for (const auto& alg : a.algorithms) algorithm_yaml(alg);  // names checked up front
+  if (precision != "fp32" && precision != "bf16")
+    throw distopt::Error("bench shard: --precision is fp32 or bf16, not '" + precision + "'");
+  a.bf16 = precision == "bf16";
+  for (const auto& alg : a.algorithms)
+    if (a.bf16 && (alg == "zero1" || alg == "zero2"))
+      throw distopt::Error(
+          "bench shard: --precision bf16 measures allreduce, zero3 and "
+          "zero3_overlap (no per-rank theory here for " +
+          alg + " under mixed precision)");
 
   const int64_t width = width_for(a);
   const double p = static_cast<double>(a.layers) * static_cast<double>(width * width + width);
   std::printf(
-      "# distopt bench shard: MLP of %d Linear(%lld, %lld) units, %.3g parameters, Adam "
-      "fp32, %d samples per rank and step, tcp on loopback\n",
-      a.layers, static_cast<long long>(width), static_cast<long long>(width), p, a.batch);
+      "# distopt bench shard: MLP of %d Linear(%lld, %lld) units, %.3g parameters, Adam, "
+      "%s, %d samples per rank and step, tcp on loopback\n",
+      a.layers, static_cast<long long>(width), static_cast<long long>(width), p,
+      a.bf16 ? "bf16 model with fp32 masters" : "fp32", a.batch);
   if (a.cap_mb > 0) std::printf("# memory cap per rank: %.0f MiB (RLIMIT_DATA)\n", a.cap_mb);
   std::printf(
       "# peak: max over ranks of VmHWM in the timed steps minus the rank's RSS before the "
-      "model; theory: ZeRO's bytes per rank for the stage (16P, (8+8/N)P, (4+12/N)P, 16P/N); "
+      "model; theory: ZeRO's bytes per rank for the stage (%s); "
       "gathered: the most unit parameters present at once, and unit grads: the most units' "
-      "gradient buckets present at once plus one Linear weight's gradient (autograd's, before "
-      "it is added into its bucket), stage 3, both measured and added to theory in "
-      "peak/theory; malloc's mmap threshold fixed at 1 MiB\n");
+      "gradient buckets present at once (%s) plus one Linear weight's gradient (autograd's, "
+      "before it is added into its bucket), stage 3, both measured and added to theory in "
+      "peak/theory; malloc's mmap threshold fixed at 1 MiB\n",
+      a.bf16 ? "allreduce 20P: bf16 model and gradients, fp32 masters, gradients and Adam; "
+               "stage 3 16P/N"
+             : "16P, (8+8/N)P, (4+12/N)P, 16P/N",
+      a.bf16 ? "bf16 and their fp32 copies" : "fp32");
   std::printf("# %-13s %5s %12s %12s %12s %14s %16s %10s\n", "algorithm", "ranks", "samples/s",
               "peak(MiB)", "theory(MiB)", "gathered(MiB)", "unit grads(MiB)", "peak/theory");
-  const double weight_grad_bytes = 4.0 * static_cast<double>(width * width);
+  const double weight_grad_bytes = (a.bf16 ? 2.0 : 4.0) * static_cast<double>(width * width);
   for (int world : a.ranks)
     for (const auto& alg : a.algorithms) {
       auto res = run_config(a, alg, world);
@@ -314,7 +339,7 @@ int distopt_bench_shard(int argc, char** argv) {
         unit_grads = std::max(unit_grads, r.unit_grads_peak);
         failed = std::max(failed, r.failed);
       }
-      const double theory = theory_bytes(alg, p, world);
+      const double theory = theory_bytes(alg, p, world, a.bf16);
       const double grads = alg.rfind("zero3", 0) == 0 ? unit_grads + weight_grad_bytes : 0;
       const double mib = 1024.0 * 1024.0;
       if (failed == 1) {

@@ -54,8 +54,13 @@ class MasterWeights {
   /// dropped (a sharded unit's parameter).
   const at::Tensor& master(size_t i) const { return masters_[i]; }
   /// Parameter sharding, after the algorithm's create: parameter i's master
-  /// lives in the algorithm's shards; free this copy.
-  void drop_master(size_t i) { masters_[i] = at::Tensor(); }
+  /// lives in the algorithm's shards; free this copy, and let go of the
+  /// model's tensor (a detached alias would keep the unit's whole
+  /// low-precision memory after the unit points its parameter elsewhere).
+  void drop_master(size_t i) {
+    masters_[i] = at::Tensor();
+    params_[i] = at::Tensor();
+  }
   /// fp32 gradient view of parameter i in its master bucket (undefined for a
   /// frozen parameter).
   const at::Tensor& master_grad(size_t i) const { return grads_[i]; }
