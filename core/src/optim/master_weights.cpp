@@ -66,6 +66,20 @@ uint64_t MasterWeights::bucket_bytes(size_t b) const {
   return static_cast<uint64_t>(f.numel()) * f.element_size();
 }
 
+namespace {
+
+/// A bool scalar on t's device: whether t holds an inf or a NaN. Through
+/// its min and max (both NaN when any element is; an inf is one of them):
+/// at::isfinite(t) would take |t| and masks of t's size, a whole unit's
+/// gradient again under parameter sharding.
+at::Tensor non_finite(const at::Tensor& t) {
+  if (t.numel() == 0) return at::zeros({}, t.options().dtype(at::kBool));
+  auto [lo, hi] = at::aminmax(t);
+  return at::logical_not(at::logical_and(at::isfinite(lo), at::isfinite(hi)));
+}
+
+}  // namespace
+
 bool MasterWeights::unscale_grads(double scale) {
   at::NoGradGuard no_grad;
   bool found_inf = false;
@@ -73,7 +87,7 @@ bool MasterWeights::unscale_grads(double scale) {
     if (!flats_[b].is_same(lp_flats_[b])) flats_[b].copy_(lp_flats_[b]);
     // Division in fp32 (not in the low dtype): exact for a power-of-two scale.
     if (scale != 1.0) flats_[b].div_(scale);
-    if (!found_inf && !at::isfinite(flats_[b]).all().item<bool>()) found_inf = true;
+    if (!found_inf && non_finite(flats_[b]).item<bool>()) found_inf = true;
   }
   return found_inf;
 }
@@ -104,7 +118,7 @@ void MasterWeights::unscale_bucket(size_t b, double scale) {
   // the descriptor at it (the DLTensor keeps its address).
   flat_dl_[b] = sdk::DLView(f);
   if (scale != 1.0) f.div_(scale);
-  at::Tensor bad = at::isfinite(f).all().logical_not();
+  at::Tensor bad = non_finite(f);
   found_inf_ = found_inf_.defined() ? found_inf_.logical_or(bad) : bad;
 }
 
