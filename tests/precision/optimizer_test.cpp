@@ -50,6 +50,7 @@ struct Spec {
   at::ScalarType dtype = at::kBFloat16;  // the model's dtype
   int steps = 6;
   int inf_rank = -1, inf_step = -1;  // multiply that rank's loss by inf at that step
+  bool nan = false;                  // by NaN instead (every gradient NaN, none inf)
 };
 
 // Per rank: final parameters (as double), and per step: loss scale after the
@@ -109,7 +110,8 @@ std::vector<Result> run(const Spec& s) {
           auto t = ys.narrow(0, (step * 2 + rank) * kBatch, kBatch);
           auto loss = at::nll_loss(at::log_softmax(net->forward(x).to(at::kFloat), 1), t);
           if (rank == s.inf_rank && step == s.inf_step)
-            loss = loss * std::numeric_limits<float>::infinity();
+            loss = loss * (s.nan ? std::numeric_limits<float>::quiet_NaN()
+                                 : std::numeric_limits<float>::infinity());
           opt.scale_loss(loss).backward();
           opt.step();
           r.scale.push_back(opt.loss_scale());
@@ -242,6 +244,25 @@ TEST_CASE("an inf in one rank's gradients skips the step on both ranks and halve
     CHECK(r[k].extra == std::vector<double>{4096, 9, 1});
   }
   CHECK(max_abs_diff(r[0].params, r[1].params) == 0.0);  // ranks stay identical
+}
+
+TEST_CASE("a NaN in one rank's gradients skips the step on both ranks too") {
+  Spec s;
+  s.precision = "{dtype: bf16, init_scale: 1024, growth_interval: 3}";
+  s.steps = 4;
+  s.inf_rank = 0;
+  s.inf_step = 1;
+  s.nan = true;
+  auto r = run(s);
+  for (int k = 0; k < 2; ++k) {
+    CAPTURE(k);
+    REQUIRE(r[k].scale.size() == 4);
+    CHECK(r[k].scale == std::vector<double>{1024, 512, 512, 512});
+    CHECK(r[k].skipped == std::vector<double>{0, 1, 1, 1});
+    CHECK(r[k].changed[1] == 0.0);
+    CHECK(r[k].changed[2] > 0.0);
+  }
+  CHECK(max_abs_diff(r[0].params, r[1].params) == 0.0);
 }
 
 TEST_CASE(
